@@ -1,0 +1,46 @@
+"""Atomic, durable file writes for state and ledgers.
+
+Why: epilogs, the agent and the submit service write state that other processes read at any moment and
+that must survive a crash mid-write. Writing to a temporary file in the same directory, fsync-ing it and
+renaming over the target means a reader sees the old file or the new one, never half of either.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def write_bytes_atomic(path: str | os.PathLike[str], data: bytes, mode: int = 0o644) -> None:
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    dir_fd = os.open(target.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str, mode: int = 0o644) -> None:
+    write_bytes_atomic(path, text.encode("utf-8"), mode)
+
+
+def write_json_atomic(path: str | os.PathLike[str], obj: Any, mode: int = 0o644) -> None:
+    write_bytes_atomic(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8"), mode)

@@ -1,0 +1,290 @@
+"""The one configuration model every gpushare entry point shares (``/etc/slurm/gpushare.toml``).
+
+Why strict: the file is read by root-run Slurm hooks and long-lived daemons; a typo that silently falls
+back to a default (``margn_fraction``) would change how jobs are sized without anyone noticing. So an
+unknown key or a bad value is a one-line error naming the file, the key and what is expected.
+
+Precedence for every setting: command-line flag, then ``GPUSHARE_<SECTION>_<KEY>`` environment
+variable, then this file, then the default written here (docs/configuration.md lists them all).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpushare.gpus import BUILTIN_GPUS, GiB, MiB, GpuModel
+
+DEFAULT_PATH = Path("/etc/slurm/gpushare.toml")
+CONFIG_VERSION = 1
+
+
+class ConfigError(ValueError):
+    """A configuration problem, phrased as one line the admin can act on."""
+
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtTpP]?)(i?[bB])?\s*$")
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": MiB, "g": GiB, "t": 1 << 40, "p": 1 << 50}
+
+
+def parse_size(text: str | int | float, *, default_unit: str = "") -> int:
+    """Parse ``12G``, ``12GiB``, ``12.5gb``, ``800M`` or a plain byte count into bytes.
+
+    Binary units throughout (``G`` = GiB), as Slurm's ``--mem`` and nvidia-smi's MiB do.
+    """
+    if isinstance(text, bool):
+        raise ValueError(f"not a size: {text!r}")
+    if isinstance(text, (int, float)):
+        value, unit = float(text), default_unit
+    else:
+        match = _SIZE_RE.match(text)
+        if not match:
+            raise ValueError(f"not a size: {text!r} (use e.g. 12G, 800M, 1.5GiB)")
+        value, unit = float(match.group(1)), match.group(2) or default_unit
+    return int(value * _SIZE_UNITS[unit.lower()])
+
+
+# --- sections --------------------------------------------------------------------------------------
+# Each field's metadata may carry "check": a callable returning an error string or None, and "doc".
+
+
+def _between(lo: float, hi: float) -> typing.Callable[[Any], str | None]:
+    return lambda v: None if lo <= v <= hi else f"must be between {lo} and {hi}"
+
+
+def _one_of(*choices: str) -> typing.Callable[[Any], str | None]:
+    return lambda v: None if v in choices else f"must be one of {', '.join(choices)}"
+
+
+def _positive(v: Any) -> str | None:
+    return None if v > 0 else "must be positive"
+
+
+def _opt(default: Any, check: typing.Callable[[Any], str | None] | None = None, doc: str = "") -> Any:
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"check": check, "doc": doc})
+    return field(default=default, metadata={"check": check, "doc": doc})
+
+
+@dataclass
+class PolicySection:
+    """How a GPU request is rewritten once its memory estimate is known."""
+
+    shared: str = _opt("shard", _one_of("shard", "none"),
+                       "shard: rewrite single-GPU jobs to shard:<GiB>; none: annotate only")
+    margin_fraction: float = _opt(0.10, _between(0.0, 1.0), "safety margin added to every estimate")
+    margin_min_gib: float = _opt(1.0, _between(0.0, 1024.0), "smallest margin, in GiB")
+    exclusive_above_fraction: float = _opt(0.90, _between(0.05, 1.0),
+                                           "keep a whole GPU when estimate+margin exceeds this share")
+    without_estimate: str = _opt("exclusive", _one_of("exclusive", "recover"),
+                                 "what a GPU job with no estimate gets")
+    recover_default_gib: float = _opt(8.0, _between(0.5, 4096.0),
+                                      "shared size for jobs without estimate when without_estimate=recover")
+
+
+@dataclass
+class SubmitSection:
+    """The job_submit shim and the gpushare-submitd service behind it."""
+
+    socket: str = _opt("/run/gpushare/submitd.sock", None, "unix socket the Lua shim connects to")
+    timeout_ms: int = _opt(250, _between(5, 10000), "shim deadline; past it the job is accepted unchanged")
+    on_bad_directive: str = _opt("accept", _one_of("accept", "reject"),
+                                 "a malformed #GPUSHARE directive: accept unchanged, or reject the job")
+    max_script_bytes: int = _opt(65536, _between(1024, 16 << 20), "how much of a batch script is scanned")
+    max_estimate_file_bytes: int = _opt(1 << 20, _between(1024, 64 << 20),
+                                        "largest estimate JSON a directive may point to")
+    cache_dir: str = _opt("/var/lib/gpushare/estimates", None, "estimate cache shared with gpu-estimate")
+    log_file: str = _opt("", None, "service log; empty: standard error")
+
+
+@dataclass
+class EstimatorSection:
+    """Defaults for gpu-estimate."""
+
+    gpus: list = _opt(["a100-80gb"], None, "targets reported when no --gpu is given")
+    iterations: int = _opt(3, _between(1, 1000), "optimizer steps captured")
+    mode: str = _opt("auto", _one_of("auto", "fake", "profile"), "capture mode")
+    timeout_s: float = _opt(300.0, _between(1.0, 86400.0), "wall-clock limit of one estimate")
+    max_cpu_memory: str = _opt("16G", None, "address-space limit of the captured script")
+
+
+@dataclass
+class NodeGroup:
+    """GPU nodes of one shape, for ``gpushare slurm-config``."""
+
+    names: str = _opt("", None, "Slurm hostlist, e.g. gpu[01-04]")
+    gpu: str = _opt("a100-80gb", None, "catalogue model name")
+    count: int = _opt(1, _between(1, 64), "GPUs per node")
+    device_dir: str = _opt("/dev", None, "where the nvidiaN character devices are")
+    cpus: int = _opt(0, _between(0, 100000), "CPUs= for slurm.conf (0: leave out)")
+    real_memory_mb: int = _opt(0, _between(0, 1 << 30), "RealMemory= for slurm.conf (0: leave out)")
+    partition: str = _opt("gpu", None, "partition the nodes go in")
+
+
+@dataclass
+class ExtraGpu:
+    """A site GPU model missing from the built-in catalogue."""
+
+    total_gib: float = _opt(0.0, _positive, "device memory")
+    sms: int = _opt(0, _between(0, 100000), "streaming multiprocessors")
+    marketing_name: str = _opt("", None, "NVML name prefix")
+
+
+@dataclass
+class Config:
+    """The parsed file. ``source`` is where it came from, for messages."""
+
+    version: int = CONFIG_VERSION
+    policy: PolicySection = field(default_factory=PolicySection)
+    submit: SubmitSection = field(default_factory=SubmitSection)
+    estimator: EstimatorSection = field(default_factory=EstimatorSection)
+    nodes: list[NodeGroup] = field(default_factory=list)
+    gpus: dict[str, GpuModel] = field(default_factory=lambda: dict(BUILTIN_GPUS))
+    source: str = "<defaults>"
+
+    def gpu(self, name: str) -> GpuModel:
+        try:
+            return self.gpus[name.lower()]
+        except KeyError:
+            raise ConfigError(f"{self.source}: unknown GPU {name!r}; known: {', '.join(sorted(self.gpus))}") from None
+
+
+_SECTIONS: dict[str, type] = {"policy": PolicySection, "submit": SubmitSection, "estimator": EstimatorSection}
+
+
+def _coerce(where: str, value: Any, expected: Any) -> Any:
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    base = typing.get_origin(expected) or expected
+    if base is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        return value
+    if not isinstance(value, base) or (base is int and isinstance(value, bool)):
+        raise ConfigError(f"{where}: expected {base.__name__}, got {value!r}")
+    return value
+
+
+def _build(cls: type, table: Any, where: str, env_prefix: str | None = None) -> Any:
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: expected a table, got {table!r}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(table) - set(known))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(known)})")
+    values: dict[str, Any] = {}
+    for name, f in known.items():
+        key_where = f"{where}.{name}"
+        raw: Any = dataclasses.MISSING
+        if env_prefix is not None:
+            env_name = f"{env_prefix}_{name.upper()}"
+            if env_name in os.environ:
+                raw = _from_env(env_name, os.environ[env_name], hints[name])
+                key_where = f"environment {env_name}"
+        if raw is dataclasses.MISSING and name in table:
+            raw = table[name]
+        if raw is dataclasses.MISSING:
+            continue
+        value = _coerce(key_where, raw, hints[name])
+        check = f.metadata.get("check")
+        problem = check(value) if check else None
+        if problem:
+            raise ConfigError(f"{key_where}: {problem}, got {value!r}")
+        values[name] = value
+    return cls(**values)
+
+
+def _from_env(name: str, text: str, expected: Any) -> Any:
+    try:
+        if expected is int:
+            return int(text)
+        if expected is float:
+            return float(text)
+        if (typing.get_origin(expected) or expected) is list:
+            return [part.strip() for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ConfigError(f"environment {name}: expected {expected.__name__}, got {text!r}") from None
+    return text
+
+
+def config_path(explicit: str | os.PathLike[str] | None = None) -> tuple[Path, bool]:
+    """Which file to read, and whether its absence is an error (it is when someone named it)."""
+    if explicit:
+        return Path(explicit), True
+    env = os.environ.get("GPUSHARE_CONFIG")
+    if env:
+        return Path(env), True
+    return DEFAULT_PATH, False
+
+
+def load_config(path: str | os.PathLike[str] | None = None) -> Config:
+    """Read and validate the configuration; defaults when the default file is absent."""
+    file, required = config_path(path)
+    if not file.exists():
+        if required:
+            raise ConfigError(f"{file}: no such file (set GPUSHARE_CONFIG or pass --config)")
+        return parse_config({}, source="<defaults>")
+    try:
+        data = tomllib.loads(file.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{file}: not valid TOML: {exc}") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{file}: cannot read: {exc}") from exc
+    return parse_config(data, source=str(file))
+
+
+def parse_config(data: dict[str, Any], source: str = "<string>") -> Config:
+    """Validate an already-parsed TOML document (tests and ``gpushare config check`` use this)."""
+    allowed = {"version", "nodes", "gpus", *_SECTIONS}
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise ConfigError(f"{source}: unknown section or key {unknown[0]!r} (known: {', '.join(sorted(allowed))})")
+    version = data.get("version", CONFIG_VERSION)
+    if version != CONFIG_VERSION:
+        raise ConfigError(f"{source}: version: this gpushare reads version {CONFIG_VERSION}, got {version!r}")
+    cfg = Config(source=source)
+    for name, cls in _SECTIONS.items():
+        setattr(cfg, name, _build(cls, data.get(name, {}), f"{source}: [{name}]", f"GPUSHARE_{name.upper()}"))
+    for gpu_name, table in (data.get("gpus") or {}).items():
+        extra = _build(ExtraGpu, table, f"{source}: [gpus.{gpu_name}]")
+        if extra.total_gib <= 0:
+            raise ConfigError(f"{source}: [gpus.{gpu_name}].total_gib: required and must be positive")
+        cfg.gpus[gpu_name.lower()] = GpuModel(
+            name=gpu_name.lower(), marketing_name=extra.marketing_name or gpu_name,
+            total_bytes=int(extra.total_gib * GiB), sms=extra.sms,
+        )
+    nodes = data.get("nodes", [])
+    if not isinstance(nodes, list):
+        raise ConfigError(f"{source}: nodes: expected [[nodes]] tables")
+    for index, table in enumerate(nodes):
+        group = _build(NodeGroup, table, f"{source}: [[nodes]] #{index + 1}")
+        if not group.names:
+            raise ConfigError(f"{source}: [[nodes]] #{index + 1}.names: required (a Slurm hostlist)")
+        cfg.gpu(group.gpu)  # unknown model → ConfigError naming it
+        cfg.nodes.append(group)
+    for gpu_name in cfg.estimator.gpus:
+        try:
+            from gpushare.gpus import parse_target
+
+            parse_target(str(gpu_name), cfg.gpus)
+        except ValueError as exc:
+            raise ConfigError(f"{source}: [estimator].gpus: {exc}") from None
+    return cfg
+
+
+def settings_table() -> list[tuple[str, str, str, str]]:
+    """(config key, environment variable, default, doc) for every setting, for docs and --help."""
+    rows = []
+    for section, cls in _SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            rows.append((f"[{section}] {f.name}", f"GPUSHARE_{section.upper()}_{f.name.upper()}",
+                         repr(default), f.metadata.get("doc", "")))
+    return rows
