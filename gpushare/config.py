@@ -114,6 +114,33 @@ class EstimatorSection:
     max_cpu_memory: str = _opt("16G", None, "address-space limit of the captured script")
 
 
+def _regex_list(values: Any) -> str | None:
+    for value in values:
+        if not isinstance(value, str) or not value:
+            return f"expects non-empty strings, got {value!r}"
+        try:
+            re.compile(value)
+        except re.error as exc:
+            return f"{value!r} is not a valid regular expression ({exc})"
+    return None
+
+
+@dataclass
+class OomSection:
+    """GPU out-of-memory recovery by the EpilogSlurmctld (epilog/slurmctld_epilog.py)."""
+
+    patterns_extra: list = _opt([], _regex_list,
+                                "extra regular expressions (Python syntax) that mark a log line as a GPU OOM")
+    max_retries: int = _opt(1, _between(0, 10), "exclusive re-runs per job after a GPU OOM; 0 turns recovery off")
+    tail_bytes: int = _opt(65536, _between(1024, 16 << 20), "how much of the end of each job log is read")
+    priority_boost: int = _opt(10000, _between(0, 1 << 30), "negative nice given to a recovered job")
+    read_timeout_s: float = _opt(10.0, _between(0.5, 300.0), "limit on reading one job log (slow file systems)")
+    ledger_dir: str = _opt("/var/lib/gpushare/oom-ledger", None, "where recovery decisions are recorded")
+    slurm_bin_dir: str = _opt("", None, "directory holding scontrol; empty: /usr/bin, /usr/local/bin, ...")
+    slurm_conf: str = _opt("", None, "slurm.conf for scontrol (the hook gets no SLURM_CONF); empty: built-in")
+    log_file: str = _opt("", None, "epilog log; empty: standard error and syslog")
+
+
 @dataclass
 class NodeGroup:
     """GPU nodes of one shape, for ``gpushare slurm-config``."""
@@ -144,6 +171,7 @@ class Config:
     policy: PolicySection = field(default_factory=PolicySection)
     submit: SubmitSection = field(default_factory=SubmitSection)
     estimator: EstimatorSection = field(default_factory=EstimatorSection)
+    oom: OomSection = field(default_factory=OomSection)
     nodes: list[NodeGroup] = field(default_factory=list)
     gpus: dict[str, GpuModel] = field(default_factory=lambda: dict(BUILTIN_GPUS))
     source: str = "<defaults>"
@@ -155,7 +183,8 @@ class Config:
             raise ConfigError(f"{self.source}: unknown GPU {name!r}; known: {', '.join(sorted(self.gpus))}") from None
 
 
-_SECTIONS: dict[str, type] = {"policy": PolicySection, "submit": SubmitSection, "estimator": EstimatorSection}
+_SECTIONS: dict[str, type] = {"policy": PolicySection, "submit": SubmitSection, "estimator": EstimatorSection,
+                             "oom": OomSection}
 
 
 def _coerce(where: str, value: Any, expected: Any) -> Any:
