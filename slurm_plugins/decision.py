@@ -1,0 +1,183 @@
+"""The submit-time decision: keep a whole GPU, or turn ``gpu:1`` into a right-sized shared request.
+
+Pure: request, estimate and config in, a Decision out. No I/O and no clock, so it is unit-tested and
+fuzzed directly, and the service around it stays a thin transport.
+
+Why shards sized in GiB: each GPU's ``shard`` count equals its memory in GiB (gres.conf from
+``gpushare slurm-config``), so a job asking for ``shard:<estimate + margin>`` lets Slurm's own GRES
+accounting guarantee that the estimates placed on one GPU never sum past its memory (DESIGN.md §5).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpushare.config import Config
+from gpushare.gpus import GiB
+from slurm_plugins.directives import Directives
+from slurm_plugins.gres_request import GresItem, format_gres, parse_gres
+
+RECORD_PREFIX = "gpushare:"
+RECORD_VERSION = 1
+MAX_RECORD_CHARS = 900  # admin_comment stays readable in `scontrol show job`
+
+
+@dataclass(frozen=True)
+class SubmitRequest:
+    """The fields of a job_desc the decision needs (all optional: Slurm leaves most unset)."""
+
+    user_id: int = -1
+    tres_per_node: str | None = None
+    tres_per_job: str | None = None
+    tres_per_task: str | None = None
+    min_nodes: int | None = None
+    array: bool = False
+    het_offset: int | None = None  # set for components of heterogeneous jobs
+    script: str = ""
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Peak GPU memory a job needs as nvidia-smi would show it (reserved + CUDA context)."""
+
+    total_bytes: int
+    source: str  # "directive:mem", "directive:estimate", "cache", "default"
+    detail: str = ""
+
+
+@dataclass
+class Decision:
+    action: str  # "accept" (unchanged), "modify", "reject"
+    tres_per_node: str | None = None  # the new value when action == "modify"
+    record: dict[str, Any] = field(default_factory=dict)
+    user_message: str = ""
+    reject_message: str = ""
+
+    @property
+    def admin_comment(self) -> str:
+        if not self.record:
+            return ""
+        text = json.dumps(self.record, separators=(",", ":"), sort_keys=True)
+        if len(text) > MAX_RECORD_CHARS:  # never let a long reason push the record past readability
+            trimmed = dict(self.record, why=str(self.record.get("why", ""))[:200])
+            text = json.dumps(trimmed, separators=(",", ":"), sort_keys=True)
+        return RECORD_PREFIX + text
+
+
+def parse_record(admin_comment: str | None) -> dict[str, Any] | None:
+    """Read back our record from an AdminComment (None when absent or not ours)."""
+    if not admin_comment or not admin_comment.startswith(RECORD_PREFIX):
+        return None
+    try:
+        record = json.loads(admin_comment[len(RECORD_PREFIX):])
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _gib(value: int) -> float:
+    return round(value / GiB, 2)
+
+
+def smallest_cluster_gpu_gib(cfg: Config) -> int:
+    """Shards of the smallest GPU a shared job may land on: the limit a shard request must fit."""
+    names = [group.gpu for group in cfg.nodes] or list(cfg.estimator.gpus)
+    sizes = [cfg.gpu(name.partition(":")[0]).shards for name in names]
+    return min(sizes) if sizes else 0
+
+
+def decide(request: SubmitRequest, directives: Directives, estimate: Estimate | None, cfg: Config) -> Decision:
+    """Choose what happens to one submitted job. Never raises on job content."""
+    try:
+        per_node = parse_gres(request.tres_per_node)
+        per_job = parse_gres(request.tres_per_job)
+        per_task = parse_gres(request.tres_per_task)
+    except ValueError as exc:
+        return _keep(request, "unparsed", f"GRES not understood ({exc}); request left as is")
+    gpu_items = [i for i in per_node if i.name == "gpu"]
+    shared_items = [i for i in per_node + per_job + per_task if i.name in ("shard", "mps")]
+    any_gpu = gpu_items or any(i.name == "gpu" for i in per_job + per_task)
+    if not any_gpu and not shared_items:
+        return Decision(action="accept")  # not a GPU job: no record, no message
+
+    if directives.problems:
+        problem = directives.first_problem or "bad directive"
+        if cfg.submit.on_bad_directive == "reject":
+            return Decision(action="reject", reject_message=f"gpushare: {problem}; fix it or remove the line")
+        keep = _keep(request, "bad-directive", problem)
+        keep.user_message = f"gpushare: ignoring the job's #GPUSHARE lines ({problem}); GPU request unchanged"
+        return keep
+
+    reason = _not_shareable(request, per_node, per_job, per_task, gpu_items, shared_items)
+    if reason:
+        return _keep(request, reason[0], reason[1], estimate)
+    if directives.mode == "exclusive":
+        return _keep(request, "exclusive", "the script asks for a whole GPU (#GPUSHARE mode=exclusive)", estimate)
+    if cfg.policy.shared == "none":
+        return _keep(request, "annotate", "sharing is off ([policy] shared = none)", estimate)
+
+    if estimate is None:
+        if cfg.policy.without_estimate != "recover":
+            decision = _keep(request, "exclusive", "no memory estimate (add '#GPUSHARE mem=…' or run gpu-estimate)")
+            decision.user_message = ("gpushare: no GPU memory estimate for this job; it keeps a whole GPU "
+                                     "(run gpu-estimate, or add '#GPUSHARE mem=12G' to the script)")
+            return decision
+        estimate = Estimate(int(cfg.policy.recover_default_gib * GiB), "default",
+                            "default size; an OOM is recovered on a whole GPU")
+    return _size_shared(request, per_node, gpu_items[0], estimate, cfg)
+
+
+def _not_shareable(request: SubmitRequest, per_node: list[GresItem], per_job: list[GresItem],
+                   per_task: list[GresItem], gpu_items: list[GresItem],
+                   shared_items: list[GresItem]) -> tuple[str, str] | None:
+    if shared_items:
+        return "explicit", f"the job already asks for {format_gres(shared_items)}"
+    if request.het_offset is not None:
+        return "heterogeneous", "heterogeneous job components keep their GPUs"
+    if any(i.name == "gpu" for i in per_job + per_task) or not gpu_items:
+        return "per-job", "--gpus/--gpus-per-task requests are kept; use --gres=gpu:1 to allow sharing"
+    if len(gpu_items) > 1 or gpu_items[0].count != 1:
+        return "multi-gpu", f"{sum(i.count for i in gpu_items)} GPUs per node are kept exclusive"
+    if request.min_nodes is not None and request.min_nodes > 1:
+        return "multi-node", f"{request.min_nodes}-node jobs keep whole GPUs"
+    if gpu_items[0].type:
+        return "typed", f"typed request gpu:{gpu_items[0].type} kept (shards carry no GPU type)"
+    return None
+
+
+def _size_shared(request: SubmitRequest, per_node: list[GresItem], gpu: GresItem, estimate: Estimate,
+                 cfg: Config) -> Decision:
+    margin = max(estimate.total_bytes * cfg.policy.margin_fraction, cfg.policy.margin_min_gib * GiB)
+    shards = max(1, math.ceil((estimate.total_bytes + margin) / GiB))
+    gpu_gib = smallest_cluster_gpu_gib(cfg)
+    base = {"est_gib": _gib(estimate.total_bytes), "src": estimate.source, "margin_gib": _gib(int(margin))}
+    if gpu_gib <= 0 or shards > cfg.policy.exclusive_above_fraction * gpu_gib:
+        decision = _keep(request, "exclusive",
+                         f"estimate+margin {shards} GiB exceeds {cfg.policy.exclusive_above_fraction:.0%} "
+                         f"of a {gpu_gib} GiB GPU", estimate)
+        decision.record.update(base)
+        decision.user_message = (f"gpushare: estimated {base['est_gib']} GiB ({estimate.source}) "
+                                 f"+ {base['margin_gib']} GiB margin needs most of a GPU; keeping gpu:1")
+        return decision
+    new_items = [GresItem("shard", None, shards) if item is gpu else item for item in per_node]
+    new_value = format_gres(new_items)
+    record = {"v": RECORD_VERSION, "decision": "shared", **base, "old": request.tres_per_node,
+              "new": new_value, "why": f"fits {shards} of {gpu_gib} GiB"}
+    if request.array:
+        record["array"] = True
+    if estimate.detail:
+        record["detail"] = estimate.detail[:120]
+    message = (f"gpushare: estimated {base['est_gib']} GiB ({estimate.source}) + {base['margin_gib']} GiB margin "
+               f"-> shared GPU request shard:{shards} (1 shard = 1 GiB)")
+    return Decision(action="modify", tres_per_node=new_value, record=record, user_message=message)
+
+
+def _keep(request: SubmitRequest, decision: str, why: str, estimate: Estimate | None = None) -> Decision:
+    record: dict[str, Any] = {"v": RECORD_VERSION, "decision": decision, "old": request.tres_per_node, "why": why}
+    if estimate is not None:
+        record["est_gib"] = _gib(estimate.total_bytes)
+        record["src"] = estimate.source
+    return Decision(action="accept", record=record)

@@ -1,0 +1,91 @@
+"""``#GPUSHARE`` directives in a batch script: the user's way to hand the submit hook an estimate.
+
+Why a directive: ``sbatch`` keeps the whole script, and job_submit can read it, so a line such as
+``#GPUSHARE mem=12G`` or ``#GPUSHARE estimate=est.json`` travels with the job without new sbatch flags.
+
+Scripts are hostile input here (they reach a root-run service): lines are scanned only within the
+configured byte limit, values are length-capped, and every problem is reported with its line number
+instead of raising.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from gpushare.config import parse_size
+
+MAX_GPU_MEMORY = 16 << 40  # 16 TiB: larger than any GPU for years; beyond is a typo, not a job
+_DIRECTIVE_RE = re.compile(r"^\s*#\s*GPUSHARE\b(.*)$", re.IGNORECASE)
+_KEYS = ("mem", "estimate", "script", "mode")
+
+
+@dataclass
+class Directives:
+    """What the script asked for; ``problems`` holds (line number, message) pairs."""
+
+    mem_bytes: int | None = None
+    estimate_path: str | None = None
+    script: str | None = None
+    mode: str | None = None  # "exclusive" or "shared": the user's own override
+    problems: list[tuple[int, str]] = field(default_factory=list)
+    lines: dict[str, int] = field(default_factory=dict)  # key -> line number, for messages
+
+    @property
+    def first_problem(self) -> str | None:
+        if not self.problems:
+            return None
+        line, message = self.problems[0]
+        return f"#GPUSHARE on line {line}: {message}"
+
+
+def parse_directives(script: str, max_bytes: int = 65536) -> Directives:
+    """Collect ``#GPUSHARE key=value`` settings; a later line overrides an earlier one."""
+    found = Directives()
+    for number, raw in enumerate(script[:max_bytes].splitlines(), start=1):
+        match = _DIRECTIVE_RE.match(raw)
+        if not match:
+            continue
+        body = match.group(1).strip()
+        if not body:
+            found.problems.append((number, "empty directive (expected e.g. mem=12G)"))
+            continue
+        for token in body.split():
+            if token.startswith("#"):
+                break  # trailing comment
+            _apply(found, number, token)
+    return found
+
+
+def _apply(found: Directives, number: int, token: str) -> None:
+    key, sep, value = token.partition("=")
+    key = key.lower()
+    if not sep or not value:
+        found.problems.append((number, f"expected key=value, got {token[:60]!r}"))
+        return
+    if key not in _KEYS:
+        found.problems.append((number, f"unknown key {key[:30]!r} (known: {', '.join(_KEYS)})"))
+        return
+    if len(value) > 4096:
+        found.problems.append((number, f"{key}: value longer than 4096 characters"))
+        return
+    found.lines[key] = number
+    if key == "mem":
+        try:
+            size = parse_size(value, default_unit="G")
+        except ValueError as exc:
+            found.problems.append((number, f"mem: {exc}"))
+            return
+        if size <= 0 or size > MAX_GPU_MEMORY:
+            found.problems.append((number, f"mem: {value[:30]!r} is not a plausible GPU memory size"))
+            return
+        found.mem_bytes = size
+    elif key == "estimate":
+        found.estimate_path = value
+    elif key == "script":
+        found.script = value
+    elif key == "mode":
+        if value.lower() not in ("exclusive", "shared"):
+            found.problems.append((number, f"mode: expected exclusive or shared, got {value[:30]!r}"))
+            return
+        found.mode = value.lower()

@@ -1,0 +1,113 @@
+"""Where a job's memory estimate comes from: its directives, a gpu-estimate JSON it names, or the cache.
+
+Security: the service that runs this is privileged (root or SlurmUser) and the estimate path comes from
+the user's script. A file is used only if it is a regular file owned by the submitting user and small;
+symlinks at the last component are refused (O_NOFOLLOW) and a symlinked directory cannot smuggle in
+another user's file because ownership is checked on the opened descriptor. Nothing from the file is
+echoed back beyond our own messages.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+from gpushare.config import Config
+from slurm_plugins.decision import Estimate
+from slurm_plugins.directives import MAX_GPU_MEMORY, Directives
+
+
+class EstimateUnavailable(ValueError):
+    """The job named an estimate we cannot use; the message is safe to show the user."""
+
+
+def read_user_file(path: str, work_dir: str | None, uid: int, max_bytes: int) -> bytes:
+    """Read a small regular file owned by ``uid`` without following a final symlink."""
+    target = Path(path)
+    if not target.is_absolute():
+        if not work_dir:
+            raise EstimateUnavailable(f"estimate={path}: relative path and no working directory")
+        target = Path(work_dir) / target
+    try:
+        fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise EstimateUnavailable(f"estimate={path}: cannot open ({exc.strerror})") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise EstimateUnavailable(f"estimate={path}: not a regular file")
+        if uid >= 0 and info.st_uid != uid:
+            raise EstimateUnavailable(f"estimate={path}: must be owned by the submitting user")
+        if info.st_size > max_bytes:
+            raise EstimateUnavailable(f"estimate={path}: larger than {max_bytes} bytes")
+        return os.read(fd, max_bytes + 1)[:max_bytes]
+    finally:
+        os.close(fd)
+
+
+def peak_total_from_json(document: Any, gpu_names: list[str]) -> tuple[int, str]:
+    """Pick the nvidia-smi-equivalent peak for the cluster's GPUs from a gpu-estimate JSON document.
+
+    Accepts the estimator's schema (``targets``: a list of per-GPU results with ``gpu`` and
+    ``peak_total_bytes``) and, for hand-written files, a top-level ``peak_total_bytes``. With several
+    cluster GPU types the largest peak wins: the request must fit wherever Slurm places the job.
+    """
+    if not isinstance(document, dict):
+        raise EstimateUnavailable("estimate JSON: expected an object")
+    targets = document.get("targets")
+    if isinstance(targets, dict):
+        targets = [dict(value, gpu=key) for key, value in targets.items() if isinstance(value, dict)]
+    peaks: list[tuple[int, str]] = []
+    if isinstance(targets, list):
+        wanted = {name.lower() for name in gpu_names}
+        rows = [t for t in targets if isinstance(t, dict)]
+        chosen = [t for t in rows if str(t.get("gpu", "")).lower() in wanted] or rows
+        for row in chosen:
+            value = row.get("peak_total_bytes")
+            if isinstance(value, int) and not isinstance(value, bool):
+                peaks.append((value, str(row.get("gpu", "?"))))
+    value = document.get("peak_total_bytes")
+    if not peaks and isinstance(value, int) and not isinstance(value, bool):
+        peaks.append((value, "any"))
+    if not peaks:
+        raise EstimateUnavailable("estimate JSON: no peak_total_bytes found")
+    best = max(peaks)
+    if not 0 < best[0] <= MAX_GPU_MEMORY:
+        raise EstimateUnavailable(f"estimate JSON: implausible peak_total_bytes {best[0]}")
+    return best
+
+
+def script_cache_key(script: str) -> str:
+    """Cache key of a batch script: what ``gpu-estimate --annotate`` stores estimates under."""
+    return hashlib.sha256(script.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def cache_lookup(cfg: Config, script: str, gpu_names: list[str]) -> Estimate | None:
+    """An estimate cached for this exact batch script, if one exists and parses."""
+    path = Path(cfg.submit.cache_dir) / "by-script" / f"{script_cache_key(script)}.json"
+    try:
+        document = json.loads(path.read_bytes()[: cfg.submit.max_estimate_file_bytes])
+        total, gpu = peak_total_from_json(document, gpu_names)
+    except (OSError, ValueError):
+        return None
+    return Estimate(total, "cache", f"cached estimate for {gpu}")
+
+
+def find_estimate(cfg: Config, directives: Directives, script: str, work_dir: str | None, uid: int,
+                  gpu_names: list[str]) -> Estimate | None:
+    """The estimate to size the job with; raises EstimateUnavailable for a named but unusable file."""
+    if directives.mem_bytes is not None:
+        return Estimate(directives.mem_bytes, "directive:mem", f"line {directives.lines.get('mem', '?')}")
+    if directives.estimate_path:
+        raw = read_user_file(directives.estimate_path, work_dir, uid, cfg.submit.max_estimate_file_bytes)
+        try:
+            document = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            raise EstimateUnavailable(f"estimate={directives.estimate_path}: not JSON") from None
+        total, gpu = peak_total_from_json(document, gpu_names)
+        return Estimate(total, "directive:estimate", f"{Path(directives.estimate_path).name} for {gpu}")
+    return cache_lookup(cfg, script, gpu_names)

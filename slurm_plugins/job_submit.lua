@@ -1,0 +1,152 @@
+-- slurm-gpushare job_submit shim (Lua 5.1), installed by `gpushare slurm-config --install-lua DIR`.
+--
+-- Thin on purpose: it forwards GPU jobs to gpushare-submitd over a unix socket and applies the reply.
+-- slurmctld holds its job write lock while this runs, so every path is bounded by DEADLINE_S, and every
+-- failure (no lua-socket, service down, hung, garbage, a bug here) accepts the job unchanged and logs it.
+-- It never sets job_desc.extra (slurmctld 22.05 can abort when a job with `extra` set is rejected) and
+-- never rejects root's jobs.
+
+local SOCKET_PATH = "@SOCKET_PATH@"
+local DEADLINE_S = @DEADLINE_S@
+local MAX_SCRIPT_BYTES = @MAX_SCRIPT_BYTES@
+
+local have_socket, socket = pcall(require, "socket")
+local have_unix, unix = pcall(require, "socket.unix")
+
+local function escape(text)
+	return (string.gsub(text, '[%z\1-\31"\\\127-\255]', function(c)
+		return string.format("\\u%04x", string.byte(c))
+	end))
+end
+
+local function json_string(value)
+	if value == nil then
+		return "null"
+	end
+	return '"' .. escape(tostring(value)) .. '"'
+end
+
+local function json_number(value)
+	if type(value) ~= "number" then
+		return "null"
+	end
+	return string.format("%d", value)
+end
+
+local function mentions_gpu(value)
+	if type(value) ~= "string" then
+		return false
+	end
+	return string.find(value, "gpu", 1, true) ~= nil
+		or string.find(value, "shard", 1, true) ~= nil
+		or string.find(value, "mps", 1, true) ~= nil
+end
+
+local function ask(request)
+	if not (have_socket and have_unix) then
+		return nil, "lua-socket is not installed"
+	end
+	local new_stream = unix.stream or unix
+	local conn = new_stream()
+	local deadline = socket.gettime() + DEADLINE_S
+	conn:settimeout(DEADLINE_S)
+	local ok, err = conn:connect(SOCKET_PATH)
+	if not ok then
+		conn:close()
+		return nil, "connect " .. SOCKET_PATH .. ": " .. tostring(err)
+	end
+	ok, err = conn:send(request)
+	if not ok then
+		conn:close()
+		return nil, "send: " .. tostring(err)
+	end
+	local reply = {}
+	while true do
+		local left = deadline - socket.gettime()
+		if left <= 0 then
+			conn:close()
+			return nil, "no complete reply within the deadline"
+		end
+		conn:settimeout(left)
+		local line, receive_err = conn:receive("*l")
+		if not line then
+			conn:close()
+			return nil, "receive: " .. tostring(receive_err)
+		end
+		if line == "end" then
+			break
+		end
+		local key, value = string.match(line, "^([%w_]+)=(.*)$")
+		if not key then
+			conn:close()
+			return nil, "garbage reply"
+		end
+		reply[key] = value
+	end
+	conn:close()
+	return reply
+end
+
+local function submit(job_desc, submit_uid)
+	if not (mentions_gpu(job_desc.tres_per_node) or mentions_gpu(job_desc.tres_per_job)
+		or mentions_gpu(job_desc.tres_per_task)) then
+		return slurm.SUCCESS
+	end
+	local script = job_desc.script or ""
+	if string.len(script) > MAX_SCRIPT_BYTES then
+		script = string.sub(script, 1, MAX_SCRIPT_BYTES)
+	end
+	local request = "{" .. table.concat({
+		'"op":"submit"',
+		'"user_id":' .. json_number(submit_uid),
+		'"name":' .. json_string(job_desc.name),
+		'"tres_per_node":' .. json_string(job_desc.tres_per_node),
+		'"tres_per_job":' .. json_string(job_desc.tres_per_job),
+		'"tres_per_task":' .. json_string(job_desc.tres_per_task),
+		'"min_nodes":' .. json_number(job_desc.min_nodes),
+		'"array_inx":' .. json_string(job_desc.array_inx),
+		'"het_job_offset":' .. json_number(job_desc.het_job_offset),
+		'"work_dir":' .. json_string(job_desc.work_dir),
+		'"script":' .. json_string(script),
+	}, ",") .. "}\n"
+	local reply, err = ask(request)
+	if not reply then
+		slurm.log_error("gpushare: job of uid %s accepted unchanged: %s", tostring(submit_uid), tostring(err))
+		return slurm.SUCCESS
+	end
+	if reply.action == "reject" then
+		if submit_uid == 0 then
+			slurm.log_info("gpushare: not rejecting root's job: %s", tostring(reply.reject_msg))
+			return slurm.SUCCESS
+		end
+		slurm.log_user("%s", reply.reject_msg or "gpushare: job rejected")
+		return slurm.ESLURM_INVALID_GRES or slurm.ERROR
+	end
+	if reply.action == "modify" and reply.tres_per_node and reply.tres_per_node ~= "" then
+		job_desc.tres_per_node = reply.tres_per_node
+	end
+	if reply.admin_comment and reply.admin_comment ~= "" then
+		job_desc.admin_comment = reply.admin_comment
+	end
+	if reply.user_msg and reply.user_msg ~= "" then
+		slurm.log_user("%s", reply.user_msg)
+	end
+	return slurm.SUCCESS
+end
+
+function slurm_job_submit(job_desc, part_list, submit_uid)
+	local ok, result = pcall(submit, job_desc, submit_uid)
+	if not ok then
+		slurm.log_error("gpushare: hook error, job accepted unchanged: %s", tostring(result))
+		return slurm.SUCCESS
+	end
+	return result
+end
+
+-- Updates pass through untouched: Slurm itself refuses gpu<->shard changes on pending jobs, and an
+-- admin's `scontrol update` (including our own OOM recovery) must never be second-guessed here.
+function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
+	return slurm.SUCCESS
+end
+
+return slurm.SUCCESS

@@ -1,0 +1,159 @@
+"""``gpushare-submitd``: the decision service behind ``job_submit.lua``.
+
+Why a service: slurmctld holds its job write lock while job_submit runs, so the hook must cost
+milliseconds; starting Python per job (``io.popen``) costs ~90 ms, a unix-socket round trip ~4 ms
+(SLURM-FACTS.md). Why it may fail: it may; the shim then accepts the job unchanged after its deadline,
+and this process accepts the job unchanged whenever its own logic raises (fail open, log loudly).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import socketserver
+import sys
+import threading
+import time
+from pathlib import Path
+
+import click
+
+from gpushare.config import Config, ConfigError, load_config
+from slurm_plugins.decision import Decision, SubmitRequest, decide
+from slurm_plugins.directives import parse_directives
+from slurm_plugins.estimate_source import EstimateUnavailable, find_estimate
+from slurm_plugins.protocol import ProtocolError, decode_request, encode_reply
+
+log = logging.getLogger("gpushare.submitd")
+
+
+def cluster_gpu_names(cfg: Config) -> list[str]:
+    return [group.gpu for group in cfg.nodes] or [name.partition(":")[0] for name in cfg.estimator.gpus]
+
+
+def handle_submit(cfg: Config, request: SubmitRequest, work_dir: str | None) -> Decision:
+    """Directives → estimate → decision. Problems with a named estimate count as bad directives."""
+    directives = parse_directives(request.script, cfg.submit.max_script_bytes)
+    estimate = None
+    if not directives.problems:
+        try:
+            estimate = find_estimate(cfg, directives, request.script, work_dir, request.user_id,
+                                     cluster_gpu_names(cfg))
+        except EstimateUnavailable as exc:
+            directives.problems.append((directives.lines.get("estimate", 0), str(exc)))
+    return decide(request, directives, estimate, cfg)
+
+
+class _Handler(socketserver.StreamRequestHandler):
+    timeout = 5.0  # a stuck client must not pin a thread forever
+
+    def handle(self) -> None:
+        server: SubmitServer = self.server  # type: ignore[assignment]
+        started = time.perf_counter()
+        try:
+            line = self.rfile.readline(server.max_request_bytes)
+        except (OSError, socket.timeout):
+            return
+        decision, job = server.decide_line(line)
+        try:
+            self.wfile.write(encode_reply(decision))
+        except OSError:
+            return
+        log.info("%s", json.dumps({"job": job, "action": decision.action,
+                                   "record": decision.record or None,
+                                   "ms": round((time.perf_counter() - started) * 1000, 2)}))
+
+
+class SubmitServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, socket_path: str, cfg: Config) -> None:
+        self.cfg = cfg
+        self.max_request_bytes = cfg.submit.max_script_bytes * 6 + 65536  # \u00XX escapes: 6 bytes a byte
+        self._lock = threading.Lock()
+        path = Path(socket_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.is_socket():
+            path.unlink()
+        super().__init__(str(path), _Handler)
+        os.chmod(path, 0o660)  # slurmctld's user (owner) and group only
+
+    def reload(self, cfg: Config) -> None:
+        with self._lock:
+            self.cfg = cfg
+
+    def decide_line(self, line: bytes) -> tuple[Decision, str]:
+        job = "?"
+        try:
+            op, request, fields = decode_request(line.rstrip(b"\n"))
+            job = str(fields.get("name") or "")[:64] + f" uid={request.user_id}"
+            if op != "submit":
+                return Decision(action="accept"), job
+            return handle_submit(self.cfg, request, fields.get("work_dir")), job
+        except ProtocolError as exc:
+            log.error("bad request, job accepted unchanged: %s", exc)
+        except Exception:  # noqa: BLE001 - fail open: our bug must never block a user's job
+            log.exception("decision failed, job accepted unchanged")
+        return Decision(action="accept"), job
+
+
+def serve(socket_path: str, cfg: Config, config_path: str | None) -> int:
+    server = SubmitServer(socket_path, cfg)
+
+    def _reload(signum: int, frame: object) -> None:
+        try:
+            server.reload(load_config(config_path))
+            log.warning("configuration reloaded")
+        except ConfigError as exc:
+            log.error("configuration not reloaded: %s", exc)
+
+    def _stop(signum: int, frame: object) -> None:
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGHUP, _reload)
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    log.warning("listening on %s", socket_path)
+    try:
+        server.serve_forever(poll_interval=0.2)
+    finally:
+        server.server_close()
+        try:
+            os.unlink(socket_path)
+        except FileNotFoundError:
+            pass
+    return 0
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--config", "config_path", envvar="GPUSHARE_CONFIG", help="gpushare.toml to read.")
+@click.option("--socket", "socket_path", help="Unix socket to listen on (default: [submit] socket).")
+@click.option("--log-level", default="INFO", show_default=True,
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
+def cli(config_path: str | None, socket_path: str | None, log_level: str) -> int:
+    """Serve job_submit decisions on a unix socket."""
+    cfg = load_config(config_path)
+    handler: logging.Handler = (logging.FileHandler(cfg.submit.log_file) if cfg.submit.log_file
+                                else logging.StreamHandler(sys.stderr))
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=log_level, handlers=[handler])
+    return serve(socket_path or cfg.submit.socket, cfg, config_path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        return cli.main(args=argv, prog_name="gpushare-submitd", standalone_mode=False) or 0
+    except ConfigError as exc:
+        print(f"gpushare-submitd: {exc}", file=sys.stderr)
+        return 2
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
