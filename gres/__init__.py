@@ -1,1 +1,40 @@
+"""gres — the GPU device interface every node-side part uses (agent, MIG executor, simulator).
 
+API (small on purpose; details in docs/device-interface.md):
+
+    from gres import open_backend, NA, GpuError, NvmlCode
+    dev = open_backend()            # "nvml" or "sim:<state.json>"; default from $GPUSHARE_DEVICE_BACKEND
+
+    inventory   dev.gpu_count(), dev.gpus(), dev.gpu(i) -> GpuInfo(index, uuid, name, model, total_bytes,
+                minor, mig_current, mig_pending)
+    telemetry   dev.memory(i) -> MemoryInfo(total, used, free); dev.processes(i) -> [ProcessInfo(pid,
+                used_bytes, gpu_instance_id, compute_instance_id)]; dev.utilization(i) -> Utilization(source
+                "dcgm"|"nvml", smact, smocc, drama, gpu, memory); dev.power_watts(i); dev.energy_mj(i)
+    MIG mode    dev.set_mig_mode(i, enabled) -> True if active now (else pending until dev.reset_gpu(i))
+    MIG         dev.gi_profiles(i) -> [GiProfile(id, name, compute_slices, memory_bytes, max_count,
+                placements)]; dev.create_gpu_instance(i, profile_id, start) -> GpuInstance;
+                dev.create_compute_instance(i, gi_id) -> ComputeInstance (whole GI);
+                dev.gpu_instances(i); dev.compute_instances(i, gi_id);
+                dev.destroy_compute_instance(i, gi_id, ci_id); dev.destroy_gpu_instance(i, gi_id);
+                dev.mig_devices(i) -> [MigDevice(uuid "MIG-…", gi/ci ids, profile, gi/ci cap minors)]
+    MPS         dev.mps(run_dir) -> MpsControl: start/stop/running(device),
+                set_default_pinned_mem_limit(device, mib), set_default_active_thread_percentage(device, pct);
+                gres.mps.job_env(pipe_dir, device, mem_limit_mib, thread_percentage) -> env for TaskProlog
+    gres.conf   gres.gres_conf.node_gpus(dev) -> [NodeGpu]; gres_conf_lines(gpus, dev_dir); node_gres(gpus)
+
+Units: bytes, watts, millijoules (since driver load), fractions 0..1. Unsupported metrics are ``NA``
+(NaN-like, prints ``N/A``); faults raise ``GpuError`` whose ``.code`` is NVML's (``NvmlCode.IN_USE``…).
+Simulated backend extras (scenario control): ``gres.sim_backend.SimBackend`` — ``from_scenario``,
+``open``, ``start_process``, ``update_process``, ``end_process``, ``set_knobs``, ``inject_error``, ``now``.
+"""
+
+from gres.device import (ComputeInstance, GiProfile, GpuBackend, GpuInfo, GpuInstance, MemoryInfo, MigDevice,
+                         Placement, ProcessInfo, Utilization)
+from gres.errors import GpuError, NvmlCode
+from gres.factory import open_backend
+from gres.na import NA, is_na
+
+__all__ = [
+    "NA", "is_na", "GpuError", "NvmlCode", "open_backend", "GpuBackend", "GpuInfo", "MemoryInfo",
+    "ProcessInfo", "Utilization", "Placement", "GiProfile", "GpuInstance", "ComputeInstance", "MigDevice",
+]
