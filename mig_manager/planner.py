@@ -6,7 +6,8 @@ which instance serves each want. The plan is pure; the executor (node side) appl
 
 For each want, in order of preference (MIGM §2.3, §4.2):
 
-1. **Reuse** an idle instance of exactly that profile — no reconfiguration.
+1. **Reuse** an idle instance of exactly that profile — no reconfiguration. All wants claim their reusable
+   instances first, so serving one want never destroys an idle instance another want could have used.
 2. **Create** in free slices. Among the legal placements pick the one whose successor state keeps the most
    maximal layouts reachable (MIGM Algorithm 3). Ties go to the *highest* start slice: 4g and 7g can only
    start at slice 0 and 3g at 0 or 4, so packing small instances towards the top keeps the big starts free
@@ -109,26 +110,27 @@ def _fuse_or_split(
     space = table.space
     state = frozenset(insts)
     best: tuple[tuple[int, int, int, int], tuple[Placement, ...], Placement, int] | None = None
-    blocked: list[str] = []
+    blocked: dict[str, list[int]] = {}
     for start in space.profile(want).placements:
         target = (want, start)
         span = set(space.span(target))
-        hits = tuple(sorted(p for p in state if span & set(space.span(p))))
+        hits = tuple(sorted((p for p in state if span & set(space.span(p))), key=lambda p: p[1]))
         stuck = [insts[p] for p in hits if p in locked]
         if stuck:
-            blocked.append(f"@{start} by " + ", ".join(
-                ("busy " if i.busy else "assigned ") + i.text().rstrip("*") for i in stuck))
+            why = ", ".join(("busy " if i.busy else "assigned ") + i.text().rstrip("*") for i in stuck)
+            blocked.setdefault(why, []).append(start)
             continue
         after = (state - set(hits)) | {target}
         reach = table.reach(after)
         if not reach:
-            blocked.append(f"@{start} by the compute budget or max count")
+            blocked.setdefault("the compute budget or max count", []).append(start)
             continue
         cost = (sum(space.profile(p[0]).memory_slices for p in hits), len(hits), -reach, -start)
         if best is None or cost < best[0]:
             best = (cost, hits, target, reach)
     if best is None:
-        return "no room: " + "; ".join(blocked)
+        return "no room: " + "; ".join(
+            f"@{','.join(map(str, starts))} blocked by {why}" for why, starts in blocked.items())
     return best[1], best[2], best[3]
 
 
@@ -156,13 +158,16 @@ def plan(
         p = space.profile(wants[i])
         return (-p.memory_slices, -p.compute_slices)
 
-    for i in range(len(wants)) if in_order else sorted(range(len(wants)), key=lambda i: (size(i), i)):
-        want = wants[i]
-        idle = sorted((p for p, inst in insts.items() if inst.profile == want and p not in locked),
+    order = range(len(wants)) if in_order else sorted(range(len(wants)), key=lambda i: (size(i), i))
+    for i in order:  # first pass: reuse, so no want destroys an idle instance another could use
+        idle = sorted((p for p, inst in insts.items() if inst.profile == wants[i] and p not in locked),
                       key=lambda p: -p[1])
         if idle:
-            assignments[i], notes[i] = idle[0], f"{want}: reuse idle {want}@{idle[0][1]}"
+            assignments[i], notes[i] = idle[0], f"{wants[i]}: reuse idle {wants[i]}@{idle[0][1]}"
             locked.add(idle[0])
+    for i in order:
+        want = wants[i]
+        if assignments[i] is not None:
             continue
         state = frozenset(insts)
         chosen = choose_placement(table, state, want)
