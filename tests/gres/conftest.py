@@ -1,0 +1,78 @@
+"""Fixtures for the device-interface tests: a fake clock, scenarios, and backends to run contracts on."""
+
+from __future__ import annotations
+
+import pytest
+
+from gres.errors import GpuError
+from gres.sim_backend import SimBackend
+
+
+class FakeClock:
+    """An injectable clock (STYLE #11): tests advance it instead of sleeping."""
+
+    def __init__(self, start: float = 1_000_000.0) -> None:
+        self.t = start
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+BASIC = {
+    "version": 1,
+    "name": "node-a",
+    "gpus": [
+        {"model": "a100-40gb", "mig_capable": True},
+        {"model": "l40s-48gb", "idle_power_w": 50, "max_power_w": 350},
+    ],
+    "processes": [
+        {"pid": 4242, "gpu": 1, "start_s": 0, "end_s": 100, "memory_mib": 4096, "smact": 0.6, "smocc": 0.3,
+         "drama": 0.2, "steps": [{"after_s": 50, "memory_mib": 8192, "smact": 0.9}]},
+    ],
+}
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def sim(clock: FakeClock) -> SimBackend:
+    """An in-memory simulated node: an A100-40GB (MIG capable, MIG off) and a busy L40S."""
+    return SimBackend.from_scenario(BASIC, clock=clock)
+
+
+@pytest.fixture
+def mig_sim(clock: FakeClock) -> SimBackend:
+    """One A100-40GB already in MIG mode and idle."""
+    return SimBackend.from_scenario({"version": 1, "gpus": [{"model": "a100-40gb", "mig_mode": True}]}, clock=clock)
+
+
+def _nvml_or_skip():
+    from gres.nvml_backend import NvmlBackend
+
+    backend = NvmlBackend()
+    try:
+        if backend.gpu_count() == 0:
+            pytest.skip("NVML works but reports no GPUs")
+    except GpuError as exc:
+        pytest.skip(f"no NVIDIA driver/GPU here ({exc}); the contract runs on the simulated backend only")
+    return backend
+
+
+@pytest.fixture(params=["sim", "sim-file", "nvml"])
+def backend(request, clock: FakeClock, tmp_path):
+    """The same contract tests run on every backend; NVML is skipped where there is no driver."""
+    if request.param == "sim":
+        yield SimBackend.from_scenario(BASIC, clock=clock)
+    elif request.param == "sim-file":
+        SimBackend.from_scenario(BASIC, tmp_path / "state.json", clock=clock)
+        yield SimBackend.open(tmp_path / "state.json", clock=clock)  # as a second process would
+    else:
+        nv = _nvml_or_skip()
+        yield nv
+        nv.close()
