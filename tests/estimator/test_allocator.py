@@ -421,7 +421,7 @@ def _check(s: CachingAllocatorSim) -> None:
     assert sum(seg["allocated_size"] for seg in snap["segments"]) == s.allocated_bytes
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=_ops, config=_configs, capacity_mib=st.sampled_from([96, 256, 4096]))
 def test_invariants_hold_for_any_sequence(ops, config, capacity_mib):
     s = sim(config, capacity=capacity_mib * MiB)
