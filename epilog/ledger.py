@@ -1,0 +1,168 @@
+"""The OOM recovery ledger: one durable record per (job id, restart count), plus an audit history.
+
+Why per key files: the EpilogSlurmctld runs once per job end, many at a time, and may run twice for the
+same end (an admin re-running it, slurmctld restarting mid-hook). A requeue must happen at most once per
+job run, so each run of a job (job id + Slurm's restart count, which requeue increments) gets its own
+entry, written atomically (temp file + fsync + rename) and updated step by step, and a per-key
+``flock`` makes concurrent runs for the same key exclusive: the loser sees the lock held and leaves.
+An entry left half-done by a crash is found by :meth:`Ledger.unfinished` and completed by the next run.
+
+The history file (``history.jsonl``) is append-only, one JSON object per line, each written with a
+single ``write`` under an exclusive ``flock``, so 100 concurrent writers never interleave lines.
+
+Entry format (version 1), all keys present unless noted::
+
+    v: 1
+    job: str            # Slurm job id ("123" or "123_4")
+    restarts: int       # Restarts= of the run that failed
+    state: str          # "decided" -> "requeued" -> "done"; or "stay_failed"; or "error"
+    action: str         # "requeue" | "stay_failed"
+    reason: str         # one line, also logged
+    family, message, source: str | None   # the matched OOM message and the log it came from
+    old_gres, new_gres: str | None        # new_gres absent unless action == "requeue"
+    retry, max_retries: int
+    steps: list[str]    # Slurm steps already done, in order
+    created, updated: float  # Unix time
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import stat
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+from gpushare.atomic import write_json_atomic
+
+LEDGER_VERSION = 1
+FINAL_STATES = ("done", "stay_failed")
+_JOB_RE = re.compile(r"^\d{1,10}(?:_\d{1,10})?$")
+
+
+class LedgerError(OSError):
+    """The ledger directory is unusable (missing permissions, not a directory, unsafe owner)."""
+
+
+def entry_key(job_id: str, restarts: int) -> str:
+    if not _JOB_RE.match(str(job_id)) or not isinstance(restarts, int) or restarts < 0:
+        raise ValueError(f"bad ledger key: job {str(job_id)[:30]!r}, restarts {restarts!r}")
+    return f"{job_id}.{restarts}"
+
+
+class Ledger:
+    """A directory of entries; safe for many concurrent processes on one host."""
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.dir = Path(directory)
+
+    def ensure(self) -> None:
+        """Create the directory (0700) or check it: a real directory, and root's when we are root."""
+        try:
+            self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            info = os.lstat(self.dir)
+        except OSError as exc:
+            raise LedgerError(f"{self.dir}: cannot create ledger directory: {exc.strerror}") from exc
+        if not stat.S_ISDIR(info.st_mode):
+            raise LedgerError(f"{self.dir}: not a directory (symlinks are refused)")
+        if os.geteuid() == 0 and info.st_uid != 0:
+            raise LedgerError(f"{self.dir}: owned by uid {info.st_uid}, not root; fix with chown root")
+
+    # --- entries ----------------------------------------------------------------------------------
+    def _path(self, key: str, suffix: str) -> Path:
+        return self.dir / f"{key}{suffix}"
+
+    @contextlib.contextmanager
+    def claim(self, job_id: str, restarts: int, wait_s: float = 0.0) -> Iterator[bool]:
+        """Hold the key's lock for the ``with`` body; yields False when another process keeps it longer
+        than ``wait_s``."""
+        key = entry_key(job_id, restarts)
+        fd = os.open(self._path(key, ".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        deadline = time.monotonic() + wait_s
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        yield False
+                        return
+                    time.sleep(0.05)
+            yield True
+        finally:
+            os.close(fd)  # closing releases the lock
+
+    def get(self, job_id: str, restarts: int) -> dict[str, Any] | None:
+        return self._load(self._path(entry_key(job_id, restarts), ".json"))
+
+    def put(self, entry: dict[str, Any]) -> dict[str, Any]:
+        """Write (create or replace) an entry atomically; stamps version and times."""
+        key = entry_key(entry["job"], entry["restarts"])
+        now = time.time()
+        entry = {**entry, "v": LEDGER_VERSION, "updated": now}
+        entry.setdefault("created", now)
+        write_json_atomic(self._path(key, ".json"), entry, mode=0o600)
+        return entry
+
+    def entries_for(self, job_id: str) -> list[dict[str, Any]]:
+        """All entries of one job (each run that ended in an OOM), oldest run first."""
+        entry_key(job_id, 0)  # validates the id before it becomes part of a glob
+        found = [self._load(path) for path in self.dir.glob(f"{job_id}.*.json")]
+        entries = [e for e in found if e and str(e.get("job")) == str(job_id)]
+        return sorted(entries, key=lambda e: int(e.get("restarts", 0)))
+
+    def retries_used(self, job_id: str) -> int:
+        """How many times this job was already requeued for an OOM (entries that got that far)."""
+        return sum(1 for e in self.entries_for(job_id)
+                   if e.get("action") == "requeue" and "requeuehold" in e.get("steps", []))
+
+    def unfinished(self, min_age_s: float = 30.0, now: float | None = None) -> list[dict[str, Any]]:
+        """Requeues a crashed or interrupted run left half done (older than ``min_age_s``)."""
+        now = time.time() if now is None else now
+        out = []
+        for path in self.dir.glob("*.json"):
+            entry = self._load(path)
+            if (entry and entry.get("action") == "requeue" and entry.get("state") not in FINAL_STATES
+                    and now - float(entry.get("updated", 0)) >= min_age_s):
+                out.append(entry)
+        return out
+
+    @staticmethod
+    def _load(path: Path) -> dict[str, Any] | None:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        with os.fdopen(fd, "rb") as handle:
+            try:
+                data = json.loads(handle.read(1 << 20))
+            except ValueError:
+                return None
+        return data if isinstance(data, dict) else None
+
+    # --- history ----------------------------------------------------------------------------------
+    def append_history(self, event: dict[str, Any]) -> None:
+        """One line in history.jsonl; a single write under an exclusive lock, then fsync."""
+        line = (json.dumps({"t": round(time.time(), 3), **event}, sort_keys=True, default=str) + "\n").encode()
+        fd = os.open(self.dir / "history.jsonl",
+                     os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            view = memoryview(line)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def history(self) -> list[dict[str, Any]]:
+        try:
+            text = (self.dir / "history.jsonl").read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return []
+        return [json.loads(line) for line in text.splitlines() if line.strip()]

@@ -1,0 +1,270 @@
+"""Decide whether a finished job died of GPU out-of-memory, from the tail of its logs and its exit.
+
+Why the log tail: Slurm records a CUDA OOM as a plain FAILED job with exit code 1; only the framework's
+message says what happened. Every pattern below is a message text the framework itself formats (the
+source of each is listed in docs/oom-messages.md), so a generic "out of memory" from the host or from an
+unrelated program does not trigger a requeue.
+
+Rules, in order: a job that exited 0 is never an OOM, whatever it printed (training scripts log caught
+OOMs and retry with smaller batches); a job whose last lines contain no recognised GPU OOM message is
+never an OOM; otherwise the last matching line is the verdict. Only the last ``tail_bytes`` of each file
+are read, so an old, recovered OOM far up a long log does not count either.
+
+Reading (``read_tail``): this code runs as root in slurmctld and the paths come from the job, so the read
+happens in a child that has dropped to the job's uid/gid, opens with O_NOFOLLOW and refuses anything but
+a regular file (docs/oom-messages.md, "Security").
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import signal
+import stat
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+MAX_MESSAGE_CHARS = 300  # what we keep of a matched line: the ledger and the admin comment stay small
+
+
+@dataclass(frozen=True)
+class OomPattern:
+    family: str  # "pytorch", "cuda-runtime", "cuda-libraries", "nccl", "tensorflow", "xla", "site"
+    regex: re.Pattern[str]
+    source: str  # where the text is formatted (file in the upstream repository)
+
+
+def _p(family: str, regex: str, source: str) -> OomPattern:
+    return OomPattern(family, re.compile(regex), source)
+
+
+BUILTIN_PATTERNS: tuple[OomPattern, ...] = (
+    _p("pytorch", r"(?:CUDA|HIP) out of memory\. Tried to allocate", "pytorch c10/cuda/CUDACachingAllocator.cpp"),
+    _p("pytorch", r"\btorch\.(?:cuda\.)?OutOfMemoryError: ", "pytorch torch/__init__.py (exception class)"),
+    _p("cuda-runtime", r"CUDA error: out of memory", "pytorch c10/cuda/CUDAException.cpp + cudaGetErrorString"),
+    _p("cuda-runtime", r"CUDA driver error: out of memory", "pytorch aten/src/ATen/cuda/Exceptions.h"),
+    _p("cuda-runtime", r"\bcudaErrorMemoryAllocation\b", "CUDA runtime cudaError_t name"),
+    _p("cuda-runtime", r"\bCUDA_ERROR_OUT_OF_MEMORY\b", "CUDA driver CUresult name (TF, JAX, MPS clients)"),
+    _p("cuda-libraries", r"\bCUBLAS_STATUS_ALLOC_FAILED\b", "cuBLAS status; pytorch TORCH_CUDABLAS_CHECK"),
+    _p("cuda-libraries", r"\bCUDNN_STATUS_ALLOC_FAILED", "cuDNN status; pytorch AT_CUDNN_CHECK"),
+    _p("cuda-libraries", r"\bCUSOLVER_STATUS_ALLOC_FAILED\b", "cuSOLVER status"),
+    _p("cuda-libraries", r"\bCUFFT_ALLOC_FAILED\b", "cuFFT result"),
+    _p("nccl", r"Cuda failure (?:\d+ )?'out of memory'", "nccl src/include/checks.h CUDACHECK/CUCHECK"),
+    _p("tensorflow", r"OOM when allocating tensor(?![^\n]*device:CPU)", "tensorflow core/framework/op_kernel.cc"),
+    _p("xla", r"(?:RESOURCE_EXHAUSTED|XlaRuntimeError)\b[^\n]*Out of memory while trying to allocate",
+       "xla stream_executor/integrations/tf_allocator_adapter.cc"),
+    _p("xla", r"RESOURCE_EXHAUSTED: Failed to allocate request for [^\n]* on device ordinal",
+       "xla stream_executor/stream_executor_memory_allocator.cc"),
+)
+
+
+def compile_patterns(extra: Iterable[str] = ()) -> tuple[OomPattern, ...]:
+    """Built-in patterns plus the site's ``[oom] patterns_extra`` (validated at config load)."""
+    return BUILTIN_PATTERNS + tuple(_p("site", text, "site configuration [oom] patterns_extra") for text in extra)
+
+
+@dataclass(frozen=True)
+class OomVerdict:
+    is_oom: bool
+    reason: str  # one line, for the log and the ledger
+    family: str | None = None
+    message: str | None = None  # the matched line, cleaned and shortened
+    source: str | None = None  # which log file it came from
+    problems: tuple[str, ...] = field(default=())  # files we could not read, and why
+
+
+def _clean(line: str) -> str:
+    text = "".join(ch if ch.isprintable() else " " for ch in line).strip()
+    return text if len(text) <= MAX_MESSAGE_CHARS else text[: MAX_MESSAGE_CHARS - 3] + "..."
+
+
+def find_oom(text: str, patterns: tuple[OomPattern, ...]) -> tuple[OomPattern, str] | None:
+    """The last line of ``text`` that matches a pattern, with that pattern (None: no match)."""
+    lines = re.split(r"[\r\n]+", text)
+    for line in reversed(lines):
+        if len(line) > 1 << 20:  # one giant line: only its end can be the final error
+            line = line[-(1 << 20):]
+        for pattern in patterns:
+            match = pattern.regex.search(line)
+            if match:
+                return pattern, _clean(line)
+    return None
+
+
+def classify(tails: list[tuple[str, str | None]], exit_code: int, exit_signal: int,
+             patterns: tuple[OomPattern, ...], problems: tuple[str, ...] = ()) -> OomVerdict:
+    """Pure decision from (path, tail text or None) pairs and the job's exit status."""
+    if exit_code == 0 and exit_signal == 0:
+        return OomVerdict(False, "job exited 0: not a failure", problems=problems)
+    for path, text in tails:
+        if not text:
+            continue
+        found = find_oom(text, patterns)
+        if found:
+            pattern, line = found
+            return OomVerdict(True, f"GPU out of memory ({pattern.family}) in {path}", pattern.family, line,
+                              path, problems)
+    status = f"exit {exit_code}" + (f", signal {exit_signal}" if exit_signal else "")
+    if not any(text for _, text in tails):
+        return OomVerdict(False, f"failed ({status}) and no log could be read", problems=problems)
+    return OomVerdict(False, f"failed ({status}) without a GPU out-of-memory message", problems=problems)
+
+
+# --- bounded, unprivileged reading ------------------------------------------------------------------
+
+
+class TailError(OSError):
+    """A log could not be read safely; the message says why (for the ledger, never for a decision)."""
+
+
+def _read_tail_here(path: str, max_bytes: int) -> bytes:
+    """Read the last ``max_bytes`` of a regular file without following a final symlink or opening devices."""
+    try:
+        handle = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise TailError(f"{path}: {exc.strerror}") from None
+    try:
+        info = os.fstat(handle)
+        if stat.S_ISLNK(info.st_mode):
+            raise TailError(f"{path}: is a symbolic link; not followed")
+        if not stat.S_ISREG(info.st_mode):
+            raise TailError(f"{path}: not a regular file")
+        # Re-open through the O_PATH descriptor: same inode, and a FIFO or device is never opened.
+        fd = os.open(f"/proc/self/fd/{handle}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except TailError:
+        raise
+    except OSError as exc:
+        raise TailError(f"{path}: {exc.strerror}") from None
+    finally:
+        os.close(handle)
+    try:
+        size = os.fstat(fd).st_size
+        start = max(0, size - max_bytes)
+        chunks, got = [], 0
+        while got < max_bytes:
+            chunk = os.pread(fd, max_bytes - got, start + got)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            got += len(chunk)
+        data = b"".join(chunks)
+    finally:
+        os.close(fd)
+    if start > 0:  # we began mid-line: drop the partial first line
+        cut = data.find(b"\n")
+        data = data[cut + 1:] if cut >= 0 else data
+    return data
+
+
+def _drop_to(uid: int, gid: int) -> None:
+    os.setgroups([gid])
+    os.setgid(gid)
+    os.setuid(uid)
+    if os.getuid() != uid or os.geteuid() != uid:
+        raise PermissionError("could not drop privileges")
+
+
+def read_tail(path: str, max_bytes: int, uid: int | None = None, gid: int | None = None,
+              timeout_s: float = 10.0) -> str:
+    """The decoded tail of ``path``; as root it is read by a child running as ``uid``/``gid``.
+
+    Why a child: the path is the job's. Even with O_NOFOLLOW on the last component, a directory symlink
+    or a hard link planted by the user could point root at /etc/shadow; reading with the user's own
+    credentials makes the question moot (they can only make us read what they can read). A hung file
+    system costs at most ``timeout_s``. Raises TailError with the reason.
+    """
+    return _decode(as_job_user(path, uid, gid, lambda: _read_tail_here(path, max_bytes), max_bytes, timeout_s))
+
+
+def append_note(path: str, text: str, uid: int | None, gid: int | None, timeout_s: float = 10.0) -> None:
+    """Append one line to the job's log as the job's user (never as root), so the user sees what we did."""
+    line = ("\n" + "".join(ch if ch.isprintable() else " " for ch in text)[:1000] + "\n").encode()
+
+    def write() -> bytes:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise TailError(f"{path}: not a regular file")
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+        return b""
+
+    as_job_user(path, uid, gid, write, 0, timeout_s)
+
+
+def as_job_user(path: str, uid: int | None, gid: int | None, work: Callable[[], bytes], max_bytes: int,
+                timeout_s: float) -> bytes:
+    """Run ``work`` (file access on a job-supplied path) with the job owner's credentials.
+
+    Not root: run it here. Root with a known non-root owner: run it in a forked child that drops to
+    ``uid``/``gid`` first and pipes the bytes back. Root with an unknown owner: refuse.
+    """
+    if "\0" in path or not os.path.isabs(path):
+        raise TailError(f"{path[:100]!r}: not an absolute path")
+    if os.geteuid() != 0 or uid == 0:
+        return work()
+    if uid is None or uid < 0:
+        raise TailError(f"{path}: job owner unknown; not accessed as root")
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: never returns
+        code = 0
+        try:
+            os.close(read_end)
+            _drop_to(uid, gid if gid is not None and gid >= 0 else uid)
+            payload = b"O" + work()
+        except BaseException as exc:  # noqa: BLE001 - report any failure to the parent
+            payload, code = b"E" + str(exc).encode("utf-8", "replace")[:500], 1
+        try:
+            view = memoryview(payload)
+            while view:
+                view = view[os.write(write_end, view):]
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    try:
+        data = _collect(read_end, max_bytes + 1024, timeout_s, pid, path)
+    finally:
+        os.close(read_end)
+        _reap(pid)
+    if not data:
+        raise TailError(f"{path}: reader exited without an answer")
+    if data[:1] == b"E":
+        raise TailError(data[1:].decode("utf-8", "replace"))
+    return data[1:]
+
+
+def _collect(fd: int, limit: int, timeout_s: float, pid: int, path: str) -> bytes:
+    deadline = time.monotonic() + timeout_s
+    parts, total = [], 0
+    while total < limit:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            os.kill(pid, signal.SIGKILL)
+            raise TailError(f"{path}: no answer in {timeout_s:.0f} s (slow or hung file system)")
+        chunk = os.read(fd, min(1 << 16, limit - total))
+        if not chunk:
+            break
+        parts.append(chunk)
+        total += len(chunk)
+    return b"".join(parts)
+
+
+def _reap(pid: int) -> None:
+    """Never leave a child behind, and never wait on one that is stuck writing."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+
+
+def _decode(data: bytes) -> str:
+    """Text for matching: invalid UTF-8 and NULs from binary junk become spaces, lines stay lines."""
+    return data.replace(b"\0", b" ").decode("utf-8", "replace")

@@ -1,0 +1,228 @@
+"""What to do with a job that ended: requeue it on a whole GPU (or a bigger MIG slice), leave it failed,
+or nothing. Pure: job facts, the OOM verdict and the config in, an Action out; no I/O, no clock.
+
+Why these actions (SLURM-FACTS.md): a held job's GRES may change only within the same name and typed
+form, so a ``shard`` job is re-sized to *all the shards of one GPU* (exclusive in effect, since shard
+count = GiB of the GPU) rather than turned back into ``gpu:1``, and a MIG job moves to the next larger
+profile of the same model. Requeue keeps the job id, so the user sees one job. A negative nice raises the
+priority in both priority/basic and priority/multifactor, and survives ``scontrol release`` (a directly
+set priority does not). Retries are bounded by ``[oom] max_retries``; the count comes from the ledger
+and from the job's own record, whichever is higher, so neither a lost ledger nor a rewritten comment can
+unbound it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from epilog.oom_detect import OomVerdict
+from gpushare.config import Config
+from gpushare.gpus import MigProfile
+from slurm_plugins.decision import RECORD_PREFIX, parse_record
+from slurm_plugins.gres_request import GresItem, format_gres, parse_gres
+
+_ID_RE = re.compile(r"\((\d+)\)")
+# EpilogSlurmctld sees the job while it is still COMPLETING; the exit status then tells failure apart.
+RECOVERABLE_STATES = ("FAILED", "COMPLETING", "")
+
+
+def _int(text: str | None, default: int = 0) -> int:
+    try:
+        return int(str(text).strip())
+    except (TypeError, ValueError):
+        return default
+
+
+def _exit_pair(text: str | None) -> tuple[int, int] | None:
+    match = re.match(r"^\s*(\d+):(\d+)\s*$", text or "")
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+@dataclass(frozen=True)
+class JobFacts:
+    """What the decision needs from ``scontrol show job`` (falling back to the hook's environment)."""
+
+    job_id: str
+    state: str  # JobState, e.g. FAILED, COMPLETED, CANCELLED, TIMEOUT
+    exit_code: int
+    exit_signal: int
+    restarts: int
+    tres_per_node: str  # "gres:shard:12"; "" when the job asked for no per-node GRES
+    node: str  # first node the job ran on ("" unknown)
+    uid: int | None
+    gid: int | None
+    log_paths: tuple[str, ...]  # StdErr first, then StdOut (absolute, deduplicated)
+    record: dict[str, Any] | None  # our gpushare:{...} admin-comment record
+
+    @classmethod
+    def from_slurm(cls, fields: Mapping[str, str], env: Mapping[str, str]) -> "JobFacts":
+        exit_pair = _exit_pair(fields.get("ExitCode")) or _exit_pair(env.get("SLURM_JOB_EXIT_CODE2"))
+        if exit_pair is None:  # raw wait status, as EpilogSlurmctld's SLURM_JOB_EXIT_CODE gives it
+            raw = _int(env.get("SLURM_JOB_EXIT_CODE"), 0)
+            exit_pair = (raw >> 8 & 0xFF, raw & 0x7F)
+        uid = _ID_RE.search(fields.get("UserId", ""))
+        gid = _ID_RE.search(fields.get("GroupId", ""))
+        node = (fields.get("BatchHost") or fields.get("NodeList") or env.get("SLURM_JOB_NODELIST") or "")
+        work_dir = fields.get("WorkDir") or env.get("SLURM_JOB_WORK_DIR") or ""
+        paths: list[str] = []
+        for key, env_key in (("StdErr", "SLURM_JOB_STDERR"), ("StdOut", "SLURM_JOB_STDOUT")):
+            path = fields.get(key) or env.get(env_key) or ""
+            if path and not path.startswith("/") and work_dir.startswith("/"):
+                path = f"{work_dir.rstrip('/')}/{path}"
+            if path.startswith("/") and path not in paths and path != "/dev/null":
+                paths.append(path)
+        return cls(
+            job_id=fields.get("JobId") or env.get("SLURM_JOB_ID", ""),
+            state=(fields.get("JobState") or "").upper(),
+            exit_code=exit_pair[0], exit_signal=exit_pair[1],
+            restarts=_int(fields.get("Restarts") or env.get("SLURM_JOB_RESTART_COUNT"), 0),
+            tres_per_node=fields.get("TresPerNode", "") if fields.get("TresPerNode") != "(null)" else "",
+            node=_first_host(node),
+            uid=int(uid.group(1)) if uid else (_int(env.get("SLURM_JOB_UID"), -1) if env.get("SLURM_JOB_UID") else None),
+            gid=int(gid.group(1)) if gid else (_int(env.get("SLURM_JOB_GID"), -1) if env.get("SLURM_JOB_GID") else None),
+            log_paths=tuple(paths),
+            record=parse_record(fields.get("AdminComment")),
+        )
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: str  # "requeue" | "stay_failed" | "none"
+    reason: str
+    new_gres: str | None = None
+    nice: int | None = None  # scontrol nice= (negative raises priority)
+    retry: int = 0  # which recovery this is (1-based) or how many were spent
+    max_retries: int = 0
+    admin_comment: str | None = None  # the updated gpushare: record
+    user_message: str = ""
+
+
+# --- hostlists and GPU sizes ------------------------------------------------------------------------
+
+
+def expand_hostlist(expr: str, limit: int = 100000) -> list[str]:
+    """``gpu[01-03,07],cpu1`` → names (one bracket group per name, as site configs use)."""
+    names: list[str] = []
+    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,]*", expr):
+        match = re.match(r"^([^\[]*)\[([^\]]*)\](.*)$", part)
+        if not match:
+            names.append(part)
+            continue
+        prefix, ranges, suffix = match.groups()
+        for item in ranges.split(","):
+            low, _, high = item.partition("-")
+            if not low.isdigit() or (high and not high.isdigit()):
+                continue
+            for number in range(int(low), int(high or low) + 1):
+                names.append(f"{prefix}{str(number).zfill(len(low))}{suffix}")
+                if len(names) >= limit:
+                    return names
+    return names
+
+
+def _first_host(expr: str) -> str:
+    names = expand_hostlist(expr, limit=1)
+    return names[0] if names else ""
+
+
+def whole_gpu_shards(cfg: Config, node: str) -> int:
+    """Shards of one GPU of ``node`` (= its GiB); unknown node: the largest configured GPU's."""
+    sizes = []
+    for group in cfg.nodes:
+        shards = cfg.gpu(group.gpu).shards
+        if node and node in expand_hostlist(group.names):
+            return shards
+        sizes.append(shards)
+    if not sizes:
+        sizes = [cfg.gpu(name.partition(":")[0]).shards for name in cfg.estimator.gpus]
+    return max(sizes) if sizes else 0
+
+
+def next_mig_profile(cfg: Config, profile_name: str, available: set[str] | None = None) -> MigProfile | None:
+    """The smallest profile with more memory than ``profile_name`` on the same GPU model (None: none)."""
+    for model in cfg.gpus.values():
+        current = next((p for p in model.mig_profiles if p.name == profile_name), None)
+        if current is None:
+            continue
+        bigger = [p for p in model.mig_profiles if p.usable_bytes > current.usable_bytes
+                  and not p.media_extensions and (available is None or p.name in available)]
+        if bigger:
+            return min(bigger, key=lambda p: (p.usable_bytes, p.compute_slices))
+    return None
+
+
+def is_mig_type(cfg: Config, type_name: str | None) -> bool:
+    return bool(type_name) and any(p.name == type_name for m in cfg.gpus.values() for p in m.mig_profiles)
+
+
+# --- the decision -----------------------------------------------------------------------------------
+
+
+def _bigger_request(job: JobFacts, cfg: Config, mig_available: set[str] | None) -> tuple[str | None, str]:
+    """(new tres_per_node, why) or (None, why not)."""
+    try:
+        items = parse_gres(job.tres_per_node)
+    except ValueError as exc:
+        return None, f"GRES {job.tres_per_node!r} not understood ({exc})"
+    new_items: list[GresItem] = []
+    changed = []
+    for item in items:
+        if item.name == "shard":
+            whole = whole_gpu_shards(cfg, job.node)
+            if whole <= item.count:
+                return None, f"it already had all {item.count} shards of a GPU"
+            new_items.append(GresItem("shard", item.type, whole))
+            changed.append(f"shard:{item.count} -> shard:{whole}")
+        elif item.name == "gpu" and is_mig_type(cfg, item.type):
+            bigger = next_mig_profile(cfg, str(item.type), mig_available)
+            if bigger is None:
+                return None, f"no larger MIG profile than {item.type} is available"
+            new_items.append(GresItem("gpu", bigger.name, item.count))
+            changed.append(f"gpu:{item.type} -> gpu:{bigger.name}")
+        elif item.name in ("gpu", "mps"):
+            return None, f"it already had whole GPUs ({item.format()}); it needs more memory than one GPU"
+        else:
+            new_items.append(item)
+    if not changed:
+        return None, "it asked for no shared GPU or MIG slice"
+    return format_gres(new_items), ", ".join(changed)
+
+
+def _comment(job: JobFacts, oom: dict[str, Any]) -> str:
+    record = dict(job.record or {"v": 1})
+    record["oom"] = oom  # no user text in here: scontrol's Key=Value output must stay parseable
+    return RECORD_PREFIX + json.dumps(record, separators=(",", ":"), sort_keys=True)
+
+
+def decide(job: JobFacts, verdict: OomVerdict, cfg: Config, retries_used: int,
+           mig_available: set[str] | None = None) -> Action:
+    """Choose the action for one ended job. Never raises on job content."""
+    if not verdict.is_oom:
+        return Action("none", verdict.reason)
+    if job.state not in RECOVERABLE_STATES:
+        return Action("none", f"state {job.state}: only failed jobs are recovered")
+    limit = cfg.oom.max_retries
+    previous = (job.record or {}).get("oom")
+    spent = max(retries_used, _int(previous.get("n")) if isinstance(previous, dict) else 0)
+    family = verdict.family or "unknown"
+    if spent >= limit:
+        why = (f"GPU out of memory again after {spent} recovery retr{'y' if spent == 1 else 'ies'}"
+               if spent else "GPU out of memory; recovery is off ([oom] max_retries = 0)")
+        return Action("stay_failed", f"{why}; not requeued ([oom] max_retries = {limit})", retry=spent,
+                      max_retries=limit,
+                      user_message=f"gpushare: {why} ({family}); the job stays failed. Ask for more GPU memory "
+                                   f"(#GPUSHARE mem=..., or --gres=gpu:1) and resubmit.")
+    new_gres, why = _bigger_request(job, cfg, mig_available)
+    if new_gres is None:
+        return Action("stay_failed", f"GPU out of memory, not requeued: {why}", retry=spent, max_retries=limit,
+                      user_message=f"gpushare: the job ran out of GPU memory ({family}) and was not requeued: "
+                                   f"{why}.")
+    retry = spent + 1
+    oom = {"n": retry, "max": limit, "fam": family, "from": job.tres_per_node, "to": new_gres}
+    return Action("requeue", f"GPU out of memory ({family}); requeue with {why}", new_gres=new_gres,
+                  nice=-cfg.oom.priority_boost, retry=retry, max_retries=limit, admin_comment=_comment(job, oom),
+                  user_message=f"gpushare: the job ran out of GPU memory ({family}); requeued with {why} at raised "
+                               f"priority (recovery {retry} of {limit}).")

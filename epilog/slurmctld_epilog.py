@@ -1,0 +1,293 @@
+"""``gpushare-epilog-slurmctld``: the EpilogSlurmctld that recovers jobs killed by GPU out-of-memory.
+
+slurmctld runs it as root after every job, with the job's facts in the environment and no PATH and no
+SLURM_CONF. It asks ``scontrol show job`` for the rest, reads the job's log tails as the job's user
+(epilog.oom_detect), decides (epilog.recovery) and carries the decision out step by step, recording
+each step in the ledger (epilog.ledger) so that a second run, or a run after a crash, finishes the same
+recovery instead of starting another one.
+
+Fail-safe (STYLE #10): every problem of ours is logged loudly and the exit status is always 0; a failed
+step never leaves a job held: if the GRES change is refused the job is still released.
+"""
+
+from __future__ import annotations
+
+import logging
+import logging.handlers
+import os
+import re
+import subprocess
+import sys
+import time
+from typing import Any, Callable, Mapping
+
+from epilog.ledger import Ledger
+from epilog.oom_detect import OomVerdict, TailError, append_note, classify, compile_patterns, read_tail
+from epilog.recovery import RECOVERABLE_STATES, Action, JobFacts, decide
+from gpushare.config import Config, load_config
+from slurm_plugins.slurm_client import SlurmClient, SlurmError, check_job_id
+
+log = logging.getLogger("gpushare.epilog")
+STEPS = ("requeuehold", "gres", "priority", "release", "starttime")
+_DONE_STATES = ("FAILED", "COMPLETING", "COMPLETED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
+                "DEADLINE", "PREEMPTED")
+
+
+def detect(job: JobFacts, cfg: Config) -> OomVerdict:
+    """Read each log tail as the job's user and classify; unreadable logs are noted, never fatal."""
+    if job.exit_code == 0 and job.exit_signal == 0:
+        return classify([], 0, 0, ())
+    tails, problems = [], []
+    for path in job.log_paths:
+        try:
+            tails.append((path, read_tail(path, cfg.oom.tail_bytes, job.uid, job.gid, cfg.oom.read_timeout_s)))
+        except TailError as exc:
+            problems.append(str(exc))
+            tails.append((path, None))
+    return classify(tails, job.exit_code, job.exit_signal, compile_patterns(cfg.oom.patterns_extra),
+                    tuple(problems))
+
+
+def mig_types(client: SlurmClient) -> set[str] | None:
+    """GPU types the cluster's nodes offer (``sinfo %G``); None when Slurm cannot tell us."""
+    try:
+        out = client.run("sinfo", "-h", "-o", "%G")
+    except (SlurmError, OSError) as exc:
+        log.warning("cannot list GRES types (%s); any larger MIG profile is allowed", exc)
+        return None
+    return {m.group(1) for m in re.finditer(r"gpu:([\w.+-]+):\d", out)}
+
+
+def handle(job_id: str, env: Mapping[str, str], client: SlurmClient, cfg: Config, ledger: Ledger,
+           finish_later: Callable[[str, int], None] | None = None) -> str:
+    """Decide and act for one job; returns what happened (for the log and tests)."""
+    job = JobFacts.from_slurm(client.show_job(job_id), env)
+    log.info("job %s: state %s exit %s:%s restarts %s gres %r node %s", job.job_id, job.state, job.exit_code,
+             job.exit_signal, job.restarts, job.tres_per_node, job.node)
+    if job.exit_code == 0 and job.exit_signal == 0:
+        return "none: exited 0"
+    if job.state not in RECOVERABLE_STATES:
+        return f"none: state {job.state}"
+    done = ledger.get(job.job_id, job.restarts)
+    if done and done.get("state") in ("done", "stay_failed"):
+        return f"already handled: {done.get('state')}"
+    with ledger.claim(job.job_id, job.restarts) as mine:
+        if not mine:
+            return "busy: another run is handling this job"
+        entry = ledger.get(job.job_id, job.restarts)
+        if entry is None:
+            verdict = detect(job, cfg)
+            for problem in verdict.problems:
+                log.warning("job %s: %s", job.job_id, problem)
+            needs_types = "gpu:" in job.tres_per_node
+            action = decide(job, verdict, cfg, ledger.retries_used(job.job_id),
+                            mig_types(client) if needs_types else None)
+            if action.kind == "none":
+                return f"none: {action.reason}"
+            entry = ledger.put(_entry(job, verdict, action))
+            ledger.append_history({"job": job.job_id, "restarts": job.restarts, "event": action.kind,
+                                   "reason": action.reason, "message": verdict.message})
+            if action.kind == "stay_failed":
+                log.warning("job %s: %s; matched: %s", job.job_id, action.reason, verdict.message)
+                _tell_user(job, action.user_message, cfg)
+                return f"stay_failed: {action.reason}"
+            log.warning("job %s: %s; matched: %s", job.job_id, action.reason, verdict.message)
+            _tell_user(job, action.user_message, cfg)
+        elif entry.get("state") in ("done", "stay_failed"):
+            return f"already handled: {entry.get('state')}"
+        return execute(entry, client, ledger, finish_later)
+
+
+def _entry(job: JobFacts, verdict: OomVerdict, action: Action) -> dict[str, Any]:
+    return {"job": job.job_id, "restarts": job.restarts, "action": action.kind,
+            "state": "decided" if action.kind == "requeue" else "stay_failed", "reason": action.reason,
+            "family": verdict.family, "message": verdict.message, "source": verdict.source,
+            "old_gres": job.tres_per_node, "new_gres": action.new_gres, "nice": action.nice,
+            "admin_comment": action.admin_comment, "retry": action.retry, "max_retries": action.max_retries,
+            "steps": []}
+
+
+def execute(entry: dict[str, Any], client: SlurmClient, ledger: Ledger,
+            finish_later: Callable[[str, int], None] | None = None) -> str:
+    """Carry out the remaining steps of a requeue entry; each step is recorded once it has happened.
+
+    Measured on 22.05: while EpilogSlurmctld runs the job is COMPLETING; requeuehold, the GRES change and
+    release work then, but the 120 s requeue delay is applied only when completion finishes, and a nice
+    set before release is reset by it. So priority and ``starttime=now`` come last, from ``finish``, run
+    in a detached process when the job is still completing (``finish_later``).
+    """
+    job_id = check_job_id(entry["job"])
+    steps: list[str] = list(entry.get("steps", []))
+
+    def mark(step: str, **extra: Any) -> None:
+        steps.append(step)
+        entry.update(ledger.put({**entry, **extra, "steps": steps}))
+
+    if "requeuehold" not in steps:
+        fields = client.show_job(job_id)
+        restarts = int(fields.get("Restarts", "0") or 0)
+        state = fields.get("JobState", "").upper()
+        if restarts > int(entry["restarts"]) or state == "PENDING":
+            log.info("job %s: already requeued (state %s, restarts %s)", job_id, state, restarts)
+        elif state in _DONE_STATES:
+            client.requeue_hold(job_id)
+        else:
+            mark("requeuehold-skipped", state="stay_failed", error=f"job is {state}; not requeued")
+            return f"error: job {job_id} is {state}"
+        mark("requeuehold")
+    if "gres" not in steps and "gres-refused" not in steps:
+        try:
+            client.update_job(job_id, gres=entry["new_gres"])
+            mark("gres")
+        except SlurmError as exc:  # release anyway: a held job helps nobody
+            log.error("job %s: GRES change to %s refused: %s; releasing unchanged", job_id, entry["new_gres"], exc)
+            mark("gres-refused", error=str(exc)[:300])
+    if "comment" not in steps and entry.get("admin_comment"):
+        try:
+            client.update_job(job_id, admincomment=entry["admin_comment"])
+        except SlurmError as exc:
+            log.error("job %s: admin comment update refused: %s", job_id, exc)
+        mark("comment")
+    if "release" not in steps:
+        client.release(job_id)
+        mark("release", state="requeued")
+    if "boost" in steps:
+        return f"requeue: {entry['reason']}"
+    if finish_later is not None and client.show_job(job_id).get("JobState", "").upper() == "COMPLETING":
+        finish_later(job_id, int(entry["restarts"]))
+        return f"requeue: {entry['reason']} (priority and start time follow when completion ends)"
+    return finish(entry, client, ledger, wait_s=0)
+
+
+def finish(entry: dict[str, Any], client: SlurmClient, ledger: Ledger, wait_s: float = 120.0,
+           sleep: Callable[[float], None] = time.sleep) -> str:
+    """Once the job has left COMPLETING: raise its priority and make it eligible now, then mark it done."""
+    job_id = check_job_id(entry["job"])
+    deadline = time.monotonic() + wait_s
+    fields = client.show_job(job_id)
+    while fields.get("JobState", "").upper() == "COMPLETING" and time.monotonic() < deadline:
+        sleep(0.5)
+        fields = client.show_job(job_id)
+    state = fields.get("JobState", "").upper()
+    if state == "PENDING":
+        updates: dict[str, Any] = {"starttime": "now"}  # else ineligible for 120 s after a requeue
+        if entry.get("nice"):
+            updates["nice"] = entry["nice"]
+        client.update_job(job_id, **updates)
+    elif state == "COMPLETING":
+        return f"requeue: job {job_id} still completing after {wait_s:.0f} s; eligible after Slurm's delay"
+    steps = [*entry.get("steps", []), "boost"]
+    entry.update(ledger.put({**entry, "steps": steps, "state": "done"}))
+    ledger.append_history({"job": job_id, "restarts": entry["restarts"], "event": "requeued",
+                           "gres": entry["new_gres"], "steps": steps})
+    return f"requeue: {entry['reason']}"
+
+
+def spawn_finisher(job_id: str, restarts: int) -> None:
+    """Run ``finish`` in a detached process (own session, no inherited streams) so slurmctld can go on."""
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    if "GPUSHARE_CONFIG" in os.environ:
+        env["GPUSHARE_CONFIG"] = os.environ["GPUSHARE_CONFIG"]
+    subprocess.Popen([sys.executable, "-m", "epilog.slurmctld_epilog", "--finish", f"{check_job_id(job_id)}.{int(restarts)}"],
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     start_new_session=True, close_fds=True, env=env, cwd="/")
+
+
+def resume_unfinished(client: SlurmClient, ledger: Ledger, skip: str = "") -> None:
+    """Finish recoveries a crash (ours or slurmctld's) left half done, so no job stays held."""
+    for entry in ledger.unfinished():
+        if str(entry.get("job")) == skip:
+            continue
+        try:
+            with ledger.claim(entry["job"], int(entry["restarts"])) as mine:
+                if mine:
+                    log.warning("job %s: finishing an interrupted recovery", entry["job"])
+                    execute(ledger.get(entry["job"], int(entry["restarts"])) or entry, client, ledger)
+        except (SlurmError, OSError, ValueError) as exc:
+            log.error("job %s: interrupted recovery still failing: %s", entry.get("job"), exc)
+
+
+def _tell_user(job: JobFacts, message: str, cfg: Config) -> None:
+    if not message or not job.log_paths:
+        return
+    try:
+        append_note(job.log_paths[0], message, job.uid, job.gid, cfg.oom.read_timeout_s)
+    except TailError as exc:
+        log.info("job %s: could not add a note to the job log: %s", job.job_id, exc)
+
+
+def _setup_logging(cfg: Config | None) -> None:
+    log.setLevel(logging.INFO)
+    form = logging.Formatter(f"%(asctime)s gpushare-epilog-slurmctld[{os.getpid()}] %(levelname)s %(message)s")
+    handlers: list[logging.Handler] = []
+    if cfg is not None and cfg.oom.log_file:
+        try:
+            handlers.append(logging.FileHandler(cfg.oom.log_file))
+        except OSError:
+            pass
+    if not handlers:
+        handlers.append(logging.StreamHandler(sys.stderr))
+        if os.path.exists("/dev/log"):
+            try:
+                handlers.append(logging.handlers.SysLogHandler(address="/dev/log"))
+            except OSError:
+                pass
+    for handler in handlers:
+        handler.setFormatter(form)
+        log.addHandler(handler)
+
+
+def _client(cfg: Config) -> SlurmClient:
+    conf = cfg.oom.slurm_conf or ("/etc/slurm/slurm.conf" if os.path.exists("/etc/slurm/slurm.conf") else None)
+    return SlurmClient(conf_path=conf, bin_dir=cfg.oom.slurm_bin_dir or None)
+
+
+def run(env: Mapping[str, str], client: SlurmClient | None = None, cfg: Config | None = None,
+        finish_later: Callable[[str, int], None] | None = spawn_finisher) -> str:
+    """The hook's work with injectable client and config (tests); raises on our own errors."""
+    job_id = check_job_id(env.get("SLURM_JOB_ID", ""))
+    cfg = cfg or load_config()
+    ledger = Ledger(cfg.oom.ledger_dir)
+    ledger.ensure()
+    client = client or _client(cfg)
+    resume_unfinished(client, ledger, skip=job_id)
+    return handle(job_id, env, client, cfg, ledger, finish_later)
+
+
+def run_finisher(key: str, cfg: Config, client: SlurmClient | None = None, wait_s: float = 120.0) -> str:
+    """``--finish JOB.RESTARTS``: the detached second half of a requeue (see ``execute``)."""
+    job_id, _, restarts_text = key.rpartition(".")
+    restarts = int(restarts_text)
+    ledger = Ledger(cfg.oom.ledger_dir)
+    with ledger.claim(check_job_id(job_id), restarts, wait_s=30.0) as mine:
+        entry = ledger.get(job_id, restarts)
+        if not mine or entry is None or entry.get("state") == "done":
+            return "finish: nothing to do"
+        return finish(entry, client or _client(cfg), ledger, wait_s=wait_s)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    cfg = None
+    try:
+        cfg = load_config()
+    except Exception as exc:  # noqa: BLE001 - a bad config must not fail jobs
+        _setup_logging(None)
+        log.error("configuration unusable, OOM recovery skipped: %s", exc)
+        return 0
+    _setup_logging(cfg)
+    job = os.environ.get("SLURM_JOB_ID", "?")[:20]
+    try:
+        if len(args) == 2 and args[0] == "--finish":
+            job = args[1][:24]
+            outcome = run_finisher(args[1], cfg)
+        else:
+            outcome = run(os.environ, cfg=cfg)
+        log.info("job %s: %s", job, outcome)
+    except Exception as exc:  # noqa: BLE001 - STYLE #10: never fail the job on our account
+        log.exception("job %s: OOM recovery failed: %s", job, exc)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
