@@ -29,7 +29,7 @@ from gres.nvml_query import RAISE, Nvml
 
 GI_PROFILE_COUNT = 0x12  # NVML_GPU_INSTANCE_PROFILE_COUNT (nvml.h, R570)
 CI_PROFILE_BY_SLICES = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}  # NVML_COMPUTE_INSTANCE_PROFILE_*
-CI_PROFILE_COUNT = 9
+MAX_PLACEMENTS = 32  # > memory slices of any GPU (8)
 MIG_MINORS = Path("/proc/driver/nvidia-caps/mig-minors")
 _NO_ID = 0xFFFFFFFF  # what NVML puts in gpuInstanceId/computeInstanceId outside MIG
 
@@ -155,8 +155,9 @@ class NvmlBackend:
 
     def _placements(self, h: Any, info: Any) -> tuple[Placement, ...]:
         lib = self.nvml.lib
-        arr = (lib.c_nvmlGpuInstancePlacement_t * max(1, int(info.instanceCount)))()
-        count = ctypes.c_uint(len(arr))
+        # Sized by memory slices, not instanceCount: "+me" profiles allow 1 instance at any of 7 places.
+        arr = (lib.c_nvmlGpuInstancePlacement_t * MAX_PLACEMENTS)()
+        count = ctypes.c_uint(len(arr))  # in: array size, out: placements written
         self._q("nvmlDeviceGetGpuInstancePossiblePlacements", h, info.id, arr, ctypes.byref(count), default=RAISE)
         return tuple(Placement(int(arr[i].start), int(arr[i].size)) for i in range(count.value))
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import pytest
 
 from gres.errors import GpuError
@@ -64,7 +67,17 @@ def _nvml_or_skip():
     return backend
 
 
-@pytest.fixture(params=["sim", "sim-file", "nvml"])
+def _nvml_over(sim: SimBackend):
+    """NvmlBackend on a fake pynvml that answers from ``sim`` (see nvml_over_sim.py)."""
+    from gres.nvml_backend import NvmlBackend
+
+    spec = importlib.util.spec_from_file_location("nvml_over_sim", Path(__file__).with_name("nvml_over_sim.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return NvmlBackend(module.build(sim))
+
+
+@pytest.fixture(params=["sim", "sim-file", "nvml-over-sim", "nvml"])
 def backend(request, clock: FakeClock, tmp_path):
     """The same contract tests run on every backend; NVML is skipped where there is no driver."""
     if request.param == "sim":
@@ -72,7 +85,16 @@ def backend(request, clock: FakeClock, tmp_path):
     elif request.param == "sim-file":
         SimBackend.from_scenario(BASIC, tmp_path / "state.json", clock=clock)
         yield SimBackend.open(tmp_path / "state.json", clock=clock)  # as a second process would
+    elif request.param == "nvml-over-sim":
+        yield _nvml_over(SimBackend.from_scenario(BASIC, clock=clock))
     else:
         nv = _nvml_or_skip()
         yield nv
         nv.close()
+
+
+@pytest.fixture(params=["sim", "nvml-over-sim"])
+def mig_backend(request, clock: FakeClock):
+    """An A100-40GB in MIG mode, idle, behind either backend (MIG tests never touch a real GPU)."""
+    sim = SimBackend.from_scenario({"version": 1, "gpus": [{"model": "a100-40gb", "mig_mode": True}]}, clock=clock)
+    return sim if request.param == "sim" else _nvml_over(sim)
