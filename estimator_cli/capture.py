@@ -1,0 +1,116 @@
+"""Run the user's script in this process under one capture mode and return what it allocated.
+
+Runs in the child process (estimator_cli/runner.py): the patches below are process-wide, and a script
+can do anything to the interpreter, so the parent never imports user code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import runpy
+import sys
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import torch
+
+from estimator_cli.cuda_api import PresentedGpu, presented_cuda
+from estimator_cli.device_mode import CudaPresenter
+from estimator_cli.events import Capture, Phase
+from estimator_cli.fake_capture import FakeRecorder
+from estimator_cli.lazy_dynamo import lazy_dynamo
+from estimator_cli.phases import PhaseTracker, StopCapture
+from estimator_cli.torch_patches import gpu_path_patches
+
+
+@dataclass
+class ScriptRun:
+    script: str
+    args: list[str]
+    steps: int
+    gpu: PresentedGpu
+    on_step: Callable[[int], None] | None = None
+
+
+@contextlib.contextmanager
+def _script_environment(run: ScriptRun) -> Iterator[None]:
+    """argv, sys.path[0] and cwd-independent module state as ``python SCRIPT ARGS`` would have them."""
+    saved_argv, saved_path0 = sys.argv, sys.path[0] if sys.path else None
+    sys.argv = [run.script, *run.args]
+    script_dir = os.path.dirname(os.path.abspath(run.script))
+    if sys.path:
+        sys.path[0] = script_dir
+    else:
+        sys.path.insert(0, script_dir)
+    try:
+        yield
+    finally:
+        sys.argv = saved_argv
+        if saved_path0 is not None:
+            sys.path[0] = saved_path0
+
+
+def _run_script(run: ScriptRun) -> bool:
+    """Execute the script as ``__main__``; True if stopped after the requested steps."""
+    try:
+        runpy.run_path(run.script, run_name="__main__")
+    except StopCapture:
+        return True
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            raise
+    return False
+
+
+def capture_fake(run: ScriptRun) -> Capture:
+    """Fake mode: GPU tensors on meta; see estimator_cli/device_mode.py for why."""
+    tracker: PhaseTracker
+    recorder = FakeRecorder(lambda: (tracker.phase, tracker.iteration, tracker.module))
+    tracker = PhaseTracker(recorder, run.steps, run.on_step)
+    presenter = CudaPresenter("meta", run.gpu.major)
+    torch.__future__.set_swap_module_params_on_conversion(True)  # keep Parameter identity across .to()
+    with _script_environment(run), presented_cuda(run.gpu, lambda: recorder.live, lambda: recorder.peak), \
+            gpu_path_patches("meta", fake=True), lazy_dynamo():
+        tracker.install()
+        try:
+            with presenter, recorder:
+                stopped = _run_script(run)
+        finally:
+            recorder.recording = False
+            tracker.remove()
+    recorder.finish()
+    return Capture(mode="fake", steps=tracker.iteration, stopped=stopped, events=recorder.events,
+                   allocs=recorder.allocs, zero_grads=tracker.zero_grads,
+                   item_placeholders=presenter.item_calls)
+
+
+def capture_profile(run: ScriptRun, trace_dir: str) -> Capture:
+    """Profile mode: real CPU execution under ``torch.profiler`` (xMem's method)."""
+    from estimator_cli.profile_capture import ProfileRecorder, build_capture
+
+    recorder = ProfileRecorder()
+    tracker = PhaseTracker(recorder, run.steps, run.on_step)
+    presenter = CudaPresenter("cpu", run.gpu.major, on_gpu_tensor=recorder.tag)
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    trace_path = os.path.join(trace_dir, "trace.json")
+    stopped = False
+    with _script_environment(run), presented_cuda(run.gpu, lambda: 0, lambda: 0), \
+            gpu_path_patches("cpu", fake=False), lazy_dynamo():
+        tracker.install()
+        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True,
+                                      record_shapes=False, with_stack=False)
+        try:
+            with prof, presenter:
+                try:
+                    stopped = _run_script(run)
+                finally:
+                    recorder.stop()
+        finally:
+            tracker.remove()
+    prof.export_chrome_trace(trace_path)
+    return build_capture(trace_path, recorder, tracker, stopped)
+
+
+def phase_of(value: str) -> Phase:
+    return Phase(value)

@@ -1,0 +1,108 @@
+"""The CUDA-only code paths that fake capture must take by hand: autocast on ``cuda`` and SDPA kernels.
+
+Why: in fake mode GPU tensors live on PyTorch's ``meta`` device (estimator_cli/device_mode.py says why).
+Meta tensors carry no AutocastCUDA dispatch key and SDPA on meta picks the *math* kernel, which keeps an
+O(seq²) attention matrix a GPU never materialises. So, at the torch-function level (above autograd, so
+casts are recorded and saved for backward exactly as real autocast's are), this module:
+
+- casts inputs of the ops CUDA autocast runs in lower precision, caching casts of leaf parameters for the
+  duration of the autocast region as ``at::autocast::cached_cast`` does, and up-casts the ops CUDA autocast
+  runs in float32. Op lists: PyTorch ``aten/src/ATen/autocast_mode.cpp`` (``AT_FORALL_LOWER_PRECISION_FP``,
+  ``AT_FORALL_FP32``), restricted to what is visible as a torch function;
+- routes ``scaled_dot_product_attention`` to the flash or memory-efficient kernel with the conditions of
+  ``aten/src/ATen/native/transformers/cuda/sdp_utils.cpp`` (flash: sm80+, fp16/bf16, head dim ≤ 256 and a
+  multiple of 8, no explicit mask; efficient: sm50+, head dim a multiple of 8 (4 for fp32)).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+_LOWER = {
+    torch.conv1d, torch.conv2d, torch.conv3d, torch.conv_transpose1d, torch.conv_transpose2d,
+    torch.conv_transpose3d, torch.convolution, torch.prelu, torch.addmm, torch.addmv, torch.addr,
+    torch.matmul, torch.einsum, torch.mm, torch.mv, torch.addbmm, torch.baddbmm, torch.bmm,
+    torch.chain_matmul, torch._C._nn.linear, torch.Tensor.matmul, torch.Tensor.__matmul__,
+    torch.Tensor.__rmatmul__, torch.Tensor.mm, torch.Tensor.bmm, torch.Tensor.addmm, torch.Tensor.baddbmm,
+}
+_FP32 = {
+    torch.acos, torch.asin, torch.cosh, torch.erfinv, torch.exp, torch.expm1, torch.log, torch.log10,
+    torch.log2, torch.log1p, torch.reciprocal, torch.rsqrt, torch.sinh, torch.tan, torch.pow,
+    torch._C._nn.softplus, torch.layer_norm, torch.group_norm, torch.cosine_similarity,
+    torch._C._nn.nll_loss, torch._C._nn.nll_loss2d, torch._C._nn.l1_loss, torch._C._nn.smooth_l1_loss,
+    torch._C._nn.huber_loss, torch._C._nn.mse_loss, torch._C._nn.cross_entropy_loss,
+    torch.binary_cross_entropy_with_logits, torch.kl_div, torch.cdist, torch.logsumexp, torch.softmax,
+    torch.log_softmax, torch.Tensor.softmax, torch.Tensor.log_softmax, torch.Tensor.exp, torch.Tensor.log,
+    torch.Tensor.pow, torch.Tensor.rsqrt,
+}
+
+
+class AutocastEmulator:
+    """Applies CUDA autocast rules to meta tensors while ``torch.is_autocast_enabled('cuda')``."""
+
+    def __init__(self) -> None:
+        self._cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _cast(self, value: Any, dtype: torch.dtype) -> Any:
+        if not isinstance(value, torch.Tensor) or not value.is_floating_point() or value.dtype == dtype:
+            return value
+        if value.dtype == torch.float64:  # autocast leaves float64 alone
+            return value
+        if value.is_leaf and value.requires_grad and dtype != torch.float32:
+            hit = self._cache.get(id(value))
+            if hit is not None and hit[0] is value:
+                return hit[1]
+            cast = value.to(dtype)
+            self._cache[id(value)] = (value, cast)  # the pair keeps `value` alive, so ids stay unique
+            return cast
+        return value.to(dtype)
+
+    def rewrite(self, func: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        if not torch.is_autocast_enabled("cuda"):
+            if self._cache:
+                self._cache.clear()  # autocast exit frees the cached weight casts
+            return args, kwargs
+        if func in _LOWER:
+            dtype = torch.get_autocast_dtype("cuda")
+        elif func in _FP32:
+            dtype = torch.float32
+        else:
+            return args, kwargs
+        args = tuple(self._cast(a, dtype) for a in args)
+        if func in _LOWER:  # linear's bias and friends come as keywords too
+            kwargs = {k: self._cast(v, dtype) for k, v in kwargs.items()}
+        return args, kwargs
+
+
+def route_sdpa(sm_major: int, args: tuple, kwargs: dict) -> Any:
+    """Call the SDPA kernel CUDA would pick, so saved tensors match the GPU's (O(seq), not O(seq²))."""
+    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+    bound = dict(zip(names, args))
+    bound.update(kwargs)
+    q, k, v = bound["query"], bound["key"], bound["value"]
+    mask, dropout = bound.get("attn_mask"), bound.get("dropout_p", 0.0)
+    causal, scale = bound.get("is_causal", False), bound.get("scale")
+    if torch.is_autocast_enabled("cuda"):
+        dtype = torch.get_autocast_dtype("cuda")
+        q, k, v = (t.to(dtype) if t.is_floating_point() and t.dtype != dtype else t for t in (q, k, v))
+    head = q.shape[-1]
+    same_heads = q.dim() == 4 and k.shape[-1] == head and v.shape[-1] == head and not bound.get("enable_gqa")
+    if (same_heads and sm_major >= 8 and q.dtype in (torch.float16, torch.bfloat16) and mask is None
+            and head <= 256 and head % 8 == 0):
+        out = torch.ops.aten._scaled_dot_product_flash_attention.default(
+            q, k, v, dropout, causal, False, scale=scale)
+        return out[0]
+    if same_heads and sm_major >= 5 and head % (4 if q.dtype == torch.float32 else 8) == 0:
+        need_lse = q.requires_grad or k.requires_grad or v.requires_grad
+        if mask is not None and mask.dtype == torch.bool:
+            mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, float("-inf"))
+        out = torch.ops.aten._scaled_dot_product_efficient_attention.default(
+            q, k, v, mask, need_lse, dropout, causal, scale=scale)
+        return out[0]
+    return F.scaled_dot_product_attention(*args, **kwargs)
+
+
+SDPA_FUNCS = {F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention}

@@ -1,0 +1,157 @@
+"""Present a ``cuda`` device to an unmodified script, backed by ``meta`` (fake mode) or ``cpu`` (profile).
+
+Why this design (DESIGN.md §3 records the obstacle): FakeTensorMode can create tensors "on" cuda, but on
+the CPU-only wheel any autograd graph through them aborts the process (``InputMetadata`` asks the
+missing CUDA device guard for the device; measured here, it is a C++ ``terminate``, not an exception),
+and ``model.to('cuda')`` fails before that. So the capture runs the script for real on the CPU, and every
+request for the GPU — ``.to('cuda')``, ``.cuda()``, ``device='cuda'`` in a factory, ``torch.device('cuda')``
+as a context — is redirected, by this TorchFunctionMode, to:
+
+- ``meta`` in fake mode: GPU tensors then have shapes, dtypes, strides and autograd, but no data and no
+  compute, so 3 steps of ResNet-50 cost the same at batch 32 and 256; host-side work (model
+  construction, data pipeline, samplers) stays real, so values computed on the CPU are the real ones.
+  Meta tensors report ``.device`` as ``cuda:0`` to the script, so device-dependent Python (optimizer
+  foreach/fused defaults, ``x.device.type == 'cuda'``) takes the GPU branch. Reading a GPU value gives a
+  tainted placeholder (estimator_cli/placeholders.py) or stops fake capture.
+- ``cpu`` in profile mode: real execution; the moved copies are tagged so the profiler trace can tell
+  host memory from "GPU" memory.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils.weak import WeakIdKeyDictionary
+
+from estimator_cli import cuda_paths
+from estimator_cli.placeholders import is_tainted, placeholder, refuse
+
+_T = torch.Tensor
+_DEVICE_GET = _T.device
+_IS_CUDA_GET = _T.is_cuda
+_VALUE_READS = {_T.tolist: ".tolist()", _T.numpy: ".numpy()", _T.__bool__: "a condition on a tensor",
+                _T.__index__: "a tensor used as an index", _T.__int__: "int(tensor)"}
+_HOST_MOVES = {_T.cpu: ".cpu()"}
+
+
+def _is_cuda_device(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.split(":")[0] == "cuda"
+    if isinstance(value, torch.device):
+        return value.type == "cuda"
+    return False
+
+
+def _is_cpu_device(value: Any) -> bool:
+    return (isinstance(value, str) and value.split(":")[0] == "cpu") or (
+        isinstance(value, torch.device) and value.type == "cpu")
+
+
+class CudaPresenter(TorchFunctionMode):
+    """Redirects GPU requests to ``target`` (``"meta"`` or ``"cpu"``); see the module docstring."""
+
+    def __init__(self, target: str, sm_major: int, on_gpu_tensor: Callable[[torch.Tensor], None] | None = None):
+        super().__init__()
+        self.fake = target == "meta"
+        self.target = torch.device(target)
+        self.sm_major = sm_major
+        self.autocast = cuda_paths.AutocastEmulator()
+        self.tagged: WeakIdKeyDictionary = WeakIdKeyDictionary()  # profile mode: storages that are "GPU"
+        self.on_gpu_tensor = on_gpu_tensor
+        self.item_calls = 0
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _on_gpu(self, t: Any) -> bool:
+        if not isinstance(t, torch.Tensor):
+            return False
+        if self.fake:
+            return t.is_meta
+        return t.untyped_storage() in self.tagged
+
+    def _tag(self, out: Any) -> Any:
+        for t in torch.utils._pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor) and not t.is_meta:
+                self.tagged[t.untyped_storage()] = True
+                if self.on_gpu_tensor is not None:
+                    self.on_gpu_tensor(t)
+        return out
+
+    def _rewrite(self, value: Any) -> tuple[Any, bool]:
+        if _is_cuda_device(value) or (isinstance(value, int) and not isinstance(value, bool)):
+            return self.target, True
+        return value, False
+
+    def _move(self, func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """``Tensor.to`` / ``Tensor.cuda``: host→GPU becomes host→target."""
+        src = args[0]
+        if func is _T.cuda:
+            args, kwargs = (src, self.target), {k: v for k, v in kwargs.items() if k != "device"}
+            func, to_gpu = _T.to, True
+        else:
+            to_gpu = False
+            new_args = [src]
+            for a in args[1:]:
+                if isinstance(a, (str, torch.device)) or (isinstance(a, int) and not isinstance(a, bool)):
+                    a, hit = self._rewrite(a)
+                    to_gpu |= hit
+                    if not hit and self.fake and src.is_meta and _is_cpu_device(a):
+                        refuse(".to('cpu') of a GPU tensor")
+                new_args.append(a)
+            args = tuple(new_args)
+            if "device" in kwargs:
+                kwargs = dict(kwargs)
+                kwargs["device"], hit = self._rewrite(kwargs["device"])
+                to_gpu |= hit
+                if not hit and self.fake and src.is_meta and _is_cpu_device(kwargs["device"]):
+                    refuse(".to('cpu') of a GPU tensor")
+        if not self.fake and to_gpu and not self._on_gpu(src):
+            kwargs = dict(kwargs, copy=True)  # a GPU copy is a new allocation; on the CPU `.to` would alias
+            return self._tag(func(*args, **kwargs))
+        return func(*args, **kwargs)
+
+    # -- the mode -------------------------------------------------------------------------------
+    def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        owner = getattr(func, "__self__", None)
+        if self.fake and owner is _DEVICE_GET:
+            return torch.device("cuda", 0) if args[0].is_meta else func(*args, **kwargs)
+        if self.fake and owner is _IS_CUDA_GET:
+            return True if args[0].is_meta else func(*args, **kwargs)
+        if func is _T.to or func is _T.cuda:
+            return self._move(func, args, kwargs)
+        if func is _T.pin_memory:
+            return args[0]
+        if func is _T.is_pinned:
+            return False
+        if self.fake:
+            if any(is_tainted(a) for a in args) or any(is_tainted(v) for v in kwargs.values()):
+                refuse("a value from .item() passed to a tensor operation")
+            if args and isinstance(args[0], torch.Tensor) and args[0].is_meta:
+                if func is _T.item or func is _T.__float__:
+                    self.item_calls += 1
+                    return placeholder(args[0].is_floating_point())
+                if func is _T.__format__:
+                    self.item_calls += 1
+                    return format(placeholder(args[0].is_floating_point()), *args[1:])
+                if func in _VALUE_READS:
+                    refuse(_VALUE_READS[func])
+                if func in _HOST_MOVES:
+                    refuse(_HOST_MOVES[func])
+                if func is _T.get_device:
+                    return 0
+        if "device" in kwargs:
+            kwargs = dict(kwargs)
+            kwargs["device"], hit = self._rewrite(kwargs["device"])
+            if hit and not self.fake:
+                return self._tag(func(*args, **kwargs))
+        if self.fake:
+            if func in cuda_paths.SDPA_FUNCS:
+                return cuda_paths.route_sdpa(self.sm_major, args, kwargs)
+            args, kwargs = self.autocast.rewrite(func, args, kwargs)
+            return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        if any(self._on_gpu(a) for a in args if isinstance(a, torch.Tensor)):
+            self._tag(out)
+        return out

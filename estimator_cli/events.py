@@ -1,0 +1,90 @@
+"""The capture format: what the child process hands the parent (a contract, STYLE.md #8).
+
+One capture is a list of events in program order. An allocation carries its size in bytes (the storage's
+``nbytes``, before any allocator rounding), the stream (always 0: scripts we capture run on the default
+stream), the module path active when it was made (``""`` outside any module), the phase, the iteration
+(number of optimizer steps completed before it) and the op that made it. A free names the allocation.
+Blocks never freed are alive when capture stopped (parameters, optimizer state, cached batches).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Any
+
+CAPTURE_VERSION = 1
+
+
+class Phase(str, Enum):
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    OPTIMIZER = "optimizer"
+    ZERO_GRAD = "zero_grad"
+    OTHER = "other"
+
+
+class Kind(str, Enum):
+    """What a block holds; decided by the phase tracker's claims, default by phase."""
+
+    PARAMETER = "parameter"
+    BUFFER = "buffer"
+    GRADIENT = "gradient"
+    OPTIMIZER_STATE = "optimizer_state"
+    ACTIVATION = "activation"  # made in forward or backward and not claimed otherwise
+    TEMPORARY = "temporary"  # made in optimizer step or zero_grad and not claimed
+    DATA = "data"  # made outside the phases above: batches moved to the GPU, misc
+    WORKSPACE = "workspace"  # added by the orchestrator: cuBLAS/cuDNN workspaces
+
+
+DEFAULT_KIND = {Phase.FORWARD: Kind.ACTIVATION, Phase.BACKWARD: Kind.ACTIVATION, Phase.OPTIMIZER: Kind.TEMPORARY,
+                Phase.ZERO_GRAD: Kind.TEMPORARY, Phase.OTHER: Kind.DATA}
+
+
+@dataclass
+class Alloc:
+    id: int
+    size: int  # bytes requested (storage nbytes)
+    module: str
+    phase: str  # Phase value
+    iteration: int
+    op: str  # aten op or "" when unknown (profile mode)
+    kind: str = ""  # Kind value; "" until classified
+
+
+@dataclass
+class Capture:
+    """Everything one capture run produced."""
+
+    mode: str  # "fake" or "profile"
+    steps: int  # optimizer steps completed
+    stopped: bool  # True: stopped after the requested steps; False: the script ended by itself
+    events: list[tuple[str, int]] = field(default_factory=list)  # ("alloc", id) / ("free", id), in order
+    allocs: dict[int, Alloc] = field(default_factory=dict)
+    zero_grads: list[dict[str, Any]] = field(default_factory=list)  # {"event": index, "set_to_none": bool}
+    item_placeholders: int = 0  # `.item()` calls answered with a tainted placeholder (fake mode)
+    version: int = CAPTURE_VERSION
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": self.version, "mode": self.mode, "steps": self.steps, "stopped": self.stopped,
+            "events": [[op, i] for op, i in self.events],
+            "allocs": [[a.id, a.size, a.module, a.phase, a.iteration, a.op, a.kind] for a in self.allocs.values()],
+            "zero_grads": self.zero_grads, "item_placeholders": self.item_placeholders,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Capture":
+        if data.get("version") != CAPTURE_VERSION:
+            raise ValueError(f"capture format version {data.get('version')!r}, expected {CAPTURE_VERSION}")
+        allocs = {row[0]: Alloc(*row) for row in data["allocs"]}
+        events = [(op, int(i)) for op, i in data["events"]]
+        for op, i in events:  # invariant: every event names a known allocation
+            if i not in allocs:
+                raise ValueError(f"capture event {op} names unknown allocation {i}")
+        return cls(mode=data["mode"], steps=data["steps"], stopped=data["stopped"], events=events,
+                   allocs=allocs, zero_grads=data.get("zero_grads", []),
+                   item_placeholders=data.get("item_placeholders", 0))
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)

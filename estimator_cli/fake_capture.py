@@ -1,0 +1,91 @@
+"""Fake-mode recorder: every storage the GPU side of the script creates, in order, with its free.
+
+A TorchDispatchMode sees each aten op below autograd (so backward's allocations too). GPU tensors live
+on ``meta`` (estimator_cli/device_mode.py), so a meta storage not seen before is a new GPU allocation; a
+weak reference with a finalizer on the storage records its free when its last user lets go — the same
+moment the CUDA caching allocator would get the block back. Pattern from PyTorch's
+``torch/distributed/_tools/mem_tracker.py`` (weak-keyed storages, finalizers).
+
+Known limitations: in-place ``resize_`` of an existing storage is not seen as a new allocation;
+storages created by C++ outside the dispatcher (none in stock PyTorch training paths) are missed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from typing import Any, Callable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.weak import WeakIdKeyDictionary
+
+from estimator_cli.events import DEFAULT_KIND, Alloc, Kind, Phase
+
+
+class FakeRecorder(TorchDispatchMode):
+    """Records meta-storage allocations and frees; attributes them via ``context()``."""
+
+    def __init__(self, context: Callable[[], tuple[Phase, int, str]]) -> None:
+        super().__init__()
+        self.context = context
+        self.recording = True
+        self.events: list[tuple[str, int]] = []
+        self.allocs: dict[int, Alloc] = {}
+        self.ids: WeakIdKeyDictionary = WeakIdKeyDictionary()  # storage -> alloc id
+        self.live = 0
+        self.peak = 0
+        self._counter = itertools.count()
+
+    # -- Recorder protocol --------------------------------------------------------------------
+    def event_count(self) -> int:
+        return len(self.events)
+
+    def claim(self, tensor: torch.Tensor, kind: Kind, module: str) -> None:
+        if not isinstance(tensor, torch.Tensor) or not tensor.is_meta:
+            return
+        alloc_id = self.ids.get(tensor.untyped_storage())
+        if alloc_id is not None:
+            alloc = self.allocs[alloc_id]
+            if not alloc.kind or kind in (Kind.GRADIENT, Kind.OPTIMIZER_STATE, Kind.PARAMETER, Kind.BUFFER):
+                alloc.kind = kind.value
+            if module:
+                alloc.module = module
+
+    # -- tracking -----------------------------------------------------------------------------
+    def _freed(self, alloc_id: int, size: int) -> None:
+        if self.recording:
+            self.events.append(("free", alloc_id))
+            self.live -= size
+
+    def _track(self, out: Any, op: str) -> None:
+        for t in tree_leaves(out):
+            if not isinstance(t, torch.Tensor) or not t.is_meta:
+                continue
+            storage = t.untyped_storage()
+            if storage in self.ids:
+                continue
+            size = storage.nbytes()
+            alloc_id = next(self._counter)
+            self.ids[storage] = alloc_id
+            if not self.recording:
+                continue
+            phase, iteration, module = self.context()
+            self.allocs[alloc_id] = Alloc(alloc_id, size, module, phase.value, iteration, op)
+            self.events.append(("alloc", alloc_id))
+            self.live += size
+            self.peak = max(self.peak, self.live)
+            weakref.finalize(storage, self._freed, alloc_id, size)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        self._track(out, func.__name__)
+        return out
+
+    def finish(self) -> None:
+        """Stop recording and give every unclassified block its phase's default kind."""
+        self.recording = False
+        for alloc in self.allocs.values():
+            if not alloc.kind:
+                alloc.kind = DEFAULT_KIND[Phase(alloc.phase)].value

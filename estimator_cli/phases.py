@@ -1,0 +1,184 @@
+"""Where the script is: phase, iteration and module, and the "stop after N optimizer steps" rule.
+
+Why hooks and patches rather than profiler annotations: they need no cooperation from the script and
+they are the same in both capture modes. Global module forward hooks give the module path; the global
+optimizer step hooks give the optimizer phase and count steps; ``zero_grad`` and ``backward`` have no
+global hooks, so ``Optimizer.zero_grad``, ``Module.zero_grad``, ``Tensor.backward``,
+``torch.autograd.backward`` and ``torch.autograd.grad`` are wrapped (and restored on exit).
+
+Stopping: after the N-th step's post-hook a private ``BaseException`` unwinds the script; a script's
+``except Exception`` cannot swallow it. Frees during that unwinding are not recorded (the recorder stops
+first), so what is alive at the stop is what would be alive on the GPU at that point.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+import weakref
+from typing import Any, Callable, Protocol
+
+import torch
+from torch.nn.modules import module as module_mod
+from torch.optim import optimizer as optimizer_mod
+from torch.utils.weak import WeakIdKeyDictionary
+
+from estimator_cli.events import Kind, Phase
+
+
+class StopCapture(BaseException):
+    """Raised from the optimizer post-hook after the requested number of steps."""
+
+
+class Recorder(Protocol):
+    recording: bool
+
+    def claim(self, tensor: torch.Tensor, kind: Kind, module: str) -> None: ...
+
+    def event_count(self) -> int: ...
+
+
+class PhaseTracker:
+    """Tracks phase/iteration/module; tells the recorder what parameters, grads and states are."""
+
+    def __init__(self, recorder: Recorder, steps: int, on_step: Callable[[int], None] | None = None) -> None:
+        self.recorder = recorder
+        self.max_steps = steps
+        self.on_step = on_step
+        self.phase = Phase.OTHER
+        self.iteration = 0
+        self.stack: list[str] = []
+        self.names: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> path
+        self.owners: WeakIdKeyDictionary = WeakIdKeyDictionary()  # parameter -> owning module path
+        self.zero_grads: list[dict[str, Any]] = []
+        self.transitions: list[tuple[int, str, int, str]] = []  # (time_ns, phase, iteration, module)
+        self._backward_depth = 0
+        self._undo: list[Callable[[], None]] = []
+
+    # -- state --------------------------------------------------------------------------------
+    @property
+    def module(self) -> str:
+        return self.stack[-1] if self.stack else ""
+
+    def _set(self, phase: Phase) -> None:
+        self.phase = phase
+        self._note()
+
+    def _note(self) -> None:
+        self.transitions.append((time.time_ns(), self.phase.value, self.iteration, self.module))
+
+    # -- hooks --------------------------------------------------------------------------------
+    def _name(self, mod: torch.nn.Module) -> str:
+        name = self.names.get(mod)
+        if name is None:
+            if not self.stack:  # a root: name its whole tree, and claim its parameters and buffers
+                root = type(mod).__name__
+                for sub_name, sub in mod.named_modules():
+                    self.names.setdefault(sub, f"{root}.{sub_name}" if sub_name else root)
+                self._claim_module(mod)
+            else:
+                self.names[mod] = f"{self.stack[-1]}.{type(mod).__name__}"
+            name = self.names[mod]
+        return name
+
+    def _claim_module(self, root: torch.nn.Module) -> None:
+        for sub_name, sub in root.named_modules():
+            owner = self.names.get(sub, sub_name)
+            for p in sub.parameters(recurse=False):
+                self.owners[p] = owner
+                self.recorder.claim(p, Kind.PARAMETER, owner)
+            for b in sub.buffers(recurse=False):
+                self.recorder.claim(b, Kind.BUFFER, owner)
+
+    def _pre_forward(self, mod: torch.nn.Module, args: Any) -> None:
+        name = self._name(mod)
+        if self.phase not in (Phase.BACKWARD, Phase.FORWARD):
+            self.phase = Phase.FORWARD
+        self.stack.append(name)
+        self._note()
+
+    def _post_forward(self, mod: torch.nn.Module, args: Any, output: Any) -> None:
+        if self.stack:
+            self.stack.pop()
+        self._note()
+
+    def _claim_grads(self, opt: torch.optim.Optimizer) -> None:
+        for group in opt.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    self.recorder.claim(p.grad, Kind.GRADIENT, self.owners.get(p, ""))
+
+    def _pre_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self._claim_grads(opt)
+        self._set(Phase.OPTIMIZER)
+
+    def _post_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        for param, state in opt.state.items():
+            owner = self.owners.get(param, "") if isinstance(param, torch.Tensor) else ""
+            for value in state.values():
+                if isinstance(value, torch.Tensor):
+                    self.recorder.claim(value, Kind.OPTIMIZER_STATE, owner)
+        self.iteration += 1
+        self._set(Phase.OTHER)
+        if self.on_step is not None:
+            self.on_step(self.iteration)
+        if self.iteration >= self.max_steps:
+            self.recorder.recording = False
+            raise StopCapture()
+
+    # -- wrappers -----------------------------------------------------------------------------
+    def _wrap(self, owner: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+        original = getattr(owner, name)
+        setattr(owner, name, functools.wraps(original)(make(original)))
+        self._undo.append(lambda: setattr(owner, name, original))
+
+    def _zero_grad_wrapper(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        tracker = self
+
+        def zero_grad(self: Any, *args: Any, **kwargs: Any) -> Any:
+            set_to_none = kwargs.get("set_to_none", args[0] if args else True)
+            if isinstance(self, torch.optim.Optimizer):
+                tracker._claim_grads(self)
+            tracker.zero_grads.append({"event": tracker.recorder.event_count(), "set_to_none": bool(set_to_none),
+                                       "iteration": tracker.iteration, "time_ns": time.time_ns()})
+            previous = tracker.phase
+            tracker._set(Phase.ZERO_GRAD)
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                tracker._set(Phase.OTHER if previous != Phase.FORWARD else previous)
+        return zero_grad
+
+    def _backward_wrapper(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        tracker = self
+
+        def backward(*args: Any, **kwargs: Any) -> Any:
+            tracker._backward_depth += 1
+            if tracker._backward_depth == 1:
+                tracker._set(Phase.BACKWARD)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                tracker._backward_depth -= 1
+                if tracker._backward_depth == 0:
+                    tracker._set(Phase.OTHER)
+        return backward
+
+    def install(self) -> None:
+        handles = [
+            module_mod.register_module_forward_pre_hook(self._pre_forward),
+            module_mod.register_module_forward_hook(self._post_forward, always_call=True),
+            optimizer_mod.register_optimizer_step_pre_hook(self._pre_step),
+            optimizer_mod.register_optimizer_step_post_hook(self._post_step),
+        ]
+        self._undo.extend(h.remove for h in handles)
+        self._wrap(torch.optim.Optimizer, "zero_grad", self._zero_grad_wrapper)
+        self._wrap(torch.nn.Module, "zero_grad", self._zero_grad_wrapper)
+        self._wrap(torch.Tensor, "backward", self._backward_wrapper)
+        self._wrap(torch.autograd, "backward", self._backward_wrapper)
+        self._wrap(torch.autograd, "grad", self._backward_wrapper)
+        self._note()
+
+    def remove(self) -> None:
+        while self._undo:
+            self._undo.pop()()

@@ -1,0 +1,101 @@
+"""Placeholder values for `.item()` on tensors that have no data, and the error that ends fake capture.
+
+Why: nearly every real training script calls ``loss.item()`` to log the loss, yet in fake mode the GPU
+tensors have no values. Returning a made-up number is dangerous (DESIGN.md §3: a dummy value silently
+built a 3k-parameter RegNet), so the number we return is a *tainted* float/int: it may be printed,
+formatted and summed (logging), but the moment it reaches control flow (``if``, comparisons), a shape
+(``range``, indexing) or a tensor operation, it raises :class:`DataDependent`, and ``auto`` mode falls
+back to real CPU execution with the reason. So a placeholder can only ever affect log lines.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NoReturn
+
+PLACEHOLDER_VALUE = 1.0  # positive and finite, so `math.isnan(loss)`-style guards pass as they would
+
+
+class DataDependent(RuntimeError):
+    """The script needs a GPU tensor's *value*; fake capture cannot continue faithfully."""
+
+
+def _refuse(what: str) -> NoReturn:
+    raise DataDependent(
+        f"the script uses the value of a GPU tensor ({what}); fake mode has no values, "
+        "so the estimate needs real execution (--mode profile)"
+    )
+
+
+class _Tainted:
+    """Mixin: arithmetic keeps the taint, anything that could steer the program refuses."""
+
+    origin: str = ".item()"
+
+    def __bool__(self) -> bool:
+        _refuse(f"{self.origin} used in a condition")
+
+    def __index__(self) -> int:
+        _refuse(f"{self.origin} used as an index or size")
+
+    def __lt__(self, other: Any) -> bool:
+        _refuse(f"{self.origin} compared")
+
+    __le__ = __gt__ = __ge__ = __lt__
+
+    def __eq__(self, other: Any) -> bool:  # type: ignore[override]
+        _refuse(f"{self.origin} compared")
+
+    __ne__ = __eq__
+
+    def __hash__(self) -> int:
+        _refuse(f"{self.origin} used as a key")
+
+    def __round__(self, ndigits: Any = None) -> Any:
+        return self
+
+
+def _arith(name: str, base: type) -> Any:
+    def op(self: Any, *args: Any) -> Any:
+        result = getattr(base, name)(self, *args)
+        if result is NotImplemented:
+            return result
+        return TaintedFloat(result) if isinstance(result, float) else TaintedInt(int(result))
+    op.__name__ = name
+    return op
+
+
+class TaintedFloat(_Tainted, float):
+    """A float placeholder for a value only the GPU would know."""
+
+    def __repr__(self) -> str:
+        return float.__repr__(self)
+
+
+class TaintedInt(_Tainted, int):
+    """An int placeholder (integer or boolean tensors' ``.item()``)."""
+
+    def __repr__(self) -> str:
+        return int.__repr__(self)
+
+
+for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__",
+              "__rtruediv__", "__pow__", "__rpow__", "__neg__", "__abs__", "__floordiv__", "__rfloordiv__",
+              "__mod__", "__rmod__"):
+    setattr(TaintedFloat, _name, _arith(_name, float))
+    setattr(TaintedInt, _name, _arith(_name, int))
+TaintedFloat.__float__ = lambda self: TaintedFloat(float.__float__(self))  # type: ignore[method-assign]
+TaintedInt.__int__ = lambda self: TaintedInt(int.__int__(self))  # type: ignore[method-assign]
+
+
+def placeholder(dtype_is_floating: bool) -> float | int:
+    """The value `.item()` returns for a fake GPU tensor."""
+    return TaintedFloat(PLACEHOLDER_VALUE) if dtype_is_floating else TaintedInt(1)
+
+
+def is_tainted(value: Any) -> bool:
+    return isinstance(value, _Tainted)
+
+
+def refuse(what: str) -> NoReturn:
+    """Raise :class:`DataDependent` for `what` (public for the presenter)."""
+    _refuse(what)

@@ -1,0 +1,140 @@
+"""Profile mode: real CPU execution under ``torch.profiler(profile_memory=True)``, as xMem does (§3.2).
+
+The profiler's Chrome trace lists every CPU allocator call as a ``[memory]`` instant event with address,
+size (negative for frees) and time. Three things turn that into GPU events:
+
+- pairing: a free closes the most recent allocation at its address;
+- which blocks are "GPU": those made inside forward, backward, optimizer step or zero_grad (the script
+  computes on its GPU tensors there), plus those the device presenter tagged when the script moved data
+  to the GPU or created a tensor there, plus parameters, buffers, gradients and optimizer state claimed by
+  the phase tracker. Host-side blocks (the dataset, the model before ``.to('cuda')``) are dropped;
+- attribution: phase, iteration and module come from the tracker's time-stamped transitions.
+
+Timestamps: trace ``ts`` is in microseconds since ``baseTimeNanoseconds``; both are wall-clock
+(``time.time_ns()``), the clock the tracker uses.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from estimator_cli.events import DEFAULT_KIND, Alloc, Capture, Kind, Phase
+from estimator_cli.phases import PhaseTracker
+
+_GPU_PHASES = {Phase.FORWARD.value, Phase.BACKWARD.value, Phase.OPTIMIZER.value, Phase.ZERO_GRAD.value}
+
+
+@dataclass
+class ProfileRecorder:
+    """Collects time-stamped tags and claims by address; resolved against the trace afterwards."""
+
+    recording: bool = True
+    stop_ns: int = 0
+    marks: list[tuple[int, int, str, str]] = field(default_factory=list)  # (time_ns, addr, kind, module)
+
+    def event_count(self) -> int:
+        return -1  # profile mode locates zero_grad by time, not index
+
+    def tag(self, tensor: torch.Tensor) -> None:
+        if self.recording:
+            self.marks.append((time.time_ns(), tensor.untyped_storage().data_ptr(), "", ""))
+
+    def claim(self, tensor: torch.Tensor, kind: Kind, module: str) -> None:
+        if self.recording and isinstance(tensor, torch.Tensor) and tensor.device.type == "cpu":
+            self.marks.append((time.time_ns(), tensor.untyped_storage().data_ptr(), kind.value, module))
+
+    def stop(self) -> None:
+        if not self.stop_ns:
+            self.stop_ns = time.time_ns()
+        self.recording = False
+
+
+@dataclass
+class _Block:
+    addr: int
+    size: int
+    start: int
+    end: int | None = None
+    gpu: bool = False
+    kind: str = ""
+    module: str = ""
+
+
+def _memory_events(trace_path: str) -> list[tuple[int, int, int]]:
+    """(time_ns, addr, bytes) of CPU allocator events, in trace order."""
+    with open(trace_path, encoding="utf-8") as handle:
+        trace = json.load(handle)
+    base = int(trace.get("baseTimeNanoseconds", 0))
+    out = []
+    for ev in trace.get("traceEvents", []):
+        if ev.get("name") != "[memory]":
+            continue
+        args = ev.get("args", {})
+        if args.get("Device Type", 0) != 0:
+            continue
+        out.append((base + int(round(float(ev["ts"]) * 1000)), int(args["Addr"]), int(args["Bytes"])))
+    out.sort(key=lambda e: e[0])
+    return out
+
+
+def build_capture(trace_path: str, recorder: ProfileRecorder, tracker: PhaseTracker, stopped: bool) -> Capture:
+    stop_ns = recorder.stop_ns or time.time_ns()
+    blocks: list[_Block] = []
+    open_at: dict[int, _Block] = {}
+    by_addr: dict[int, list[_Block]] = {}
+    order: list[tuple[str, _Block, int]] = []
+    for ts, addr, nbytes in _memory_events(trace_path):
+        if ts > stop_ns:
+            break
+        if nbytes > 0:
+            block = _Block(addr, nbytes, ts)
+            blocks.append(block)
+            open_at[addr] = block
+            by_addr.setdefault(addr, []).append(block)
+            order.append(("alloc", block, ts))
+        elif addr in open_at:
+            block = open_at.pop(addr)
+            block.end = ts
+            order.append(("free", block, ts))
+    for ts, addr, kind, module in recorder.marks:
+        for block in reversed(by_addr.get(addr, [])):
+            if block.start <= ts and (block.end is None or ts <= block.end):
+                block.gpu = True
+                if kind and (not block.kind or kind != Kind.PARAMETER.value or block.kind == Kind.DATA.value):
+                    block.kind = kind
+                if module:
+                    block.module = module
+                break
+    times = [t[0] for t in tracker.transitions]
+
+    def context(ts: int) -> tuple[str, int, str]:
+        i = bisect.bisect_right(times, ts) - 1
+        if i < 0:
+            return Phase.OTHER.value, 0, ""
+        _, phase, iteration, module = tracker.transitions[i]
+        return phase, iteration, module
+
+    capture = Capture(mode="profile", steps=tracker.iteration, stopped=stopped)
+    ids: dict[int, int] = {}
+    for op, block, ts in order:
+        if op == "alloc":
+            phase, iteration, module = context(ts)
+            if not (block.gpu or phase in _GPU_PHASES):
+                continue
+            alloc_id = len(ids)
+            ids[id(block)] = alloc_id
+            kind = block.kind or DEFAULT_KIND[Phase(phase)].value
+            capture.allocs[alloc_id] = Alloc(alloc_id, block.size, block.module or module, phase, iteration, "", kind)
+            capture.events.append(("alloc", alloc_id))
+        elif id(block) in ids:
+            capture.events.append(("free", ids[id(block)]))
+    zero_times = [z["time_ns"] for z in tracker.zero_grads]
+    event_times = [ts for op, block, ts in order if id(block) in ids]
+    for z, t in zip(tracker.zero_grads, zero_times):
+        capture.zero_grads.append(dict(z, event=bisect.bisect_left(event_times, t)))
+    return capture

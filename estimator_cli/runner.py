@@ -1,0 +1,99 @@
+"""Child-process entry point: ``python -m estimator_cli.runner --out RESULT.json ... -- SCRIPT ARGS``.
+
+Why a separate process: the script runs with process-wide patches, may leak memory, loop, or call
+``os._exit``; limits (address space via ``setrlimit``) must not apply to the parent; and a crash must not
+take the CLI with it. It runs as the invoking user — nothing here changes identity.
+
+The result file is JSON: ``{"status": ..., "capture": {...} | null, "error": {...} | null}`` with status
+``ok``, ``script_error`` (the script failed by itself), ``data_dependent`` (fake mode needs values),
+``fake_error`` (an exception that may be fake mode's doing) or ``limit`` (memory limit hit).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import tempfile
+import traceback
+from typing import Any
+
+TRACEBACK_TAIL_LINES = 20
+
+
+def _traceback_tail(exc: BaseException) -> str:
+    lines = "".join(traceback.format_exception(exc)).rstrip().splitlines()
+    return "\n".join(lines[-TRACEBACK_TAIL_LINES:])
+
+
+def _error(exc: BaseException) -> dict[str, Any]:
+    return {"type": type(exc).__name__, "message": str(exc)[:2000], "traceback": _traceback_tail(exc)}
+
+
+def _set_limits(max_address_space: int) -> None:
+    if max_address_space > 0:
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        limit = max_address_space if hard == resource.RLIM_INFINITY else min(max_address_space, hard)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+
+
+def _status_writer(path: str | None, steps: int) -> Any:
+    def on_step(done: int) -> None:
+        if path:
+            with open(path, "w", encoding="utf-8") as handle:
+                handle.write(f"{done}/{steps}\n")
+    return on_step
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="estimator_cli.runner")
+    parser.add_argument("--mode", choices=("fake", "profile"), required=True)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--status")
+    parser.add_argument("--max-address-space", type=int, default=0)
+    parser.add_argument("--gpu", required=True, help="JSON of PresentedGpu fields")
+    parser.add_argument("script")
+    parser.add_argument("args", nargs=argparse.REMAINDER)
+    opts = parser.parse_args(argv)
+    args = opts.args[1:] if opts.args[:1] == ["--"] else opts.args
+    result: dict[str, Any] = {"status": "ok", "capture": None, "error": None}
+    try:
+        _set_limits(opts.max_address_space)
+        from estimator_cli.capture import ScriptRun, capture_fake, capture_profile
+        from estimator_cli.cuda_api import PresentedGpu
+        from estimator_cli.placeholders import DataDependent
+
+        run = ScriptRun(opts.script, args, opts.steps, PresentedGpu(**json.loads(opts.gpu)),
+                        _status_writer(opts.status, opts.steps))
+        try:
+            if opts.mode == "fake":
+                capture = capture_fake(run)
+            else:
+                with tempfile.TemporaryDirectory(prefix="gpu-estimate-trace-") as tmp:
+                    capture = capture_profile(run, tmp)
+            result["capture"] = capture.to_json()
+        except DataDependent as exc:
+            result.update(status="data_dependent", error=_error(exc))
+        except MemoryError as exc:
+            result.update(status="limit", error=_error(exc))
+        except SystemExit as exc:
+            result.update(status="script_error", error={"type": "SystemExit", "message":
+                          f"the script exited with status {exc.code}", "traceback": ""})
+        except (ImportError, OSError, SyntaxError) as exc:
+            result.update(status="script_error", error=_error(exc))
+        except Exception as exc:  # the script's own failure, or fake mode's: the parent decides
+            result.update(status="fake_error" if opts.mode == "fake" else "script_error", error=_error(exc))
+    except BaseException as exc:  # noqa: BLE001 - anything else is still reported, never lost
+        result.update(status="script_error", error=_error(exc))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with open(opts.out, "w", encoding="utf-8") as handle:
+        json.dump(result, handle)
+    os._exit(0)  # skip interpreter teardown: the script may have left threads and atexit handlers
+
+
+if __name__ == "__main__":
+    sys.exit(main())
