@@ -117,20 +117,34 @@ class FsmTable:
 
 
 def build_table(space: MigSpace) -> FsmTable:
-    """Enumerate the legal states breadth-first from the empty GPU and count reachability."""
+    """Enumerate the legal states breadth-first from the empty GPU and count reachability.
+
+    Legality is checked incrementally with slice bitmasks (the same rules as :meth:`MigSpace.is_legal`).
+    """
+    moves = []
+    for profile in space.profiles:
+        for start in profile.placements:
+            mask = ((1 << profile.memory_slices) - 1) << start
+            moves.append(((profile.name, start), mask, profile.compute_slices, profile.max_count))
     seen: set[State] = {EMPTY}
-    frontier = [EMPTY]
+    frontier: list[tuple[State, int, int]] = [(EMPTY, 0, 0)]  # (state, used slices, used compute)
     maximal: list[State] = []
     while frontier:
-        nxt: list[State] = []
-        for state in frontier:
-            succ = space.successors(state)
-            if not succ:
-                maximal.append(state)
-            for _, child in succ:
+        nxt: list[tuple[State, int, int]] = []
+        for state, used, compute in frontier:
+            grown = False
+            for placement, mask, comp, max_count in moves:
+                if used & mask or compute + comp > space.compute_slices:
+                    continue
+                if sum(1 for n, _ in state if n == placement[0]) >= max_count:
+                    continue
+                grown = True
+                child = state | {placement}
                 if child not in seen:
                     seen.add(child)
-                    nxt.append(child)
+                    nxt.append((child, used | mask, compute + comp))
+            if not grown:
+                maximal.append(state)
         frontier = nxt
     reach: dict[State, int] = dict.fromkeys(seen, 0)
     for layout in maximal:  # each subset of a maximal layout can still reach it
