@@ -625,7 +625,10 @@ class CachingAllocatorSim:
             rest.prev = block
             rest.addr += size
             rest.size = remaining
-            pool.insert(rest)
+            k = (stream << _STREAM_SHIFT) | (remaining << _SHIFT) | rest.addr  # BlockPool::insert_into_blocks
+            insort(pool.keys, k)
+            pool.by_key[k] = rest
+            rest.gc_base = pool.calls
         block.allocated = True
         block.requested = orig
         self._allocated += block.size
@@ -760,7 +763,10 @@ class CachingAllocatorSim:
     @staticmethod
     def _merge(dst: _Block, src: _Block, pool: _Pool) -> int:
         if src.mapped:
-            pool.remove(src)
+            k = (src.stream << _STREAM_SHIFT) | (src.size << _SHIFT) | src.addr
+            keys = pool.keys
+            del keys[bisect_left(keys, k)]
+            del pool.by_key[k]
         else:
             pool.remove_unmapped(src)
         if dst.prev is src:
@@ -1127,22 +1133,18 @@ def replay(
     push_r = reserved_tl.append
     malloc = sim.malloc
     free = sim.free
-    peak_r = -1
-    peak_r_at = -1
-    peak_a = -1
-    peak_a_at = -1
+    pop = handles.pop
     unmatched = 0
     oom_at: int | None = None
-    index = -1
-    for index, (kind, key, size, stream) in enumerate(events):
+    for kind, key, size, stream in events:
         if kind == "alloc":
             try:
                 handles[key] = malloc(size, stream)
             except SimulatedOOM:
-                oom_at = index
+                oom_at = len(alloc_tl)
                 break
         elif kind == "free":
-            h = handles.pop(key, None)
+            h = pop(key, None)
             if h is None:
                 unmatched += 1
             elif h:
@@ -1150,20 +1152,21 @@ def replay(
         elif kind == "empty_cache":
             sim.empty_cache()
         else:
-            raise ValueError(f"event {index}: unknown kind {kind!r} (expected 'alloc', 'free' or 'empty_cache')")
-        a = sim._allocated
-        r = sim._reserved
-        push_a(a)
-        push_r(r)
-        if r > peak_r:
-            peak_r, peak_r_at = r, index
-        if a > peak_a:
-            peak_a, peak_a_at = a, index
+            raise ValueError(
+                f"event {len(alloc_tl)}: unknown kind {kind!r} (expected 'alloc', 'free' or 'empty_cache')"
+            )
+        push_a(sim._allocated)
+        push_r(sim._reserved)
+    # The first index of each maximum, found after the loop to keep the loop lean.
     if _np is not None:
         timeline_a: Any = _np.asarray(alloc_tl, dtype=_np.int64)
         timeline_r: Any = _np.asarray(reserved_tl, dtype=_np.int64)
+        peak_r_at = int(_np.argmax(timeline_r)) if len(reserved_tl) else -1
+        peak_a_at = int(_np.argmax(timeline_a)) if len(alloc_tl) else -1
     else:  # pragma: no cover
         timeline_a, timeline_r = alloc_tl, reserved_tl
+        peak_r_at = reserved_tl.index(max(reserved_tl)) if reserved_tl else -1
+        peak_a_at = alloc_tl.index(max(alloc_tl)) if alloc_tl else -1
     return ReplayResult(
         peak_allocated_bytes=sim.peak_allocated_bytes,
         peak_reserved_bytes=sim.peak_reserved_bytes,
