@@ -24,8 +24,13 @@ API (small on purpose; details in docs/device-interface.md):
 
 Units: bytes, watts, millijoules (since driver load), fractions 0..1. Unsupported metrics are ``NA``
 (NaN-like, prints ``N/A``); faults raise ``GpuError`` whose ``.code`` is NVML's (``NvmlCode.IN_USE``…).
-Simulated backend extras (scenario control): ``gres.sim_backend.SimBackend`` — ``from_scenario``,
-``open``, ``start_process``, ``update_process``, ``end_process``, ``set_knobs``, ``inject_error``, ``now``.
+Simulated backend: ``gres.sim_backend.SimBackend.from_scenario(scenario, state_path=None, clock=…)`` or
+``SimBackend.open(state_path)``; scenario control (``gres.sim_control``): ``start_process``,
+``update_process``, ``end_process``, ``set_knobs``, ``inject_error``, ``now``.
+
+Modules: device (records, Protocol, cap minors), na, errors, nvml_query (the NVML choke point),
+nvml_backend, sim_backend, sim_control, sim_mig (MIG rules), sim_timeline (activity, power, energy),
+sim_scenario (scenario files), sim_state (state file + locking), mps, gres_conf, factory.
 """
 
 from gres.device import (ComputeInstance, GiProfile, GpuBackend, GpuInfo, GpuInstance, MemoryInfo, MigDevice,

@@ -57,8 +57,8 @@ class FileStore:
         self.path = Path(path)
         self.lock_path = self.path.with_name(self.path.name + ".lock")
         self.mode = mode  # world-readable/writable by default: jobs run as users, the agent as root
-        self._cache_key: tuple[int, int, int] | None = None
-        self._cache: dict[str, Any] | None = None
+        # ((inode, mtime_ns, size), state) as one tuple so threads never pair a key with another state
+        self._cached: tuple[tuple[int, int, int], dict[str, Any]] | None = None
 
     def exists(self) -> bool:
         return self.path.exists()
@@ -68,8 +68,9 @@ class FileStore:
             with open(self.path, "rb") as handle:
                 st = os.fstat(handle.fileno())
                 key = (st.st_ino, st.st_mtime_ns, st.st_size)
-                if key == self._cache_key and self._cache is not None:
-                    return self._cache
+                cached = self._cached
+                if cached is not None and cached[0] == key:
+                    return cached[1]
                 state = json.loads(handle.read())
         except FileNotFoundError:
             raise GpuError(NvmlCode.DRIVER_NOT_LOADED,
@@ -80,7 +81,7 @@ class FileStore:
         if state.get("state_version") != STATE_VERSION:
             raise GpuError(NvmlCode.LIB_RM_VERSION_MISMATCH,
                            f"{self.path}: state_version {state.get('state_version')!r}, expected {STATE_VERSION}")
-        self._cache_key, self._cache = key, state
+        self._cached = (key, state)
         return state
 
     def read(self) -> dict[str, Any]:
@@ -101,7 +102,7 @@ class FileStore:
     def transaction(self) -> Iterator[dict[str, Any]]:
         """Exclusive read-modify-write; the change is written only if the block exits normally."""
         with self._locked():
-            self._cache_key = None  # always re-read under the lock
+            self._cached = None  # always re-read under the lock
             work = copy.deepcopy(self._load())
             yield work
             write_json_atomic(self.path, work, mode=self.mode)
@@ -112,4 +113,4 @@ class FileStore:
             if self.path.exists() and not overwrite:
                 raise FileExistsError(f"{self.path} exists; pass overwrite=True to replace it")
             write_json_atomic(self.path, {**state, "state_version": STATE_VERSION}, mode=self.mode)
-            self._cache_key = None
+            self._cached = None

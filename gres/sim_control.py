@@ -1,0 +1,75 @@
+"""Scenario control for the simulated backend: make processes appear, change and end, flip knobs and
+inject NVML errors while a simulation runs.
+
+Why separate from the backend proper: these calls are not part of the device interface (a real GPU has no
+``start_process``); the trace simulator and tests use them to drive what the interface then reports.
+Every change is a timeline entry stamped with the simulated time, so the energy counter stays an exact
+integral (``gres.sim_timeline``). Mixed into :class:`gres.sim_backend.SimBackend`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpushare.gpus import MiB
+from gres import sim_timeline as tl
+from gres.errors import GpuError, NvmlCode
+from gres.sim_scenario import METRICS
+
+
+class SimControl:
+    """Sim-only methods; expects ``store``, ``_gpu``, ``_check`` and ``_t`` from SimBackend."""
+
+    store: Any
+
+    def start_process(self, index: int, pid: int, memory_bytes: int, smact: float = 0.0, smocc: float = 0.0,
+                      drama: float = 0.0, gi: int | None = None) -> None:
+        """A process appears on a GPU now (the trace simulator launching a job)."""
+        with self.store.transaction() as state:
+            g = self._gpu(state, index)
+            self._check(state, g, None)
+            t = self._t(state)
+            if any(p["pid"] == pid and tl.active(p, t) for p in state["processes"]):
+                raise GpuError(NvmlCode.INVALID_ARGUMENT, f"pid {pid} is already running")
+            state["processes"].append({"pid": pid, "gpu": index, "start_s": t, "end_s": None,
+                                       "memory_mib": memory_bytes / MiB, "smact": smact, "smocc": smocc,
+                                       "drama": drama, "gi": gi, "steps": []})
+
+    def update_process(self, pid: int, **values: float) -> None:
+        """Change a running process's memory_mib/smact/smocc/drama from now on."""
+        bad = set(values) - {"memory_mib", "smact", "smocc", "drama"}
+        if bad:
+            raise GpuError(NvmlCode.INVALID_ARGUMENT, f"update_process: unknown fields {sorted(bad)}")
+        with self.store.transaction() as state:
+            proc = self._running_proc(state, pid)
+            proc["steps"].append({"after_s": self._t(state) - proc["start_s"], **values})
+
+    def end_process(self, pid: int) -> None:
+        with self.store.transaction() as state:
+            self._running_proc(state, pid)["end_s"] = self._t(state)
+
+    def _running_proc(self, state: dict[str, Any], pid: int) -> dict[str, Any]:
+        t = self._t(state)
+        for proc in state["processes"]:
+            if proc["pid"] == pid and tl.active(proc, t):
+                return proc
+        raise GpuError(NvmlCode.NOT_FOUND, f"no running process with pid {pid}")
+
+    def set_knobs(self, index: int, **knobs: Any) -> None:
+        """Flip ``driver_busy``, ``mode_change_needs_reset`` or ``lost_at_s`` (seconds; None = healthy)."""
+        allowed = {"driver_busy", "mode_change_needs_reset", "lost_at_s"}
+        if set(knobs) - allowed:
+            raise GpuError(NvmlCode.INVALID_ARGUMENT, f"set_knobs: unknown {sorted(set(knobs) - allowed)}")
+        with self.store.transaction() as state:
+            self._gpu(state, index).update(knobs)
+
+    def inject_error(self, index: int, metric: str, code: str | NvmlCode | None) -> None:
+        """Make ``metric`` fail with an NVML code from now on (None clears it)."""
+        if metric not in METRICS:
+            raise GpuError(NvmlCode.INVALID_ARGUMENT, f"unknown metric {metric!r} (known: {', '.join(METRICS)})")
+        with self.store.transaction() as state:
+            errors = self._gpu(state, index)["errors"]
+            if code is None:
+                errors.pop(metric, None)
+            else:
+                errors[metric] = NvmlCode.parse(code).name
