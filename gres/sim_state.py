@@ -10,7 +10,9 @@ on a dead inode), re-reads the state under the lock, applies the change and writ
 ``gpushare.atomic.write_json_atomic`` (temp file + fsync + rename). Readers take no lock: a rename is atomic,
 so they see the old or the new state, never half of one. flock is per open file description, so it also
 serialises threads that open their own descriptor, and the kernel drops it if a holder dies.
-Plain reads are cached by (inode, mtime_ns, size) so a sampling loop does not re-parse an unchanged file.
+Plain reads re-read the bytes (a few KiB) but re-parse only when they changed, so a sampling loop stays
+cheap; comparing bytes rather than (inode, mtime, size) is exact even when the kernel reuses an inode within
+one coarse timestamp tick.
 """
 
 from __future__ import annotations
@@ -57,21 +59,19 @@ class FileStore:
         self.path = Path(path)
         self.lock_path = self.path.with_name(self.path.name + ".lock")
         self.mode = mode  # world-readable/writable by default: jobs run as users, the agent as root
-        # ((inode, mtime_ns, size), state) as one tuple so threads never pair a key with another state
-        self._cached: tuple[tuple[int, int, int], dict[str, Any]] | None = None
+        # (raw bytes, parsed state) as one tuple so threads never pair bytes with another state
+        self._cached: tuple[bytes, dict[str, Any]] | None = None
 
     def exists(self) -> bool:
         return self.path.exists()
 
     def _load(self) -> dict[str, Any]:
         try:
-            with open(self.path, "rb") as handle:
-                st = os.fstat(handle.fileno())
-                key = (st.st_ino, st.st_mtime_ns, st.st_size)
-                cached = self._cached
-                if cached is not None and cached[0] == key:
-                    return cached[1]
-                state = json.loads(handle.read())
+            raw = self.path.read_bytes()
+            cached = self._cached
+            if cached is not None and cached[0] == raw:
+                return cached[1]
+            state = json.loads(raw)
         except FileNotFoundError:
             raise GpuError(NvmlCode.DRIVER_NOT_LOADED,
                            f"simulated GPU state {self.path} does not exist (create it with "
@@ -81,7 +81,7 @@ class FileStore:
         if state.get("state_version") != STATE_VERSION:
             raise GpuError(NvmlCode.LIB_RM_VERSION_MISMATCH,
                            f"{self.path}: state_version {state.get('state_version')!r}, expected {STATE_VERSION}")
-        self._cached = (key, state)
+        self._cached = (raw, state)
         return state
 
     def read(self) -> dict[str, Any]:
