@@ -85,6 +85,8 @@ _IGNORED_KEYS = frozenset(
         "pinned_max_round_threshold",
         "pinned_max_cached_size",
         "graph_capture_record_stream_reuse",
+        "pinned_free_catch_all",
+        "throw_on_cudamalloc_oom",
     }
 )
 
@@ -124,13 +126,18 @@ class AllocatorConfig:
     expandable_segments: bool = False
     garbage_collection_threshold: float | None = None  # only acts under a per-process memory fraction
     max_non_split_rounding_size: int = K_LARGE_BUFFER  # max_non_split_rounding_mb
-    large_segment_size: int = K_LARGE_BUFFER  # large_segment_size_mb (torch >= 2.10); kLargeBuffer before
+    large_segment_size: int = K_LARGE_BUFFER  # large_segment_size_mb (recent torch); kLargeBuffer before
+    # per_process_memory_fraction (recent torch): below 1.0 it acts like set_per_process_memory_fraction.
+    per_process_memory_fraction: float | None = None
 
     def __post_init__(self) -> None:
         if len(self.roundup_power2_divisions) != K_ROUNDUP_INTERVALS:
             raise ValueError(
                 f"roundup_power2_divisions needs {K_ROUNDUP_INTERVALS} entries (1 MiB .. 64 GiB intervals)"
             )
+        fraction = self.per_process_memory_fraction
+        if fraction is not None and not 0.0 <= fraction <= 1.0:
+            raise ValueError("per_process_memory_fraction is invalid, set it in [0.0, 1.0]")
         if self.max_split_size is not None and self.max_split_size < self.large_segment_size:
             raise ValueError(
                 f"max_split_size_mb too small, must be >= {self.large_segment_size // MiB} "
@@ -157,6 +164,8 @@ class AllocatorConfig:
             parts.append(f"large_segment_size_mb:{self.large_segment_size // MiB}")
         if self.garbage_collection_threshold is not None:
             parts.append(f"garbage_collection_threshold:{self.garbage_collection_threshold}")
+        if self.per_process_memory_fraction is not None:
+            parts.append(f"per_process_memory_fraction:{self.per_process_memory_fraction}")
         if any(self.roundup_power2_divisions):
             items = ",".join(f"{1 << i}:{d}" for i, d in enumerate(self.roundup_power2_divisions))
             parts.append(f"roundup_power2_divisions:[{items}]")
@@ -206,16 +215,16 @@ class AllocatorConfig:
             i += 2
             if key in ("max_split_size_mb", "max_non_split_rounding_mb", "large_segment_size_mb"):
                 values[key] = size_t(need(i, f"{key} value"), key)
-            elif key == "garbage_collection_threshold":
-                tok = need(i, "garbage_collection_threshold value")
+            elif key in ("garbage_collection_threshold", "per_process_memory_fraction"):
+                tok = need(i, f"{key} value")
                 try:
                     value = float(tok)
                 except ValueError:
-                    raise ValueError(
-                        f"PYTORCH_CUDA_ALLOC_CONF: garbage_collection_threshold needs a number, got {tok!r}"
-                    ) from None
-                if not 0.0 < value < 1.0:
+                    raise ValueError(f"PYTORCH_CUDA_ALLOC_CONF: {key} needs a number, got {tok!r}") from None
+                if key == "garbage_collection_threshold" and not 0.0 < value < 1.0:
                     raise ValueError("garbage_collect_threshold is invalid, set it in (0.0, 1.0)")
+                if key == "per_process_memory_fraction" and not 0.0 <= value <= 1.0:
+                    raise ValueError("per_process_memory_fraction is invalid, set it in [0.0, 1.0]")
                 values[key] = value
             elif key == "roundup_power2_divisions":
                 i = cls._parse_divisions(tokens, i, divisions, size_t, text)
@@ -267,6 +276,7 @@ class AllocatorConfig:
             garbage_collection_threshold=values.get("garbage_collection_threshold"),
             max_non_split_rounding_size=K_LARGE_BUFFER if rounding is None else rounding * MiB,
             large_segment_size=large_bytes,
+            per_process_memory_fraction=values.get("per_process_memory_fraction"),
         )
 
     @staticmethod
@@ -472,7 +482,8 @@ class CachingAllocatorSim:
     by something other than this allocator (CUDA context, cuBLAS handles, other tenants).
 
     ``memory_fraction`` mirrors ``torch.cuda.set_per_process_memory_fraction``: it caps reserved memory and
-    is what enables ``garbage_collection_threshold`` (PyTorch only collects under a fraction).
+    is what enables ``garbage_collection_threshold`` (PyTorch only collects under a fraction). Without it,
+    a ``per_process_memory_fraction`` below 1.0 in the configuration does the same.
     """
 
     def __init__(
@@ -495,6 +506,8 @@ class CachingAllocatorSim:
         self.config = config
         self.reserved_elsewhere = reserved_elsewhere
         self.process_overhead_bytes = process_overhead_bytes
+        if memory_fraction is None and (config.per_process_memory_fraction or 1.0) < 1.0:
+            memory_fraction = config.per_process_memory_fraction
         self._mss = config.max_split_size if config.max_split_size is not None else 1 << 62
         self._expandable = config.expandable_segments
         self._set_fraction = memory_fraction is not None

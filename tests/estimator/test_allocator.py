@@ -294,6 +294,9 @@ def test_garbage_collection_under_a_memory_fraction():
     assert run("garbage_collection_threshold:0.5", None).reserved_bytes == 54 * MiB
     # Fraction without GC: 38 + 16 > 50 fails, everything cached is released, then 16 MiB.
     assert run("", 0.5).reserved_bytes == 16 * MiB
+    # The fraction can also come from the configuration string (recent PyTorch).
+    both = "per_process_memory_fraction:0.5,garbage_collection_threshold:0.5"
+    assert run(both, None).reserved_bytes == 30 * MiB
 
 
 # --- configuration parsing ------------------------------------------------------------------------------
@@ -320,6 +323,7 @@ def test_config_parsing_accepts_pytorch_syntax():
         ("expandable_segments:true", "True/False"),
         ("garbage_collection_threshold:1.5", "(0.0, 1.0)"),
         ("garbage_collection_threshold:x", "number"),
+        ("per_process_memory_fraction:1.5", "[0.0, 1.0]"),
         ("roundup_power2_divisions:3", "power of 2"),
         ("roundup_power2_divisions:[100:2]", "power of 2"),
         ("roundup_power2_divisions:[64:3]", "power of 2"),
