@@ -29,6 +29,12 @@ class SimControl:
             g = self._gpu(state, index)
             self._check(state, g, None)
             t = self._t(state)
+            if gi is not None:  # a process can only run in an existing instance that has a compute instance
+                from gres.sim_mig import find_gi, require_mig
+
+                require_mig(g, f"start pid {pid} in GI {gi}")
+                if not find_gi(g, gi)["cis"]:
+                    raise GpuError(NvmlCode.NOT_FOUND, f"GI {gi} on GPU {index} has no compute instance")
             if any(p["pid"] == pid and tl.active(p, t) for p in state["processes"]):
                 raise GpuError(NvmlCode.INVALID_ARGUMENT, f"pid {pid} is already running")
             state["processes"].append({"pid": pid, "gpu": index, "start_s": t, "end_s": None,

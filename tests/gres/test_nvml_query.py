@@ -152,3 +152,11 @@ def test_read_mig_minors(tmp_path):
     path.write_text("config 1\nmonitor 2\ngpu0/gi1/access 12\ngpu0/gi1/ci0/access 13\n")
     assert read_mig_minors(path)["gpu0/gi1/ci0/access"] == 13
     assert read_mig_minors(tmp_path / "missing") == {}
+
+
+def test_missing_binding_is_a_clear_gpu_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # "import pynvml" now raises ImportError
+    with pytest.raises(GpuError) as err:
+        Nvml().query("nvmlDeviceGetCount_v2")
+    assert err.value.code is NvmlCode.LIBRARY_NOT_FOUND
+    assert "NVML not available" in str(err.value) and "slurm-gpushare[node]" in str(err.value)

@@ -164,3 +164,11 @@ def test_lost_gpu_refuses_mig_operations(mig_sim, clock):
     clock.advance(10)
     assert code_of(mig_sim.create_gpu_instance, 0, P3G, 4) is NvmlCode.GPU_IS_LOST
     assert code_of(mig_sim.gpu_instances, 0) is NvmlCode.GPU_IS_LOST
+
+
+def test_process_needs_an_existing_compute_instance(mig_sim):
+    assert code_of(mig_sim.start_process, 0, 1, 1 << 20, 0.0, 0.0, 0.0, 3) is NvmlCode.NOT_FOUND
+    gi = mig_sim.create_gpu_instance(0, P1G, 0)
+    assert code_of(mig_sim.start_process, 0, 1, 1 << 20, 0.0, 0.0, 0.0, gi.id) is NvmlCode.NOT_FOUND
+    mig_sim.create_compute_instance(0, gi.id)
+    mig_sim.start_process(0, 1, 1 << 20, gi=gi.id)
