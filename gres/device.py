@@ -8,7 +8,7 @@ tested here without a GPU and runs unchanged on a node.
 Conventions for every method:
 - GPUs are addressed by their NVML index (``nvmlDeviceGetHandleByIndex``), MIG GPU instances by
   ``(gpu index, GI id)`` and compute instances by ``(gpu index, GI id, CI id)``, as NVML does.
-- Bytes, milliwatts-free: memory in bytes, power in watts (float), energy in millijoules (int, NVML's unit
+- Units: memory in bytes, power in watts (float), energy in millijoules (int, NVML's unit
   and origin: since the driver was loaded), utilisation as fractions 0..1.
 - A metric the GPU does not support is :data:`gres.na.NA`; a real fault raises
   :class:`gres.errors.GpuError` with NVML's code.
