@@ -126,3 +126,17 @@ def test_new_model_needs_no_code() -> None:
     assert {len(m) for m in table.maximal} == {1, 2, 4}
     with pytest.raises(ValueError, match="does not span"):
         model_from_nvml("x", [("2g", 1, 2, 2, [(0, 1)])])
+
+
+@pytest.mark.parametrize("name", AMPERE_HOPPER + ["a30-24gb"])
+def test_free_memory_slices_are_the_binding_constraint(name: str) -> None:
+    # Why the planner only frees overlapping instances: with the classic and double-memory sets, any
+    # placement whose memory slices are free can be added (compute budget and max counts never bind).
+    model = BUILTIN_GPUS[name]
+    table = fsm_table(model, select_profiles(model, extra_memory=True))
+    space = table.space
+    for state in table.states:
+        used = {s for p in state for s in space.span(p)}
+        for placement in space.all_placements():
+            if placement not in state and not used & set(space.span(placement)):
+                assert space.can_add(state, placement)
