@@ -111,7 +111,7 @@ def layouts(gpu: str, everything: bool, listed: str | None, as_json: bool) -> No
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def plan_command(gpu: str, current: str, wants: tuple[str, ...], busy: tuple[str, ...],
                  everything: bool, in_order: bool, as_json: bool) -> None:
-    """Print the destroy/create actions that serve the wanted profiles, and why."""
+    """Print the actions that serve the wanted profiles, and why."""
     model = _model(gpu)
     base = all_profiles(model) if everything else select_profiles(model)
     want_list = [w.strip().lower() for item in wants for w in item.split(",") if w.strip()]

@@ -182,8 +182,12 @@ def plan(
                 notes[i] = f"{want}: unmet, {found}"
                 continue
             hits, target, reach = found
-            big = [h for h in hits if space.profile(h[0]).memory_slices > space.profile(want).memory_slices]
-            kind = "fission" if len(hits) == 1 and big else "fusion"
+            if len(hits) > 1:
+                kind = "fusion"  # several idle neighbours merged into one placement
+            elif hits and space.profile(hits[0][0]).memory_slices > space.profile(want).memory_slices:
+                kind = "fission"  # one larger idle instance split
+            else:
+                kind = "reshape"  # one idle instance of the same size (4g.20gb -> 3g.20gb)
             for hit in hits:
                 actions.append(Action("destroy", hit[0], hit[1],
                                       f"{kind}: idle {hit[0]}@{hit[1]} frees {_slices(space, hit)} "

@@ -135,3 +135,9 @@ def test_busy_instances_are_never_touched(scenario: tuple, in_order: bool) -> No
             state.add((action.profile, action.start))
             assert SPACE.is_legal(state)
     assert state == final
+
+
+def test_same_size_replacement_is_a_reshape() -> None:
+    result = plan(A100, layout("4g.20gb@0,3g.20gb@4*"), ["3g.20gb"])
+    assert [a.text() for a in result.actions] == ["destroy 4g.20gb@0", "create 3g.20gb@0"]
+    assert result.actions[0].reason.startswith("reshape")

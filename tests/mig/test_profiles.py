@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpushare.gpus import BUILTIN_GPUS, GiB, MiB
+from gpushare.gpus import BUILTIN_GPUS, GiB
 from mig_manager.fsm import fsm_table
 from mig_manager.layout import Instance, format_layout, parse_layout
 from mig_manager.profiles import (needed_bytes, next_larger_profile, select_profiles,
