@@ -29,7 +29,7 @@ Simulated backend: ``gres.sim_backend.SimBackend.from_scenario(scenario, state_p
 ``update_process``, ``end_process``, ``set_knobs``, ``inject_error``, ``now``.
 
 Modules: device (records, Protocol, cap minors), na, errors, nvml_query (the NVML choke point),
-nvml_backend, sim_backend, sim_control, sim_mig (MIG rules), sim_timeline (activity, power, energy),
+nvml_backend, dcgm (SMACT/SMOCC/DRAMA for it), sim_backend, sim_control, sim_mig (MIG rules), sim_timeline (activity, power, energy),
 sim_scenario (scenario files), sim_state (state file + locking), mps, gres_conf, factory.
 """
 

@@ -26,9 +26,10 @@ def open_backend(spec: str | None = None, clock: Callable[[], float] = time.time
     raw = spec if spec is not None else os.environ.get(ENV_VAR, DEFAULT_SPEC)
     kind, _, arg = raw.strip().partition(":")
     if kind == "nvml" and not arg:
+        from gres.dcgm import dcgm_source
         from gres.nvml_backend import NvmlBackend
 
-        return NvmlBackend()
+        return NvmlBackend(dcgm=dcgm_source())  # DCGM fields when its bindings are installed
     if kind == "sim" and arg:
         from gres.sim_backend import SimBackend
 

@@ -6,9 +6,9 @@ records. It imports without a GPU, a driver or even pynvml installed; the first 
 ``GpuError(…, "NVML not available: <reason>")``.
 
 Utilisation: NVML has no SM activity/occupancy/DRAM activity; DCGM does (fields 1002 SMACT, 1003 SMOCC,
-1005 DRAMA). Pass ``dcgm=`` a callable ``index -> (smact, smocc, drama)`` (e.g. one wrapping DCGM's
-``DcgmReader``) and samples say ``source="dcgm"``; without it they come from
-``nvmlDeviceGetUtilizationRates`` with ``source="nvml"``.
+1005 DRAMA). Pass ``dcgm=`` a callable ``index -> (smact, smocc, drama) | None`` (``gres.dcgm.dcgm_source()``
+wraps DCGM's ``DcgmReader``) and samples say ``source="dcgm"``; without it, or while it answers None, they
+come from ``nvmlDeviceGetUtilizationRates`` with ``source="nvml"``.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ GI_PROFILE_COUNT = 0x12  # NVML_GPU_INSTANCE_PROFILE_COUNT (nvml.h, R570)
 CI_PROFILE_BY_SLICES = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}  # NVML_COMPUTE_INSTANCE_PROFILE_*
 MAX_PLACEMENTS = 32  # > memory slices of any GPU (8)
 MIG_MINORS = Path("/proc/driver/nvidia-caps/mig-minors")
+DcgmFields = Callable[[int], "tuple[float, float, float] | None"]  # index -> (smact, smocc, drama)
 _NO_ID = 0xFFFFFFFF  # what NVML puts in gpuInstanceId/computeInstanceId outside MIG
 
 
@@ -59,7 +60,7 @@ class NvmlBackend:
 
     name = "nvml"
 
-    def __init__(self, module: ModuleType | None = None, dcgm: Callable[[int], tuple[float, float, float]] | None = None,
+    def __init__(self, module: ModuleType | None = None, dcgm: DcgmFields | None = None,
                  catalogue: dict[str, GpuModel] | None = None) -> None:
         self.nvml = Nvml(module)
         self.dcgm = dcgm
@@ -108,8 +109,9 @@ class NvmlBackend:
     def utilization(self, index: int) -> Utilization:
         rates = self._q("nvmlDeviceGetUtilizationRates", self._h(index))
         gpu_u, mem_u = (NA, NA) if rates is NA else (rates.gpu / 100.0, rates.memory / 100.0)
-        if self.dcgm is not None:
-            smact, smocc, drama = self.dcgm(index)
+        fields = self.dcgm(index) if self.dcgm is not None else None
+        if fields is not None:
+            smact, smocc, drama = fields
             return Utilization("dcgm", smact, smocc, drama, gpu_u, mem_u)
         return Utilization("nvml", NA, NA, NA, gpu_u, mem_u)
 
