@@ -558,8 +558,11 @@ class CachingAllocatorSim:
 
     @property
     def num_segments(self) -> int:
-        """cudaMalloc'd segments plus live expandable segments."""
-        return len(self._segment_sizes) + len(self._expandables)
+        """cudaMalloc'd segments plus expandable segments with at least one mapped page.
+
+        (An expandable segment whose first mapping failed keeps its address range reserved, as in PyTorch,
+        and is reused by the next request on its stream; it holds no memory and is not counted.)"""
+        return len(self._segment_sizes) + sum(1 for es in self._expandables if 1 in es.pages)
 
     @property
     def device_free_bytes(self) -> int:
