@@ -1,0 +1,143 @@
+"""``gpu-estimate [OPTIONS] SCRIPT [SCRIPT ARGS...]``: peak GPU memory of a training script, on a CPU.
+
+Everything after SCRIPT is passed to the script untouched (options of gpu-estimate go before it).
+Exit codes (docs/estimator.md):
+  0  estimate produced (whether or not it fits a target)
+  1  internal error of gpu-estimate
+  2  usage error (bad option, unknown GPU, unreadable script, bad config)
+  3  the script failed by itself: its traceback tail is printed, never an estimate
+  4  the time limit (--timeout) or the memory limit (--max-cpu-memory) was hit
+  5  the requested mode cannot estimate this script (e.g. --mode fake on data-dependent control flow)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+
+import click
+
+from estimator_cli import cache as cache_mod
+from estimator_cli.launcher import CaptureFailed, Limits
+from gpushare.config import ConfigError, load_config, parse_size
+
+EXIT_OK, EXIT_INTERNAL, EXIT_USAGE, EXIT_SCRIPT, EXIT_LIMIT, EXIT_UNSUPPORTED = 0, 1, 2, 3, 4, 5
+_FAILURE_EXIT = {"script_error": EXIT_SCRIPT, "timeout": EXIT_LIMIT, "limit": EXIT_LIMIT,
+                 "unsupported": EXIT_UNSUPPORTED, "internal": EXIT_INTERNAL}
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+@click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False,
+                                 "help_option_names": ["-h", "--help"]})
+@click.option("--gpu", "gpus", multiple=True, metavar="NAME",
+              help="Target GPU, e.g. a100-40gb or a100-40gb:3g.20gb (repeatable). Default: [estimator] gpus.")
+@click.option("--iterations", type=click.IntRange(1, 1000), help="Optimizer steps to capture (default 3).")
+@click.option("--mode", type=click.Choice(["auto", "fake", "profile"]), help="Capture mode (default auto).")
+@click.option("--json", "as_json", is_flag=True, help="Print the versioned JSON document instead of text.")
+@click.option("--plot", type=click.Path(dir_okay=False), help="Write a PNG timeline of the first target.")
+@click.option("--snapshot", type=click.Path(dir_okay=False),
+              help="Write a torch.cuda.memory._snapshot()-format pickle (pytorch.org/memory_viz).")
+@click.option("--timeout", type=click.FloatRange(1, 86400), help="Wall-clock limit in seconds (default 300).")
+@click.option("--max-cpu-memory", metavar="SIZE", help="Address-space limit of the script, e.g. 16G.")
+@click.option("--no-cache", is_flag=True, help="Neither read nor write the estimate cache.")
+@click.option("--cache-dir", type=click.Path(file_okay=False), help="Estimate cache (default ~/.cache/gpushare).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="gpushare.toml to read.")
+@click.option("--progress/--no-progress", default=None, help="Progress on stderr (default: when a terminal).")
+@click.option("-v", "--verbose", is_flag=True, help="Also show the script's own output.")
+@click.argument("script", type=click.Path(dir_okay=False))
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+@click.pass_context
+def command(ctx: click.Context, gpus: tuple[str, ...], iterations: int | None, mode: str | None, as_json: bool,
+            plot: str | None, snapshot: str | None, timeout: float | None, max_cpu_memory: str | None,
+            no_cache: bool, cache_dir: str | None, config_path: str | None, progress: bool | None,
+            verbose: bool, script: str, script_args: tuple[str, ...]) -> int:
+    """Estimate the peak GPU memory of SCRIPT on each target GPU, without a GPU."""
+    from estimator_cli.pipeline import Request, run  # torch-free until here: --help stays fast
+
+    try:
+        cfg = load_config(config_path)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from exc
+    est = cfg.estimator
+    targets = list(gpus) or [str(g) for g in est.gpus]
+    try:
+        from estimator_cli.device_model import device_for
+
+        for t in targets:
+            device_for(t, cfg.gpus)
+        limit_bytes = parse_size(max_cpu_memory or est.max_cpu_memory)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    try:
+        script_bytes = Path(script).read_bytes()
+    except OSError as exc:
+        raise click.BadParameter(f"cannot read {script}: {exc.strerror}", param_hint="SCRIPT") from exc
+    request = Request(
+        script=script, args=list(script_args), targets=targets, mode=mode or est.mode,
+        iterations=iterations or est.iterations,
+        limits=Limits(timeout_s=timeout or est.timeout_s, max_address_space=limit_bytes),
+        plot=plot, snapshot=snapshot, cfg=cfg)
+    show_progress = sys.stderr.isatty() if progress is None else progress
+    key = cache_mod.cache_key(script_bytes, request.args, dict(os.environ), _version("torch"), targets,
+                              {"mode": request.mode, "iterations": request.iterations})
+    directory = Path(cache_dir) if cache_dir else cache_mod.default_cache_dir()
+    doc = None
+    if not no_cache and not plot and not snapshot:
+        doc = cache_mod.load(directory, key)
+        if doc is not None:
+            doc["cached"] = True
+    if doc is None:
+        try:
+            doc, output = run(request, key, show_progress, _version("slurm-gpushare"))
+        except CaptureFailed as exc:
+            if verbose and exc.output:
+                click.echo(exc.output.rstrip(), err=True)
+            click.echo(f"gpu-estimate: {exc}", err=True)
+            if exc.traceback_tail:
+                click.echo("script traceback (last lines):\n" + exc.traceback_tail, err=True)
+            return _FAILURE_EXIT.get(exc.status, EXIT_INTERNAL)
+        if verbose and output.strip():
+            click.echo("--- script output ---\n" + output.rstrip() + "\n--- end of script output ---", err=True)
+        if not no_cache:
+            cache_mod.store(directory, key, doc)
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+    else:
+        from estimator_cli.report import render_text
+
+        click.echo(render_text(doc))
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point; returns the exit code (STYLE.md #12)."""
+    try:
+        code = command.main(args=argv, prog_name="gpu-estimate", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("gpu-estimate: interrupted", err=True)
+        return 130
+    except click.ClickException as exc:
+        exc.show()
+        return EXIT_USAGE
+    except Exception as exc:  # noqa: BLE001 - a bug of ours: one line, details with --verbose
+        click.echo(f"gpu-estimate: internal error: {type(exc).__name__}: {exc} (please report it)", err=True)
+        if "-v" in (argv or sys.argv) or "--verbose" in (argv or sys.argv):
+            import traceback
+
+            traceback.print_exc()
+        return EXIT_INTERNAL
+    return code if isinstance(code, int) else EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""Parent side of a capture: start the child, enforce the wall-clock limit, apply the ``auto`` fallback.
+
+The child (estimator_cli/runner.py) runs as the invoking user in its own session, so a timeout can kill
+the script and anything it started (process group). Its stdout/stderr go to files that the CLI shows
+only with ``--verbose``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+from estimator_cli.cuda_api import PresentedGpu
+from estimator_cli.events import Capture
+
+
+class CaptureFailed(Exception):
+    """The capture produced no estimate. ``status`` picks the exit code (see estimator_cli/cli.py)."""
+
+    def __init__(self, status: str, message: str, traceback_tail: str = "", output: str = "") -> None:
+        super().__init__(message)
+        self.status = status  # "script_error" | "timeout" | "limit" | "internal"
+        self.traceback_tail = traceback_tail
+        self.output = output
+
+
+@dataclass
+class CaptureOutcome:
+    capture: Capture
+    mode: str  # the mode that produced the capture
+    fallback_reason: str | None  # why fake mode was abandoned, when it was
+    output: str  # the script's stdout+stderr (all attempts)
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class Limits:
+    timeout_s: float
+    max_address_space: int  # bytes; 0 = unlimited
+
+
+def _run_child(mode: str, script: str, args: list[str], steps: int, gpu: PresentedGpu, limits: Limits,
+               deadline: float, on_progress: Callable[[str], None] | None) -> tuple[dict[str, Any], str]:
+    with tempfile.TemporaryDirectory(prefix="gpu-estimate-") as tmp:
+        out, status, log = (os.path.join(tmp, n) for n in ("result.json", "status", "output.log"))
+        cmd = [sys.executable, "-m", "estimator_cli.runner", "--mode", mode, "--steps", str(steps),
+               "--out", out, "--status", status, "--max-address-space", str(limits.max_address_space),
+               "--gpu", json.dumps(asdict(gpu)), script, "--", *args]
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        with open(log, "wb") as log_handle:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_handle, stderr=subprocess.STDOUT,
+                                    env=env, start_new_session=True)
+            try:
+                while proc.poll() is None:
+                    if time.monotonic() > deadline:
+                        os.killpg(proc.pid, signal.SIGKILL)
+                        proc.wait()
+                        raise CaptureFailed("timeout", f"the script did not reach {steps} optimizer steps within "
+                                            f"the time limit (raise it with --timeout)", output=_read(log))
+                    if on_progress is not None and os.path.exists(status):
+                        on_progress(f"{mode}: step {_read(status).strip()}")
+                    time.sleep(0.05)
+            except BaseException:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+                raise
+        output = _read(log)
+        if not os.path.exists(out):
+            if proc.returncode and proc.returncode < 0:
+                sig = signal.Signals(-proc.returncode).name
+                raise CaptureFailed("limit", f"the script was killed by {sig} (memory or CPU limit? "
+                                    f"see --max-cpu-memory)", output=output)
+            raise CaptureFailed("script_error", f"the script ended the process (exit status {proc.returncode}) "
+                                "before the estimate was taken", traceback_tail=output[-3000:], output=output)
+        with open(out, encoding="utf-8") as handle:
+            return json.load(handle), output
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return handle.read()
+    except OSError:
+        return ""
+
+
+def run_capture(script: str, args: list[str], mode: str, steps: int, gpu: PresentedGpu, limits: Limits,
+                on_progress: Callable[[str], None] | None = None) -> CaptureOutcome:
+    """Capture in ``mode`` ("fake", "profile" or "auto": fake, then profile when fake cannot go on)."""
+    deadline = time.monotonic() + limits.timeout_s
+    order = ["fake", "profile"] if mode == "auto" else [mode]
+    outputs: list[str] = []
+    attempts: list[dict[str, Any]] = []
+    fallback: str | None = None
+    for attempt in order:
+        result, output = _run_child(attempt, script, args, steps, gpu, limits, deadline, on_progress)
+        outputs.append(output)
+        status, error = result["status"], result.get("error") or {}
+        attempts.append({"mode": attempt, "status": status, "error": error.get("message")})
+        if status == "ok":
+            return CaptureOutcome(Capture.from_json(result["capture"]), attempt, fallback, "".join(outputs), attempts)
+        if status == "limit":
+            raise CaptureFailed("limit", f"the script ran out of memory in {attempt} mode ({error.get('message')}); "
+                                "raise --max-cpu-memory", error.get("traceback", ""), "".join(outputs))
+        retry = mode == "auto" and attempt == "fake" and status in ("data_dependent", "fake_error")
+        if retry:
+            fallback = f"{error.get('type', 'Error')}: {error.get('message', '')}".strip()
+            continue
+        if status == "data_dependent":
+            raise CaptureFailed("unsupported", f"fake mode cannot estimate this script: {error.get('message')} "
+                                "(use --mode auto or --mode profile)", error.get("traceback", ""), "".join(outputs))
+        raise CaptureFailed("script_error", f"the script failed in {attempt} mode: {error.get('type')}: "
+                            f"{error.get('message')}", error.get("traceback", ""), "".join(outputs))
+    raise CaptureFailed("internal", "no capture mode produced an estimate")

@@ -1,0 +1,106 @@
+"""Turn a capture into the allocation sequence the GPU would see (xMem §3.3, DESIGN.md §3).
+
+Lifetimes: the capture runs the script's real Python, so parameters and buffers persist, optimizer state
+exists from step 1 on, batches live for their iteration, and gradients live until the next ``zero_grad``
+(freed there with ``set_to_none=True``, zeroed in place and kept with ``False``) — exactly as on the GPU,
+because the same references hold them. :func:`check_lifetimes` verifies those rules on every capture
+instead of rewriting timestamps as xMem has to for a CPU trace.
+
+What the GPU adds that the capture cannot see, from the device model:
+- cuBLAS workspaces, allocated *through the caching allocator* on a handle's first GEMM and kept:
+  one for the thread running forward and one for the autograd engine's device thread that runs backward
+  (``torch/csrc/autograd/engine.cpp`` runs CUDA backward on a per-device worker thread;
+  ``aten/src/ATen/cuda/CublasHandlePool.cpp`` keys workspaces by (handle, stream) and handles are per thread).
+- cuDNN convolution workspaces: a temporary block around each convolution op, of
+  :data:`CUDNN_WORKSPACE_FRACTION` of the larger of its output (at most :data:`CUDNN_WORKSPACE_CAP`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from estimator_cli.events import Alloc, Capture, Kind, Phase
+
+# Ops whose GPU kernels are cuBLAS GEMMs (their output allocation marks the first use of a handle).
+GEMM_OPS = ("mm", "addmm", "bmm", "baddbmm", "addbmm", "_scaled_mm", "linear", "matmul", "addmv", "mv")
+CONV_OPS = ("convolution", "convolution_backward", "cudnn_convolution", "_convolution")
+# cuDNN's heuristic algorithms (benchmark off) for implicit-precomputed GEMM and the backward-filter
+# algorithms ask for a workspace of the order of the output tensor; assumed here, calibrated by nothing
+# yet, and capped like PyTorch's own search limit is by free memory.
+CUDNN_WORKSPACE_FRACTION = 0.5
+CUDNN_WORKSPACE_CAP = 1 << 30
+WORKSPACE_KEY_BASE = -1_000_000  # keys below this are orchestrator-made blocks, never capture ids
+
+
+@dataclass
+class Orchestrated:
+    """Replay input plus what the report needs to attribute each event."""
+
+    events: list[tuple[str, int, int, int]]  # ("alloc", key, size, stream) / ("free", key, 0, stream)
+    allocs: dict[int, Alloc]  # by key, including orchestrator-made blocks
+    uses_cudnn: bool
+    uses_cublas: bool
+
+
+def _base_op(op: str) -> str:
+    return op.split(".")[0]
+
+
+def orchestrate(capture: Capture, cublas_workspace_bytes: int) -> Orchestrated:
+    allocs = dict(capture.allocs)
+    events: list[tuple[str, int, int, int]] = []
+    next_key = WORKSPACE_KEY_BASE
+    gemm_threads: set[str] = set()
+    uses_cudnn = False
+    uses_cublas = False
+
+    def add_block(size: int, like: Alloc, name: str, keep: bool) -> None:
+        nonlocal next_key
+        key = next_key
+        next_key -= 1
+        allocs[key] = Alloc(key, size, name, like.phase, like.iteration, name, Kind.WORKSPACE.value)
+        events.append(("alloc", key, size, 0))
+        if not keep:
+            pending_frees.append(key)
+
+    for op, alloc_id in capture.events:
+        pending_frees: list[int] = []
+        if op == "free":
+            events.append(("free", alloc_id, 0, 0))
+            continue
+        alloc = allocs[alloc_id]
+        base = _base_op(alloc.op)
+        thread = "backward" if alloc.phase == Phase.BACKWARD.value else "forward"
+        is_gemm = base in GEMM_OPS or (capture.mode == "profile" and alloc.phase == Phase.FORWARD.value)
+        if is_gemm and thread not in gemm_threads and cublas_workspace_bytes > 0:
+            gemm_threads.add(thread)
+            uses_cublas = True
+            add_block(cublas_workspace_bytes, alloc, f"cuBLAS workspace ({thread} thread)", keep=True)
+        if base in CONV_OPS:
+            uses_cudnn = True
+            size = min(int(alloc.size * CUDNN_WORKSPACE_FRACTION), CUDNN_WORKSPACE_CAP)
+            if size > 0:
+                add_block(size, alloc, "cuDNN workspace", keep=False)
+        events.append(("alloc", alloc_id, alloc.size, 0))
+        events.extend(("free", key, 0, 0) for key in pending_frees)
+    return Orchestrated(events, allocs, uses_cudnn, uses_cublas)
+
+
+def check_lifetimes(capture: Capture) -> list[str]:
+    """Problems with the captured lifetimes (empty when the GPU rules hold); for tests and --verbose."""
+    problems = []
+    freed_at: dict[int, int] = {i: n for n, (op, i) in enumerate(capture.events) if op == "free"}
+    for alloc in capture.allocs.values():
+        if alloc.kind in (Kind.PARAMETER.value, Kind.BUFFER.value, Kind.OPTIMIZER_STATE.value):
+            if alloc.id in freed_at and capture.stopped:
+                problems.append(f"{alloc.kind} block {alloc.id} ({alloc.module}) freed before the stop")
+    zero_events = sorted(z["event"] for z in capture.zero_grads if z.get("set_to_none", True))
+    born_at: dict[int, int] = {i: n for n, (op, i) in enumerate(capture.events) if op == "alloc"}
+    for alloc in capture.allocs.values():
+        if alloc.kind != Kind.GRADIENT.value or alloc.id not in freed_at:
+            continue
+        born = born_at[alloc.id]
+        later_zero = [z for z in zero_events if z > born]
+        if later_zero and freed_at[alloc.id] < later_zero[0] and alloc.phase != Phase.OPTIMIZER.value:
+            problems.append(f"gradient block {alloc.id} ({alloc.module}) freed before the next zero_grad")
+    return problems

@@ -1,0 +1,108 @@
+"""capture → orchestrate → simulate → report, for every requested target (DESIGN.md §3).
+
+Targets are grouped by what changes the *allocation sequence* (not its size limit): compute capability
+class decides the SDPA kernel (flash needs sm80+) and whether bf16 autocast is supported, so sm_8x+ and
+older GPUs get one capture each; all targets of a class share it.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import time
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any
+
+from estimator_cli.cuda_api import PresentedGpu
+from estimator_cli.device_model import DeviceModel, device_for
+from estimator_cli.estimate import TargetEstimate, allocator_config, estimate_target, phase_per_event
+from estimator_cli.launcher import CaptureOutcome, Limits, run_capture
+from estimator_cli.progress import Progress
+from estimator_cli.report import build_document
+from gpushare.config import Config
+
+
+@dataclass
+class Request:
+    script: str
+    args: list[str]
+    targets: list[str]
+    mode: str
+    iterations: int
+    limits: Limits
+    plot: str | None
+    snapshot: str | None
+    cfg: Config
+
+
+def presented(device: DeviceModel) -> PresentedGpu:
+    name = device.model.marketing_name
+    if device.mig_profile is not None:
+        name = f"{name} MIG {device.mig_profile.name}"
+    return PresentedGpu(name=name, total_memory=device.capacity_bytes, major=device.sm_arch[0],
+                        minor=device.sm_arch[1], multi_processor_count=device.sm_count)
+
+
+def _arch_class(device: DeviceModel) -> bool:
+    return device.sm_arch[0] >= 8
+
+
+def run(request: Request, key: str, show_progress: bool, tool_version: str) -> tuple[dict[str, Any], str]:
+    """Produce the report document; raises launcher.CaptureFailed when no estimate can be made."""
+    start = time.monotonic()
+    progress = Progress(show_progress)
+    devices = [device_for(t, request.cfg.gpus) for t in request.targets]
+    captures: dict[bool, CaptureOutcome] = {}
+    remaining = Limits(request.limits.timeout_s, request.limits.max_address_space)
+    try:
+        for device in devices:
+            group = _arch_class(device)
+            if group in captures:
+                continue
+            progress.update(f"capturing on {device.name}", force=True)
+            remaining.timeout_s = max(1.0, request.limits.timeout_s - (time.monotonic() - start))
+            captures[group] = run_capture(request.script, request.args, request.mode, request.iterations,
+                                          presented(device), remaining, progress.update)
+        estimates: list[TargetEstimate] = []
+        for name, device in zip(request.targets, devices):
+            progress.update(f"simulating {device.name}", force=True)
+            keep = bool(request.snapshot) and not estimates
+            estimates.append(estimate_target(captures[_arch_class(device)].capture, name, request.cfg,
+                                             keep_trace=keep))
+    finally:
+        progress.done()
+    first = captures[_arch_class(devices[0])]
+    if request.plot:
+        est = estimates[0]
+        write_plot_for(request.plot, est, request.script)
+    if request.snapshot:
+        with open(request.snapshot, "wb") as handle:
+            pickle.dump(estimates[0].replay.snapshot, handle)
+    doc = build_document(
+        estimates=estimates, script=request.script, args=request.args, mode=first.mode,
+        requested_mode=request.mode, fallback_reason=first.fallback_reason, iterations=first.capture.steps,
+        requested_iterations=request.iterations, stopped=first.capture.stopped,
+        item_placeholders=first.capture.item_placeholders, elapsed_s=time.monotonic() - start,
+        torch_version=_torch_version(), cache_key=key,
+        allocator_config=os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""), tool_version=tool_version)
+    output = "".join(c.output for c in captures.values())
+    return doc, output
+
+
+def write_plot_for(path: str, est: TargetEstimate, script: str) -> None:
+    from estimator_cli.plot import write_plot
+
+    allocated, reserved = est.replay.timeline
+    write_plot(path, list(allocated), list(reserved), phase_per_event(est.orchestrated)[: len(allocated)],
+               est.context_bytes, f"{os.path.basename(script)} on {est.device.name}")
+
+
+def _torch_version() -> str:
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+__all__ = ["Request", "run", "allocator_config"]

@@ -1,0 +1,87 @@
+"""Build the report document (estimator_cli/schema.py) and render it for humans.
+
+The human text is rendered *from the JSON document*, so a cached estimate prints exactly like a fresh one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from estimator_cli.estimate import OTHER_DRIVER_BYTES, TargetEstimate
+from estimator_cli.schema import SCHEMA_VERSION, TargetJson
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+
+def _named(rows: list[tuple[str, int]]) -> list[dict[str, Any]]:
+    return [{"name": name, "bytes": int(size)} for name, size in rows]
+
+
+def target_json(est: TargetEstimate) -> TargetJson:
+    cap = est.device.capacity_bytes
+    return {
+        "gpu": est.device.name, "capacity_bytes": cap,
+        "peak_allocated_bytes": int(est.replay.peak_allocated_bytes),
+        "peak_reserved_bytes": int(est.replay.peak_reserved_bytes),
+        "context_bytes": int(est.context_bytes), "other_driver_bytes": OTHER_DRIVER_BYTES,
+        "peak_total_bytes": int(est.peak_total_bytes), "fits": bool(est.fits), "oom": bool(est.replay.oom),
+        "share_of_gpu": round(est.peak_total_bytes / cap, 4),
+        "recommendation": est.recommendation.to_json(),
+        "top_modules": _named(est.top_modules), "by_phase": _named(est.by_phase), "by_kind": _named(est.by_kind),
+    }  # type: ignore[return-value]
+
+
+def build_document(*, estimates: list[TargetEstimate], script: str, args: list[str], mode: str,
+                   requested_mode: str, fallback_reason: str | None, iterations: int, requested_iterations: int,
+                   stopped: bool, item_placeholders: int, elapsed_s: float, torch_version: str, cache_key: str,
+                   allocator_config: str, tool_version: str) -> dict[str, Any]:
+    return {
+        "schema_version": SCHEMA_VERSION, "tool_version": tool_version, "script": script, "args": args,
+        "mode": mode, "requested_mode": requested_mode, "fallback_reason": fallback_reason,
+        "iterations": iterations, "requested_iterations": requested_iterations, "stopped": stopped,
+        "item_placeholders": item_placeholders, "elapsed_s": round(elapsed_s, 3), "cached": False,
+        "torch_version": torch_version, "cache_key": cache_key, "allocator_config": allocator_config,
+        "targets": [target_json(e) for e in estimates],
+    }
+
+
+def _gib(n: int) -> str:
+    return f"{n / GiB:.2f} GiB" if n >= GiB else f"{n / MiB:.0f} MiB"
+
+
+def render_text(doc: dict[str, Any]) -> str:
+    lines = []
+    mode = doc["mode"]
+    if doc.get("fallback_reason"):
+        mode += f" (fell back from fake mode: {doc['fallback_reason']})"
+    steps = (f"{doc['iterations']} optimizer steps" if doc["iterations"] else
+             "no optimizer step (forward-only peak)")
+    if not doc["stopped"] and doc["iterations"]:
+        steps += " (the script ended before the requested steps)"
+    lines.append(f"gpu-estimate: {doc['script']}  — {steps}, mode {mode}, "
+                 f"{doc['elapsed_s']:.1f} s{' (cached)' if doc.get('cached') else ''}")
+    lines.append("")
+    header = f"{'GPU':<22} {'allocated':>10} {'reserved':>10} {'context':>9} {'total':>10} {'share':>6}  recommendation"
+    lines.append(header)
+    for t in doc["targets"]:
+        rec = t["recommendation"]
+        advice = {"shared": f"shared  {rec['request']}", "exclusive": "exclusive gpu:1",
+                  "mig": f"MIG {rec['mig_profile']}", "does_not_fit": "DOES NOT FIT"}[rec["kind"]]
+        if rec["kind"] in ("shared", "exclusive") and rec.get("mig_profile"):
+            advice += f"  (or MIG {rec['mig_profile']})"
+        lines.append(f"{t['gpu']:<22} {_gib(t['peak_allocated_bytes']):>10} {_gib(t['peak_reserved_bytes']):>10} "
+                     f"{_gib(t['context_bytes']):>9} {_gib(t['peak_total_bytes']):>10} {t['share_of_gpu']:>6.0%}  {advice}")
+    first = doc["targets"][0]
+    lines.append(f"margin: {_gib(first['recommendation']['margin_bytes'])} added before sizing "
+                 "([policy] margin_fraction / margin_min_gib)")
+    lines.append("")
+    lines.append(f"top consumers at the peak ({first['gpu']}):")
+    for row in first["top_modules"]:
+        lines.append(f"  {_gib(row['bytes']):>10}  {row['name']}")
+    lines.append("  by phase: " + ", ".join(f"{r['name']} {_gib(r['bytes'])}" for r in first["by_phase"]))
+    lines.append("  by kind:  " + ", ".join(f"{r['name']} {_gib(r['bytes'])}" for r in first["by_kind"]))
+    if doc.get("item_placeholders"):
+        lines.append(f"note: {doc['item_placeholders']} .item() values were placeholders; they reached only "
+                     "logging, never control flow")
+    return "\n".join(lines)

@@ -1,0 +1,86 @@
+"""The ``--json`` document: a versioned contract (STYLE.md #5, #8). docs/estimator.md lists every field.
+
+Readers check ``schema_version``; new fields may be added within a version, none removed or changed.
+Bytes are integers; ``peak_total_bytes`` is what nvidia-smi would show for the process:
+``peak_reserved_bytes + context_bytes + other_driver_bytes``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+SCHEMA_VERSION = 1
+
+
+class Named(TypedDict):
+    name: str  # module path, phase or kind
+    bytes: int  # live at the allocated-memory peak
+
+
+class TargetJson(TypedDict):
+    gpu: str  # catalogue name, "a100-40gb" or "a100-40gb:3g.20gb"
+    capacity_bytes: int  # whole card, or the MIG instance's usable memory
+    peak_allocated_bytes: int  # max of torch.cuda.memory_allocated() (rounded block sizes)
+    peak_reserved_bytes: int  # max of torch.cuda.memory_reserved() (allocator segments; no context)
+    context_bytes: int  # CUDA context + lazily loaded kernels (device model)
+    other_driver_bytes: int  # other driver allocations outside the allocator (0 today)
+    peak_total_bytes: int  # nvidia-smi equivalent: reserved + context + other driver
+    fits: bool  # peak_total_bytes <= capacity_bytes and the replay did not OOM
+    oom: bool  # the allocator replay ran out of memory (even after freeing cached blocks)
+    share_of_gpu: float  # peak_total_bytes / capacity_bytes
+    recommendation: dict[str, Any]  # estimator_cli.recommend.Recommendation fields
+    top_modules: list[Named]
+    by_phase: list[Named]
+    by_kind: list[Named]
+
+
+class ReportJson(TypedDict):
+    schema_version: int  # SCHEMA_VERSION
+    tool_version: str
+    script: str
+    args: list[str]
+    mode: str  # "fake" | "profile": the mode that produced the estimate
+    requested_mode: str  # "auto" | "fake" | "profile"
+    fallback_reason: str | None  # why fake mode was abandoned (the exception text); null if it was not
+    iterations: int  # optimizer steps captured (0: the script never stepped: forward-only peak)
+    requested_iterations: int
+    stopped: bool  # True: stopped after `iterations` steps; False: the script ended by itself
+    item_placeholders: int  # `.item()` calls answered with a placeholder that reached only logging
+    elapsed_s: float  # wall-clock seconds for the estimate (capture + simulation), excluding cache hits
+    cached: bool  # served from the estimate cache
+    torch_version: str
+    cache_key: str  # sha256 hex of script bytes, args, relevant env, torch version, targets, settings
+    allocator_config: str  # PYTORCH_CUDA_ALLOC_CONF used for the simulation
+    targets: list[TargetJson]
+
+
+_TARGET_INT = ("capacity_bytes", "peak_allocated_bytes", "peak_reserved_bytes", "context_bytes",
+               "other_driver_bytes", "peak_total_bytes")
+_TOP_FIELDS = set(ReportJson.__annotations__)
+_TARGET_FIELDS = set(TargetJson.__annotations__)
+
+
+def validate(doc: Any) -> list[str]:
+    """Problems with a report document (empty list: valid). Checks fields, types and invariants."""
+    if not isinstance(doc, dict):
+        return ["document is not an object"]
+    problems = [f"missing field {k!r}" for k in sorted(_TOP_FIELDS - set(doc))]
+    if doc.get("schema_version") != SCHEMA_VERSION:
+        problems.append(f"schema_version {doc.get('schema_version')!r} != {SCHEMA_VERSION}")
+    if doc.get("mode") not in ("fake", "profile"):
+        problems.append(f"mode {doc.get('mode')!r}")
+    for i, target in enumerate(doc.get("targets") or []):
+        missing = _TARGET_FIELDS - set(target)
+        problems += [f"targets[{i}]: missing {k!r}" for k in sorted(missing)]
+        for key in _TARGET_INT:
+            if key in target and (not isinstance(target[key], int) or target[key] < 0):
+                problems.append(f"targets[{i}].{key}: not a non-negative integer")
+        if not missing:
+            if target["peak_total_bytes"] != (target["peak_reserved_bytes"] + target["context_bytes"]
+                                              + target["other_driver_bytes"]):
+                problems.append(f"targets[{i}]: peak_total != reserved + context + other")
+            if target["peak_allocated_bytes"] > target["peak_reserved_bytes"]:
+                problems.append(f"targets[{i}]: allocated peak above reserved peak")
+    if not doc.get("targets"):
+        problems.append("no targets")
+    return problems
