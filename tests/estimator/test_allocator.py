@@ -71,7 +71,7 @@ def test_large_pool_twenty_mib_segment_and_split_limit():
 def test_segments_of_ten_mib_and_more_are_rounded_to_two_mib():
     s = sim()
     s.malloc(10 * MiB)  # exactly kMinLargeAlloc: own 10 MiB segment
-    s.malloc(11 * MiB + 1)  # 11 MiB + 512 B -> 12 MiB segment; 12 - 11 MiB = 1 MiB left, not split
+    s.malloc(11 * MiB + 1)  # 11 MiB + 512 B -> 12 MiB segment; 1 MiB - 512 B would remain: not split
     assert (s.allocated_bytes, s.reserved_bytes, s.num_segments) == (22 * MiB, 22 * MiB, 2)
 
 
@@ -362,6 +362,8 @@ def test_replay_timeline_peaks_and_unmatched_frees():
     assert (r.peak_event_index, r.peak_allocated_event_index) == (4, 1)
     assert r.unmatched_frees == 1 and not r.oom and r.oom_message is None
     assert r.num_segments_at_end == 0
+    allocated, reserved = r.timeline
+    assert len(allocated) == len(reserved) == len(events) and r.snapshot is None
 
 
 def test_replay_stops_at_the_oom():
