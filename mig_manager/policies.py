@@ -78,6 +78,7 @@ class Policy:
 
     name = "policy"
     collocates = True
+    needs_telemetry = False  # whether GpuState.risky/smact matter (drivers may skip computing them)
 
     def choose(self, job: JobRequest, gpus: Sequence[GpuState]) -> list[int] | None:
         if job.exclusive or not self.collocates:
@@ -98,6 +99,8 @@ class Exclusive(Policy):
 
 class _Telemetry(Policy):
     """Shared filter of the telemetry-aware policies (ff, bf, magm, lug)."""
+
+    needs_telemetry = True
 
     def __init__(self, risk_filter: bool = True, ttfk: bool = True, min_free_bytes: int = MIN_FREE_BYTES):
         self.risk_filter = risk_filter

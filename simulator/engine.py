@@ -1,0 +1,247 @@
+"""The discrete-event core: replay jobs against simulated GPUs through a real placement policy.
+
+Why event-driven: between arrivals, first kernels and completions nothing changes, so a 4-hour trace
+takes thousands of steps, not millions of seconds. The policy objects are the agent's own
+(``mig_manager.policies``), fed with the same inputs the agent builds from NVML: free memory,
+CARMA's risk verdict over a 1 Hz 30-sample window (``mig_manager.risk``) and the TTFK table.
+
+Life of a job: queued → dispatched (CUDA context only, no progress) → first kernel after its TTFK: memory
+grows to its peak; if the GPU's memory is now over capacity the *new* job dies with an OOM (CARMA §2.5:
+co-runners survive) and, with recovery on, goes once to the recovery queue, which is served first and
+only onto idle GPUs (exclusive, raised priority) → running at the interference-reduced speed → done.
+Queues are FIFO with head-of-line blocking, as CARMA's; ``poll_s`` is how often a blocked head retries
+while telemetry changes (risk windows and TTFK windows expire without an event of their own).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpushare.gpus import GiB, capacity_bytes, parse_target
+from mig_manager import risk
+from mig_manager.policies import GpuState, JobRequest, make_policy
+from simulator import estimators
+from simulator.device import Resident, SimGpu
+from simulator.interference import Interference
+from simulator.trace import JobSpec
+from simulator.workload import UTIL_CLASSES
+
+
+@dataclass
+class SimConfig:
+    nodes: int = 1
+    gpus_per_node: int = 3
+    gpu: str = "a100-40gb"
+    policy: str = "magm"
+    estimator: str = "oracle"
+    seed: int = 0
+    recovery: bool = True
+    poll_s: float = 5.0
+    window_s: float = risk.WINDOW_SAMPLES * risk.SAMPLE_PERIOD_S
+    throughputs: Path | None = None
+    interference: str = "gavel"  # or "share" (simulator.interference)
+
+
+@dataclass
+class JobRun:
+    spec: JobSpec
+    request: int | None  # per-GPU bytes the policy sees
+    shards: int
+    remaining: float  # solo seconds of work left
+    queued_since: float
+    state: str = "queued"  # queued | starting | running | done | failed
+    gpus: list[int] = field(default_factory=list)
+    recovered: bool = False  # this attempt is an OOM recovery (exclusive)
+    ooms: int = 0
+    rate: float = 0.0
+    dispatched_t: float = 0.0
+    first_start: float | None = None
+    end: float | None = None
+    wait_s: float = 0.0
+    exec_s: float = 0.0
+    reason: str = ""
+
+
+class Simulation:
+    """One run: ``Simulation(jobs, config).run()`` returns itself with ``jobs`` and ``gpus`` filled."""
+
+    def __init__(self, jobs: list[JobSpec], config: SimConfig, interference: Interference | None = None):
+        self.config = config
+        model, profile = parse_target(config.gpu)
+        cap = capacity_bytes(model, profile)
+        self.gpus = [SimGpu(i, i // config.gpus_per_node, model, cap, seed=config.seed)
+                     for i in range(config.nodes * config.gpus_per_node)]
+        self.policy = make_policy(config.policy)
+        self.interference = interference or Interference.load(config.throughputs, config.interference)
+        self.ttfk = risk.TtfkTable(config.window_s)
+        total = self.gpus[0].shards_total
+        self.jobs: dict[str, JobRun] = {}
+        for spec in jobs:
+            request = estimators.request_bytes(config.estimator, spec.mem_gib, spec.job_id, config.seed)
+            self.jobs[spec.job_id] = JobRun(spec, request, estimators.shards_for(request, total), spec.solo_s,
+                                            spec.submit_s)
+        self.queue: list[JobRun] = []
+        self.recovery: list[JobRun] = []
+        self.now = 0.0
+        self._events: list[tuple[float, int, str, str]] = []
+        self._seq = 0
+        self._poll_pending = False
+        self._last_change = 0.0
+
+    # --- event plumbing -----------------------------------------------------------------------------
+    def _push(self, t: float, kind: str, job_id: str = "") -> None:
+        self._seq += 1
+        heapq.heappush(self._events, (t, self._seq, kind, job_id))
+
+    def run(self) -> Simulation:
+        for job in sorted(self.jobs.values(), key=lambda j: (j.spec.submit_s, j.spec.job_id)):
+            if job.spec.gpus > self.config.gpus_per_node:
+                job.state, job.reason = "failed", f"asks for {job.spec.gpus} GPUs; nodes have {self.config.gpus_per_node}"
+                continue
+            self._push(job.spec.submit_s, "arrive", job.spec.job_id)
+        for gpu in self.gpus:
+            gpu.record(0.0)
+        while True:
+            t_event = self._events[0][0] if self._events else math.inf
+            finishing = [(self.now + j.remaining / j.rate, j.spec.job_id) for j in self.jobs.values()
+                         if j.state == "running" and j.rate > 0]
+            t_finish, finish_id = min(finishing, default=(math.inf, ""))
+            if math.isinf(t_event) and math.isinf(t_finish):
+                break
+            self._advance(min(t_event, t_finish))
+            if t_finish <= t_event:
+                self._finish(self.jobs[finish_id])
+                self._last_change = self.now
+            else:
+                _, _, kind, job_id = heapq.heappop(self._events)
+                getattr(self, f"_on_{kind}")(job_id)
+                if kind != "poll":
+                    self._last_change = self.now
+            self._schedule()
+            self._update_rates()
+            self._maybe_poll()
+        for job in self.recovery + self.queue:  # an idle cluster that could not place them never will
+            job.state, job.reason = "failed", "does not fit an idle node"
+        return self
+
+    def _advance(self, t: float) -> None:
+        dt = t - self.now
+        for job in self.jobs.values():
+            if job.state == "running":
+                job.remaining = max(0.0, job.remaining - job.rate * dt)
+        for gpu in self.gpus:
+            gpu.advance(t)
+        self.now = t
+
+    def _maybe_poll(self) -> None:
+        """Retry a blocked head while telemetry can still change without an event of its own.
+
+        Risk and TTFK windows settle at most one window after the last change (a dispatch, a first
+        kernel, a completion); after that only a new event can unblock the head, so polling stops.
+        """
+        settling = self.now - self._last_change <= self.config.window_s + self.config.poll_s
+        if (self.queue or self.recovery) and settling and not self._poll_pending:
+            self._poll_pending = True
+            self._push(self.now + self.config.poll_s, "poll")
+
+    def _on_poll(self, _: str) -> None:
+        self._poll_pending = False
+
+    def _on_arrive(self, job_id: str) -> None:
+        self.queue.append(self.jobs[job_id])
+
+    # --- job transitions ----------------------------------------------------------------------------
+    def _schedule(self) -> None:
+        while self.recovery:
+            if not self._try_place(self.recovery[0]):
+                return  # CARMA §2.5: the recovery queue pre-empts normal scheduling
+            self.recovery.pop(0)
+        while self.queue and self._try_place(self.queue[0]):
+            self.queue.pop(0)
+
+    def _try_place(self, job: JobRun) -> bool:
+        request = JobRequest(job.spec.job_id, job.spec.gpus, job.request, job.shards, exclusive=job.recovered)
+        chosen = self.policy.choose(request, self.snapshot())
+        if not chosen:
+            return False
+        exclusive = job.recovered or not self.policy.collocates
+        util = UTIL_CLASSES[job.spec.util]
+        for index in chosen:
+            gpu = self.gpus[index]
+            shards = gpu.shards_total if exclusive else job.shards
+            gpu.residents[job.spec.job_id] = Resident(job.spec.job_id, int(job.spec.mem_gib * GiB), util, shards)
+            gpu.exclusive = gpu.exclusive or exclusive
+            self.ttfk.dispatched(index, job.spec.job_id, self.now)
+            gpu.record(self.now)
+        job.state, job.gpus, job.dispatched_t = "starting", list(chosen), self.now
+        job.wait_s += self.now - job.queued_since
+        job.first_start = self.now if job.first_start is None else job.first_start
+        self._push(self.now + job.spec.ttfk_s, "kernel", job.spec.job_id)
+        return True
+
+    def _on_kernel(self, job_id: str) -> None:
+        job = self.jobs[job_id]
+        if job.state != "starting":
+            return
+        oom = any(self.gpus[i].used_bytes() - int(0.5 * GiB) + int(job.spec.mem_gib * GiB)
+                  > self.gpus[i].capacity_bytes for i in job.gpus)
+        if oom:
+            job.ooms += 1
+            self._release(job)
+            if self.config.recovery and not job.recovered:
+                job.state, job.recovered, job.queued_since = "queued", True, self.now
+                job.remaining = job.spec.solo_s
+                self.recovery.append(job)
+            else:
+                job.state, job.end, job.reason = "failed", self.now, "out of memory"
+            return
+        for index in job.gpus:
+            self.gpus[index].residents[job_id].active = True
+            self.ttfk.kernel_seen(index, job_id, self.now)
+            self.gpus[index].record(self.now)
+        job.state = "running"
+
+    def _finish(self, job: JobRun) -> None:
+        self._release(job)
+        job.state, job.end, job.remaining = "done", self.now, 0.0
+
+    def _release(self, job: JobRun) -> None:
+        job.exec_s += self.now - job.dispatched_t
+        for index in job.gpus:
+            gpu = self.gpus[index]
+            gpu.residents.pop(job.spec.job_id, None)
+            gpu.exclusive = gpu.exclusive and bool(gpu.residents)
+            gpu.record(self.now)
+        self.ttfk.job_ended(job.spec.job_id)
+
+    def _update_rates(self) -> None:
+        for job in self.jobs.values():
+            if job.state != "running":
+                continue
+            me = (job.spec.gavel, UTIL_CLASSES[job.spec.util][0])
+            speeds = []
+            for index in job.gpus:
+                others = [(self.jobs[r.job_id].spec.gavel, r.util[0])
+                          for r in self.gpus[index].residents.values() if r.active and r.job_id != job.spec.job_id]
+                speeds.append(self.interference.speed(me, others))
+            job.rate = min(speeds)
+
+    # --- what the policy sees -------------------------------------------------------------------------
+    def snapshot(self) -> list[GpuState]:
+        states = []
+        for gpu in self.gpus:
+            verdict = risk.RiskAssessment(0.0, 0.0, 0.0, False)
+            if self.policy.needs_telemetry:
+                window = risk.MetricWindow()
+                window.extend(gpu.window(self.now, risk.WINDOW_SAMPLES))
+                verdict = window.assess()
+            states.append(GpuState(
+                index=gpu.index, node=gpu.node, total_bytes=gpu.capacity_bytes,
+                free_bytes=gpu.capacity_bytes - gpu.used_bytes(), jobs=len(gpu.residents), exclusive=gpu.exclusive,
+                risky=verdict.risky, warming=self.ttfk.warming(gpu.index, self.now), smact=verdict.smact,
+                shards_total=gpu.shards_total, shards_free=gpu.shards_free,
+            ))
+        return states
