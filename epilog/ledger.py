@@ -15,7 +15,7 @@ Entry format (version 1), all keys present unless noted::
     v: 1
     job: str            # Slurm job id ("123" or "123_4")
     restarts: int       # Restarts= of the run that failed
-    state: str          # "decided" -> "requeued" -> "done"; or "stay_failed"; or "error"
+    state: str          # "decided" -> "requeued" -> "done"; or "stay_failed"; or "gone" (job purged)
     action: str         # "requeue" | "stay_failed"
     reason: str         # one line, also logged
     family, message, source: str | None   # the matched OOM message and the log it came from
@@ -40,7 +40,7 @@ from typing import Any, Iterator
 from gpushare.atomic import write_json_atomic
 
 LEDGER_VERSION = 1
-FINAL_STATES = ("done", "stay_failed")
+FINAL_STATES = ("done", "stay_failed", "gone")
 _JOB_RE = re.compile(r"^\d{1,10}(?:_\d{1,10})?$")
 
 

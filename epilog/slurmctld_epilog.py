@@ -21,7 +21,7 @@ import sys
 import time
 from typing import Any, Callable, Mapping
 
-from epilog.ledger import Ledger
+from epilog.ledger import FINAL_STATES, Ledger
 from epilog.oom_detect import OomVerdict, TailError, append_note, classify, compile_patterns, read_tail
 from epilog.recovery import RECOVERABLE_STATES, Action, JobFacts, decide
 from gpushare.config import Config, load_config
@@ -69,7 +69,7 @@ def handle(job_id: str, env: Mapping[str, str], client: SlurmClient, cfg: Config
     if job.state not in RECOVERABLE_STATES:
         return f"none: state {job.state}"
     done = ledger.get(job.job_id, job.restarts)
-    if done and done.get("state") in ("done", "stay_failed"):
+    if done and done.get("state") in FINAL_STATES:
         return f"already handled: {done.get('state')}"
     with ledger.claim(job.job_id, job.restarts) as mine:
         if not mine:
@@ -93,7 +93,7 @@ def handle(job_id: str, env: Mapping[str, str], client: SlurmClient, cfg: Config
                 return f"stay_failed: {action.reason}"
             log.warning("job %s: %s; matched: %s", job.job_id, action.reason, verdict.message)
             _tell_user(job, action.user_message, cfg)
-        elif entry.get("state") in ("done", "stay_failed"):
+        elif entry.get("state") in FINAL_STATES:
             return f"already handled: {entry.get('state')}"
         return execute(entry, client, ledger, finish_later)
 
@@ -193,9 +193,9 @@ def spawn_finisher(job_id: str, restarts: int) -> None:
                      start_new_session=True, close_fds=True, env=env, cwd="/")
 
 
-def resume_unfinished(client: SlurmClient, ledger: Ledger, skip: str = "") -> None:
+def resume_unfinished(client: SlurmClient, ledger: Ledger, skip: str = "", min_age_s: float = 30.0) -> None:
     """Finish recoveries a crash (ours or slurmctld's) left half done, so no job stays held."""
-    for entry in ledger.unfinished():
+    for entry in ledger.unfinished(min_age_s):
         if str(entry.get("job")) == skip:
             continue
         try:
@@ -203,7 +203,11 @@ def resume_unfinished(client: SlurmClient, ledger: Ledger, skip: str = "") -> No
                 if mine:
                     log.warning("job %s: finishing an interrupted recovery", entry["job"])
                     execute(ledger.get(entry["job"], int(entry["restarts"])) or entry, client, ledger)
-        except (SlurmError, OSError, ValueError) as exc:
+        except SlurmError as exc:
+            if "Invalid job id" in str(exc):  # purged from slurmctld (MinJobAge): nothing left to finish
+                ledger.put({**entry, "state": "gone", "error": str(exc)[:300]})
+            log.error("job %s: interrupted recovery still failing: %s", entry.get("job"), exc)
+        except (OSError, ValueError) as exc:
             log.error("job %s: interrupted recovery still failing: %s", entry.get("job"), exc)
 
 

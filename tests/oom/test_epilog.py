@@ -1,0 +1,151 @@
+"""The EpilogSlurmctld executor against a faithful fake Slurm: once-only requeue, crash recovery, fail-safe."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from pathlib import Path
+
+import pytest
+
+from epilog import slurmctld_epilog as hook
+from epilog.ledger import Ledger
+from gpushare.config import parse_config
+from oom_fake_slurm import FakeSlurm
+
+OOM_TEXT = "Traceback...\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has ...\n"
+
+
+@pytest.fixture
+def setup(tmp_path: Path):  # type: ignore[no-untyped-def]
+    err = tmp_path / "err-1.txt"
+    err.write_text(OOM_TEXT)
+    cfg = parse_config({"oom": {"ledger_dir": str(tmp_path / "ledger")},
+                        "nodes": [{"names": "n1", "gpu": "a100-40gb", "count": 2}]})
+    fake = FakeSlurm({"StdErr": str(err), "StdOut": str(tmp_path / "out-1.txt"),
+                      "UserId": f"me({os.geteuid()})", "GroupId": f"me({os.getegid()})"})
+    return cfg, fake, err
+
+
+def run(cfg, fake, later=None):  # type: ignore[no-untyped-def]
+    return hook.run({"SLURM_JOB_ID": "1"}, client=fake, cfg=cfg, finish_later=later)
+
+
+def test_oom_job_is_requeued_on_all_shards_then_boosted(setup) -> None:  # type: ignore[no-untyped-def]
+    cfg, fake, err = setup
+    later: list[tuple[str, int]] = []
+    outcome = run(cfg, fake, lambda job, restarts: later.append((job, restarts)))
+    assert outcome.startswith("requeue:") and later == [("1", 0)]
+    assert [c[0] for c in fake.calls] == ["requeuehold", "update", "update", "release"]
+    assert fake.job["TresPerNode"] == "gres:shard:40"
+    assert '"to":"gres:shard:40"' in fake.job["AdminComment"]
+    assert "requeued with shard:4 -> shard:40" in err.read_text()  # the user is told, in their own log
+    fake.complete()  # slurmctld finishes completion; the detached finisher then runs
+    assert hook.run_finisher("1.0", cfg, client=fake, wait_s=1).startswith("requeue:")
+    assert fake.calls[-1] == ("update", "1", "nice=-10000", "starttime=now")
+    ledger = Ledger(cfg.oom.ledger_dir)
+    assert ledger.get("1", 0)["state"] == "done"
+    assert [h["event"] for h in ledger.history()] == ["requeue", "requeued"]
+
+
+def test_second_epilog_run_never_requeues_again(setup) -> None:  # type: ignore[no-untyped-def]
+    cfg, fake, _ = setup
+    run(cfg, fake)
+    requeues = [c for c in fake.calls if c[0] == "requeuehold"]
+    fake.job["Restarts"] = "0"  # even if Slurm showed the same run again, mid-recovery...
+    assert "still completing" in run(cfg, fake)  # ...it only carries on with the same recovery
+    fake.complete()
+    assert hook.run_finisher("1.0", cfg, client=fake, wait_s=0).startswith("requeue:")
+    fake.job.update(Restarts="0", JobState="COMPLETING")
+    assert run(cfg, fake) == "already handled: done"
+    assert [c for c in fake.calls if c[0] == "requeuehold"] == requeues
+
+
+def test_oom_again_after_recovery_stays_failed(setup) -> None:  # type: ignore[no-untyped-def]
+    cfg, fake, err = setup
+    run(cfg, fake)
+    fake.job.update(JobState="COMPLETING", Restarts="1", ExitCode="1:0")  # the re-run OOMs too
+    outcome = run(cfg, fake)
+    assert outcome.startswith("stay_failed: GPU out of memory again after 1 recovery retry")
+    assert len([c for c in fake.calls if c[0] == "requeuehold"]) == 1
+    assert "the job stays failed" in err.read_text()
+    assert Ledger(cfg.oom.ledger_dir).get("1", 1)["state"] == "stay_failed"
+
+
+def test_non_oom_failure_and_success_are_left_alone(setup) -> None:  # type: ignore[no-untyped-def]
+    cfg, fake, err = setup
+    err.write_text("ValueError: bad input\n")
+    assert run(cfg, fake).startswith("none: failed (exit 1) without")
+    fake.job["ExitCode"] = "0:0"
+    assert run(cfg, fake) == "none: exited 0"
+    assert fake.calls == [] and not list(Path(cfg.oom.ledger_dir).glob("*.json"))
+
+
+def test_crash_midway_is_finished_by_the_next_run(setup) -> None:  # type: ignore[no-untyped-def]
+    """slurmctld (or we) died after requeuehold: the job would stay held; the next hook run finishes it."""
+    cfg, fake, _ = setup
+    fake.fail = {"release": 1}
+    with pytest.raises(Exception, match="simulated"):
+        run(cfg, fake)
+    entry = Ledger(cfg.oom.ledger_dir).get("1", 0)
+    assert entry["steps"] == ["requeuehold", "gres", "comment"]
+    fake.complete()
+    ledger = Ledger(cfg.oom.ledger_dir)
+    hook.resume_unfinished(fake, ledger, min_age_s=0)  # the next job's epilog, any job
+    assert ledger.get("1", 0)["state"] == "done"
+    assert [c[0] for c in fake.calls].count("requeuehold") == 1
+    assert fake.calls[-1][0] == "update" and "starttime=now" in fake.calls[-1]
+
+
+def test_entries_of_purged_jobs_are_closed(setup) -> None:  # type: ignore[no-untyped-def]
+    cfg, fake, _ = setup
+    ledger = Ledger(cfg.oom.ledger_dir)
+    ledger.put({"job": "1", "restarts": 0, "action": "requeue", "state": "requeued", "reason": "r",
+                "new_gres": "gres:shard:40", "steps": ["requeuehold"]})
+    fake.show_job = lambda job_id: (_ for _ in ()).throw(hook.SlurmError("slurm_load_jobs error: Invalid job id specified"))
+    hook.resume_unfinished(fake, ledger, min_age_s=0)
+    assert ledger.get("1", 0)["state"] == "gone"
+
+
+def test_refused_gres_change_still_releases_the_job(setup) -> None:  # type: ignore[no-untyped-def]
+    cfg, fake, _ = setup
+    fake.fail = {"update": 1}
+    run(cfg, fake)
+    entry = Ledger(cfg.oom.ledger_dir).get("1", 0)
+    assert "gres-refused" in entry["steps"] and "release" in entry["steps"]
+    assert ("release", "1") in fake.calls
+
+
+def _concurrent(cfg_dir: str, err: str, calls: str) -> None:
+    cfg = parse_config({"oom": {"ledger_dir": cfg_dir}, "nodes": [{"names": "n1", "gpu": "a100-40gb"}]})
+    fake = FakeSlurm({"StdErr": err, "UserId": f"me({os.geteuid()})"}, calls_file=calls)
+    try:
+        hook.run({"SLURM_JOB_ID": "1"}, client=fake, cfg=cfg, finish_later=None)
+    except Exception:  # noqa: BLE001 - only the shared call log matters here
+        pass
+
+
+def test_twenty_simultaneous_epilog_runs_requeue_once(setup, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    cfg, _, err = setup
+    calls = tmp_path / "calls"
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_concurrent, args=(cfg.oom.ledger_dir, str(err), str(calls))) for _ in range(20)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(30)
+    assert calls.read_text().count("requeuehold") == 1
+
+
+def test_main_always_exits_0(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUSHARE_CONFIG", str(tmp_path / "missing.toml"))
+    monkeypatch.setenv("SLURM_JOB_ID", "1")
+    assert hook.main([]) == 0  # unreadable config
+    conf = tmp_path / "g.toml"
+    conf.write_text(f'[oom]\nledger_dir = "{tmp_path / "l"}"\nslurm_bin_dir = "{tmp_path}"\n')
+    monkeypatch.setenv("GPUSHARE_CONFIG", str(conf))
+    monkeypatch.setenv("SLURM_JOB_ID", "1; rm -rf /")
+    assert hook.main([]) == 0  # hostile job id
+    monkeypatch.setenv("SLURM_JOB_ID", "1")
+    monkeypatch.setenv("PATH", "")
+    assert hook.main([]) == 0  # no scontrol anywhere useful

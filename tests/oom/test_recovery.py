@@ -1,0 +1,113 @@
+"""The pure recovery decision: shard -> all shards of the GPU, MIG -> next larger slice, bounded retries."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from epilog.oom_detect import OomVerdict
+from epilog.recovery import JobFacts, decide, expand_hostlist, next_mig_profile, whole_gpu_shards
+from oom_fake_slurm import SHOW_JOB
+from gpushare.config import parse_config
+
+OOM = OomVerdict(True, "GPU out of memory (pytorch) in /tmp/err", "pytorch", "torch.OutOfMemoryError: ...", "/tmp/e")
+NOT_OOM = OomVerdict(False, "failed (exit 1) without a GPU out-of-memory message")
+
+
+def cfg(**oom: object):  # type: ignore[no-untyped-def]
+    return parse_config({
+        "oom": dict(oom),
+        "nodes": [{"names": "n[1-2]", "gpu": "a100-40gb", "count": 2},
+                  {"names": "big01", "gpu": "h200-141gb", "count": 8}],
+    })
+
+
+def job(**fields: str) -> JobFacts:
+    return JobFacts.from_slurm(dict(SHOW_JOB, **fields), {})
+
+
+def test_facts_from_scontrol_record() -> None:
+    facts = job(AdminComment='gpushare:{"decision":"shared","v":1}', StdErr="err.txt", WorkDir="/home/a")
+    assert (facts.job_id, facts.state, facts.exit_code, facts.exit_signal) == ("1", "COMPLETING", 1, 0)
+    assert (facts.uid, facts.gid, facts.node, facts.restarts) == (0, 0, "n1", 0)
+    assert facts.log_paths == ("/home/a/err.txt", "/tmp/out-1.txt")
+    assert facts.record == {"decision": "shared", "v": 1}
+
+
+def test_facts_fall_back_to_the_hook_environment() -> None:
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_EXIT_CODE": str(3 << 8), "SLURM_JOB_UID": "1000",
+           "SLURM_JOB_GID": "100", "SLURM_JOB_NODELIST": "gpu[03-04]", "SLURM_JOB_RESTART_COUNT": "2"}
+    facts = JobFacts.from_slurm({}, env)
+    assert (facts.job_id, facts.exit_code, facts.uid, facts.gid, facts.node, facts.restarts) == \
+        ("7", 3, 1000, 100, "gpu03", 2)
+
+
+def test_shard_job_gets_all_shards_of_its_gpu() -> None:
+    action = decide(job(), OOM, cfg(), retries_used=0)
+    assert action.kind == "requeue"
+    assert action.new_gres == "gres:shard:40"  # a100-40gb = 40 GiB = 40 shards on n1
+    assert action.nice == -10000 and action.retry == 1
+    record = json.loads(action.admin_comment.removeprefix("gpushare:"))
+    assert record["oom"] == {"n": 1, "max": 1, "fam": "pytorch", "from": "gres:shard:4", "to": "gres:shard:40"}
+    assert "requeued" in action.user_message
+
+
+def test_unknown_node_gets_the_largest_gpu_so_it_is_whole_wherever_it_lands() -> None:
+    assert whole_gpu_shards(cfg(), "elsewhere") == 140
+    assert whole_gpu_shards(cfg(), "big01") == 140
+    assert decide(job(BatchHost="x9", NodeList="x9"), OOM, cfg(), 0).new_gres == "gres:shard:140"
+
+
+def test_other_gres_items_are_kept() -> None:
+    action = decide(job(TresPerNode="gres:shard:4,gres:license_x:1"), OOM, cfg(), 0)
+    assert action.new_gres == "gres:shard:40,gres:license_x:1"
+
+
+def test_mig_job_moves_to_the_next_larger_profile() -> None:
+    config = cfg()
+    assert next_mig_profile(config, "1g.5gb").name == "1g.10gb"
+    assert next_mig_profile(config, "3g.20gb").name == "7g.40gb"
+    assert next_mig_profile(config, "1g.10gb", {"1g.10gb", "2g.20gb", "3g.40gb"}).name == "2g.20gb"
+    action = decide(job(TresPerNode="gres:gpu:1g.10gb:1"), OOM, config, 0, {"1g.10gb", "2g.20gb"})
+    assert action.kind == "requeue" and action.new_gres == "gres:gpu:2g.20gb:1"
+
+
+def test_largest_mig_profile_and_whole_gpus_stay_failed() -> None:
+    config = cfg()
+    action = decide(job(TresPerNode="gres:gpu:7g.80gb:1"), OOM, config, 0)
+    assert action.kind == "stay_failed" and "no larger MIG profile" in action.reason
+    action = decide(job(TresPerNode="gres:gpu:1"), OOM, config, 0)
+    assert action.kind == "stay_failed" and "whole GPUs" in action.reason
+    action = decide(job(TresPerNode="gres:shard:40"), OOM, config, 0)
+    assert action.kind == "stay_failed" and "all 40 shards" in action.reason
+
+
+def test_retries_are_bounded_by_ledger_and_by_the_jobs_record() -> None:
+    action = decide(job(), OOM, cfg(), retries_used=1)
+    assert action.kind == "stay_failed"
+    assert action.reason == "GPU out of memory again after 1 recovery retry; not requeued ([oom] max_retries = 1)"
+    assert "stays failed" in action.user_message
+    recorded = job(AdminComment='gpushare:{"oom":{"n":1},"v":1}')
+    assert decide(recorded, OOM, cfg(), retries_used=0).kind == "stay_failed"  # ledger lost: record still counts
+    assert decide(job(), OOM, cfg(max_retries=2), retries_used=1).retry == 2
+    assert decide(job(), OOM, cfg(max_retries=0), 0).kind == "stay_failed"
+
+
+@pytest.mark.parametrize("state", ["CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED"])
+def test_only_failed_jobs_are_recovered(state: str) -> None:
+    assert decide(job(JobState=state), OOM, cfg(), 0).kind == "none"
+
+
+def test_non_oom_failure_is_never_requeued() -> None:
+    action = decide(job(), NOT_OOM, cfg(), 0)
+    assert action.kind == "none" and action.reason == NOT_OOM.reason
+
+
+def test_unparseable_gres_stays_failed_without_raising() -> None:
+    assert decide(job(TresPerNode="gres:sh ard:x:y:z"), OOM, cfg(), 0).kind == "stay_failed"
+
+
+def test_hostlist_expansion() -> None:
+    assert expand_hostlist("gpu[01-03,07],cpu1") == ["gpu01", "gpu02", "gpu03", "gpu07", "cpu1"]
+    assert expand_hostlist("n[1-100000]", limit=5) == ["n1", "n2", "n3", "n4", "n5"]
