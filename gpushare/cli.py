@@ -55,7 +55,7 @@ def group() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        group.main(args=argv, prog_name="gpushare", standalone_mode=False)
+        result = group.main(args=argv, prog_name="gpushare", standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         return 1
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except click.exceptions.Exit as exc:
         return exc.exit_code
-    return 0
+    return result if isinstance(result, int) else 0
 
 
 if __name__ == "__main__":

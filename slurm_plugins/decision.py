@@ -121,7 +121,7 @@ def decide(request: SubmitRequest, directives: Directives, estimate: Estimate | 
 
     if estimate is None:
         if cfg.policy.without_estimate != "recover":
-            decision = _keep(request, "exclusive", "no memory estimate (add '#GPUSHARE mem=…' or run gpu-estimate)")
+            decision = _keep(request, "exclusive", "no memory estimate: add a '#GPUSHARE mem' line or run gpu-estimate")
             decision.user_message = ("gpushare: no GPU memory estimate for this job; it keeps a whole GPU "
                                      "(run gpu-estimate, or add '#GPUSHARE mem=12G' to the script)")
             return decision

@@ -36,6 +36,8 @@ def read_user_file(path: str, work_dir: str | None, uid: int, max_bytes: int) ->
         fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         raise EstimateUnavailable(f"estimate={path}: cannot open ({exc.strerror})") from None
+    except ValueError:  # NUL byte in the path
+        raise EstimateUnavailable("estimate=: path contains a NUL byte") from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):

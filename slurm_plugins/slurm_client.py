@@ -24,7 +24,7 @@ _BIN_DIRS = ("/usr/bin", "/usr/local/bin", "/opt/slurm/bin", "/usr/sbin")
 _JOB_ID_RE = re.compile(r"^\d{1,10}(_\d{1,10})?$")
 # "Key=Value" pairs of `scontrol show job -o`; values may contain spaces only in a few keys that come
 # last on the line or hold no '=' (Command, WorkDir with spaces are rare; we split on ' Key=').
-_PAIR_RE = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/]*)=")
+_PAIR_RE = re.compile(r"(?:^|\s)([A-Z][A-Za-z0-9_:/]*)=")
 
 
 class SlurmError(RuntimeError):
@@ -40,13 +40,19 @@ def check_job_id(job_id: str | int) -> str:
 
 
 def parse_scontrol_record(line: str) -> dict[str, str]:
-    """Parse one ``scontrol show ... -o`` line into a dict (keys as Slurm prints them)."""
+    """Parse one ``scontrol show ... -o`` line into a dict (keys as Slurm prints them).
+
+    The first occurrence of a key wins, so user text in a later field (``Comment=x AdminComment=y``)
+    cannot override a real one printed earlier. Free text can still imitate a key that Slurm prints
+    *after* it (StdErr, StdOut, TresPerNode follow Comment): anything security-relevant must come from
+    :meth:`SlurmClient.job_json`, which is structured.
+    """
     line = line.strip()
     matches = list(_PAIR_RE.finditer(line))
     fields: dict[str, str] = {}
     for index, match in enumerate(matches):
         end = matches[index + 1].start() if index + 1 < len(matches) else len(line)
-        fields[match.group(1)] = line[match.end():end].strip()
+        fields.setdefault(match.group(1), line[match.end():end].strip())
     return fields
 
 
@@ -91,6 +97,20 @@ class SlurmClient:
         if not lines:
             raise SlurmError(f"scontrol show job {job_id}: no such job")
         return parse_scontrol_record(lines[0])
+
+    def job_json(self, job_id: str | int) -> dict[str, Any] | None:
+        """One job as squeue's JSON object (structured: safe against hostile comments and names).
+
+        None once the job has left slurmctld's memory (MinJobAge after it ended).
+        """
+        wanted = check_job_id(job_id)
+        base, _, task = wanted.partition("_")
+        for job in self.squeue_json():
+            if str(job.get("job_id")) == wanted:
+                return job
+            if task and str(job.get("array_job_id")) == base and str(job.get("array_task_id")) == task:
+                return job
+        return None
 
     def update_job(self, job_id: str | int, **fields: str | int) -> None:
         """``scontrol update jobid=N key=value...``; keys are scontrol's (e.g. admincomment, gres)."""
