@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 try:  # numpy is only used to hand back compact timelines
     import numpy as _np
@@ -1199,6 +1199,38 @@ def replay(
     )
 
 
+def replay_many(
+    events: Iterable[tuple[str, int, int, int]],
+    targets: Sequence[tuple[int, int]],
+    config: AllocatorConfig = AllocatorConfig(),
+    keep_trace: bool = False,
+) -> list[ReplayResult]:
+    """:func:`replay` for several ``(capacity_bytes, reserved_elsewhere)`` targets, sharing the work.
+
+    Why it is exact: the allocator only looks at the device size when a cudaMalloc (or page mapping) fails.
+    A replay on the roomiest target whose peak reserved memory fits every other target's room therefore
+    makes the same decisions there, so its result is reused; only targets too small for that peak (where
+    free-and-retry or an OOM changes the story) get their own replay. A per-process memory fraction ties
+    the garbage collector to the capacity, so with one configured every target is replayed on its own.
+    """
+    seq = events if isinstance(events, (list, tuple)) else list(events)
+    rooms = [capacity - elsewhere for capacity, elsewhere in targets]
+    if not targets:
+        return []
+    if (config.per_process_memory_fraction or 1.0) < 1.0:
+        return [replay(seq, c, config, e, keep_trace) for c, e in targets]
+    roomiest = max(range(len(targets)), key=rooms.__getitem__)
+    capacity, elsewhere = targets[roomiest]
+    base = replay(seq, capacity, config, elsewhere, keep_trace)
+    results = []
+    for i, (capacity, elsewhere) in enumerate(targets):
+        if i == roomiest or (not base.oom and base.peak_reserved_bytes <= rooms[i]):
+            results.append(base)
+        else:
+            results.append(replay(seq, capacity, config, elsewhere, keep_trace))
+    return results
+
+
 __all__ = [
     "AllocatorConfig",
     "CachingAllocatorSim",
@@ -1207,6 +1239,7 @@ __all__ = [
     "allocation_size",
     "format_size",
     "replay",
+    "replay_many",
     "round_size",
     "roundup_power2_next_division",
 ]

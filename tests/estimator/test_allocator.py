@@ -20,6 +20,7 @@ from estimator_cli.allocator import (
     allocation_size,
     format_size,
     replay,
+    replay_many,
     round_size,
     roundup_power2_next_division,
 )
@@ -371,6 +372,22 @@ def test_replay_stops_at_the_oom():
     r = replay(events, 64 * MiB)
     assert r.oom and r.oom_event_index == 2 and len(r.timeline_reserved) == 2
     assert r.oom_message is not None and "Tried to allocate 30.00 MiB" in r.oom_message
+
+
+def test_replay_many_reuses_the_roomiest_replay_where_it_fits():
+    events = [("alloc", 1, 30 * MiB, 0), ("alloc", 2, 30 * MiB, 0), ("free", 1, 0, 0), ("free", 2, 0, 0),
+              ("alloc", 3, 40 * MiB, 0)]
+    # Peak reserved with room to spare: 30 + 30 + 40 = 100 MiB (the cached 30 MiB blocks cannot serve 40).
+    targets = [(GiB, 0), (200 * MiB, 50 * MiB), (64 * MiB, 0), (32 * MiB, 0)]
+    results = replay_many(events, targets)
+    assert results[0] is results[1]  # 150 MiB of room >= 100 MiB peak: the same decisions
+    assert results[0].peak_reserved_bytes == 100 * MiB
+    assert results[2].peak_reserved_bytes == 60 * MiB and not results[2].oom  # free-and-retry at 64 MiB
+    assert results[3].oom and results[3].oom_event_index == 1
+    for (capacity, elsewhere), r in zip(targets, results):
+        single = replay(events, capacity, reserved_elsewhere=elsewhere)
+        assert (single.peak_reserved_bytes, single.oom) == (r.peak_reserved_bytes, r.oom)
+        assert list(single.timeline_reserved) == list(r.timeline_reserved)
 
 
 def test_snapshot_renders_with_torch_memory_viz():
