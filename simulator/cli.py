@@ -1,0 +1,109 @@
+"""``gpushare simulate``: replay a trace through a placement policy and report what it would do.
+
+Reference data (the default Philly trace and Gavel's throughputs) is read from ``--data-dir``, else
+``$GPUSHARE_DATA_DIR``, else ``../shared/data`` next to the source tree, and never copied.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+from gpushare.gpus import BUILTIN_GPUS, parse_target
+from mig_manager.policies import POLICIES, make_policy
+from simulator import estimators, report
+from simulator.engine import SimConfig, Simulation
+from simulator.interference import MODES
+from simulator.trace import TraceError, read
+
+TRACE_NAME = "philly_trace_60_tasks.csv"
+THROUGHPUTS_NAME = "gavel_simulation_throughputs.json"
+MIG_POLICIES = ("mig-a", "mig-b")
+
+
+def data_dir(flag: str | None) -> Path:
+    if flag:
+        return Path(flag)
+    if os.environ.get("GPUSHARE_DATA_DIR"):
+        return Path(os.environ["GPUSHARE_DATA_DIR"])
+    return Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def _check(policy: str, estimator: str, gpu: str) -> None:
+    try:
+        if policy not in MIG_POLICIES:
+            make_policy(policy)
+        estimators.parse(estimator)
+        parse_target(gpu)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+@click.command("simulate")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False), default=None,
+              help=f"trace CSV (Philly arrivals or the rich format, docs/simulator.md); default: DATA_DIR/{TRACE_NAME}")
+@click.option("--nodes", type=click.IntRange(1), default=1, show_default=True)
+@click.option("--gpus-per-node", type=click.IntRange(1), default=3, show_default=True)
+@click.option("--gpu", default="a100-40gb", show_default=True, help=f"GPU model: {', '.join(BUILTIN_GPUS)}")
+@click.option("--policy", default="magm", show_default=True,
+              help=f"{', '.join(POLICIES)}, ff|bf|magm|lug-nofilter, or {', '.join(MIG_POLICIES)}")
+@click.option("--estimator", default="oracle", show_default=True, help="oracle, none, gpu-estimate or noisy:SIGMA")
+@click.option("--seed", type=int, default=0, show_default=True, help="drives workload mapping, TTFK and noise")
+@click.option("--interference", type=click.Choice(MODES), default="gavel", show_default=True)
+@click.option("--throughputs", type=click.Path(dir_okay=False), default=None,
+              help=f"Gavel throughputs JSON; default: DATA_DIR/{THROUGHPUTS_NAME}")
+@click.option("--data-dir", "data_dir_flag", default=None, help="reference data folder (or $GPUSHARE_DATA_DIR)")
+@click.option("--no-recovery", is_flag=True, help="an OOM fails the job instead of requeueing it exclusive")
+@click.option("--json", "as_json", is_flag=True, help="print the versioned JSON document instead of text")
+@click.option("--plot", "plot_dir", type=click.Path(file_okay=False), default=None, help="write PNG plots here")
+def command(trace_path: str | None, nodes: int, gpus_per_node: int, gpu: str, policy: str, estimator: str, seed: int,
+            interference: str, throughputs: str | None, data_dir_flag: str | None, no_recovery: bool, as_json: bool,
+            plot_dir: str | None) -> None:
+    """Replay a job trace against simulated GPUs through one placement policy."""
+    data = data_dir(data_dir_flag)
+    policy = policy.lower()
+    _check(policy, estimator, gpu)
+    path = Path(trace_path) if trace_path else data / TRACE_NAME
+    try:
+        jobs = read(path, seed=seed)
+    except TraceError as exc:
+        raise click.ClickException(str(exc)) from None
+    if policy in MIG_POLICIES:
+        _mig(jobs, gpu, nodes * gpus_per_node, policy, as_json)
+        return
+    gavel = Path(throughputs) if throughputs else data / THROUGHPUTS_NAME
+    if throughputs and not gavel.exists():
+        raise click.BadParameter(f"{gavel} does not exist", param_hint="--throughputs")
+    config = SimConfig(nodes=nodes, gpus_per_node=gpus_per_node, gpu=gpu, policy=policy, estimator=estimator,
+                       seed=seed, recovery=not no_recovery, throughputs=gavel, interference=interference)
+    sim = Simulation(jobs, config).run()
+    click.echo(report.to_json(sim) if as_json else report.to_text(report.summarise(sim)))
+    if plot_dir:
+        from simulator import plots  # matplotlib only when asked for
+
+        for written in plots.write(sim, Path(plot_dir)):
+            if not as_json:
+                click.echo(f"wrote {written}")
+
+
+def _mig(jobs, gpu: str, gpus: int, policy: str, as_json: bool) -> None:
+    import json
+
+    from simulator.mig import run_mix
+
+    model, profile = parse_target(gpu)
+    if profile is not None or not model.mig_capable:
+        raise click.BadParameter(f"{gpu} is not a MIG-capable whole GPU", param_hint="--gpu")
+    result = run_mix(model, jobs, gpus)
+    if as_json:
+        click.echo(json.dumps({"version": 1, "mig": result}, indent=2))
+        return
+    scheme = result["scheme_A" if policy == "mig-a" else "scheme_B"]
+    base = result["baseline"]
+    click.echo(f"MIG {policy}: {result['jobs']} jobs as one batch on {gpus} x {gpu} (arrival times ignored)")
+    click.echo(f"makespan {scheme['makespan_s'] / 3600:.2f} h vs {base['makespan_s'] / 3600:.2f} h whole-GPU sequential; "
+               f"throughput x{scheme['throughput_jobs_per_h'] / base['throughput_jobs_per_h']:.2f}; "
+               f"energy {scheme['energy_mj']:.2f} vs {base['energy_mj']:.2f} MJ; "
+               f"{scheme['reconfigurations']} reconfigurations")
