@@ -519,8 +519,7 @@ class CachingAllocatorSim:
         self._small = _Pool(True)
         self._large = _Pool(False)
         self._live: dict[int, _Block] = {}
-        self._segments: dict[int, _Block] = {}  # cudaMalloc base address -> a block of it (for its pool)
-        self._segment_sizes: dict[int, int] = {}
+        self._segments: dict[int, tuple[int, int, bool]] = {}  # cudaMalloc base -> (size, stream, small pool)
         self._expandables: list[_ExpandableSegment] = []
         self._next_addr = _BASE_ADDRESS
         self._allocated = 0
@@ -562,7 +561,7 @@ class CachingAllocatorSim:
 
         (An expandable segment whose first mapping failed keeps its address range reserved, as in PyTorch,
         and is reused by the next request on its stream; it holds no memory and is not counted.)"""
-        return len(self._segment_sizes) + sum(1 for es in self._expandables if 1 in es.pages)
+        return len(self._segments) + sum(1 for es in self._expandables if 1 in es.pages)
 
     @property
     def device_free_bytes(self) -> int:
@@ -712,8 +711,7 @@ class CachingAllocatorSim:
         addr = self._next_addr
         self._next_addr += alloc_size + _ADDRESS_GAP
         block = _Block(addr, alloc_size, stream, pool)
-        self._segments[addr] = block
-        self._segment_sizes[addr] = alloc_size
+        self._segments[addr] = (alloc_size, stream, pool.small)
         self._reserve(alloc_size)
         self.num_device_alloc += 1
         if self._trace is not None:
@@ -831,7 +829,6 @@ class CachingAllocatorSim:
         self._reserved -= b.size
         b.pool.remove(b)
         del self._segments[b.addr]
-        del self._segment_sizes[b.addr]
 
     def _release_available_cached_blocks(self, pool: _Pool, size: int, stream: int) -> bool:
         """release_available_cached_blocks: free oversize (>= max_split_size) cached blocks, just enough."""
@@ -1016,7 +1013,7 @@ class CachingAllocatorSim:
         the simulator was created with ``keep_trace=True``.
         """
         by_segment: dict[int, list[_Block]] = {}
-        seg_starts = sorted(self._segment_sizes)
+        seg_starts = sorted(self._segments)
         expandable: dict[int, list[_Block]] = {}
         for b in self._all_blocks():
             if b.es is not None:
@@ -1026,9 +1023,9 @@ class CachingAllocatorSim:
                 by_segment.setdefault(base, []).append(b)
         segments: list[dict[str, Any]] = []
         for base, blocks in by_segment.items():
-            head = self._segments[base]
+            _size, stream, small = self._segments[base]
             blocks.sort(key=lambda x: x.addr)
-            segments.append(self._segment_info(base, blocks, head.stream, head.pool.small, False))
+            segments.append(self._segment_info(base, blocks, stream, small, False))
         es_by_id = {id(es): es for es in self._expandables}
         for es_id, blocks in expandable.items():
             es = es_by_id[es_id]
