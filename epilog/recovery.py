@@ -24,7 +24,6 @@ from gpushare.gpus import MigProfile
 from slurm_plugins.decision import RECORD_PREFIX, parse_record
 from slurm_plugins.gres_request import GresItem, format_gres, parse_gres
 
-_ID_RE = re.compile(r"\((\d+)\)")
 # EpilogSlurmctld sees the job while it is still COMPLETING; the exit status then tells failure apart.
 RECOVERABLE_STATES = ("FAILED", "COMPLETING", "")
 
@@ -58,34 +57,59 @@ class JobFacts:
     record: dict[str, Any] | None  # our gpushare:{...} admin-comment record
 
     @classmethod
-    def from_slurm(cls, fields: Mapping[str, str], env: Mapping[str, str]) -> "JobFacts":
-        exit_pair = _exit_pair(fields.get("ExitCode")) or _exit_pair(env.get("SLURM_JOB_EXIT_CODE2"))
-        if exit_pair is None:  # raw wait status, as EpilogSlurmctld's SLURM_JOB_EXIT_CODE gives it
+    def from_slurm(cls, fields: Mapping[str, str], env: Mapping[str, str],
+                   structured: Mapping[str, Any] | None = None) -> "JobFacts":
+        """Combine the three views of a job, each used only where it can be trusted.
+
+        ``env`` is set by slurmctld itself (uid, gid, exit status, restart count, nodes): trusted.
+        ``structured`` is squeue's JSON for the job: trusted structure (state, GRES, admin comment).
+        ``fields`` is parsed ``scontrol show job -o`` text, where a job name or comment can imitate a
+        later ``Key=`` (measured: ``-J 'a UserId=root(0)'`` is printed verbatim), so identity never
+        comes from it; it supplies the log paths (Slurm expands ``%j`` there, not in the environment),
+        which is safe because logs are only ever opened with the job owner's credentials.
+        """
+        js = structured or {}
+        exit_pair = _exit_pair(env.get("SLURM_JOB_EXIT_CODE2"))
+        if exit_pair is None and env.get("SLURM_JOB_EXIT_CODE"):  # raw wait status
             raw = _int(env.get("SLURM_JOB_EXIT_CODE"), 0)
             exit_pair = (raw >> 8 & 0xFF, raw & 0x7F)
-        uid = _ID_RE.search(fields.get("UserId", ""))
-        gid = _ID_RE.search(fields.get("GroupId", ""))
-        node = (fields.get("BatchHost") or fields.get("NodeList") or env.get("SLURM_JOB_NODELIST") or "")
+        if exit_pair is None and isinstance(js.get("exit_code"), int):
+            exit_pair = (js["exit_code"] >> 8 & 0xFF, js["exit_code"] & 0x7F)
+        exit_pair = exit_pair or _exit_pair(fields.get("ExitCode")) or (0, 0)
+        node = env.get("SLURM_JOB_NODELIST") or str(js.get("batch_host") or js.get("nodes") or "") \
+            or fields.get("BatchHost") or fields.get("NodeList") or ""
         work_dir = fields.get("WorkDir") or env.get("SLURM_JOB_WORK_DIR") or ""
         paths: list[str] = []
-        for key, env_key in (("StdErr", "SLURM_JOB_STDERR"), ("StdOut", "SLURM_JOB_STDOUT")):
-            path = fields.get(key) or env.get(env_key) or ""
+        for key in ("StdErr", "StdOut"):
+            path = fields.get(key) or ""
             if path and not path.startswith("/") and work_dir.startswith("/"):
                 path = f"{work_dir.rstrip('/')}/{path}"
             if path.startswith("/") and path not in paths and path != "/dev/null":
                 paths.append(path)
+        tres = str(js["tres_per_node"]) if "tres_per_node" in js else fields.get("TresPerNode", "")
+        state = str(js["job_state"]) if js.get("job_state") else fields.get("JobState", "")
+        restarts = env.get("SLURM_JOB_RESTART_COUNT") or js.get("restart_cnt") or fields.get("Restarts")
         return cls(
-            job_id=fields.get("JobId") or env.get("SLURM_JOB_ID", ""),
-            state=(fields.get("JobState") or "").upper(),
+            job_id=env.get("SLURM_JOB_ID") or str(js.get("job_id") or fields.get("JobId") or ""),
+            state=state.upper(),
             exit_code=exit_pair[0], exit_signal=exit_pair[1],
-            restarts=_int(fields.get("Restarts") or env.get("SLURM_JOB_RESTART_COUNT"), 0),
-            tres_per_node=fields.get("TresPerNode", "") if fields.get("TresPerNode") != "(null)" else "",
+            restarts=_int(restarts, 0),
+            tres_per_node="" if tres == "(null)" else tres,
             node=_first_host(node),
-            uid=int(uid.group(1)) if uid else (_int(env.get("SLURM_JOB_UID"), -1) if env.get("SLURM_JOB_UID") else None),
-            gid=int(gid.group(1)) if gid else (_int(env.get("SLURM_JOB_GID"), -1) if env.get("SLURM_JOB_GID") else None),
+            uid=_owner(env.get("SLURM_JOB_UID"), js.get("user_id")),
+            gid=_owner(env.get("SLURM_JOB_GID"), js.get("group_id")),
             log_paths=tuple(paths),
-            record=parse_record(fields.get("AdminComment")),
+            record=parse_record(str(js["admin_comment"]) if "admin_comment" in js else fields.get("AdminComment")),
         )
+
+
+def _owner(env_value: str | None, json_value: Any) -> int | None:
+    """A uid/gid from the hook's environment or squeue's JSON; None (never a guess) otherwise."""
+    if env_value is not None and env_value.strip().isdigit():
+        return int(env_value)
+    if isinstance(json_value, int) and not isinstance(json_value, bool) and json_value >= 0:
+        return json_value
+    return None
 
 
 @dataclass(frozen=True)

@@ -61,7 +61,10 @@ def mig_types(client: SlurmClient) -> set[str] | None:
 def handle(job_id: str, env: Mapping[str, str], client: SlurmClient, cfg: Config, ledger: Ledger,
            finish_later: Callable[[str, int], None] | None = None) -> str:
     """Decide and act for one job; returns what happened (for the log and tests)."""
-    job = JobFacts.from_slurm(client.show_job(job_id), env)
+    quick = JobFacts.from_slurm({}, env)
+    if env.get("SLURM_JOB_EXIT_CODE2") and quick.exit_code == 0 and quick.exit_signal == 0:
+        return "none: exited 0"  # the common case costs no Slurm call at all
+    job = JobFacts.from_slurm(client.show_job(job_id), env, _structured(client, job_id))
     log.info("job %s: state %s exit %s:%s restarts %s gres %r node %s", job.job_id, job.state, job.exit_code,
              job.exit_signal, job.restarts, job.tres_per_node, job.node)
     if job.exit_code == 0 and job.exit_signal == 0:
@@ -96,6 +99,18 @@ def handle(job_id: str, env: Mapping[str, str], client: SlurmClient, cfg: Config
         elif entry.get("state") in FINAL_STATES:
             return f"already handled: {entry.get('state')}"
         return execute(entry, client, ledger, finish_later)
+
+
+def _structured(client: SlurmClient, job_id: str) -> dict[str, Any] | None:
+    """squeue's JSON for the job when the client offers it (identity and state there are not spoofable)."""
+    getter = getattr(client, "job_json", None)
+    if getter is None:
+        return None
+    try:
+        return getter(job_id)
+    except (SlurmError, OSError, ValueError) as exc:
+        log.warning("job %s: squeue --json unavailable (%s); using scontrol text and the environment", job_id, exc)
+        return None
 
 
 def _entry(job: JobFacts, verdict: OomVerdict, action: Action) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from epilog.ledger import Ledger
 from gpushare.config import parse_config
 from oom_fake_slurm import FakeSlurm
 
+ENV = {"SLURM_JOB_ID": "1", "SLURM_JOB_UID": str(os.geteuid()), "SLURM_JOB_GID": str(os.getegid())}
 OOM_TEXT = "Traceback...\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has ...\n"
 
 
@@ -28,7 +29,7 @@ def setup(tmp_path: Path):  # type: ignore[no-untyped-def]
 
 
 def run(cfg, fake, later=None):  # type: ignore[no-untyped-def]
-    return hook.run({"SLURM_JOB_ID": "1"}, client=fake, cfg=cfg, finish_later=later)
+    return hook.run(ENV, client=fake, cfg=cfg, finish_later=later)
 
 
 def test_oom_job_is_requeued_on_all_shards_then_boosted(setup) -> None:  # type: ignore[no-untyped-def]
@@ -120,7 +121,7 @@ def _concurrent(cfg_dir: str, err: str, calls: str) -> None:
     cfg = parse_config({"oom": {"ledger_dir": cfg_dir}, "nodes": [{"names": "n1", "gpu": "a100-40gb"}]})
     fake = FakeSlurm({"StdErr": err, "UserId": f"me({os.geteuid()})"}, calls_file=calls)
     try:
-        hook.run({"SLURM_JOB_ID": "1"}, client=fake, cfg=cfg, finish_later=None)
+        hook.run(ENV, client=fake, cfg=cfg, finish_later=None)
     except Exception:  # noqa: BLE001 - only the shared call log matters here
         pass
 

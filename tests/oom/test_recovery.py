@@ -30,9 +30,25 @@ def job(**fields: str) -> JobFacts:
 def test_facts_from_scontrol_record() -> None:
     facts = job(AdminComment='gpushare:{"decision":"shared","v":1}', StdErr="err.txt", WorkDir="/home/a")
     assert (facts.job_id, facts.state, facts.exit_code, facts.exit_signal) == ("1", "COMPLETING", 1, 0)
-    assert (facts.uid, facts.gid, facts.node, facts.restarts) == (0, 0, "n1", 0)
+    assert (facts.node, facts.restarts) == ("n1", 0)
+    assert (facts.uid, facts.gid) == (None, None)  # never taken from scontrol's text
     assert facts.log_paths == ("/home/a/err.txt", "/tmp/out-1.txt")
     assert facts.record == {"decision": "shared", "v": 1}
+
+
+def test_identity_comes_from_the_environment_or_json_never_from_spoofable_text() -> None:
+    """Measured: ``sbatch -J 'a UserId=root(0) StdErr=/etc/shadow'`` appears verbatim in scontrol -o."""
+    spoofed = dict(SHOW_JOB, JobName="a", UserId="root(0)", GroupId="root(0)", ExitCode="0:0", Restarts="9")
+    env = {"SLURM_JOB_ID": "1", "SLURM_JOB_UID": "1000", "SLURM_JOB_GID": "100", "SLURM_JOB_EXIT_CODE2": "1:0",
+           "SLURM_JOB_RESTART_COUNT": "0", "SLURM_JOB_NODELIST": "n2"}
+    facts = JobFacts.from_slurm(spoofed, env)
+    assert (facts.uid, facts.gid, facts.exit_code, facts.restarts, facts.node) == (1000, 100, 1, 0, "n2")
+    structured = {"user_id": 1001, "group_id": 101, "job_state": "FAILED", "tres_per_node": "gres:shard:6",
+                  "admin_comment": "", "exit_code": 256, "batch_host": "n1"}
+    facts = JobFacts.from_slurm(spoofed, {"SLURM_JOB_ID": "1"}, structured)
+    assert (facts.uid, facts.gid, facts.state, facts.tres_per_node, facts.exit_code) == \
+        (1001, 101, "FAILED", "gres:shard:6", 1)
+    assert facts.record is None
 
 
 def test_facts_fall_back_to_the_hook_environment() -> None:
