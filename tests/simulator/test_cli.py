@@ -1,0 +1,109 @@
+"""`gpushare simulate` end to end: determinism per seed, JSON, plots, errors; sacct conversion; MIG mix."""
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from gpushare.gpus import BUILTIN_GPUS
+from simulator import sacct, trace
+from simulator.cli import command, data_dir
+from simulator.mig import run_mix
+
+DATA = data_dir(None)
+needs_data = pytest.mark.skipif(not (DATA / "philly_trace_60_tasks.csv").exists(), reason="shared/data not present")
+
+
+def simulate(*args):
+    result = CliRunner().invoke(command, list(args))
+    return result
+
+
+@needs_data
+def test_same_seed_same_result_other_seed_other_result():
+    first = simulate("--policy", "magm", "--estimator", "none", "--seed", "4", "--json")
+    again = simulate("--policy", "magm", "--estimator", "none", "--seed", "4", "--json")
+    other = simulate("--policy", "magm", "--estimator", "none", "--seed", "5", "--json")
+    assert first.exit_code == 0, first.output
+    assert first.output == again.output
+    assert json.loads(first.output)["summary"] != json.loads(other.output)["summary"]
+
+
+@needs_data
+def test_json_document_and_plots(tmp_path):
+    result = simulate("--policy", "lug", "--json", "--plot", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert doc["version"] == 1 and doc["summary"]["jobs"] == 60 and len(doc["jobs"]) == 60
+    assert doc["summary"]["interference_measured"] is True
+    for name in ("memory.png", "utilisation.png", "jobs.png"):
+        assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bad_trace_line_is_one_line_error(tmp_path):
+    bad = tmp_path / "t.csv"
+    bad.write_text("0,1\n600,one\n")
+    result = simulate("--trace", str(bad))
+    assert result.exit_code == 1
+    assert result.output.strip() == f"Error: {bad}:2: num_tasks must be a number, got 'one'"
+
+
+def test_bad_policy_and_estimator(tmp_path):
+    good = tmp_path / "t.csv"
+    good.write_text("0,1\n")
+    assert "unknown policy" in simulate("--trace", str(good), "--policy", "best").output
+    assert "noisy:SIGMA" in simulate("--trace", str(good), "--estimator", "noisy:x").output
+
+
+def test_text_report_without_measured_data(tmp_path):
+    good = tmp_path / "t.csv"
+    good.write_text("0,1\n10,1\n")
+    result = simulate("--trace", str(good), "--data-dir", str(tmp_path), "--policy", "ff", "--estimator", "gpu-estimate")
+    assert result.exit_code == 0, result.output
+    assert "jobs 2: 2 completed" in result.output and "fallback model only" in result.output
+
+
+SACCT = """JobID|Submit|Start|End|AllocTRES|State
+101|2026-11-20T10:00:00|2026-11-20T10:00:05|2026-11-20T11:00:05|billing=1,cpu=4,gres/gpu=2,node=1|COMPLETED
+101.batch|2026-11-20T10:00:05|2026-11-20T10:00:05|2026-11-20T11:00:05|cpu=4|COMPLETED
+102|2026-11-20T10:05:00|2026-11-20T10:06:00|2026-11-20T10:36:00|cpu=2,gres/shard=12,node=1|COMPLETED
+103|2026-11-20T10:06:00|Unknown|Unknown|cpu=2,gres/gpu=1|PENDING
+104|2026-11-20T10:07:00|2026-11-20T10:07:00|2026-11-20T10:08:00|cpu=2,mem=4G|COMPLETED
+"""
+
+
+def test_sacct_export_converts_to_a_trace():
+    text = sacct.convert(SACCT, "jobs.txt", mem_gib=6)
+    assert text.splitlines() == [
+        "job_id,submit_s,gpus,duration_s,mem_gib,util",
+        "101,0,2,3600,6,medium",     # 2 GPUs, 1 h, no shards -> --mem-gib
+        "102,300,1,1800,12,medium",  # shard=12 -> one GPU, 12 GiB
+    ]  # 103 never ran, 104 had no GPU, 101.batch is a step
+    jobs = trace.parse(text, "trace.csv")
+    assert [j.gpus for j in jobs] == [2, 1]
+
+
+def test_sacct_export_without_needed_columns():
+    with pytest.raises(trace.TraceError, match="lacks Start, End"):
+        sacct.convert("JobID|Submit|AllocTRES\n1|2026-11-20T10:00:00|gres/gpu=1\n", "x")
+
+
+def test_mig_mix_scheme_a_reconfigures_less_and_beats_sequential():
+    jobs = trace.parse("job_id,submit_s,model,batch\n" + "".join(
+        f"s{i},0,resnet18,32\nm{i},0,mobilenet_v2,32\nl{i},0,vgg16,64\n" for i in range(4)), "mix.csv")
+    out = run_mix(BUILTIN_GPUS["a100-40gb"], jobs, gpus=1)
+    base, a, b = out["baseline"], out["scheme_A"], out["scheme_B"]
+    assert base["makespan_s"] == pytest.approx(sum(j.solo_s for j in jobs))
+    assert a["reconfigurations"] <= b["reconfigurations"]
+    assert a["throughput_jobs_per_h"] > base["throughput_jobs_per_h"]
+    assert not a["unschedulable"]
+
+
+def test_cli_mig_policy(tmp_path):
+    mix = tmp_path / "mix.csv"
+    mix.write_text("submit_s,model,batch\n0,resnet50,32\n0,DLRM,8\n")
+    result = simulate("--trace", str(mix), "--policy", "mig-b", "--gpus-per-node", "1")
+    assert result.exit_code == 0, result.output
+    assert "reconfigurations" in result.output
+    assert simulate("--trace", str(mix), "--policy", "mig-a", "--gpu", "l40s-48gb").exit_code == 2

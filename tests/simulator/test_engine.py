@@ -1,0 +1,98 @@
+"""The event engine on tiny hand-checked traces: timings, collocation, TTFK, OOM and recovery."""
+
+import pytest
+
+from simulator.engine import SimConfig, Simulation
+from simulator.interference import Interference
+from simulator.trace import parse
+
+
+def run(text, policy="magm", estimator="oracle", gpus=1, recovery=True, mode="share"):
+    jobs = parse(text, "t.csv")
+    config = SimConfig(gpus_per_node=gpus, policy=policy, estimator=estimator, recovery=recovery, interference=mode)
+    return Simulation(jobs, config, Interference(None, mode=mode)).run()
+
+
+TWO_LIGHT = """job_id,submit_s,duration_s,mem_gib,util,ttfk_s
+a,0,100,4,light,10
+b,0,100,4,light,10
+"""
+
+
+def test_exclusive_runs_one_after_the_other():
+    # a: dispatched 0, kernel 10, 100 s of work -> ends 110; b waits for the idle GPU -> 110..220
+    sim = run(TWO_LIGHT, policy="exclusive")
+    a, b = sim.jobs["a"], sim.jobs["b"]
+    assert (a.first_start, a.end) == (0, 110)
+    assert (b.first_start, b.end) == (110, 220)
+    assert b.wait_s == 110 and b.exec_s == 110
+
+
+def test_magm_collocates_after_the_ttfk_window():
+    # a dispatched at 0, first kernel at 10: the GPU is warming until 10 + 30 = 40, and b (blocked at the
+    # head of the queue) retries on 5 s polls -> placed at 40, its kernel at 50.
+    # a alone 10..50: 40 s of work. Together (share model, two light jobs, SMACT .3+.3 < 1): speed .95.
+    # a's remaining 60 s take 60/.95 = 63.158 s -> a ends 113.158; b then has 40 s left alone -> 153.158
+    sim = run(TWO_LIGHT)
+    a, b = sim.jobs["a"], sim.jobs["b"]
+    assert b.first_start == 40
+    assert a.end == pytest.approx(50 + 60 / 0.95)
+    assert b.end == pytest.approx(50 + 60 / 0.95 + 40)
+    assert a.gpus == b.gpus == [0]
+
+
+OOM = """job_id,submit_s,duration_s,mem_gib,util,ttfk_s
+a,0,100,30,light,10
+b,0,100,20,light,10
+"""
+
+
+def test_oom_then_exclusive_recovery():
+    # no estimate: MAGM only needs the 2 GB precondition. a: 0..110 alone. b placed at 40 (10 GiB free,
+    # after a's TTFK window), first kernel at 50: 30 + 20 GiB > 40 GiB -> b OOMs, a survives.
+    # b goes to the recovery queue, waits for an idle GPU (a ends 110) -> 110, kernel 120, ends 220.
+    sim = run(OOM, estimator="none")
+    a, b = sim.jobs["a"], sim.jobs["b"]
+    assert a.end == 110 and a.ooms == 0
+    assert b.ooms == 1 and b.recovered and b.state == "done"
+    assert b.end == 220
+    assert b.exec_s == pytest.approx(10 + 110) and b.wait_s == pytest.approx(40 + 60)
+
+
+def test_oom_without_recovery_fails_the_job():
+    sim = run(OOM, estimator="none", recovery=False)
+    assert sim.jobs["b"].state == "failed" and sim.jobs["b"].reason == "out of memory"
+
+
+def test_oracle_estimate_avoids_the_oom():
+    # b's request is 20 + 2 GiB > 10 GiB free: it waits for a (110) and runs 110..220 without an OOM
+    sim = run(OOM, estimator="oracle")
+    assert sim.jobs["b"].ooms == 0 and sim.jobs["b"].first_start == 110 and sim.jobs["b"].end == 220
+
+
+def test_slurm_first_fit_ignores_ttfk_and_overpacks():
+    # without an estimate Slurm sees 2-shard requests: both placed at 0 on GPU0; both kernels at 10:
+    # a grows to 30 GiB first, then b's 20 GiB does not fit -> b OOMs and recovers after a (110..220)
+    sim = run(OOM, policy="slurm-shards", estimator="none")
+    b = sim.jobs["b"]
+    assert b.first_start == 0 and b.ooms == 1 and b.end == 220
+
+
+def test_rr_spreads_over_gpus():
+    sim = run(TWO_LIGHT, policy="rr", gpus=2)
+    assert sim.jobs["a"].gpus == [0] and sim.jobs["b"].gpus == [1]
+    assert sim.jobs["a"].end == sim.jobs["b"].end == 110
+
+
+def test_job_too_big_for_any_gpu_fails_with_a_reason():
+    sim = run("submit_s,duration_s,mem_gib,gpus\n0,10,4,2\n", gpus=1)
+    assert sim.jobs["j000"].state == "failed" and "2 GPUs" in sim.jobs["j000"].reason
+    sim = run("submit_s,duration_s,mem_gib\n0,10,50\n", estimator="oracle")
+    assert sim.jobs["j000"].state == "failed"
+
+
+def test_energy_is_idle_plus_active_power():
+    # one A100-40GB: idle 55 W, max 400 W, light job SMACT .3 -> 55 + 345 * .3**.7 W for 100 s,
+    # plus idle 55 W during the 10 s TTFK
+    sim = run("submit_s,duration_s,mem_gib,util,ttfk_s\n0,100,4,light,10\n", policy="exclusive")
+    assert sim.gpus[0].energy_j == pytest.approx(55 * 10 + (55 + 345 * 0.3 ** 0.7) * 100)
