@@ -112,7 +112,8 @@ def run_capture(script: str, args: list[str], mode: str, steps: int, gpu: Presen
                                 "raise --max-cpu-memory", error.get("traceback", ""), "".join(outputs))
         retry = mode == "auto" and attempt == "fake" and status in ("data_dependent", "fake_error")
         if retry:
-            fallback = f"{error.get('type', 'Error')}: {error.get('message', '')}".strip()
+            message = error.get("message", "").split(". ")[0]  # first sentence: torch's are long
+            fallback = f"{error.get('type', 'Error')}: {message}".strip()[:300]
             continue
         if status == "data_dependent":
             raise CaptureFailed("unsupported", f"fake mode cannot estimate this script: {error.get('message')} "

@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import resource
+import runpy
 import sys
 import tempfile
 import traceback
@@ -23,8 +24,17 @@ from typing import Any
 TRACEBACK_TAIL_LINES = 20
 
 
+_OWN_DIRS = (os.path.dirname(os.path.abspath(__file__)), os.path.dirname(os.path.abspath(runpy.__file__)))
+
+
 def _traceback_tail(exc: BaseException) -> str:
-    lines = "".join(traceback.format_exception(exc)).rstrip().splitlines()
+    """The script's frames (not ours, torch's or runpy's) and the exception, last lines only."""
+    import torch
+
+    hidden = _OWN_DIRS + (os.path.dirname(os.path.abspath(torch.__file__)),)
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if not os.path.abspath(f.filename).startswith(hidden) and not f.filename.startswith("<frozen")]
+    lines = "".join(traceback.format_list(frames) + traceback.format_exception_only(exc)).rstrip().splitlines()
     return "\n".join(lines[-TRACEBACK_TAIL_LINES:])
 
 
