@@ -1,0 +1,77 @@
+"""The shared configuration model: strict keys, clear one-line errors, precedence env > file > default."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpushare.config import ConfigError, load_config, parse_config, parse_size
+from gpushare.gpus import BUILTIN_GPUS, GiB, parse_target
+
+
+def test_defaults_without_file(monkeypatch, tmp_path):
+    monkeypatch.delenv("GPUSHARE_CONFIG", raising=False)
+    monkeypatch.setattr("gpushare.config.DEFAULT_PATH", tmp_path / "absent.toml")
+    cfg = load_config()
+    assert cfg.policy.margin_fraction == 0.10 and cfg.source == "<defaults>"
+
+
+def test_example_config_is_valid():
+    from pathlib import Path
+
+    cfg = load_config(Path(__file__).resolve().parents[2] / "etc" / "gpushare.toml")
+    assert cfg.nodes and cfg.policy.shared == "shard"
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("[policy]\nmargn_fraction = 0.2", "[policy]: unknown key 'margn_fraction'"),
+    ("[policy]\nmargin_fraction = 2.0", "[policy].margin_fraction: must be between 0.0 and 1.0"),
+    ("[policy]\nmargin_fraction = 'lots'", "[policy].margin_fraction: expected float"),
+    ("[policy]\nshared = 'mps'", "must be one of shard, none"),
+    ("[bogus]\nx = 1", "unknown section or key 'bogus'"),
+    ("version = 2", "this gpushare reads version 1"),
+    ("[[nodes]]\nnames = 'n1'\ngpu = 'b200'", "unknown GPU 'b200'"),
+    ("[[nodes]]\ngpu = 'a100-40gb'", "names: required"),
+    ("[estimator]\ngpus = ['a100-40gb:9g.99gb']", "has no MIG profile"),
+    ("[policy\n", "not valid TOML"),
+])
+def test_bad_files_give_one_line_naming_the_key(tmp_path, text, needle):
+    path = tmp_path / "gpushare.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    message = str(info.value)
+    assert needle in message and "\n" not in message and str(path) in message
+
+
+def test_missing_named_file_is_an_error(tmp_path):
+    with pytest.raises(ConfigError, match="no such file"):
+        load_config(tmp_path / "nope.toml")
+
+
+def test_environment_overrides_file(monkeypatch, tmp_path):
+    path = tmp_path / "gpushare.toml"
+    path.write_text("[policy]\nmargin_fraction = 0.2\n")
+    monkeypatch.setenv("GPUSHARE_POLICY_MARGIN_FRACTION", "0.3")
+    assert load_config(path).policy.margin_fraction == 0.3
+    monkeypatch.setenv("GPUSHARE_POLICY_MARGIN_FRACTION", "many")
+    with pytest.raises(ConfigError, match="environment GPUSHARE_POLICY_MARGIN_FRACTION"):
+        load_config(path)
+
+
+def test_site_gpu_model():
+    cfg = parse_config({"gpus": {"mi250-64gb": {"total_gib": 64, "sms": 104}},
+                        "nodes": [{"names": "m[1-2]", "gpu": "mi250-64gb", "count": 4}]})
+    assert cfg.gpu("mi250-64gb").shards == 64
+
+
+@pytest.mark.parametrize("text, value", [("1G", GiB), ("512M", GiB // 2), ("2gib", 2 * GiB), (3, 3)])
+def test_sizes(text, value):
+    assert parse_size(text) == value
+
+
+def test_catalogue_targets():
+    model, profile = parse_target("A100-40GB:3g.20gb")
+    assert model is BUILTIN_GPUS["a100-40gb"] and profile.memory_slices == 4
+    assert BUILTIN_GPUS["h100-80gb"].shards == 79
+    with pytest.raises(ValueError, match="unknown GPU"):
+        parse_target("k80")
