@@ -107,6 +107,11 @@ class Ledger:
         entry = {**entry, "v": LEDGER_VERSION, "updated": now}
         entry.setdefault("created", now)
         write_json_atomic(self._path(key, ".json"), entry, mode=0o600)
+        marker = self._path(key, ".open")  # lets unfinished() list open entries without reading them all
+        if entry.get("state") in FINAL_STATES:
+            marker.unlink(missing_ok=True)
+        elif not marker.exists():
+            marker.touch(mode=0o600)
         return entry
 
     def entries_for(self, job_id: str) -> list[dict[str, Any]]:
@@ -125,8 +130,8 @@ class Ledger:
         """Requeues a crashed or interrupted run left half done (older than ``min_age_s``)."""
         now = time.time() if now is None else now
         out = []
-        for path in self.dir.glob("*.json"):
-            entry = self._load(path)
+        for marker in self.dir.glob("*.open"):
+            entry = self._load(marker.with_suffix(".json"))
             if (entry and entry.get("action") == "requeue" and entry.get("state") not in FINAL_STATES
                     and now - float(entry.get("updated", 0)) >= min_age_s):
                 out.append(entry)
