@@ -23,8 +23,10 @@ from typing import Any, Callable, Mapping
 
 from epilog.ledger import FINAL_STATES, Ledger
 from epilog.oom_detect import OomVerdict, TailError, append_note, classify, compile_patterns, read_tail
-from epilog.recovery import RECOVERABLE_STATES, Action, JobFacts, decide
+from epilog.learn import learn_from_oom
+from epilog.recovery import RECOVERABLE_STATES, Action, JobFacts, decide, whole_gpu_shards
 from gpushare.config import Config, load_config
+from gpushare.gpus import GiB
 from slurm_plugins.slurm_client import SlurmClient, SlurmError, check_job_id
 
 log = logging.getLogger("gpushare.epilog")
@@ -87,6 +89,7 @@ def handle(job_id: str, env: Mapping[str, str], client: SlurmClient, cfg: Config
                             mig_types(client) if needs_types else None)
             if action.kind == "none":
                 return f"none: {action.reason}"
+            _learn(job, cfg, client)
             entry = ledger.put(_entry(job, verdict, action))
             ledger.append_history({"job": job.job_id, "restarts": job.restarts, "event": action.kind,
                                    "reason": action.reason, "message": verdict.message})
@@ -99,6 +102,17 @@ def handle(job_id: str, env: Mapping[str, str], client: SlurmClient, cfg: Config
         elif entry.get("state") in FINAL_STATES:
             return f"already handled: {entry.get('state')}"
         return execute(entry, client, ledger, finish_later)
+
+
+def _learn(job: JobFacts, cfg: Config, client: SlurmClient) -> None:
+    """Raise the cached estimate of this batch script (epilog.learn); never fatal."""
+    try:
+        script = client.run("scontrol", "write", "batch_script", check_job_id(job.job_id), "-")
+        path = learn_from_oom(cfg, script, job.job_id, job.tres_per_node, whole_gpu_shards(cfg, job.node) * GiB)
+        if path is not None:
+            log.info("job %s: raised the cached estimate of its batch script (%s)", job.job_id, path.name)
+    except Exception as exc:  # noqa: BLE001 - learning is a bonus; recovery must go on
+        log.warning("job %s: could not update the estimate cache: %s", job.job_id, exc)
 
 
 def _structured(client: SlurmClient, job_id: str) -> dict[str, Any] | None:

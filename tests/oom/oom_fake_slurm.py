@@ -31,6 +31,7 @@ class FakeSlurm:
         self.calls_file = calls_file
         self.fail = dict(fail or {})  # method name -> how many times it raises before working
         self.sinfo = "gpu:a100:1(S:0),gpu:1g.10gb:2,gpu:2g.20gb:1,gpu:3g.40gb:1"
+        self.script = "#!/bin/bash\npython train.py --batch-size 64\n"
 
     def _record(self, *call: Any) -> None:
         self.calls.append(call)
@@ -77,6 +78,8 @@ class FakeSlurm:
 
     def run(self, tool: str, *args: str, **_: Any) -> str:
         self._record(tool, *args)
+        if args[:2] == ("write", "batch_script"):
+            return self.script
         return self.sinfo
 
     def complete(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 from pathlib import Path
@@ -22,6 +23,7 @@ def setup(tmp_path: Path):  # type: ignore[no-untyped-def]
     err = tmp_path / "err-1.txt"
     err.write_text(OOM_TEXT)
     cfg = parse_config({"oom": {"ledger_dir": str(tmp_path / "ledger")},
+                        "submit": {"cache_dir": str(tmp_path / "cache")},
                         "nodes": [{"names": "n1", "gpu": "a100-40gb", "count": 2}]})
     fake = FakeSlurm({"StdErr": str(err), "StdOut": str(tmp_path / "out-1.txt"),
                       "UserId": f"me({os.geteuid()})", "GroupId": f"me({os.getegid()})"})
@@ -37,7 +39,10 @@ def test_oom_job_is_requeued_on_all_shards_then_boosted(setup) -> None:  # type:
     later: list[tuple[str, int]] = []
     outcome = run(cfg, fake, lambda job, restarts: later.append((job, restarts)))
     assert outcome.startswith("requeue:") and later == [("1", 0)]
-    assert [c[0] for c in fake.calls] == ["requeuehold", "update", "update", "release"]
+    assert [c[0] for c in fake.calls] == ["scontrol", "requeuehold", "update", "update", "release"]
+    learned = list((Path(cfg.submit.cache_dir) / "by-script").glob("*.json"))
+    assert len(learned) == 1  # the batch script's cached estimate was raised: 4 GiB failed -> 6 GiB
+    assert json.loads(learned[0].read_text())["peak_total_bytes"] == 6 << 30
     assert fake.job["TresPerNode"] == "gres:shard:40"
     assert '"to":"gres:shard:40"' in fake.job["AdminComment"]
     assert "requeued with shard:4 -> shard:40" in err.read_text()  # the user is told, in their own log
@@ -118,7 +123,8 @@ def test_refused_gres_change_still_releases_the_job(setup) -> None:  # type: ign
 
 
 def _concurrent(cfg_dir: str, err: str, calls: str) -> None:
-    cfg = parse_config({"oom": {"ledger_dir": cfg_dir}, "nodes": [{"names": "n1", "gpu": "a100-40gb"}]})
+    cfg = parse_config({"oom": {"ledger_dir": cfg_dir}, "submit": {"cache_dir": cfg_dir + "-cache"},
+                        "nodes": [{"names": "n1", "gpu": "a100-40gb"}]})
     fake = FakeSlurm({"StdErr": err, "UserId": f"me({os.geteuid()})"}, calls_file=calls)
     try:
         hook.run(ENV, client=fake, cfg=cfg, finish_later=None)
@@ -143,7 +149,8 @@ def test_main_always_exits_0(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("SLURM_JOB_ID", "1")
     assert hook.main([]) == 0  # unreadable config
     conf = tmp_path / "g.toml"
-    conf.write_text(f'[oom]\nledger_dir = "{tmp_path / "l"}"\nslurm_bin_dir = "{tmp_path}"\n')
+    conf.write_text(f'[oom]\nledger_dir = "{tmp_path / "l"}"\nslurm_bin_dir = "{tmp_path}"\n'
+                    f'[submit]\ncache_dir = "{tmp_path / "c"}"\n')
     monkeypatch.setenv("GPUSHARE_CONFIG", str(conf))
     monkeypatch.setenv("SLURM_JOB_ID", "1; rm -rf /")
     assert hook.main([]) == 0  # hostile job id

@@ -1,0 +1,97 @@
+"""Teach the estimate cache from an observed GPU OOM, so the same batch script is not under-sized again.
+
+The submit path (slurm_plugins/estimate_source.py) sizes a job from ``<[submit] cache_dir>/by-script/
+<sha256 of the batch script>.json``. After an OOM we know a lower bound the estimate missed: the job did
+not fit in the memory it was given. We raise every peak in that document to at least ``LEARN_FACTOR``
+times the failed size (capped at the whole GPU, where the job is exclusive anyway); the submit decision
+then adds its usual margin on top. Raising never lowers: a larger estimate that is already there stays.
+
+Why a factor and not the true peak: an OOM tells us only that the need exceeded the request; the re-run
+on a whole GPU does not report its peak here. A factor of 1.5 on the failed request (which already held
+the margin) covers an under-estimate of up to 50 % in one step (DESIGN.md §3 measured a 13 % median and
+30-45 % for large-batch convnets), and the cap keeps it from ever asking for more than a GPU.
+
+The cache directory is written as root, so it must be a real directory owned by root (or by us): a
+symlinked or user-owned ``by-script`` could otherwise steer the write elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import time
+from pathlib import Path
+from typing import Any
+
+from gpushare.atomic import write_json_atomic
+from gpushare.config import Config
+from gpushare.gpus import GiB
+from slurm_plugins.estimate_source import script_cache_key
+from slurm_plugins.gres_request import parse_gres
+
+LEARN_FACTOR = 1.5
+MAX_DOC_BYTES = 1 << 20
+
+
+def failed_size_bytes(tres_per_node: str, cfg: Config) -> int | None:
+    """GPU memory the job had when it ran out: shards (1 GiB each) or its MIG slice; None if unknown."""
+    try:
+        items = parse_gres(tres_per_node)
+    except ValueError:
+        return None
+    for item in items:
+        if item.name == "shard":
+            return item.count * GiB
+        if item.name == "gpu" and item.type:
+            for model in cfg.gpus.values():
+                for profile in model.mig_profiles:
+                    if profile.name == item.type:
+                        return profile.usable_bytes
+    return None
+
+
+def learned_document(old: dict[str, Any] | None, failed_bytes: int, cap_bytes: int, job_id: str,
+                     now: float) -> dict[str, Any]:
+    """The cache document after the lesson (pure; ``old`` may be None or any shape)."""
+    floor = min(int(failed_bytes * LEARN_FACTOR), cap_bytes) if cap_bytes > 0 else int(failed_bytes * LEARN_FACTOR)
+    doc = dict(old) if isinstance(old, dict) else {}
+    targets = doc.get("targets")
+    if isinstance(targets, list):
+        doc["targets"] = [_raise(row, floor) if isinstance(row, dict) else row for row in targets]
+    elif isinstance(targets, dict):
+        doc["targets"] = {k: _raise(v, floor) if isinstance(v, dict) else v for k, v in targets.items()}
+    current = doc.get("peak_total_bytes")
+    if not isinstance(current, int) or isinstance(current, bool) or current < floor:
+        doc["peak_total_bytes"] = floor
+    doc["learned"] = {"from_job": job_id, "failed_gib": round(failed_bytes / GiB, 2), "factor": LEARN_FACTOR,
+                      "at": round(now, 3)}
+    return doc
+
+
+def _raise(row: dict[str, Any], floor: int) -> dict[str, Any]:
+    value = row.get("peak_total_bytes")
+    if isinstance(value, int) and not isinstance(value, bool) and value >= floor:
+        return row
+    return {**row, "peak_total_bytes": floor}
+
+
+def learn_from_oom(cfg: Config, script: str, job_id: str, tres_per_node: str, cap_bytes: int,
+                   now: float | None = None) -> Path | None:
+    """Raise the cached estimate of ``script``; returns the file written (None: nothing to learn)."""
+    failed = failed_size_bytes(tres_per_node, cfg)
+    if failed is None or not script:
+        return None
+    directory = Path(cfg.submit.cache_dir) / "by-script"
+    directory.mkdir(mode=0o755, parents=True, exist_ok=True)
+    for part in (directory.parent, directory):
+        info = os.lstat(part)
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid not in (0, os.geteuid()):
+            raise PermissionError(f"{part}: not a directory owned by root; estimate not updated")
+    path = directory / f"{script_cache_key(script)}.json"
+    try:
+        old = json.loads(path.read_bytes()[:MAX_DOC_BYTES])
+    except (OSError, ValueError):
+        old = None
+    write_json_atomic(path, learned_document(old, failed, cap_bytes, job_id, time.time() if now is None else now))
+    return path

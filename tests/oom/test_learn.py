@@ -1,0 +1,54 @@
+"""The estimate cache learns from an OOM: raised, never lowered, capped at the GPU, read back by submit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from epilog.learn import failed_size_bytes, learn_from_oom, learned_document
+from gpushare.config import parse_config
+from gpushare.gpus import GiB
+from slurm_plugins.estimate_source import cache_lookup
+
+SCRIPT = "#!/bin/bash\n#SBATCH --gres=gpu:1\npython train.py --batch-size 64\n"
+
+
+def test_failed_size_of_shards_and_mig_slices() -> None:
+    cfg = parse_config({})
+    assert failed_size_bytes("gres:shard:12", cfg) == 12 * GiB
+    assert failed_size_bytes("gres:gpu:3g.20gb:1", cfg) == cfg.gpu("a100-40gb").mig_profile("3g.20gb").usable_bytes
+    assert failed_size_bytes("gres:gpu:1", cfg) is None
+    assert failed_size_bytes("garbage:::", cfg) is None
+
+
+def test_document_is_raised_never_lowered_and_capped() -> None:
+    old = {"targets": [{"gpu": "a100-40gb", "peak_total_bytes": 3 * GiB},
+                       {"gpu": "h100-80gb", "peak_total_bytes": 9 * GiB}], "peak_total_bytes": 2 * GiB}
+    doc = learned_document(old, 4 * GiB, 40 * GiB, "17", now=1.0)
+    assert [t["peak_total_bytes"] for t in doc["targets"]] == [6 * GiB, 9 * GiB]
+    assert doc["peak_total_bytes"] == 6 * GiB and doc["learned"]["from_job"] == "17"
+    assert learned_document(None, 40 * GiB, 40 * GiB, "1", 0.0)["peak_total_bytes"] == 40 * GiB
+    assert learned_document({"targets": {"a100-40gb": {"peak_total_bytes": 1}}}, GiB, 0, "1", 0.0)[
+        "targets"]["a100-40gb"]["peak_total_bytes"] == int(1.5 * GiB)
+
+
+def test_the_submit_path_reads_the_lesson(tmp_path: Path) -> None:
+    cfg = parse_config({"submit": {"cache_dir": str(tmp_path / "cache")}})
+    assert cache_lookup(cfg, SCRIPT, ["a100-80gb"]) is None
+    path = learn_from_oom(cfg, SCRIPT, "5", "gres:shard:8", 80 * GiB)
+    assert path is not None and json.loads(path.read_text())["peak_total_bytes"] == 12 * GiB
+    estimate = cache_lookup(cfg, SCRIPT, ["a100-80gb"])
+    assert estimate is not None and estimate.total_bytes == 12 * GiB
+
+
+def test_a_symlinked_cache_directory_is_refused(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "by-script").symlink_to(elsewhere)
+    cfg = parse_config({"submit": {"cache_dir": str(tmp_path / "cache")}})
+    with pytest.raises(PermissionError, match="not a directory owned by root"):
+        learn_from_oom(cfg, SCRIPT, "5", "gres:shard:8", 80 * GiB)
+    assert list(elsewhere.iterdir()) == []
