@@ -16,6 +16,8 @@ bf             eligible GPU with the *least* free memory that still fits (tighte
 magm           eligible GPU with the *most* free memory (CARMA's default)
 lug            eligible GPU with the lowest SMACT risk score
 slurm-shards   lowest-index GPU whose free shards (GiB accounting of requests) fit; no telemetry
+slurm-shards-  the same over the GPUs the agent has not withheld (risky or warming): the agent filters,
+withheld       Slurm still picks
 =============  ==========================================================================================
 
 Eligible (ff, bf, magm, lug): not holding an exclusive job, not warming (TTFK), not risky (CARMA §2.3;
@@ -192,9 +194,24 @@ class SlurmShardFirstFit(Policy):
         return _by_node(fits, job.gpus, key=lambda g: (g.index,))
 
 
+class SlurmShardWithheld(SlurmShardFirstFit):
+    """Slurm's first-fit on shards over the GPUs the agent has not withheld (risky or TTFK-warming).
+
+    This is the deployment where the agent only filters (node features / typed GRES) and Slurm still
+    picks among what is left; comparing it with MAGM/LUG measures what per-GPU steering adds.
+    """
+
+    name = "slurm-shards-withheld"
+    needs_telemetry = True
+
+    def _choose_shared(self, job: JobRequest, gpus: list[GpuState]) -> list[int] | None:
+        return super()._choose_shared(job, [g for g in gpus if not g.risky and not g.warming])
+
+
 POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
-    for cls in (Exclusive, RoundRobin, FirstFit, BestFit, MostAvailableMemory, LeastUtilised, SlurmShardFirstFit)
+    for cls in (Exclusive, RoundRobin, FirstFit, BestFit, MostAvailableMemory, LeastUtilised, SlurmShardFirstFit,
+                SlurmShardWithheld)
 }
 
 

@@ -5,26 +5,29 @@ gavel, MIT licence), read in place from ``shared/data/`` (or ``--throughputs``),
 type A it holds A's solo throughput (key ``"null"``) and, for every other type B, the pair
 ``[A's throughput next to B, B's throughput next to A]``, measured on V100/P100/K80.
 
-Model: Gavel gives the pairwise factor ``f(i, j) = thr(i next to j) / thr(i solo)``, i.e. the extra
-time per unit of work ``x(i, j) = 1/f(i, j) − 1`` that co-runner j costs job i. Two assumptions turn that
-into a speed on the simulated GPU for any number of co-runners J (jobs past their first kernel):
+Model. Gavel gives the pairwise factor ``f(i, j) = thr(i next to j) / thr(i solo)``, i.e. the extra time
+per unit of work ``x(i, j) = 1/f(i, j) − 1`` that co-runner j costs job i. On the simulated GPU, for the
+set J of co-runners past their first kernel::
 
-1. **Contention scaling.** Gavel measured on a V100 where these models nearly saturate the GPU. On the
-   target GPU the measured extra time is scaled by how close the pair comes to saturating it,
-   ``min(1, smact_i + smact_j)`` (solo SMACT of their utilisation classes): two light jobs that together
-   use 60 % of the SMs pay 60 % of the measured penalty.
-2. **Additive slowdowns.** Extra times add: ``speed(i, J) = 1 / (1 + Σ_{j∈J} x'(i, j))``. For one co-runner
-   this is the (scaled) measured factor; for k identical co-runners at f = 0.5 it is plain time-slicing
-   (each at 1/(k+1)), which is what MPS degrades to when compute is saturated.
+    speed(i, J) = 0.95 / (1 + Σ_{j∈J} x'(i, j))
 
-Fallback, used when a job has no Gavel proxy or the pair is missing or 0 (Gavel stores 0 for pairs that
-did not fit a 16 GB V100 together): ``f(i, j) = 0.95 · min(1, 1 / (smact_i + smact_j))``, i.e. the two
-share the SMs in proportion once their solo SM activity adds up past 100 %, with 5 % for MPS context
-switching and cache sharing.
+* 0.95: MPS context switching and cache sharing, paid by any co-running job (our assumption).
+* **Extra times add** (Gavel measured pairs only): for k identical co-runners at f = 0.5 this is plain
+  time-slicing, each at 1/(k+1), which is what sharing degrades to once compute is saturated.
+* ``x'`` by mode:
 
-``mode="share"`` ignores Gavel and uses only utilisation: all co-runners share the SMs in proportion to
-their solo SMACT, ``speed = 0.95 · min(1, 1/Σ smact)``. It is the optimistic bound for jobs that leave
-the GPU idle (input-bound training), and a way to see how much a result depends on the measured data.
+  ``gavel`` (default)  measured ``x`` scaled by the pair's over-subscription of the target GPU,
+                       ``clip(smact_i + smact_j − 1, 0, 1)`` (solo SMACT of their utilisation classes).
+                       Gavel's V100 runs saturate the GPU with either job alone, so its penalty is the one
+                       for a fully over-subscribed pair; two light jobs that together use 60 % of an
+                       A100's SMs pay none of it, two medium ones (120 %) a fifth.
+  ``gavel-raw``        measured ``x`` unscaled: as if the target GPU were a V100 (pessimistic bound).
+  ``share``            no measurements: co-runners share the SMs in proportion to their solo SMACT,
+                       ``speed = 0.95 · min(1, 1/Σ smact)`` (optimistic bound, input-bound jobs).
+
+Fallback, for a job without a Gavel proxy, a missing pair, or a 0 in Gavel's table (pairs that did not
+fit a 16 GB V100 together): ``x' = max(0, smact_i + smact_j − 1)``, the proportional SM share of the
+pair; the pairs that used it are counted in ``fallback_pairs`` and reported.
 """
 
 from __future__ import annotations
@@ -33,25 +36,25 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-FALLBACK_OVERHEAD = 0.95
-MODES = ("gavel", "share")
+OVERHEAD = 0.95
+MODES = ("gavel", "gavel-raw", "share")
 
 
 class Interference:
-    """Pairwise speed factors; one instance per simulation (it caches the factors it computes)."""
+    """Pairwise extra times; one instance per simulation (it caches what it computes)."""
 
     def __init__(self, table: dict[str, dict] | None = None, gpu_family: str = "v100", mode: str = "gavel") -> None:
         if mode not in MODES:
-            raise ValueError(f"unknown interference model {mode!r}; use {' or '.join(MODES)}")
+            raise ValueError(f"unknown interference model {mode!r}; use {', '.join(MODES)}")
         self.mode = mode
-        self._table = (table or {}).get(gpu_family, {}) if mode == "gavel" else {}
+        self._table = (table or {}).get(gpu_family, {}) if mode != "share" else {}
         self._cache: dict[tuple, float] = {}
         self.fallback_pairs: set[tuple[str, str]] = set()
 
     @classmethod
     def load(cls, path: str | Path | None, mode: str = "gavel", gpu_family: str = "v100") -> Interference:
-        """Read Gavel's JSON; a missing file gives the fallback model only (reported by the caller)."""
-        if mode != "gavel" or path is None or not Path(path).exists():
+        """Read Gavel's JSON; a missing file gives the fallback model only (the report says so)."""
+        if mode == "share" or path is None or not Path(path).exists():
             return cls(None, mode=mode)
         with open(path) as handle:
             return cls(json.load(handle), gpu_family, mode)
@@ -60,37 +63,36 @@ class Interference:
     def measured(self) -> bool:
         return bool(self._table)
 
-    def _measured(self, a: str | None, b: str | None) -> float | None:
+    def measured_factor(self, a: str | None, b: str | None) -> float | None:
+        """Gavel's f(a, b), or None when the table has no usable value."""
         if not a or not b:
             return None
         row = self._table.get(f"('{a}', 1)")
         if not row:
             return None
-        solo = row.get("null")
-        pair = row.get(f"('{b}', 1)")
+        solo, pair = row.get("null"), row.get(f"('{b}', 1)")
         if not solo or not pair or not pair[0]:
             return None
         return min(1.0, float(pair[0]) / float(solo))
 
-    def pair(self, a: str | None, a_smact: float, b: str | None, b_smact: float) -> float:
-        """f(a, b): a's speed next to b, relative to a alone."""
+    def extra(self, a: str | None, a_smact: float, b: str | None, b_smact: float) -> float:
+        """x'(a, b): the extra time per unit of work co-runner b costs a on the simulated GPU."""
         key = (a, a_smact, b, b_smact)
         if key not in self._cache:
-            value = self._measured(a, b)
-            if value is None:
+            over = min(1.0, max(0.0, a_smact + b_smact - 1.0))
+            factor = self.measured_factor(a, b)
+            if factor is None:
                 self.fallback_pairs.add((a or "custom", b or "custom"))
-                value = FALLBACK_OVERHEAD * min(1.0, 1.0 / max(a_smact + b_smact, 1e-9))
+                value = over
+            else:
+                value = (1.0 / max(factor, 1e-6) - 1.0) * (1.0 if self.mode == "gavel-raw" else over)
             self._cache[key] = value
         return self._cache[key]
 
     def speed(self, job: tuple[str | None, float], others: Sequence[tuple[str | None, float]]) -> float:
-        """Speed of ``job`` = (gavel proxy, solo SMACT) next to ``others``; 1.0 alone."""
+        """Speed of ``job`` = (gavel proxy, solo SMACT) next to ``others``, relative to running alone."""
         if not others:
             return 1.0
         if self.mode == "share":
-            return FALLBACK_OVERHEAD * min(1.0, 1.0 / (job[1] + sum(o[1] for o in others)))
-        extra = 0.0
-        for other in others:
-            factor = self.pair(job[0], job[1], other[0], other[1])
-            extra += (1.0 / max(factor, 1e-6) - 1.0) * min(1.0, job[1] + other[1])
-        return 1.0 / (1.0 + extra)
+            return OVERHEAD * min(1.0, 1.0 / (job[1] + sum(o[1] for o in others)))
+        return OVERHEAD / (1.0 + sum(self.extra(job[0], job[1], o[0], o[1]) for o in others))

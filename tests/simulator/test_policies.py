@@ -106,3 +106,10 @@ def test_unknown_policy_names_the_choices():
         make_policy("fastest")
     with pytest.raises(ValueError):
         make_policy("rr-nofilter")
+
+
+def test_slurm_first_fit_over_withheld_gpus():
+    # the agent withholds GPU1 (risky) and GPU0 (warming); Slurm first-fits over what is left
+    snap = gpus([30, 30, 20], risky=[False, True, False], warming=[True, False, False])
+    assert make_policy("slurm-shards-withheld").choose(job(10), snap) == [2]
+    assert make_policy("slurm-shards").choose(job(10), snap) == [0]
