@@ -18,6 +18,7 @@ import pytest
 
 from epilog.ledger import Ledger
 from gpushare.atomic import write_json_atomic
+from slurm_plugins.estimate_source import cache_lookup
 from slurm_plugins.local_cluster import LocalCluster, missing_requirements
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow,
@@ -95,6 +96,10 @@ def test_oom_on_a_shard_is_requeued_once_on_the_whole_gpu_and_completes(cluster:
     assert entry["state"] == "done" and entry["message"].startswith("torch.OutOfMemoryError: CUDA out of memory.")
     history = [h for h in Ledger(cluster.base / "ledger").history() if h["job"] == str(job_id)]
     assert [h["event"] for h in history] == ["requeue", "requeued"]
+    # the submit path's cache now knows this batch script needs more than the 4 GiB it failed in
+    script = JOB.format(python=sys.executable, need=20, fail_other=False)
+    estimate = cache_lookup(cluster.config(), script, ["a100-40gb"])
+    assert estimate is not None and estimate.total_bytes == 6 << 30
 
 
 def test_epilog_run_twice_at_once_requeues_once(cluster: LocalCluster) -> None:
