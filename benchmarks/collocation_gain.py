@@ -41,15 +41,18 @@ RUNS = [  # (policy, estimator, label)
     ("slurm-shards-withheld", "oracle", "Slurm first-fit, agent withholds risky/warming, oracle"),
     ("slurm-shards-withheld", "gpu-estimate", "Slurm first-fit, agent withholds, gpu-estimate"),
 ]
+SENSITIVITY = [r for r in RUNS if r[2] in {
+    "Exclusive", "MAGM, oracle", "LUG, recovery only", "Slurm first-fit on shards, oracle",
+    "Slurm first-fit, agent withholds risky/warming, oracle"}]
 METRICS = ("makespan_s", "jct_mean_s", "jct_p95_s", "energy_mj")
 
 
-def collocation_table(data: Path, seeds: list[int], mode: str) -> str:
+def collocation_table(data: Path, seeds: list[int], mode: str, runs: list[tuple[str, str, str]]) -> str:
     gavel = Interference.load(data / THROUGHPUTS_NAME, mode)
-    rows: dict[str, list[dict]] = {label: [] for _, _, label in RUNS}
+    rows: dict[str, list[dict]] = {label: [] for _, _, label in runs}
     for seed in seeds:
         jobs = trace.read(data / TRACE_NAME, seed=seed)
-        for policy, estimator, label in RUNS:
+        for policy, estimator, label in runs:
             config = SimConfig(nodes=1, gpus_per_node=3, gpu="a100-40gb", policy=policy, estimator=estimator,
                                seed=seed, interference=mode)
             gavel.fallback_pairs.clear()
@@ -57,7 +60,7 @@ def collocation_table(data: Path, seeds: list[int], mode: str) -> str:
     base = rows["Exclusive"]
     out = ["| policy | makespan h | Δ | mean JCT min | Δ | p95 JCT min | Δ | energy MJ | Δ | OOMs | recovered |",
            "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for _, _, label in RUNS:
+    for _, _, label in runs:
         cells = [label]
         for metric, scale in zip(METRICS, (3600, 60, 60, 1)):
             values = [r[metric] for r in rows[label]]
@@ -103,10 +106,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     data = data_dir(args.data_dir)
     started = time.perf_counter()
-    for mode, title in (("gavel", "measured pairwise interference (Gavel, V100), default"),
-                        ("share", "utilisation-share interference (optimistic bound)")):
+    for mode, title, runs in (
+            ("gavel", "interference: Gavel pairs scaled by over-subscription (default)", RUNS),
+            ("gavel-raw", "interference: Gavel V100 pairs unscaled (pessimistic bound)", SENSITIVITY),
+            ("share", "interference: proportional SM share (optimistic bound)", SENSITIVITY)):
         print(f"\n1 node x 3 A100-40GB, Philly 60-job trace, seeds {args.seeds}, {title}:\n")
-        print(collocation_table(data, args.seeds, mode))
+        print(collocation_table(data, args.seeds, mode, runs))
     print("\nMIG, 1 x A100-40GB, batch queued at t=0, seed 0 (order of the queue):\n")
     print(mig_table(0))
     print(f"\n({time.perf_counter() - started:.0f} s)")
