@@ -1,8 +1,8 @@
 """``gpushare-epilog-slurmctld``: the EpilogSlurmctld that recovers jobs killed by GPU out-of-memory.
 
-slurmctld runs it as root after every job, with the job's facts in the environment and no PATH and no
-SLURM_CONF. It asks ``scontrol show job`` for the rest, reads the job's log tails as the job's user
-(epilog.oom_detect), decides (epilog.recovery) and carries the decision out step by step, recording
+slurmctld runs it as SlurmUser (often root) after every job, with the job's facts in the environment,
+no PATH and no SLURM_CONF. It asks ``scontrol show job`` for the rest, reads the job's log tails as the
+job's user (epilog.oom_detect), decides (epilog.recovery) and carries the decision out step by step, recording
 each step in the ledger (epilog.ledger) so that a second run, or a run after a crash, finishes the same
 recovery instead of starting another one.
 
@@ -217,7 +217,8 @@ def spawn_finisher(job_id: str, restarts: int) -> None:
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
     if "GPUSHARE_CONFIG" in os.environ:
         env["GPUSHARE_CONFIG"] = os.environ["GPUSHARE_CONFIG"]
-    subprocess.Popen([sys.executable, "-m", "epilog.slurmctld_epilog", "--finish", f"{check_job_id(job_id)}.{int(restarts)}"],
+    key = f"{check_job_id(job_id)}.{int(restarts)}"
+    subprocess.Popen([sys.executable, "-m", "epilog.slurmctld_epilog", "--finish", key],
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                      start_new_session=True, close_fds=True, env=env, cwd="/")
 

@@ -108,7 +108,10 @@ def test_entries_of_purged_jobs_are_closed(setup) -> None:  # type: ignore[no-un
     ledger = Ledger(cfg.oom.ledger_dir)
     ledger.put({"job": "1", "restarts": 0, "action": "requeue", "state": "requeued", "reason": "r",
                 "new_gres": "gres:shard:40", "steps": ["requeuehold"]})
-    fake.show_job = lambda job_id: (_ for _ in ()).throw(hook.SlurmError("slurm_load_jobs error: Invalid job id specified"))
+    def purged(job_id: str) -> dict:
+        raise hook.SlurmError("slurm_load_jobs error: Invalid job id specified")
+
+    fake.show_job = purged
     hook.resume_unfinished(fake, ledger, min_age_s=0)
     assert ledger.get("1", 0)["state"] == "gone"
 
