@@ -165,9 +165,23 @@ def whole_gpu_shards(cfg: Config, node: str) -> int:
     return max(sizes) if sizes else 0
 
 
-def next_mig_profile(cfg: Config, profile_name: str, available: set[str] | None = None) -> MigProfile | None:
-    """The smallest profile with more memory than ``profile_name`` on the same GPU model (None: none)."""
-    for model in cfg.gpus.values():
+def node_model(cfg: Config, node: str) -> str | None:
+    """Catalogue name of the GPU model of ``node`` per ``[[nodes]]`` (None when not listed)."""
+    for group in cfg.nodes:
+        if node and node in expand_hostlist(group.names):
+            return group.gpu.lower()
+    return None
+
+
+def next_mig_profile(cfg: Config, profile_name: str, available: set[str] | None = None,
+                     model_name: str | None = None) -> MigProfile | None:
+    """The smallest profile with more memory than ``profile_name`` on the same GPU model (None: none).
+
+    Profile names repeat across models (``1g.10gb`` is an A100-40GB 1g.2x and an A100-80GB 1g), so the
+    node's own model is tried first, and only types the cluster offers (``available``) are chosen.
+    """
+    models = sorted(cfg.gpus.values(), key=lambda m: m.name != model_name)
+    for model in models:
         current = next((p for p in model.mig_profiles if p.name == profile_name), None)
         if current is None:
             continue
@@ -201,7 +215,7 @@ def _bigger_request(job: JobFacts, cfg: Config, mig_available: set[str] | None) 
             new_items.append(GresItem("shard", item.type, whole))
             changed.append(f"shard:{item.count} -> shard:{whole}")
         elif item.name == "gpu" and is_mig_type(cfg, item.type):
-            bigger = next_mig_profile(cfg, str(item.type), mig_available)
+            bigger = next_mig_profile(cfg, str(item.type), mig_available, node_model(cfg, job.node))
             if bigger is None:
                 return None, f"no larger MIG profile than {item.type} is available"
             new_items.append(GresItem("gpu", bigger.name, item.count))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from typing import Iterator
@@ -161,3 +162,39 @@ def test_recovery_interrupted_by_a_controller_restart_is_finished(cluster: Local
     assert ledger.get(str(job_id), 0)["state"] == "done", _oom_log(cluster)
     fields = cluster.client.show_job(job_id)
     assert fields["TresPerNode"] == "gres:shard:40" and fields["Priority"] != "0"
+
+
+class MigCluster(LocalCluster):
+    """The same local cluster with two MIG-typed GPUs (SLURM-FACTS: typed ``gpu`` GRES on character
+    devices) instead of shards: ``gpu:1g.10gb:1`` and ``gpu:2g.20gb:1`` of an A100-80GB."""
+
+    def write_files(self) -> None:
+        super().write_files()
+        devices = self.device_dir(self.node_names[0])
+        text = self.conf.read_text().replace("GresTypes=gpu,shard", "GresTypes=gpu")
+        self.conf.write_text(re.sub(r" Gres=\S+", " Gres=gpu:1g.10gb:1,gpu:2g.20gb:1", text))
+        (self.base / "etc" / "gres.conf").write_text(
+            f"NodeName=n1 Name=gpu Type=1g.10gb File={devices}/nvidia0\n"
+            f"NodeName=n1 Name=gpu Type=2g.20gb File={devices}/nvidia1\n")
+
+
+def test_mig_job_moves_to_the_next_larger_slice(tmp_path_factory: pytest.TempPathFactory) -> None:
+    base = tmp_path_factory.mktemp("oom-mig")
+    os.chmod(base, 0o755)
+    extra = (f'[oom]\nledger_dir = "{base}/ledger"\nslurm_conf = "{base}/etc/slurm.conf"\n'
+             f'log_file = "{base}/log/oom.log"\n')
+    mig = MigCluster(base=base, gpu="a100-80gb", toml_extra=extra, with_hook=False, with_submitd=False)
+    mig.start()
+    try:
+        script = ("#!/bin/bash\necho \"restart=${SLURM_RESTART_COUNT:-0} gpu=$CUDA_VISIBLE_DEVICES\"\n"
+                  "if [ \"${SLURM_RESTART_COUNT:-0}\" = 0 ]; then\n"
+                  "  echo 'torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 12.00 GiB. GPU 0 has a "
+                  "total capacity of 9.50 GiB of which 0.20 GiB is free.' >&2\n  exit 1\nfi\n")
+        job_id, _ = mig.client.sbatch("--gres=gpu:1g.10gb:1", "-o", str(base / "mig-%j.out"),
+                                      "-e", str(base / "mig-%j.err"), script=script)
+        fields = wait_final(mig, job_id, restarts=1)
+        assert (fields["JobState"], fields["Restarts"], fields["TresPerNode"]) == \
+            ("COMPLETED", "1", "gres:gpu:2g.20gb:1"), _oom_log(mig)
+        assert "restart=1" in (base / f"mig-{job_id}.out").read_text()
+    finally:
+        mig.stop()

@@ -87,6 +87,10 @@ def test_mig_job_moves_to_the_next_larger_profile() -> None:
     assert next_mig_profile(config, "1g.10gb", {"1g.10gb", "2g.20gb", "3g.40gb"}).name == "2g.20gb"
     action = decide(job(TresPerNode="gres:gpu:1g.10gb:1"), OOM, config, 0, {"1g.10gb", "2g.20gb"})
     assert action.kind == "requeue" and action.new_gres == "gres:gpu:2g.20gb:1"
+    # 1g.10gb exists on A100-40GB and A100-80GB: the node's own model (n1: a100-40gb) decides
+    assert next_mig_profile(config, "1g.10gb", None, "a100-40gb").name == "3g.20gb"
+    assert next_mig_profile(config, "1g.10gb", None, "a100-80gb").name == "1g.20gb"
+    assert decide(job(TresPerNode="gres:gpu:1g.10gb:1"), OOM, config, 0).new_gres == "gres:gpu:3g.20gb:1"
 
 
 def test_largest_mig_profile_and_whole_gpus_stay_failed() -> None:
