@@ -36,6 +36,14 @@ _VALUE_READS = {_T.tolist: ".tolist()", _T.numpy: ".numpy()", _T.__bool__: "a co
 _HOST_MOVES = {_T.cpu: ".cpu()"}
 
 
+def _has_tainted(values: Any) -> bool:
+    """A placeholder among the arguments (top level or one tuple/list deep, as sizes are passed)."""
+    for v in values:
+        if is_tainted(v) or (isinstance(v, (tuple, list)) and any(is_tainted(x) for x in v)):
+            return True
+    return False
+
+
 def _is_cuda_device(value: Any) -> bool:
     if isinstance(value, str):
         return value.split(":")[0] == "cuda"
@@ -126,7 +134,7 @@ class CudaPresenter(TorchFunctionMode):
         if func is _T.is_pinned:
             return False
         if self.fake:
-            if any(is_tainted(a) for a in args) or any(is_tainted(v) for v in kwargs.values()):
+            if _has_tainted(args) or _has_tainted(kwargs.values()):
                 refuse("a value from .item() passed to a tensor operation")
             if args and isinstance(args[0], torch.Tensor) and args[0].is_meta:
                 if func is _T.item or func is _T.__float__:

@@ -84,12 +84,25 @@ for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__
     setattr(TaintedFloat, _name, _arith(_name, float))
     setattr(TaintedInt, _name, _arith(_name, int))
 TaintedFloat.__float__ = lambda self: TaintedFloat(float.__float__(self))  # type: ignore[method-assign]
-TaintedInt.__int__ = lambda self: TaintedInt(int.__int__(self))  # type: ignore[method-assign]
+
+
+def _int_refused(self: Any) -> int:
+    _refuse(f"{self.origin} converted to int")
+
+
+TaintedFloat.__int__ = _int_refused  # type: ignore[method-assign]
+TaintedFloat.__trunc__ = _int_refused  # type: ignore[method-assign]
 
 
 def placeholder(dtype_is_floating: bool) -> float | int:
-    """The value `.item()` returns for a fake GPU tensor."""
-    return TaintedFloat(PLACEHOLDER_VALUE) if dtype_is_floating else TaintedInt(1)
+    """The value `.item()` returns for a fake GPU tensor.
+
+    Always a float, even for integer tensors: CPython takes an ``int`` subclass as a size or index
+    without asking it (``range(n)``, ``seq[n]``), so an int placeholder could silently steer the
+    program; a float there raises ``TypeError`` instead, and ``auto`` falls back. Counting
+    (``correct += (pred == y).sum().item()``) and formatting still work.
+    """
+    return TaintedFloat(PLACEHOLDER_VALUE)
 
 
 def is_tainted(value: Any) -> bool:

@@ -42,6 +42,13 @@ def _error(exc: BaseException) -> dict[str, Any]:
     return {"type": type(exc).__name__, "message": str(exc)[:2000], "traceback": _traceback_tail(exc)}
 
 
+def _needs_values(exc: BaseException) -> bool:
+    """Fake mode's known limits: ops with data-dependent output shapes (nonzero, boolean masks, unique)
+    have no meta implementation, and copying a meta tensor out needs its data."""
+    text = str(exc)
+    return isinstance(exc, NotImplementedError) or "meta tensor" in text.lower() or "data-dependent" in text
+
+
 def _set_limits(max_address_space: int) -> None:
     if max_address_space > 0:
         soft, hard = resource.getrlimit(resource.RLIMIT_AS)
@@ -95,7 +102,10 @@ def main(argv: list[str] | None = None) -> int:
         except (ImportError, OSError, SyntaxError) as exc:
             result.update(status="script_error", error=_error(exc))
         except Exception as exc:  # the script's own failure, or fake mode's: the parent decides
-            result.update(status="fake_error" if opts.mode == "fake" else "script_error", error=_error(exc))
+            if opts.mode == "fake" and _needs_values(exc):
+                result.update(status="data_dependent", error=_error(exc))
+            else:
+                result.update(status="fake_error" if opts.mode == "fake" else "script_error", error=_error(exc))
     except BaseException as exc:  # noqa: BLE001 - anything else is still reported, never lost
         result.update(status="script_error", error=_error(exc))
     sys.stdout.flush()

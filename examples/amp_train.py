@@ -12,16 +12,16 @@ from torch.utils.data import DataLoader, TensorDataset
 
 
 def make_model(width: int, depth: int, classes: int) -> nn.Module:
-    layers = [nn.Linear(1024, width), nn.GELU()]
+    layers = [nn.Linear(1024, width), nn.ReLU()]
     for _ in range(depth):
-        layers += [nn.Linear(width, width), nn.LayerNorm(width), nn.GELU()]
+        layers += [nn.Linear(width, width), nn.ReLU()]
     return nn.Sequential(*layers, nn.Linear(width, classes))
 
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--width", type=int, default=2048)
+    parser.add_argument("--batch-size", type=int, default=8192)
+    parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--depth", type=int, default=6)
     parser.add_argument("--no-amp", action="store_true")
     parser.add_argument("--epochs", type=int, default=2)
@@ -29,7 +29,7 @@ def main():
     device = "cuda" if torch.cuda.is_available() else "cpu"
     use_amp = device == "cuda" and not args.no_amp
 
-    data = TensorDataset(torch.randn(args.batch_size * 4, 1024), torch.randint(0, 100, (args.batch_size * 4,)))
+    data = TensorDataset(torch.randn(args.batch_size * 3, 1024), torch.randint(0, 100, (args.batch_size * 3,)))
     loader = DataLoader(data, batch_size=args.batch_size, shuffle=True)
     model = make_model(args.width, args.depth, 100).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
