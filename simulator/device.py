@@ -1,28 +1,31 @@
-"""Simulated GPUs: memory in use, DCGM-style utilisation, power and energy, as step functions of time.
+"""Simulated GPUs for the trace simulator, on the project's simulated device backend.
 
-Why step functions: between two simulator events nothing on a GPU changes, so memory, SMACT and power
-are constant and energy integrates exactly; the 1 Hz telemetry window the risk code wants is sampled
-from the recorded steps on demand (plus small seeded noise, so scores near a threshold behave like a
-real, jittery DCGM series) instead of simulating every second.
+Why the backend (``gres.sim_backend.SimBackend``): it is the device interface the node agent reads
+(memory, per-process memory, DCGM utilisation, power, the total-energy counter) with NVML's semantics,
+so the numbers the policies see and the energy reported come from the same code the agent and the
+epilog use, not from a second model. The simulator drives it like a workload would — a process per job
+and GPU appears at dispatch with a CUDA context (``CONTEXT_GIB``), grows to its peak at its first kernel,
+ends — on a virtual clock (the simulation's ``now``).
 
-Memory: a job holds a CUDA context (``CONTEXT_GIB``) from dispatch until its first kernel, then its peak.
-Utilisation of co-running jobs (solo values from their class, ``workload.UTIL_CLASSES``): SMACT combines
-as the chance that at least one is busy, ``1 − Π(1 − aᵢ)``; SMOCC and DRAMA add up, capped at 1.
-Power: ``idle + (max − idle) · SMACT^0.7`` (sublinear in load, as CARMA §3.5 observes); idle and
-maximum per model below are board idle draw and TDP from vendor datasheets (idle rounded from
-nvidia-smi readings commonly reported; an assumption where no datasheet gives it).
+What stays here: Slurm's view (shards, exclusive holders), the job → process map, and a step history of
+what the backend reported at each change, from which the 1 Hz telemetry window is sampled on demand
+(with small seeded noise, so scores near a threshold jitter as a real DCGM series does) instead of
+ticking every second. Aggregation and power are the backend's (``gres.sim_timeline``): per-process
+SMACT/SMOCC/DRAMA add up, capped at 1; power = idle + (max − idle)·min(1, ΣSMACT). Idle/max per model
+below are datasheet TDPs and typical idle draws (an assumption where no datasheet gives idle).
 """
 
 from __future__ import annotations
 
 import bisect
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gpushare.gpus import GiB, GpuModel
+from gpushare.gpus import GiB, MiB, GpuModel
+from gres.sim_backend import SimBackend
 
 CONTEXT_GIB = 0.5
-POWER_EXPONENT = 0.7
 NOISE_SIGMA = 0.02
 POWER_W: dict[str, tuple[float, float]] = {  # model -> (idle W, max W)
     "a100-40gb": (55.0, 400.0),
@@ -35,9 +38,7 @@ POWER_W: dict[str, tuple[float, float]] = {  # model -> (idle W, max W)
     "rtx3060-12gb": (15.0, 170.0),
     "rtx4060-8gb": (10.0, 115.0),
 }
-
-
-_NOISE_LEN = 8191  # prime, so GPUs and seconds do not fall into step
+_NOISE_LEN = 8191  # prime, so GPU indices and seconds do not fall into step
 _NOISE: dict[int, list[float]] = {}
 
 
@@ -54,6 +55,7 @@ class Resident:
     """A job's footprint on one GPU."""
 
     job_id: str
+    pid: int  # its process in the backend
     mem_bytes: int  # true peak
     util: tuple[float, float, float]  # solo SMACT, SMOCC, DRAMA
     shards: int
@@ -64,14 +66,10 @@ class Resident:
 class SimGpu:
     index: int
     node: int
-    model: GpuModel
-    capacity_bytes: int
-    seed: int = 0
+    capacity_bytes: int  # whole card, or the MIG profile's usable memory
     residents: dict[str, Resident] = field(default_factory=dict)
     exclusive: bool = False
-    energy_j: float = 0.0
-    _last_t: float = 0.0
-    # step history: time, used bytes, SMACT, SMOCC, DRAMA, power W
+    # step history of what the backend reported: time, used bytes, SMACT, SMOCC, DRAMA, power W
     history: list[tuple[float, int, float, float, float, float]] = field(default_factory=list)
     _times: list[float] = field(default_factory=list)
 
@@ -83,55 +81,76 @@ class SimGpu:
     def shards_free(self) -> int:
         return self.shards_total - sum(r.shards for r in self.residents.values())
 
-    def used_bytes(self) -> int:
-        ctx = int(CONTEXT_GIB * GiB)
-        return sum(r.mem_bytes if r.active else ctx for r in self.residents.values())
-
-    def utilisation(self) -> tuple[float, float, float]:
-        idle, occ, dram = 1.0, 0.0, 0.0
-        for r in self.residents.values():
-            if r.active:
-                idle *= 1.0 - r.util[0]
-                occ += r.util[1]
-                dram += r.util[2]
-        return 1.0 - idle, min(1.0, occ), min(1.0, dram)
-
-    def power_w(self) -> float:
-        lo, hi = POWER_W.get(self.model.name, (50.0, 300.0))
-        return lo + (hi - lo) * self.utilisation()[0] ** POWER_EXPONENT
-
-    def advance(self, t: float) -> None:
-        """Integrate energy up to ``t`` at the current (constant) power."""
-        if t > self._last_t:
-            self.energy_j += self.power_w() * (t - self._last_t)
-            self._last_t = t
-
-    def record(self, t: float) -> None:
-        """Append the current state as a step starting at ``t`` (replacing a step at the same time)."""
-        a, o, d = self.utilisation()
-        point = (t, self.used_bytes(), a, o, d, self.power_w())
-        if self.history and self.history[-1][0] == t:
-            self.history[-1] = point
-        else:
-            self.history.append(point)
-            self._times.append(t)
-
-    def window(self, t: float, samples: int) -> list[tuple[float, float, float]]:
-        """The last ``samples`` 1 Hz DCGM samples (SMACT, SMOCC, DRAMA) up to ``t``, with seeded noise."""
-        times = self._times
-        out = []
+    def window(self, t: float, samples: int, seed: int) -> list[tuple[float, float, float]]:
+        """The last ``samples`` 1 Hz samples (SMACT, SMOCC, DRAMA) up to ``t``, with seeded noise."""
+        out, noise = [], _noise(seed)
         end = int(t)
         for second in range(end - samples + 1, end + 1):
-            k = bisect.bisect_right(times, second) - 1
+            k = bisect.bisect_right(self._times, second) - 1
             if k < 0:
                 out.append((0.0, 0.0, 0.0))
                 continue
-            _, _, a, o, d = self.history[k][:5]
+            a, o, d = self.history[k][2:5]
             if a > 0:
                 n = (second * 3 + self.index * 7919) % _NOISE_LEN
-                noise = _noise(self.seed)
                 a = min(1.0, max(0.0, a + noise[n]))
                 o = min(1.0, max(0.0, o + noise[n + 1]))
                 d = min(1.0, max(0.0, d + noise[n + 2]))
             out.append((a, o, d))
         return out
+
+
+class SimCluster:
+    """N nodes × M GPUs of one model over one SimBackend; ``clock`` returns the simulation's time."""
+
+    def __init__(self, model: GpuModel, capacity: int, nodes: int, per_node: int, clock: Callable[[], float]):
+        idle, peak = POWER_W.get(model.name, (50.0, 300.0))
+        count = nodes * per_node
+        scenario = {"version": 1, "name": "gpushare-simulate", "gpus": [
+            {"index": i, "model": model.name, "idle_power_w": idle, "max_power_w": peak} for i in range(count)]}
+        self.backend = SimBackend.from_scenario(scenario, clock=clock)
+        self.clock = clock
+        self.gpus = [SimGpu(i, i // per_node, capacity) for i in range(count)]
+        self._next_pid = 1000
+
+    def used_bytes(self, gpu: int) -> int:
+        return int(self.backend.memory(gpu).used)
+
+    def launch(self, gpu: int, job_id: str, mem_bytes: int, util: tuple[float, float, float], shards: int) -> None:
+        """A job's process appears on ``gpu`` holding only its CUDA context."""
+        self._next_pid += 1
+        self.backend.start_process(gpu, self._next_pid, int(CONTEXT_GIB * GiB))
+        self.gpus[gpu].residents[job_id] = Resident(job_id, self._next_pid, mem_bytes, util, shards)
+        self.record(gpu)
+
+    def first_kernel(self, gpu: int, job_id: str) -> None:
+        """The job's first kernel: memory grows to its peak and it starts loading the GPU."""
+        resident = self.gpus[gpu].residents[job_id]
+        smact, smocc, drama = resident.util
+        self.backend.update_process(resident.pid, memory_mib=resident.mem_bytes / MiB, smact=smact, smocc=smocc,
+                                    drama=drama)
+        resident.active = True
+        self.record(gpu)
+
+    def end(self, gpu: int, job_id: str) -> None:
+        resident = self.gpus[gpu].residents.pop(job_id)
+        self.backend.end_process(resident.pid)
+        self.gpus[gpu].exclusive = self.gpus[gpu].exclusive and bool(self.gpus[gpu].residents)
+        self.record(gpu)
+
+    def record(self, gpu: int) -> None:
+        """Append what the backend reports now as a step (replacing a step at the same time)."""
+        t = self.clock()
+        util = self.backend.utilization(gpu)
+        point = (t, self.used_bytes(gpu), float(util.smact), float(util.smocc), float(util.drama),
+                 float(self.backend.power_watts(gpu)))
+        sim_gpu = self.gpus[gpu]
+        if sim_gpu.history and sim_gpu.history[-1][0] == t:
+            sim_gpu.history[-1] = point
+        else:
+            sim_gpu.history.append(point)
+            sim_gpu._times.append(t)
+
+    def energy_j(self, gpu: int) -> float:
+        """The backend's total-energy counter now, in joules (what the prolog/epilog read)."""
+        return self.backend.energy_mj(gpu) / 1000.0

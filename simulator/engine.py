@@ -24,7 +24,7 @@ from gpushare.gpus import GiB, capacity_bytes, parse_target
 from mig_manager import risk
 from mig_manager.policies import GpuState, JobRequest, make_policy
 from simulator import estimators
-from simulator.device import Resident, SimGpu
+from simulator.device import CONTEXT_GIB, SimCluster
 from simulator.interference import Interference
 from simulator.trace import JobSpec
 from simulator.workload import UTIL_CLASSES
@@ -71,9 +71,12 @@ class Simulation:
     def __init__(self, jobs: list[JobSpec], config: SimConfig, interference: Interference | None = None):
         self.config = config
         model, profile = parse_target(config.gpu)
-        cap = capacity_bytes(model, profile)
-        self.gpus = [SimGpu(i, i // config.gpus_per_node, model, cap, seed=config.seed)
-                     for i in range(config.nodes * config.gpus_per_node)]
+        self.now = 0.0
+        self.cluster = SimCluster(model, capacity_bytes(model, profile), config.nodes, config.gpus_per_node,
+                                  clock=lambda: self.now)
+        self.gpus = self.cluster.gpus
+        self.energy_j: list[float] = [0.0] * len(self.gpus)  # per GPU, first arrival to last completion
+        self._energy_start: list[float] | None = None
         self.policy = make_policy(config.policy)
         self.interference = interference or Interference.load(config.throughputs, config.interference)
         self.ttfk = risk.TtfkTable(config.window_s)
@@ -85,7 +88,6 @@ class Simulation:
                                             spec.submit_s)
         self.queue: list[JobRun] = []
         self.recovery: list[JobRun] = []
-        self.now = 0.0
         self._events: list[tuple[float, int, str, str]] = []
         self._seq = 0
         self._poll_pending = False
@@ -103,7 +105,7 @@ class Simulation:
                 continue
             self._push(job.spec.submit_s, "arrive", job.spec.job_id)
         for gpu in self.gpus:
-            gpu.record(0.0)
+            self.cluster.record(gpu.index)
         while True:
             t_event = self._events[0][0] if self._events else math.inf
             finishing = [(self.now + j.remaining / j.rate, j.spec.job_id) for j in self.jobs.values()
@@ -125,6 +127,8 @@ class Simulation:
             self._maybe_poll()
         for job in self.recovery + self.queue:  # an idle cluster that could not place them never will
             job.state, job.reason = "failed", "does not fit an idle node"
+        start = self._energy_start or [0.0] * len(self.gpus)
+        self.energy_j = [self.cluster.energy_j(g.index) - start[g.index] for g in self.gpus]
         return self
 
     def _advance(self, t: float) -> None:
@@ -132,8 +136,6 @@ class Simulation:
         for job in self.jobs.values():
             if job.state == "running":
                 job.remaining = max(0.0, job.remaining - job.rate * dt)
-        for gpu in self.gpus:
-            gpu.advance(t)
         self.now = t
 
     def _maybe_poll(self) -> None:
@@ -151,6 +153,8 @@ class Simulation:
         self._poll_pending = False
 
     def _on_arrive(self, job_id: str) -> None:
+        if self._energy_start is None:  # CARMA §3.1: energy counters read at the start of the trace
+            self._energy_start = [self.cluster.energy_j(g.index) for g in self.gpus]
         self.queue.append(self.jobs[job_id])
 
     # --- job transitions ----------------------------------------------------------------------------
@@ -172,10 +176,9 @@ class Simulation:
         for index in chosen:
             gpu = self.gpus[index]
             shards = gpu.shards_total if exclusive else job.shards
-            gpu.residents[job.spec.job_id] = Resident(job.spec.job_id, int(job.spec.mem_gib * GiB), util, shards)
             gpu.exclusive = gpu.exclusive or exclusive
+            self.cluster.launch(index, job.spec.job_id, int(job.spec.mem_gib * GiB), util, shards)
             self.ttfk.dispatched(index, job.spec.job_id, self.now)
-            gpu.record(self.now)
         job.state, job.gpus, job.dispatched_t = "starting", list(chosen), self.now
         job.wait_s += self.now - job.queued_since
         job.first_start = self.now if job.first_start is None else job.first_start
@@ -186,8 +189,8 @@ class Simulation:
         job = self.jobs[job_id]
         if job.state != "starting":
             return
-        oom = any(self.gpus[i].used_bytes() - int(0.5 * GiB) + int(job.spec.mem_gib * GiB)
-                  > self.gpus[i].capacity_bytes for i in job.gpus)
+        grow = int(job.spec.mem_gib * GiB) - int(CONTEXT_GIB * GiB)
+        oom = any(self.cluster.used_bytes(i) + grow > self.gpus[i].capacity_bytes for i in job.gpus)
         if oom:
             job.ooms += 1
             self._release(job)
@@ -199,9 +202,8 @@ class Simulation:
                 job.state, job.end, job.reason = "failed", self.now, "out of memory"
             return
         for index in job.gpus:
-            self.gpus[index].residents[job_id].active = True
+            self.cluster.first_kernel(index, job_id)
             self.ttfk.kernel_seen(index, job_id, self.now)
-            self.gpus[index].record(self.now)
         job.state = "running"
 
     def _finish(self, job: JobRun) -> None:
@@ -211,10 +213,8 @@ class Simulation:
     def _release(self, job: JobRun) -> None:
         job.exec_s += self.now - job.dispatched_t
         for index in job.gpus:
-            gpu = self.gpus[index]
-            gpu.residents.pop(job.spec.job_id, None)
-            gpu.exclusive = gpu.exclusive and bool(gpu.residents)
-            gpu.record(self.now)
+            if job.spec.job_id in self.gpus[index].residents:
+                self.cluster.end(index, job.spec.job_id)
         self.ttfk.job_ended(job.spec.job_id)
 
     def _update_rates(self) -> None:
@@ -236,11 +236,11 @@ class Simulation:
             verdict = risk.RiskAssessment(0.0, 0.0, 0.0, False)
             if self.policy.needs_telemetry:
                 window = risk.MetricWindow()
-                window.extend(gpu.window(self.now, risk.WINDOW_SAMPLES))
+                window.extend(gpu.window(self.now, risk.WINDOW_SAMPLES, self.config.seed))
                 verdict = window.assess()
             states.append(GpuState(
                 index=gpu.index, node=gpu.node, total_bytes=gpu.capacity_bytes,
-                free_bytes=gpu.capacity_bytes - gpu.used_bytes(), jobs=len(gpu.residents), exclusive=gpu.exclusive,
+                free_bytes=gpu.capacity_bytes - self.cluster.used_bytes(gpu.index), jobs=len(gpu.residents), exclusive=gpu.exclusive,
                 risky=verdict.risky, warming=self.ttfk.warming(gpu.index, self.now), smact=verdict.smact,
                 shards_total=gpu.shards_total, shards_free=gpu.shards_free,
             ))

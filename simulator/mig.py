@@ -19,7 +19,7 @@ from typing import Any
 from gpushare.gpus import GiB, GpuModel
 from mig_manager import schemes
 from mig_manager.profiles import tightest_profile
-from simulator.device import POWER_EXPONENT, POWER_W
+from simulator.device import POWER_W
 from simulator.trace import JobSpec
 from simulator.workload import UTIL_CLASSES
 
@@ -39,7 +39,7 @@ def _energy(model: GpuModel, intervals: Sequence[tuple[int, float, float, float]
         cuts = sorted({0.0, end, *(i[1] for i in mine), *(i[2] for i in mine)})
         for a, b in zip(cuts, cuts[1:]):
             load = min(1.0, sum(i[3] for i in mine if i[1] <= a and i[2] >= b))
-            total += (lo + (hi - lo) * load ** POWER_EXPONENT) * (b - a)
+            total += (lo + (hi - lo) * load) * (b - a)  # gres.sim_timeline's power model
     return total
 
 

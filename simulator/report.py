@@ -52,9 +52,7 @@ def summarise(sim: Any) -> dict[str, Any]:
     jct = [j.end - j.spec.submit_s for j in done]
     wait = [j.wait_s for j in done]
     execution = [j.exec_s for j in done]
-    energy = 0.0
-    for gpu in sim.gpus:
-        energy += gpu.energy_j  # integrated to the last event, which is the makespan's end
+    energy = sum(sim.energy_j)  # counter deltas, first arrival to last event (the makespan's end)
     cfg = sim.config
     return {
         "policy": cfg.policy, "estimator": cfg.estimator, "seed": cfg.seed, "gpu": cfg.gpu,

@@ -91,8 +91,18 @@ def test_job_too_big_for_any_gpu_fails_with_a_reason():
     assert sim.jobs["j000"].state == "failed"
 
 
-def test_energy_is_idle_plus_active_power():
-    # one A100-40GB: idle 55 W, max 400 W, light job SMACT .3 -> 55 + 345 * .3**.7 W for 100 s,
-    # plus idle 55 W during the 10 s TTFK
+def test_energy_is_the_backend_counter_delta():
+    # one A100-40GB: idle 55 W, max 400 W; the backend's power model is linear in SMACT:
+    # 10 s TTFK at idle (context only) + 100 s at 55 + 345 * .3 W = 550 + 15850 J
     sim = run("submit_s,duration_s,mem_gib,util,ttfk_s\n0,100,4,light,10\n", policy="exclusive")
-    assert sim.gpus[0].energy_j == pytest.approx(55 * 10 + (55 + 345 * 0.3 ** 0.7) * 100)
+    assert sim.energy_j[0] == pytest.approx(550 + 15850, abs=1)
+    assert sim.cluster.backend.energy_mj(0) == pytest.approx(16400 * 1000, abs=1000)
+
+
+def test_policy_sees_the_backend_memory_view():
+    # while a is warming (dispatched, no kernel yet) the backend reports its 0.5 GiB CUDA context
+    sim = run(OOM, estimator="none")
+    history = sim.gpus[0].history
+    assert (0, int(0.5 * 2**30)) == history[0][:2] or (0, int(0.5 * 2**30)) == history[1][:2]
+    # a at its 30 GiB peak plus b's context before b's first kernel; b's 20 GiB never lands (OOM)
+    assert max(point[1] for point in history) == int(30.5 * 2**30)
