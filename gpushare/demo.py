@@ -37,8 +37,9 @@ def show_job(cluster: LocalCluster, job_id: int, work: Path) -> None:
     record = cluster.wait_job(job_id)
     ours = parse_record(record.get("AdminComment")) or {}
     print(f"JobState={record['JobState']}  TresPerNode={record.get('TresPerNode')}")
-    print(f"AdminComment: decision={ours.get('decision')} estimate={ours.get('est_gib')} GiB "
-          f"source={ours.get('src')} {ours.get('old')} -> {ours.get('new', ours.get('old'))} ({ours.get('why')})")
+    estimate = f" estimate={ours['est_gib']} GiB ({ours.get('src')})" if "est_gib" in ours else ""
+    print(f"AdminComment: decision={ours.get('decision')}{estimate} {ours.get('old')} -> "
+          f"{ours.get('new', ours.get('old'))}: {ours.get('why')}")
     out = work / f"slurm-{job_id}.out"
     if out.exists():
         print("job output:", out.read_text().strip())
@@ -52,14 +53,14 @@ def main() -> int:
     base = Path(tempfile.mkdtemp(prefix="gpushare-demo-"))
     work = base / "work"
     work.mkdir()
-    banner(f"gpu-estimate {EXAMPLE.relative_to(REPO)} {' '.join(EXAMPLE_ARGS)} --gpu a100-40gb (CPU only)")
-    estimate = subprocess.run([str(BIN / "gpu-estimate"), str(EXAMPLE), *EXAMPLE_ARGS, "--gpu", "a100-40gb",
-                               "--gpu", "a100-40gb:3g.20gb", "--gpu", "h100-80gb"], cwd=work)
+    targets = ["--gpu", "a100-40gb", "--gpu", "a100-40gb:3g.20gb", "--gpu", "h100-80gb"]
+    banner(f"gpu-estimate {' '.join(targets)} {EXAMPLE.relative_to(REPO)} {' '.join(EXAMPLE_ARGS)}   (CPU only)")
+    estimate = subprocess.run([str(BIN / "gpu-estimate"), *targets, str(EXAMPLE), *EXAMPLE_ARGS], cwd=work)
     if estimate.returncode != 0:
         print("demo: gpu-estimate failed", file=sys.stderr)
         return estimate.returncode
     with open(work / "estimate.json", "w") as handle:  # same run again: served from the estimate cache
-        subprocess.run([str(BIN / "gpu-estimate"), str(EXAMPLE), *EXAMPLE_ARGS, "--gpu", "a100-40gb", "--json"],
+        subprocess.run([str(BIN / "gpu-estimate"), *targets, "--json", str(EXAMPLE), *EXAMPLE_ARGS],
                        cwd=work, stdout=handle, check=True)
 
     banner("starting a local Slurm 22.05: 1 node, 2 simulated A100-40GB (80 shards of 1 GiB), our hook")

@@ -1,0 +1,23 @@
+"""The README's demo command works: estimate on the CPU, submit with plain sbatch, job on a shard."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from slurm_plugins.local_cluster import missing_requirements
+
+pytestmark = pytest.mark.slurm
+
+
+def test_demo_runs_end_to_end():
+    problem = missing_requirements()
+    if problem:
+        pytest.skip(problem)
+    result = subprocess.run([sys.executable, "-m", "gpushare.demo"], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = result.stdout
+    assert "TresPerNode=gres:shard:" in out and "decision=shared" in out
+    assert "SLURM_SHARDS_ON_NODE=" in out and "TresPerNode=gres:gpu:1" in out
