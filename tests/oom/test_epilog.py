@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 
 from epilog import slurmctld_epilog as hook
+from epilog.executor import resume_unfinished
 from epilog.ledger import Ledger
 from gpushare.config import parse_config
 from oom_fake_slurm import FakeSlurm
+from slurm_plugins.slurm_client import SlurmError
 
 ENV = {"SLURM_JOB_ID": "1", "SLURM_JOB_UID": str(os.geteuid()), "SLURM_JOB_GID": str(os.getegid())}
 OOM_TEXT = "Traceback...\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has ...\n"
@@ -97,7 +99,7 @@ def test_crash_midway_is_finished_by_the_next_run(setup) -> None:  # type: ignor
     assert entry["steps"] == ["requeuehold", "gres", "comment"]
     fake.complete()
     ledger = Ledger(cfg.oom.ledger_dir)
-    hook.resume_unfinished(fake, ledger, min_age_s=0)  # the next job's epilog, any job
+    resume_unfinished(fake, ledger, min_age_s=0)  # the next job's epilog, any job
     assert ledger.get("1", 0)["state"] == "done"
     assert [c[0] for c in fake.calls].count("requeuehold") == 1
     assert fake.calls[-1][0] == "update" and "starttime=now" in fake.calls[-1]
@@ -109,10 +111,10 @@ def test_entries_of_purged_jobs_are_closed(setup) -> None:  # type: ignore[no-un
     ledger.put({"job": "1", "restarts": 0, "action": "requeue", "state": "requeued", "reason": "r",
                 "new_gres": "gres:shard:40", "steps": ["requeuehold"]})
     def purged(job_id: str) -> dict:
-        raise hook.SlurmError("slurm_load_jobs error: Invalid job id specified")
+        raise SlurmError("slurm_load_jobs error: Invalid job id specified")
 
     fake.show_job = purged
-    hook.resume_unfinished(fake, ledger, min_age_s=0)
+    resume_unfinished(fake, ledger, min_age_s=0)
     assert ledger.get("1", 0)["state"] == "gone"
 
 

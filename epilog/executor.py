@@ -1,0 +1,134 @@
+"""Carrying out a recovery decision in Slurm, one recorded step at a time (see epilog.ledger).
+
+Steps of a requeue, in order: ``requeuehold`` (Slurm counts Restarts, the job keeps its id), ``gres``
+(all shards of the GPU, or the larger MIG type), ``comment`` (our admin-comment record, so the user sees it
+in ``scontrol show job``), ``release``, then ``boost`` (``nice`` and ``starttime=now``). Each is written to
+the ledger as soon as it has happened, so a run that dies part-way is continued, not repeated, by the next
+one (``resume_unfinished``, called at the start of every hook run).
+
+Measured on Slurm 22.05: while EpilogSlurmctld runs the job is COMPLETING; requeuehold, the GRES change
+and release work then, but the 120 s requeue delay is applied only when completion finishes, and a nice
+set before release is reset by it. So ``boost`` comes last, from ``finish``, run in a detached process
+while the job is still completing. If that process is lost the job still starts after Slurm's delay.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import time
+from typing import Any, Callable
+
+from epilog.ledger import Ledger
+from slurm_plugins.slurm_client import SlurmClient, SlurmError, check_job_id
+
+log = logging.getLogger("gpushare.epilog")
+_ENDED_STATES = ("FAILED", "COMPLETING", "COMPLETED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+                 "BOOT_FAIL", "DEADLINE", "PREEMPTED")
+
+
+def execute(entry: dict[str, Any], client: SlurmClient, ledger: Ledger,
+            finish_later: Callable[[str, int], None] | None = None) -> str:
+    """Carry out the remaining steps of a requeue entry; ``finish_later`` gets the last one while the
+    job is still COMPLETING (None: try it now, and leave it to a later run if it is too early)."""
+    job_id = check_job_id(entry["job"])
+    steps: list[str] = list(entry.get("steps", []))
+
+    def mark(step: str, **extra: Any) -> None:
+        steps.append(step)
+        entry.update(ledger.put({**entry, **extra, "steps": steps}))
+
+    if "requeuehold" not in steps:
+        fields = client.show_job(job_id)
+        restarts = int(fields.get("Restarts", "0") or 0)
+        state = fields.get("JobState", "").upper()
+        if restarts > int(entry["restarts"]) or state == "PENDING":
+            log.info("job %s: already requeued (state %s, restarts %s)", job_id, state, restarts)
+        elif state in _ENDED_STATES:
+            client.requeue_hold(job_id)
+        else:
+            mark("requeuehold-skipped", state="stay_failed", error=f"job is {state}; not requeued")
+            return f"error: job {job_id} is {state}"
+        mark("requeuehold")
+    if "gres" not in steps and "gres-refused" not in steps:
+        try:
+            client.update_job(job_id, gres=entry["new_gres"])
+            mark("gres")
+        except SlurmError as exc:  # release anyway: a held job helps nobody
+            log.error("job %s: GRES change to %s refused: %s; releasing unchanged", job_id, entry["new_gres"], exc)
+            mark("gres-refused", error=str(exc)[:300])
+    if "comment" not in steps and entry.get("admin_comment"):
+        try:
+            client.update_job(job_id, admincomment=entry["admin_comment"])
+        except SlurmError as exc:
+            log.error("job %s: admin comment update refused: %s", job_id, exc)
+        mark("comment")
+    if "release" not in steps:
+        try:
+            client.release(job_id)
+        except SlurmError:
+            if client.show_job(job_id).get("Priority") == "0":  # still held: a real failure
+                raise
+            log.info("job %s: already released", job_id)  # we died between release and recording it
+        mark("release", state="requeued")
+    if "boost" in steps:
+        return f"requeue: {entry['reason']}"
+    if finish_later is not None and client.show_job(job_id).get("JobState", "").upper() == "COMPLETING":
+        finish_later(job_id, int(entry["restarts"]))
+        return f"requeue: {entry['reason']} (priority and start time follow when completion ends)"
+    return finish(entry, client, ledger, wait_s=0)
+
+
+def finish(entry: dict[str, Any], client: SlurmClient, ledger: Ledger, wait_s: float = 120.0,
+           sleep: Callable[[float], None] = time.sleep) -> str:
+    """Once the job has left COMPLETING: raise its priority and make it eligible now, then mark it done."""
+    job_id = check_job_id(entry["job"])
+    deadline = time.monotonic() + wait_s
+    fields = client.show_job(job_id)
+    while fields.get("JobState", "").upper() == "COMPLETING" and time.monotonic() < deadline:
+        sleep(0.5)
+        fields = client.show_job(job_id)
+    state = fields.get("JobState", "").upper()
+    if state == "PENDING":
+        updates: dict[str, Any] = {"starttime": "now"}  # else ineligible for 120 s after a requeue
+        if entry.get("nice"):
+            updates["nice"] = entry["nice"]
+        client.update_job(job_id, **updates)
+    elif state == "COMPLETING":
+        return f"requeue: job {job_id} still completing after {wait_s:.0f} s; eligible after Slurm's delay"
+    steps = [*entry.get("steps", []), "boost"]
+    entry.update(ledger.put({**entry, "steps": steps, "state": "done"}))
+    ledger.append_history({"job": job_id, "restarts": entry["restarts"], "event": "requeued",
+                           "gres": entry["new_gres"], "steps": steps})
+    return f"requeue: {entry['reason']}"
+
+
+def spawn_finisher(job_id: str, restarts: int) -> None:
+    """Run ``finish`` in a detached process (own session, no inherited streams) so slurmctld can go on."""
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    if "GPUSHARE_CONFIG" in os.environ:
+        env["GPUSHARE_CONFIG"] = os.environ["GPUSHARE_CONFIG"]
+    key = f"{check_job_id(job_id)}.{int(restarts)}"
+    subprocess.Popen([sys.executable, "-m", "epilog.slurmctld_epilog", "--finish", key],
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     start_new_session=True, close_fds=True, env=env, cwd="/")
+
+
+def resume_unfinished(client: SlurmClient, ledger: Ledger, skip: str = "", min_age_s: float = 30.0) -> None:
+    """Finish recoveries a crash (ours or slurmctld's) left half done, so no job stays held."""
+    for entry in ledger.unfinished(min_age_s):
+        if str(entry.get("job")) == skip:
+            continue
+        try:
+            with ledger.claim(entry["job"], int(entry["restarts"])) as mine:
+                if mine:
+                    log.warning("job %s: finishing an interrupted recovery", entry["job"])
+                    execute(ledger.get(entry["job"], int(entry["restarts"])) or entry, client, ledger)
+        except SlurmError as exc:
+            if "Invalid job id" in str(exc):  # purged from slurmctld (MinJobAge): nothing left to finish
+                ledger.put({**entry, "state": "gone", "error": str(exc)[:300]})
+            log.error("job %s: interrupted recovery still failing: %s", entry.get("job"), exc)
+        except (OSError, ValueError) as exc:
+            log.error("job %s: interrupted recovery still failing: %s", entry.get("job"), exc)
