@@ -56,11 +56,18 @@ def mig_types(client: SlurmClient) -> set[str] | None:
     return {m.group(1) for m in re.finditer(r"gpu:([\w.+-]+):\d", out)}
 
 
+def _succeeded(env: Mapping[str, str]) -> bool:
+    """Exit 0 and no signal, by slurmctld's own SLURM_JOB_EXIT_CODE2 (False when it is absent)."""
+    if not env.get("SLURM_JOB_EXIT_CODE2"):
+        return False
+    quick = JobFacts.from_slurm({}, env)
+    return quick.exit_code == 0 and quick.exit_signal == 0
+
+
 def handle(job_id: str, env: Mapping[str, str], client: SlurmClient, cfg: Config, ledger: Ledger,
            finish_later: Callable[[str, int], None] | None = None) -> str:
     """Decide and act for one job; returns what happened (for the log and tests)."""
-    quick = JobFacts.from_slurm({}, env)
-    if env.get("SLURM_JOB_EXIT_CODE2") and quick.exit_code == 0 and quick.exit_signal == 0:
+    if _succeeded(env):
         return "none: exited 0"  # the common case costs no Slurm call at all
     job = JobFacts.from_slurm(client.show_job(job_id), env, _structured(client, job_id))
     log.info("job %s: state %s exit %s:%s restarts %s gres %r node %s", job.job_id, job.state, job.exit_code,
@@ -173,6 +180,8 @@ def run(env: Mapping[str, str], client: SlurmClient | None = None, cfg: Config |
     job_id = check_job_id(env.get("SLURM_JOB_ID", ""))
     cfg = cfg or load_config()
     ledger = Ledger(cfg.oom.ledger_dir)
+    if _succeeded(env) and not ledger.dir.is_dir():
+        return "none: exited 0"  # no ledger yet, so nothing to resume: create nothing for a good job
     ledger.ensure()
     client = client or _client(cfg)
     resume_unfinished(client, ledger, skip=job_id)

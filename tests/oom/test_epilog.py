@@ -149,6 +149,13 @@ def test_twenty_simultaneous_epilog_runs_requeue_once(setup, tmp_path: Path) -> 
     assert calls.read_text().count("requeuehold") == 1
 
 
+def test_a_good_job_creates_nothing(tmp_path: Path) -> None:
+    cfg = parse_config({"oom": {"ledger_dir": str(tmp_path / "ledger")}})
+    env = {"SLURM_JOB_ID": "3", "SLURM_JOB_EXIT_CODE2": "0:0"}
+    assert hook.run(env, client=FakeSlurm(), cfg=cfg) == "none: exited 0"
+    assert not (tmp_path / "ledger").exists()
+
+
 def test_main_always_exits_0(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GPUSHARE_CONFIG", str(tmp_path / "missing.toml"))
     monkeypatch.setenv("SLURM_JOB_ID", "1")
