@@ -198,3 +198,29 @@ def test_mig_job_moves_to_the_next_larger_slice(tmp_path_factory: pytest.TempPat
         assert "restart=1" in (base / f"mig-{job_id}.out").read_text()
     finally:
         mig.stop()
+
+
+def test_end_to_end_from_submission_sized_share_to_exclusive_rerun(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The whole story with our job_submit hook: gpu:1 + '#GPUSHARE mem=2G' becomes shard:3 at submit,
+    the job runs out of GPU memory, and it is re-run once on all 40 shards with the record extended."""
+    base = tmp_path_factory.mktemp("oom-e2e")
+    os.chmod(base, 0o755)
+    extra = (f'[oom]\nledger_dir = "{base}/ledger"\nslurm_conf = "{base}/etc/slurm.conf"\n'
+             f'log_file = "{base}/log/oom.log"\n')
+    full = LocalCluster(base=base, gpu="a100-40gb", toml_extra=extra)
+    full.start()
+    try:
+        script = "#!/bin/bash\n#GPUSHARE mem=2G\n" + JOB.format(python=sys.executable, need=20,
+                                                                 fail_other=False).partition("\n")[2]
+        job_id, said = full.client.sbatch("--gres=gpu:1", "-o", str(base / "e2e-%j.out"),
+                                          "-e", str(base / "e2e-%j.err"), script=script)
+        assert "shard:3" in said
+        fields = wait_final(full, job_id, restarts=1)
+        assert (fields["JobState"], fields["Restarts"], fields["TresPerNode"]) == \
+            ("COMPLETED", "1", "gres:shard:40"), _oom_log(full)
+        record = json.loads(fields["AdminComment"].removeprefix("gpushare:"))
+        assert record["decision"] == "shared" and record["oom"]["from"] == "gres:shard:3"
+        assert "restart=1 shards=40" in (base / f"e2e-{job_id}.out").read_text()
+    finally:
+        full.stop()
