@@ -24,6 +24,7 @@ from simulator.cli import THROUGHPUTS_NAME, TRACE_NAME, data_dir  # noqa: E402
 from simulator.engine import SimConfig, Simulation  # noqa: E402
 from simulator.interference import Interference  # noqa: E402
 from simulator.mig import run_mix  # noqa: E402
+from simulator.workload import UTIL_CLASSES  # noqa: E402
 
 RUNS = [  # (policy, estimator, label)
     ("exclusive", "none", "Exclusive"),
@@ -44,7 +45,7 @@ RUNS = [  # (policy, estimator, label)
 SENSITIVITY = [r for r in RUNS if r[2] in {
     "Exclusive", "MAGM, oracle", "LUG, recovery only", "Slurm first-fit on shards, oracle",
     "Slurm first-fit, agent withholds risky/warming, oracle"}]
-METRICS = ("makespan_s", "jct_mean_s", "jct_p95_s", "energy_mj")
+METRICS = ("makespan_s", "jct_mean_s", "jct_p95_s", "energy_mj", "energy_sublinear_mj")
 
 
 def collocation_table(data: Path, seeds: list[int], mode: str, runs: list[tuple[str, str, str]]) -> str:
@@ -58,18 +59,27 @@ def collocation_table(data: Path, seeds: list[int], mode: str, runs: list[tuple[
             gavel.fallback_pairs.clear()
             rows[label].append(report.summarise(Simulation(jobs, config, gavel).run()))
     base = rows["Exclusive"]
-    out = ["| policy | makespan h | Δ | mean JCT min | Δ | p95 JCT min | Δ | energy MJ | Δ | OOMs | recovered |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    out = ["| policy | makespan h | Δ | mean JCT min | Δ | p95 JCT min | Δ | energy MJ | Δ | energy, sublinear "
+           "power, MJ | Δ | OOMs | recovered |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for _, _, label in runs:
         cells = [label]
-        for metric, scale in zip(METRICS, (3600, 60, 60, 1)):
+        for metric, scale in zip(METRICS, (3600, 60, 60, 1, 1)):
             values = [r[metric] for r in rows[label]]
             change = statistics.mean(r[metric] / b[metric] - 1 for r, b in zip(rows[label], base))
             cells += [f"{statistics.mean(values) / scale:.2f}", "—" if label == "Exclusive" else f"{change:+.1%}"]
         cells += [f"{statistics.mean(r['ooms'] for r in rows[label]):.1f}",
                   f"{statistics.mean(r['recoveries'] for r in rows[label]):.1f}"]
         out.append("| " + " | ".join(cells) + " |")
+    bound = statistics.mean(_sm_work_bound(trace.read(data / TRACE_NAME, seed=seed)) / b["makespan_s"] - 1
+                            for seed, b in zip(seeds, base))
+    out.append(f"\nSM-work bound (every GPU-second at 100 % SMACT, 5 % sharing overhead, no queueing): "
+               f"{bound:+.1%} makespan vs Exclusive.")
     return "\n".join(out)
+
+
+def _sm_work_bound(jobs: list[trace.JobSpec], gpus: int = 3) -> float:
+    """Makespan if all the SM time the jobs need were packed perfectly onto the GPUs."""
+    return sum(j.solo_s * j.gpus * UTIL_CLASSES[j.util][0] for j in jobs) / (gpus * 0.95)
 
 
 def _mix(kind: str, count: int, seed: int) -> list[trace.JobSpec]:

@@ -110,6 +110,7 @@ class SimCluster:
             {"index": i, "model": model.name, "idle_power_w": idle, "max_power_w": peak} for i in range(count)]}
         self.backend = SimBackend.from_scenario(scenario, clock=clock)
         self.clock = clock
+        self.model_name = model.name
         self.gpus = [SimGpu(i, i // per_node, capacity) for i in range(count)]
         self._next_pid = 1000
 
