@@ -13,6 +13,7 @@ import os
 import re
 import sys
 import time
+from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -43,12 +44,24 @@ EOF
 """
 
 
+def oom_settings(base: Path) -> str:
+    """The ``[oom]`` table a test cluster needs (the hook gets no SLURM_CONF from slurmctld), unless the
+    cluster's generated gpushare.toml already has one."""
+    if "[oom]" in LocalCluster(base=base)._toml_text():
+        return ""
+    return (f'[oom]\nledger_dir = "{base}/oom-ledger"\nslurm_conf = "{base}/etc/slurm.conf"\n'
+            f'log_file = "{base}/log/oom.log"\n')
+
+
+def ledger_of(cluster: LocalCluster) -> Ledger:
+    return Ledger(cluster.config().oom.ledger_dir)
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     base = tmp_path_factory.mktemp("oom-slurm")
     os.chmod(base, 0o755)
-    extra = (f'[oom]\nledger_dir = "{base}/ledger"\nslurm_conf = "{base}/etc/slurm.conf"\n'
-             f'log_file = "{base}/log/oom.log"\n')
+    extra = oom_settings(base)
     local = LocalCluster(base=base, gpu="a100-40gb", toml_extra=extra, with_hook=False, with_submitd=False)
     local.start()
     yield local
@@ -79,7 +92,7 @@ def wait_final(cluster: LocalCluster, job_id: int, restarts: int, timeout_s: flo
 
 
 def _oom_log(cluster: LocalCluster) -> str:
-    path = cluster.base / "log" / "oom.log"
+    path = Path(cluster.config().oom.log_file or cluster.base / "log" / "oom.log")
     return path.read_text()[-3000:] if path.exists() else "(no oom.log)"
 
 
@@ -93,9 +106,9 @@ def test_oom_on_a_shard_is_requeued_once_on_the_whole_gpu_and_completes(cluster:
     assert record["oom"] == {"n": 1, "max": 1, "fam": "pytorch", "from": "gres:shard:4", "to": "gres:shard:40"}
     out = (cluster.base / f"job-{job_id}.out").read_text()
     assert "restart=1 shards=40" in out and "training finished" in out
-    entry = Ledger(cluster.base / "ledger").get(str(job_id), 0)
+    entry = ledger_of(cluster).get(str(job_id), 0)
     assert entry["state"] == "done" and entry["message"].startswith("torch.OutOfMemoryError: CUDA out of memory.")
-    history = [h for h in Ledger(cluster.base / "ledger").history() if h["job"] == str(job_id)]
+    history = [h for h in ledger_of(cluster).history() if h["job"] == str(job_id)]
     assert [h["event"] for h in history] == ["requeue", "requeued"]
     # the submit path's cache now knows this batch script needs more than the 4 GiB it failed in
     script = JOB.format(python=sys.executable, need=20, fail_other=False)
@@ -116,7 +129,7 @@ def test_epilog_run_twice_at_once_requeues_once(cluster: LocalCluster) -> None:
     finally:
         wrapper.write_text(original)
     assert (fields["JobState"], fields["Restarts"], fields["TresPerNode"]) == ("COMPLETED", "1", "gres:shard:40")
-    events = [h["event"] for h in Ledger(cluster.base / "ledger").history() if h["job"] == str(job_id)]
+    events = [h["event"] for h in ledger_of(cluster).history() if h["job"] == str(job_id)]
     assert events == ["requeue", "requeued"]
 
 
@@ -124,14 +137,14 @@ def test_non_oom_failure_is_not_requeued(cluster: LocalCluster) -> None:
     job_id = submit(cluster, need=1, fail_other=True)
     fields = wait_final(cluster, job_id, restarts=0)
     assert (fields["JobState"], fields["Restarts"], fields["TresPerNode"]) == ("FAILED", "0", "gres:shard:4")
-    assert Ledger(cluster.base / "ledger").get(str(job_id), 0) is None
+    assert ledger_of(cluster).get(str(job_id), 0) is None
 
 
 def test_oom_again_after_recovery_stays_failed_with_the_reason(cluster: LocalCluster) -> None:
     job_id = submit(cluster, need=100)  # more than any GPU here
     fields = wait_final(cluster, job_id, restarts=1)
     assert (fields["JobState"], fields["Restarts"], fields["TresPerNode"]) == ("FAILED", "1", "gres:shard:40")
-    entry = Ledger(cluster.base / "ledger").get(str(job_id), 1)
+    entry = ledger_of(cluster).get(str(job_id), 1)
     assert entry["state"] == "stay_failed"
     assert entry["reason"].startswith("GPU out of memory again after 1 recovery retry")
     err = (cluster.base / f"job-{job_id}.err").read_text()
@@ -143,7 +156,7 @@ def test_recovery_interrupted_by_a_controller_restart_is_finished(cluster: Local
     job_id = submit(cluster, need=1, fail_other=True)  # fails without OOM: the hook leaves it alone
     wait_final(cluster, job_id, restarts=0)
     cluster.client.requeue_hold(job_id)  # ...what an interrupted recovery leaves behind
-    ledger = Ledger(cluster.base / "ledger")
+    ledger = ledger_of(cluster)
     write_json_atomic(ledger.dir / f"{job_id}.0.json", {
         "v": 1, "job": str(job_id), "restarts": 0, "action": "requeue", "state": "decided",
         "reason": "GPU out of memory (pytorch); requeue with shard:4 -> shard:40", "new_gres": "gres:shard:40",
@@ -181,8 +194,7 @@ class MigCluster(LocalCluster):
 def test_mig_job_moves_to_the_next_larger_slice(tmp_path_factory: pytest.TempPathFactory) -> None:
     base = tmp_path_factory.mktemp("oom-mig")
     os.chmod(base, 0o755)
-    extra = (f'[oom]\nledger_dir = "{base}/ledger"\nslurm_conf = "{base}/etc/slurm.conf"\n'
-             f'log_file = "{base}/log/oom.log"\n')
+    extra = oom_settings(base)
     mig = MigCluster(base=base, gpu="a100-80gb", toml_extra=extra, with_hook=False, with_submitd=False)
     mig.start()
     try:
@@ -206,8 +218,7 @@ def test_end_to_end_from_submission_sized_share_to_exclusive_rerun(
     the job runs out of GPU memory, and it is re-run once on all 40 shards with the record extended."""
     base = tmp_path_factory.mktemp("oom-e2e")
     os.chmod(base, 0o755)
-    extra = (f'[oom]\nledger_dir = "{base}/ledger"\nslurm_conf = "{base}/etc/slurm.conf"\n'
-             f'log_file = "{base}/log/oom.log"\n')
+    extra = oom_settings(base)
     full = LocalCluster(base=base, gpu="a100-40gb", toml_extra=extra)
     full.start()
     try:
