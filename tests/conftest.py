@@ -3,14 +3,17 @@
 ``slurm_cluster``: one single-node cluster (n1, 2 × a100-40gb, our job_submit.lua and submitd, our
 Prolog/Epilog/TaskProlog/EpilogSlurmctld) shared by the session, for tests that do not disturb it.
 ``make_cluster(...)``: a fresh cluster of any shape (two nodes, other policy) owned by one test.
-Both skip with the reason when this machine cannot run Slurm (not root, packages missing). Daemons
-are always stopped; logs stay under pytest's tmp directory and their tails are printed on failure.
+Both skip with the reason when this machine cannot run Slurm (not root, packages missing). Clusters
+live in /tmp/gpushare-slurm-* (readable by the ordinary users some tests submit as); daemons are always
+stopped; a cluster's directory is removed after passing tests and kept, with log tails printed, on failure.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -27,6 +30,19 @@ def _require_slurm() -> None:
         pytest.skip(f"real Slurm unavailable: {problem}")
 
 
+def _cluster_dir() -> Path:
+    """Outside pytest's 0700 tmp tree: ordinary users must read slurm.conf and reach munged's socket."""
+    return Path(tempfile.mkdtemp(prefix="gpushare-slurm-", dir="/tmp"))
+
+
+def _finish(cluster: LocalCluster, failed: bool) -> None:
+    cluster.stop()
+    if failed:
+        _dump_logs(cluster)
+    else:
+        shutil.rmtree(cluster.base, ignore_errors=True)
+
+
 def _dump_logs(cluster: LocalCluster) -> None:
     sys.stderr.write(f"\n--- Slurm logs kept in {cluster.base / 'log'} ---\n")
     for log in sorted((cluster.base / "log").glob("*")):
@@ -38,35 +54,31 @@ def _dump_logs(cluster: LocalCluster) -> None:
 
 
 @pytest.fixture(scope="session")
-def slurm_cluster(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
+def slurm_cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
     _require_slurm()
-    cluster = LocalCluster(tmp_path_factory.mktemp("slurm"), bin_dir=BIN_DIR)
+    cluster = LocalCluster(_cluster_dir(), bin_dir=BIN_DIR)
     failed_before = request.session.testsfailed
     try:
         cluster.start()
         yield cluster
     finally:
-        cluster.stop()
-        if request.session.testsfailed > failed_before:
-            _dump_logs(cluster)
+        _finish(cluster, request.session.testsfailed > failed_before)
 
 
 @pytest.fixture
-def make_cluster(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Callable[..., LocalCluster]]:
+def make_cluster(request: pytest.FixtureRequest) -> Iterator[Callable[..., LocalCluster]]:
     _require_slurm()
     made: list[LocalCluster] = []
 
     def _make(**kwargs: object) -> LocalCluster:
-        cluster = LocalCluster(tmp_path_factory.mktemp("slurm"), bin_dir=BIN_DIR, **kwargs)  # type: ignore[arg-type]
+        cluster = LocalCluster(_cluster_dir(), bin_dir=BIN_DIR, **kwargs)  # type: ignore[arg-type]
         made.append(cluster)
         return cluster.start()
 
     failed_before = request.session.testsfailed
     yield _make
     for cluster in made:
-        cluster.stop()
-        if request.session.testsfailed > failed_before:
-            _dump_logs(cluster)
+        _finish(cluster, request.session.testsfailed > failed_before)
 
 
 @pytest.fixture

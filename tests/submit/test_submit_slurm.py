@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 import time
@@ -196,3 +197,46 @@ def test_two_node_cluster_places_shared_jobs_on_both(make_cluster, tmp_path):
         record = cluster.wait_job(job_id)
         assert record["JobState"] == "COMPLETED" and record["NodeList"] == node
         assert output_env(tmp_path, job_id)["SLURM_SHARDS_ON_NODE"] == "5"
+
+
+def test_huge_non_utf8_script_is_handled(slurm_cluster, job_dir):
+    # 4 MiB of filler after the directive, with bytes that are not UTF-8: the shim sends only the first
+    # [submit] max_script_bytes, escaped; the directive near the top still counts.
+    body = b"#!/bin/bash\n#GPUSHARE mem=2G\n# \xff\xfe\xc3\x28 latin-1 caf\xe9\ntrue\n" + (b"# " + b"\xa0" * 1000 + b"\n") * 4096
+    path = job_dir / "huge.sh"
+    path.write_bytes(body)
+    job_id, stderr = slurm_cluster.client.sbatch("-D", str(job_dir), "-o", "/dev/null", "--gres=gpu:1", str(path))
+    record = slurm_cluster.wait_job(job_id)
+    assert record["JobState"] == "COMPLETED" and record["TresPerNode"] == "gres:shard:3"
+
+
+def test_malformed_directive_accepted_unchanged_with_reason(slurm_cluster, job_dir):
+    job_id, stderr = submit(slurm_cluster, job_dir, "#GPUSHARE mem=a-lot\ntrue\n", "--gres=gpu:1")
+    assert "ignoring the job's #GPUSHARE lines" in stderr and "line 2" in stderr
+    record = slurm_cluster.wait_job(job_id)
+    assert record["TresPerNode"] == "gres:gpu:1"
+    assert parse_record(record["AdminComment"])["decision"] == "bad-directive"
+
+
+def test_reject_mode_refuses_users_bad_directive_but_never_root(make_cluster):
+    import pwd
+    import subprocess
+
+    user = "gpushare-u1"
+    try:
+        pwd.getpwnam(user)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/bin/sh", user], check=True)
+    cluster: LocalCluster = make_cluster(submit_settings={"on_bad_directive": "reject"})
+    tmp_path = cluster.base / "work"  # pytest's tmp tree is private to root
+    tmp_path.mkdir(mode=0o777)
+    os.chmod(tmp_path, 0o777)
+    script = tmp_path / "bad.sh"
+    script.write_text("#!/bin/bash\n#GPUSHARE mem=a-lot\ntrue\n")
+    os.chmod(script, 0o644)
+    as_user = subprocess.run(["runuser", "-u", user, "--", "sbatch", "--gres=gpu:1", "-D", str(tmp_path), str(script)],
+                             env=cluster.env, capture_output=True, text=True)
+    assert as_user.returncode != 0
+    assert "gpushare: #GPUSHARE on line 2" in as_user.stderr
+    job_id, _ = cluster.client.sbatch("--gres=gpu:1", "-D", str(tmp_path), "-o", "/dev/null", str(script))
+    assert cluster.wait_job(job_id)["JobState"] == "COMPLETED"  # root's job: logged, not rejected
