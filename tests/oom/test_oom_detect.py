@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import pwd
 import shutil
@@ -194,3 +195,35 @@ def test_note_is_appended_as_the_user_and_never_through_a_symlink(open_tmp: Path
     with pytest.raises(TailError):  # and a root-owned file is simply not writable for the user
         append_note(str(target), "x", nobody.pw_uid, nobody.pw_gid)
     assert target.read_text() == "keep\n"
+
+
+def _read_as_unprivileged_slurmuser(path: str, job_uid: int, out: "multiprocessing.Queue") -> None:
+    nobody = pwd.getpwnam("nobody")
+    os.setgroups([])
+    os.setgid(nobody.pw_gid)
+    os.setuid(nobody.pw_uid)
+    try:
+        out.put(("ok", read_tail(path, 1024, job_uid, job_uid)))
+    except TailError as exc:
+        out.put(("error", str(exc)))
+
+
+@root_only
+def test_unprivileged_slurmuser_reads_only_what_it_may(open_tmp: Path) -> None:
+    """With SlurmUser=slurm the hook is not root: it reads as itself and can never read more."""
+    ctx = multiprocessing.get_context("fork")
+    readable = open_tmp / "group-readable.err"
+    readable.write_text("CUDA error: out of memory\n")
+    os.chmod(readable, 0o644)
+    private = open_tmp / "private.err"
+    private.write_text("CUDA error: out of memory\n")
+    os.chmod(private, 0o600)
+    results = []
+    for path in (readable, private):
+        queue = ctx.Queue()
+        proc = ctx.Process(target=_read_as_unprivileged_slurmuser, args=(str(path), 4242, queue))
+        proc.start()
+        results.append(queue.get(timeout=20))
+        proc.join(20)
+    assert results[0] == ("ok", "CUDA error: out of memory\n")
+    assert results[1][0] == "error" and "Permission denied" in results[1][1]
