@@ -22,6 +22,7 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
 from estimator_cli.events import DEFAULT_KIND, Alloc, Kind, Phase
+from estimator_cli.meta_cache import MetaCache
 
 
 class FakeRecorder(TorchDispatchMode):
@@ -37,6 +38,7 @@ class FakeRecorder(TorchDispatchMode):
         self.live = 0
         self.peak = 0
         self._counter = itertools.count()
+        self.cache = MetaCache()
 
     # -- Recorder protocol --------------------------------------------------------------------
     def event_count(self) -> int:
@@ -60,7 +62,14 @@ class FakeRecorder(TorchDispatchMode):
             self.live -= size
 
     def _track(self, out: Any, op: str) -> None:
-        for t in tree_leaves(out):
+        if isinstance(out, torch.Tensor):
+            leaves: Any = (out,)
+        elif isinstance(out, (list, tuple)):
+            leaves = [x for x in out if isinstance(x, torch.Tensor)] + [
+                y for x in out if isinstance(x, (list, tuple)) for y in x]
+        else:
+            leaves = tree_leaves(out)
+        for t in leaves:
             if not isinstance(t, torch.Tensor) or not t.is_meta:
                 continue
             storage = t.untyped_storage()
@@ -79,7 +88,8 @@ class FakeRecorder(TorchDispatchMode):
             weakref.finalize(storage, self._freed, alloc_id, size)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        out = self.cache.call(func, args, kwargs, lambda: func(*args, **kwargs))
         self._track(out, func.__name__)
         return out
 
