@@ -1,7 +1,6 @@
 """`gpushare simulate` end to end: determinism per seed, JSON, plots, errors; sacct conversion; MIG mix."""
 
 import json
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
