@@ -106,3 +106,39 @@ def test_policy_sees_the_backend_memory_view():
     assert (0, int(0.5 * 2**30)) == history[0][:2] or (0, int(0.5 * 2**30)) == history[1][:2]
     # a at its 30 GiB peak plus b's context before b's first kernel; b's 20 GiB never lands (OOM)
     assert max(point[1] for point in history) == int(30.5 * 2**30)
+
+
+FOUR = """job_id,submit_s,duration_s,mem_gib,util,ttfk_s
+a,0,1000,12,light,10
+b,0,1000,20,medium,10
+c,0,1000,10,medium,10
+d,200,1000,8,light,10
+"""
+
+
+@pytest.mark.parametrize("policy, expected", [
+    # a, b, c arrive together; each GPU is warming once it has a job, so they spread: a→0, b→1, c→2
+    # (every policy; exclusive too). At 200 s all windows have passed and d (8 GiB + 2 = 10 GiB) sees:
+    #   GPU0: a, 12 GiB → 28 free, SMACT .3 | GPU1: b, 20 GiB → 20 free, .6 | GPU2: c, 10 GiB → 30 free, .6
+    ("ff", 0),            # lowest index that fits
+    ("bf", 1),            # least free memory that fits (20)
+    ("magm", 2),          # most free memory (30)
+    ("lug", 0),           # lowest SMACT (.3)
+    ("rr", 0),            # cursor wrapped after 0, 1, 2
+])
+def test_each_policy_places_the_fourth_job_by_hand(policy, expected):
+    sim = run(FOUR, policy=policy, gpus=3)
+    assert [sim.jobs[j].gpus for j in "abc"] == [[0], [1], [2]]
+    assert sim.jobs["d"].first_start == 200 and sim.jobs["d"].gpus == [expected]
+
+
+def test_slurm_first_fit_packs_by_requests_without_waiting():
+    # oracle shards a 14, b 22, c 12, d 10. No TTFK wait: a and b both go to GPU0 (36 of 40 shards),
+    # c does not fit the 4 left there -> GPU1; d at 200 s: GPU0 has 4 free, GPU1 28 -> GPU1
+    sim = run(FOUR, policy="slurm-shards", gpus=3)
+    assert [sim.jobs[j].gpus for j in "abcd"] == [[0], [0], [1], [1]]
+
+
+def test_exclusive_makes_the_fourth_job_wait():
+    sim = run(FOUR, policy="exclusive", gpus=3)
+    assert sim.jobs["d"].first_start == 1010 and sim.jobs["d"].gpus == [0]  # a frees GPU0 at 10 + 1000
