@@ -1,5 +1,12 @@
 """``gpushare-epilog``: Slurm's node Epilog (root, on the job's node, after the job ends).
 
+It closes the job's record: asks the agent to stop tracking the job (its final first-kernel time,
+attributed energy, peak memory and timeline come back), adds the whole-device energy delta from the
+counters and the exit status Slurm reports while the job is completing, writes the record to the durable
+ledger (``epilog.records``) and, where the job still has no foreign admin comment, into its AdminComment
+(``scontrol update`` works while the job is COMPLETING, not after; SLURM-FACTS.md). Without the agent it
+builds the same record from the store entry the Prolog wrote (no TTFK or share then: nobody watched).
+
 A failing Epilog drains the node (SLURM-FACTS.md), so this entry point catches everything and exits 0:
 our own problems are logged, never turned into a drained node.
 """
@@ -7,17 +14,97 @@ our own problems are logged, never turned into a drained node.
 from __future__ import annotations
 
 import logging
+import os
 import sys
+from pathlib import Path
+from typing import Any, Mapping
 
 log = logging.getLogger("gpushare.epilog")
 
 
-def main() -> int:
+class _NoEnergy:
+    """Stands in for a device backend that cannot be opened: every counter reads N/A."""
+
+    def energy_mj(self, index: int) -> float:
+        from gres import NA
+
+        return NA
+
+
+def close_job(env: Mapping[str, str], cfg: Any, client: Any = None, backend: Any = None) -> dict[str, Any] | None:
+    """Close this Epilog's job; returns the record written (None: not a GPU job we registered)."""
+    from epilog.records import RecordLedger
+    from mig_manager.agent_comment import annotate
+    from mig_manager.agent import node_name, socket_path
+    from mig_manager.agent_api import call
+    from mig_manager.agent_jobs import final_record
+    from mig_manager.agent_store import JobStore
+    from prolog.hook_env import job_from_env
+    from prolog.slurmd_prolog import caps_path
+
+    job = job_from_env(env)
+    if job is None:
+        return None
+    store = JobStore(Path(cfg.state_dir) / "jobs")
+    entry, closed_by = None, "agent"
     try:
-        return 0
+        reply = call(socket_path(cfg), {"op": "close", "job": job.job}, timeout_s=10.0)
+        entry = reply.get("entry") if reply.get("ok") else None
+    except Exception as exc:  # noqa: BLE001 - agent down: the store still has the Prolog's entry
+        log.warning("job %s: agent unavailable (%s); closing from the store", job.job, exc)
+    if not isinstance(entry, dict):
+        entry, closed_by = store.get(job.job), "epilog"
+    if entry is None:
+        log.warning("job %s: never registered on this node (Prolog not run or failed); no record", job.job)
+        return None
+    if backend is None:
+        try:
+            from gres import open_backend
+
+            backend = open_backend(cfg.device_backend or None)
+        except Exception as exc:  # noqa: BLE001
+            log.error("job %s: device backend unavailable (%s); energy left empty", job.job, exc)
+            backend = _NoEnergy()
+    record = final_record(entry, backend, closed_by=closed_by, node=node_name(cfg))
+    js, client = _slurm_json(env, cfg, client, job.job)
+    status, state = (js or {}).get("exit_code"), (js or {}).get("job_state")
+    ok = isinstance(status, int) and not isinstance(status, bool) and status >= 0
+    record["exit_code"] = (status >> 8) & 0xFF if ok else None  # squeue reports the wait(2) status
+    record["exit_signal"] = status & 0x7F if ok else None
+    record["state"] = state if isinstance(state, str) and state.isalpha() else None
+    RecordLedger(cfg.records_dir).put(record)
+    log.info("job %s: record written (ttfk %s s, energy %s)", job.job, record["ttfk_s"],
+             {g: v.get("energy_j") for g, v in record["gpus"].items()})
+    if cfg.admin_comment == "yes" and js is not None:
+        annotate(client, job.job, record, js)
+    store.delete(job.job)
+    caps_path(cfg.run_dir, job.job).unlink(missing_ok=True)
+    return record
+
+
+def _slurm_json(env: Mapping[str, str], cfg: Any, client: Any, job: str) -> tuple[dict[str, Any] | None, Any]:
+    try:
+        if client is None:
+            from slurm_plugins.slurm_client import SlurmClient
+
+            client = SlurmClient(cfg.slurm_conf or env.get("SLURM_CONF") or None)
+        return client.job_json(job), client
+    except Exception as exc:  # noqa: BLE001
+        log.warning("job %s: Slurm record unavailable (%s); exit status and AdminComment skipped", job, exc)
+        return None, client
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        from gpushare.config import load_config
+        from mig_manager.agent_cli import setup_logging
+
+        cfg = load_config().agent
+        setup_logging(cfg.log_file)
+        close_job(os.environ, cfg)
     except Exception:  # noqa: BLE001 - never fail a job or drain a node on our account
         log.exception("epilog failed; node stays up")
-        return 0
+    return 0
 
 
 if __name__ == "__main__":

@@ -141,6 +141,37 @@ class OomSection:
     log_file: str = _opt("", None, "epilog log; empty: standard error and syslog")
 
 
+_FEATURE_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,62}$")
+
+
+@dataclass
+class AgentSection:
+    """The node agent (gpushare-agent), the slurmd Prolog/TaskProlog/Epilog and their records."""
+
+    state_dir: str = _opt("/var/lib/gpushare/agent", None, "the agent's job store (survives restarts)")
+    records_dir: str = _opt("/var/lib/gpushare/records", None, "durable per-job records (TTFK, energy, peak memory)")
+    run_dir: str = _opt("/run/gpushare", None, "agent socket, MPS pipe/log directories, caps for the TaskProlog")
+    device_backend: str = _opt("", None, "nvml or sim:<state.json>; empty: $GPUSHARE_DEVICE_BACKEND, else nvml")
+    node_name: str = _opt("", None, "this node's Slurm name; empty: $SLURMD_NODENAME, else the short host name")
+    sample_period_s: float = _opt(1.0, _between(0.05, 60.0), "seconds between GPU samples (CARMA: 1 Hz)")
+    window_samples: int = _opt(30, _between(2, 3600), "samples in the risk window (CARMA: 30)")
+    flush_every_s: float = _opt(10.0, _between(0.1, 3600.0), "how often running jobs' accumulators are persisted")
+    collocation: str = _opt("mps-same-user", _one_of("mps-same-user", "mps", "fraction", "none"),
+                            "caps of shared jobs: MPS among one user's jobs (else fraction), MPS always, "
+                            "memory fraction only, or none")
+    mps_thread_percentage: int = _opt(100, _between(1, 100), "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE of shared MPS jobs")
+    withhold: str = _opt("none", _one_of("feature", "none"),
+                         "feature: shared jobs need withhold_feature, which the agent deactivates on busy nodes")
+    withhold_feature: str = _opt("gpushare_open", lambda v: None if _FEATURE_RE.match(v) else
+                                 "must be a letter then letters, digits or _", "node feature shared jobs need")
+    withhold_node_when: str = _opt("any", _one_of("any", "all"),
+                                   "withhold the node when any GPU (safe) or all GPUs (more packing) are busy")
+    metrics_port: int = _opt(9402, _between(0, 65535), "Prometheus port on 127.0.0.1; 0 turns metrics off")
+    admin_comment: str = _opt("yes", _one_of("yes", "no"), "write each job's record into its AdminComment")
+    slurm_conf: str = _opt("", None, "slurm.conf for scontrol/squeue; empty: $SLURM_CONF or Slurm's default")
+    log_file: str = _opt("", None, "agent/prolog/epilog log; empty: standard error")
+
+
 @dataclass
 class NodeGroup:
     """GPU nodes of one shape, for ``gpushare slurm-config``."""
@@ -172,6 +203,7 @@ class Config:
     submit: SubmitSection = field(default_factory=SubmitSection)
     estimator: EstimatorSection = field(default_factory=EstimatorSection)
     oom: OomSection = field(default_factory=OomSection)
+    agent: AgentSection = field(default_factory=AgentSection)
     nodes: list[NodeGroup] = field(default_factory=list)
     gpus: dict[str, GpuModel] = field(default_factory=lambda: dict(BUILTIN_GPUS))
     source: str = "<defaults>"
@@ -184,7 +216,7 @@ class Config:
 
 
 _SECTIONS: dict[str, type] = {"policy": PolicySection, "submit": SubmitSection, "estimator": EstimatorSection,
-                             "oom": OomSection}
+                             "oom": OomSection, "agent": AgentSection}
 
 
 def _coerce(where: str, value: Any, expected: Any) -> Any:

@@ -1,5 +1,10 @@
 """``gpushare-prolog``: Slurm's node Prolog (root, on the job's node, before the job starts).
 
+It registers a GPU job with the node agent (GPUs, estimate, caps, start energy counters) and leaves the
+job's caps where the TaskProlog, which runs as the user, can read them. When the agent is down it writes
+the same registration itself (``mig_manager.agent_jobs``: same entry, memory-fraction caps only since no
+MPS daemon can be vouched for), so a job started during an agent restart still gets its energy record.
+
 A failing Prolog drains the node (SLURM-FACTS.md), so this entry point catches everything and exits 0:
 our own problems are logged, never turned into a drained node.
 """
@@ -7,17 +12,86 @@ our own problems are logged, never turned into a drained node.
 from __future__ import annotations
 
 import logging
+import os
 import sys
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+from gpushare.atomic import write_json_atomic
 
 log = logging.getLogger("gpushare.prolog")
 
 
-def main() -> int:
+def caps_path(run_dir: str, job: str) -> Path:
+    """Where the TaskProlog finds a job's exports (``job`` already validated)."""
+    return Path(run_dir) / "jobs" / f"{job}.json"
+
+
+def write_caps(run_dir: str, job: str, env: dict[str, str]) -> None:
+    directory = Path(run_dir) / "jobs"
+    directory.mkdir(mode=0o755, parents=True, exist_ok=True)
+    write_json_atomic(caps_path(run_dir, job), {"v": 1, "job": job, "env": env}, mode=0o644)
+
+
+def register(env: Mapping[str, str], cfg: Any, client: Any = None, backend: Any = None) -> dict[str, Any] | None:
+    """Register the job of this Prolog; returns the exports written for it (None: not a GPU job)."""
+    from mig_manager.agent import socket_path
+    from mig_manager.agent_api import AgentUnavailable, call
+    from prolog.hook_env import job_from_env, slurm_facts
+
+    job = job_from_env(env)
+    if job is None:
+        return None
+    js = None
     try:
-        return 0
+        if client is None:
+            from slurm_plugins.slurm_client import SlurmClient
+
+            client = SlurmClient(cfg.slurm_conf or env.get("SLURM_CONF") or None)
+        js = client.job_json(job.job)
+    except Exception as exc:  # noqa: BLE001 - without Slurm's record the job is registered uncapped
+        log.warning("job %s: Slurm record unavailable (%s); registered without estimate", job.job, exc)
+    facts = slurm_facts(job, js)
+    try:
+        reply = call(socket_path(cfg), {"op": "register", "job": facts}, timeout_s=5.0)
+        if not reply.get("ok"):
+            raise ValueError(reply.get("error", "refused"))
+        exports = dict(reply.get("env") or {})
+    except Exception as exc:  # noqa: BLE001 - agent down or refusing: register locally
+        log.warning("job %s: agent unavailable (%s); registering from the Prolog", job.job, exc)
+        exports = _register_locally(facts, cfg, backend)
+    write_caps(cfg.run_dir, job.job, exports)
+    log.info("job %s registered on GPUs %s: %s", job.job, job.gpus, exports.get("GPUSHARE_CAPS_MODE"))
+    return exports
+
+
+def _register_locally(facts: dict[str, Any], cfg: Any, backend: Any) -> dict[str, str]:
+    from gres import open_backend
+    from mig_manager.agent_jobs import build_entry, clean_facts, tenants_of
+    from mig_manager.agent_store import JobStore
+
+    clean = clean_facts(facts)
+    backend = backend or open_backend(cfg.device_backend or None)
+    store = JobStore(Path(cfg.state_dir) / "jobs")
+    with store.locked(clean["job"]):
+        tenants = tenants_of(store.all(), clean["gpus"], clean["job"])
+        entry = build_entry(clean, cfg, backend, tenants, time.time(), by="prolog", mps_ok=False)
+        store.put(entry)
+    return dict(entry["env"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        from gpushare.config import load_config
+        from mig_manager.agent_cli import setup_logging
+
+        cfg = load_config().agent
+        setup_logging(cfg.log_file)
+        register(os.environ, cfg)
     except Exception:  # noqa: BLE001 - never fail a job or drain a node on our account
         log.exception("prolog failed; job proceeds")
-        return 0
+    return 0
 
 
 if __name__ == "__main__":

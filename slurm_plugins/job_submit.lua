@@ -9,6 +9,7 @@
 local SOCKET_PATH = "@SOCKET_PATH@"
 local DEADLINE_S = @DEADLINE_S@
 local MAX_SCRIPT_BYTES = @MAX_SCRIPT_BYTES@
+local SHARED_FEATURE = "@SHARED_FEATURE@" -- node feature shared jobs need; empty: no withholding
 
 local have_socket, socket = pcall(require, "socket")
 local have_unix, unix = pcall(require, "socket.unix")
@@ -87,6 +88,23 @@ local function ask(request)
 	return reply
 end
 
+-- A job we made shared must land on a node whose agent keeps SHARED_FEATURE active (docs/agent.md):
+-- a node with a risky or warming GPU drops it and receives no new shared job until calm. Constraints
+-- with counts, brackets, parentheses or OR are left as they are rather than risk a rejected job.
+local function add_shared_feature(job_desc)
+	if SHARED_FEATURE == "" or string.find(SHARED_FEATURE, "@", 1, true) then
+		return
+	end
+	local current = job_desc.features
+	if current == nil or current == "" then
+		job_desc.features = SHARED_FEATURE
+	elseif string.find(current, "[%[%]%*%(%)|]") then
+		slurm.log_info("gpushare: constraint %s kept as is; busy nodes are not withheld for this job", current)
+	elseif not string.find("&" .. current .. "&", "&" .. SHARED_FEATURE .. "&", 1, true) then
+		job_desc.features = current .. "&" .. SHARED_FEATURE
+	end
+end
+
 local function submit(job_desc, submit_uid)
 	if not (mentions_gpu(job_desc.tres_per_node) or mentions_gpu(job_desc.tres_per_job)
 		or mentions_gpu(job_desc.tres_per_task)) then
@@ -130,6 +148,9 @@ local function submit(job_desc, submit_uid)
 	end
 	if reply.user_msg and reply.user_msg ~= "" then
 		slurm.log_user("%s", reply.user_msg)
+	end
+	if reply.action == "modify" and reply.tres_per_node and string.find(reply.tres_per_node, "shard", 1, true) then
+		add_shared_feature(job_desc)
 	end
 	return slurm.SUCCESS
 end

@@ -34,7 +34,13 @@ def render_lua(cfg: Config) -> str:
         raise ConfigError(f"{cfg.source}: [submit].socket: quotes, backslashes and newlines are not allowed")
     return (template.replace("@SOCKET_PATH@", socket_path)
             .replace("@DEADLINE_S@", f"{cfg.submit.timeout_ms / 1000:.3f}")
-            .replace("@MAX_SCRIPT_BYTES@", str(cfg.submit.max_script_bytes)))
+            .replace("@MAX_SCRIPT_BYTES@", str(cfg.submit.max_script_bytes))
+            .replace("@SHARED_FEATURE@", shared_feature(cfg)))
+
+
+def shared_feature(cfg: Config) -> str:
+    """The node feature shared jobs are constrained to (docs/agent.md, withholding); empty when off."""
+    return cfg.agent.withhold_feature if cfg.agent.withhold == "feature" else ""
 
 
 def group_gpus(cfg: Config, group: NodeGroup) -> list[NodeGpu]:
@@ -67,10 +73,20 @@ def render_slurm_conf(cfg: Config, hook_dir: str) -> str:
             extra += f" CPUs={group.cpus}"
         if group.real_memory_mb:
             extra += f" RealMemory={group.real_memory_mb}"
+        if shared_feature(cfg):
+            extra += f" Features={shared_feature(cfg)}"
         lines.append(f"NodeName={group.names} Gres={node_gres(group_gpus(cfg, group))}{extra} State=UNKNOWN")
     partitions: dict[str, list[str]] = {}
     for group in cfg.nodes:
         partitions.setdefault(group.partition, []).append(group.names)
+    if shared_feature(cfg):  # keeps shared submissions valid while every node is withheld (docs/agent.md)
+        from mig_manager.agent_withhold import STANDBY_PREFIX, standby_node_line
+
+        for name, members in partitions.items():
+            group = max((g for g in cfg.nodes if g.partition == name), key=lambda g: cfg.gpu(g.gpu).shards)
+            lines.append(standby_node_line(name, shared_feature(cfg), node_gres(group_gpus(cfg, group)),
+                                           group.cpus, group.real_memory_mb))
+            members.append(STANDBY_PREFIX + name)
     for name, members in partitions.items():
         lines.append(f"PartitionName={name} Nodes={','.join(members)} State=UP")
     return "\n".join(lines) + "\n"

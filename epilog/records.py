@@ -1,0 +1,99 @@
+"""The per-job records ledger: what each GPU job did on its node (TTFK, energy, peak memory, exit).
+
+Why this shape: the slurmd Epilog of every job on a node writes here, up to hundreds at once when a job
+array ends. Each run of a job (job id + restart count) gets its own file, written whole with
+``gpushare.atomic`` (temp file + fsync + rename), so concurrent epilogs never touch the same file and a
+crash leaves the old file or the new one. An append-only ``history.jsonl`` (one line per record, one
+``write`` under an exclusive ``flock``: the OOM ledger's mechanism, reused from ``epilog.ledger``) gives
+``gpushare report --since`` a cheap time index. Records are readable by everyone (0644): they hold what
+``squeue``/``sacct`` already show plus energy and memory figures.
+
+Record format (``v`` 1; J, bytes, seconds; produced by ``mig_manager.agent_jobs.final_record``)::
+
+    v, job, restarts, node, uid, user, shared, est_gib, margin_gib, shards
+    caps: {mode, mem_limit_mib, thread_percentage, fraction, reason}
+    start, end, duration_s: float            # Unix seconds
+    ttfk_s: float | None                      # None: no process ever seen (or agent down throughout)
+    gpus: {index: {energy_j, share_j, active_s, peak_bytes}}   # energy_j: whole-device delta
+    series: {index: [[t, gpu_used_bytes, job_bytes, smact], ...]}
+    exit_code: int | None; state: str | None # from Slurm's JSON while the job is completing
+    registered_by, closed_by: "agent" | "prolog" | "epilog"
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Iterator
+
+from epilog.ledger import Ledger
+from gpushare.atomic import write_json_atomic
+
+_NAME_RE = re.compile(r"^(\d{1,10}(?:_\d{1,10})?)\.(\d{1,7})\.json$")
+
+
+class RecordLedger:
+    """A directory of per-run job records plus ``history.jsonl``."""
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.dir = Path(directory)
+        self._history = Ledger(self.dir)
+
+    def ensure(self) -> "RecordLedger":
+        self._history.ensure()  # real directory, root's when we are root, no symlinks
+        os.chmod(self.dir, 0o755)
+        return self
+
+    def path(self, job: str, restarts: int) -> Path:
+        name = f"{job}.{int(restarts)}.json"
+        if not _NAME_RE.match(name):
+            raise ValueError(f"bad record key: job {str(job)[:30]!r}, restarts {restarts!r}")
+        return self.dir / name
+
+    def put(self, record: dict[str, Any]) -> Path:
+        """Write one record (replacing an earlier write of the same run) and index it."""
+        self.ensure()
+        target = self.path(str(record["job"]), int(record.get("restarts", 0)))
+        write_json_atomic(target, record, mode=0o644)
+        self._history.append_history({"event": "record", "job": str(record["job"]),
+                                      "restarts": int(record.get("restarts", 0)), "end": record.get("end")})
+        return target
+
+    def get(self, job: str, restarts: int | None = None) -> list[dict[str, Any]]:
+        """The records of one job (every run, oldest first), or of one run."""
+        if restarts is not None:
+            found = self._load(self.path(job, restarts))
+            return [found] if found else []
+        self.path(job, 0)  # validates the id before it becomes part of a glob
+        return sorted((r for r in (self._load(p) for p in self.dir.glob(f"{job}.*.json")) if r),
+                      key=lambda r: int(r.get("restarts", 0)))
+
+    def all(self, since: float | None = None) -> Iterator[dict[str, Any]]:
+        """Every record (ending at or after ``since``), in end-time order."""
+        if not self.dir.is_dir():
+            return iter(())
+        records = []
+        for path in self.dir.iterdir():
+            if _NAME_RE.match(path.name):
+                record = self._load(path)
+                if record and (since is None or float(record.get("end") or 0) >= since):
+                    records.append(record)
+        return iter(sorted(records, key=lambda r: (float(r.get("end") or 0), str(r.get("job")))))
+
+    def history(self) -> list[dict[str, Any]]:
+        return self._history.history()
+
+    @staticmethod
+    def _load(path: Path) -> dict[str, Any] | None:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return None
+        with os.fdopen(fd, "rb") as handle:
+            try:
+                data = json.loads(handle.read(16 << 20))
+            except ValueError:
+                return None
+        return data if isinstance(data, dict) else None

@@ -1,0 +1,253 @@
+"""``gpushare-agent``: the node agent. Samples GPUs, keeps CARMA's risk and TTFK state, runs MPS daemons,
+withholds busy nodes from new shared jobs, serves the local API and Prometheus metrics.
+
+Why one small class with injected parts (STYLE #11): the clock, the device backend, the Slurm lever and
+the metrics registry are constructor arguments, so unit tests step ``tick()`` with a fake clock over the
+simulated backend, and the integration tests run the very same object as a daemon against a real Slurm.
+
+Threads: the sampling loop and the API threads share one lock; each API request and each tick holds it
+briefly (a tick of 8 GPUs takes well under a millisecond of work plus the backend's reads).
+
+Restart: jobs come back from the store (``mig_manager.agent_store``), windows refill from NVML within
+one window; accumulators lose at most ``flush_every_s`` of attributed energy (whole-device energy comes
+from the counters and is never lost).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import queue
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from gres import GpuError, open_backend
+from mig_manager.agent_jobs import build_entry, clean_facts, tenants_of
+from mig_manager.agent_sampler import Sampler, environ_job
+from mig_manager.agent_store import JobStore, check_job
+from mig_manager.agent_withhold import NodeFeature, node_open
+
+log = logging.getLogger("gpushare.agent")
+
+
+def socket_path(cfg: Any) -> Path:
+    return Path(cfg.run_dir) / "agent" / "agent.sock"
+
+
+def node_name(cfg: Any) -> str:
+    return cfg.node_name or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+
+
+class Agent:
+    def __init__(self, cfg: Any, backend: Any, clock: Callable[[], float] = time.time,
+                 feature: NodeFeature | None = None, registry: Any = None,
+                 pid_job: Callable[[int], str | None] = environ_job, slurm: Any = None) -> None:
+        self.cfg = cfg
+        self.backend = backend
+        self.clock = clock
+        self.feature = feature
+        self.lock = threading.RLock()
+        self.store = JobStore(Path(cfg.state_dir) / "jobs")
+        self.sampler = Sampler(backend, cfg.window_samples, cfg.sample_period_s, pid_job=pid_job)
+        self.mps = backend.mps(str(cfg.run_dir))
+        self.open: bool | None = None
+        self.slurm = slurm  # SlurmClient for AdminComment run summaries; None: off
+        self._annotate: queue.Queue[dict[str, Any]] = queue.Queue()
+        self._annotated: set[str] = set()
+        self._last_flush = clock()
+        self._last_assert = -math.inf
+        self.registry = registry
+        if registry is not None:
+            from mig_manager.agent_metrics import register
+
+            register(self, registry)
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def load(self) -> int:
+        """Pick up every job in the store (after a restart); returns how many."""
+        with self.lock:
+            entries = self.store.ensure().all()
+            for entry in entries:
+                self.sampler.track(entry)
+                self._ensure_mps(entry)
+            log.info("agent: %d running job(s) restored from %s", len(entries), self.store.dir)
+            return len(entries)
+
+    def tick(self) -> None:
+        with self.lock:
+            now = self.clock()
+            self.sampler.tick(now)
+            self._queue_annotations()
+            if now - self._last_flush >= self.cfg.flush_every_s:
+                self.flush()
+            self._withhold(now)
+
+    def flush(self) -> None:
+        """Persist every running job's accumulators (a crash loses at most one flush period)."""
+        with self.lock:
+            for acc in list(self.sampler.jobs.values()):
+                self.store.update(acc.job, lambda e, acc=acc: {**e, **acc.fields()})
+            self._last_flush = self.clock()
+
+    def _queue_annotations(self) -> None:
+        """Jobs whose first kernel was just seen get their run summary in AdminComment (while running)."""
+        if self.slurm is None or self.cfg.admin_comment != "yes":
+            return
+        for acc in self.sampler.jobs.values():
+            if acc.kernel_at is not None and acc.job not in self._annotated:
+                self._annotated.add(acc.job)
+                entry = self.store.get(acc.job) or {}
+                self._annotate.put({"job": acc.job, "node": node_name(self.cfg), "ttfk_s": acc.fields()["ttfk_s"],
+                                    "caps": entry.get("caps")})
+
+    def annotate_pending(self, block_s: float = 0.0) -> int:
+        """Write queued run summaries to Slurm (off the sampling lock); returns how many were tried."""
+        from mig_manager.agent_comment import annotate
+
+        done = 0
+        while True:
+            try:
+                record = self._annotate.get(timeout=block_s) if block_s and not done else self._annotate.get_nowait()
+            except queue.Empty:
+                return done
+            annotate(self.slurm, record["job"], record)
+            done += 1
+
+    def _withhold(self, now: float, force: bool = False) -> None:
+        if self.feature is None:
+            return
+        flags = [any(self.sampler.withheld(i, now)) for i in self.sampler.views]
+        want = node_open(flags, self.cfg.withhold_node_when)
+        # assert-then-apply: scontrol only on a change, re-checked every 30 s (slurmd re-registration or an
+        # admin may have reset the node's features)
+        if force or want != self.open or now - self._last_assert >= 30.0:
+            try:
+                self.feature.apply(want)
+            except Exception as exc:  # noqa: BLE001 - Slurm down must not stop sampling
+                log.error("withhold: %s", exc)
+                return
+            self.open, self._last_assert = want, now
+
+    def _ensure_mps(self, entry: dict[str, Any]) -> None:
+        if (entry.get("caps") or {}).get("mode") != "mps":
+            return
+        gpu = entry["gpus"][0]
+        try:
+            if not self.mps.running(gpu):
+                self.mps.start(gpu)
+                log.info("MPS control daemon started for GPU %d", gpu)
+        except GpuError as exc:
+            log.error("MPS for GPU %d: %s", gpu, exc)
+
+    def _stop_idle_mps(self, gpus: list[int]) -> None:
+        for gpu in gpus:
+            if any(acc.mode == "mps" for acc in self.sampler.jobs_on(gpu)):
+                continue
+            try:
+                if self.mps.running(gpu):
+                    self.mps.stop(gpu)
+            except GpuError as exc:
+                log.error("MPS stop for GPU %d: %s", gpu, exc)
+
+    # -- API operations ----------------------------------------------------------------------------
+    def register(self, raw: dict[str, Any]) -> dict[str, Any]:
+        facts = clean_facts(raw)
+        with self.lock:
+            existing = self.store.get(facts["job"])
+            if existing is not None and existing.get("restarts") == facts["restarts"]:
+                entry = existing  # a Prolog retried: idempotent
+            else:
+                tenants = tenants_of(self.store.all(), facts["gpus"], facts["job"])
+                entry = build_entry(facts, self.cfg, self.backend, tenants, self.clock(), by="agent")
+                self.store.put(entry)
+            self.sampler.track(entry)
+            self._ensure_mps(entry)
+            self._withhold(self.clock(), force=True)
+            return entry
+
+    def close(self, job: str) -> dict[str, Any] | None:
+        """Stop tracking a job; its entry (with final accumulators) stays for the Epilog to record."""
+        job = check_job(job)
+        with self.lock:
+            acc = self.sampler.untrack(job)
+            entry = self.store.update(job, lambda e: {**e, **acc.fields()}) if acc else self.store.get(job)
+            if acc:
+                self._stop_idle_mps(acc.gpus)
+            self._annotated.discard(job)
+            self._withhold(self.clock(), force=True)
+            return entry
+
+    def snapshot(self) -> dict[str, Any]:
+        with self.lock:
+            now = self.clock()
+            gpus = []
+            for index, view in self.sampler.views.items():
+                risky, warming = self.sampler.withheld(index, now)
+                gpus.append({"index": index, "memory_used": view.used, "memory_total": view.total,
+                             "energy_mj": view.energy_mj, "power_w": view.power_w, "source": view.source,
+                             "risk": {"smact": view.risk.smact, "smocc": view.risk.smocc, "drama": view.risk.drama},
+                             "risky": risky, "warming": warming, "ready_at": self.sampler.ttfk.ready_at(index),
+                             "jobs": list(view.jobs) or [a.job for a in self.sampler.jobs_on(index)],
+                             "samples": view.samples, "error": view.error})
+            jobs = [{"job": a.job, "uid": a.uid, "gpus": a.gpus, "mode": a.mode, "start": a.start,
+                     **{k: v for k, v in a.fields().items() if k not in ("series", "series_stride")}}
+                    for a in self.sampler.jobs.values()]
+            return {"now": now, "node_open": self.open, "gpus": gpus, "jobs": jobs}
+
+    def handle(self, request: dict[str, Any]) -> dict[str, Any]:
+        op = request.get("op")
+        try:
+            if op == "ping":
+                return {"ok": True}
+            if op == "register":
+                entry = self.register(request.get("job") or {})
+                return {"ok": True, "caps": entry["caps"], "env": entry["env"]}
+            if op == "close":
+                entry = self.close(str(request.get("job", "")))
+                return {"ok": True, "entry": entry}
+            if op == "status":
+                return {"ok": True, **self.snapshot()}
+        except ValueError as exc:
+            return {"ok": False, "error": str(exc)}
+        return {"ok": False, "error": f"unknown op {str(op)[:30]!r} (known: ping, register, close, status)"}
+
+    # -- daemon ------------------------------------------------------------------------------------
+    def run(self, stop: threading.Event) -> None:
+        if self.slurm is not None:
+            threading.Thread(target=self._annotator, args=(stop,), name="gpushare-annotate", daemon=True).start()
+        period = self.cfg.sample_period_s
+        next_at = time.monotonic()
+        while not stop.is_set():
+            try:
+                self.tick()
+            except Exception:  # noqa: BLE001 - one bad tick must not end the agent
+                log.exception("sampling tick failed")
+            next_at += period
+            delay = next_at - time.monotonic()
+            if delay < 0:  # fell behind (suspended, slow backend): do not burst to catch up
+                next_at, delay = time.monotonic(), 0.0
+            stop.wait(delay)
+        self.flush()
+
+
+    def _annotator(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                self.annotate_pending(block_s=1.0)
+            except Exception:  # noqa: BLE001
+                log.exception("AdminComment update failed")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from mig_manager.agent_cli import run_agent
+
+    return run_agent(argv if argv is not None else sys.argv[1:], Agent, open_backend)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""Per-job caps for shared GPU jobs and the environment the TaskProlog exports for them. Pure.
+
+Why these caps (DESIGN.md §5): Slurm's shard accounting keeps the *requests* on a GPU within its memory,
+but nothing stops a job from using more than it asked for. Under MPS, ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``
+= estimate + margin makes a job that outgrows its estimate fail alone instead of OOM-ing its neighbours.
+
+Different users (the policy option ``[agent] collocation``): MPS runs one server per UID and NVIDIA
+serialises servers of different users on a GPU — a second user's job would sit waiting until the first
+user's jobs leave. So:
+
+``mps-same-user`` (default)  MPS only when every job already on the job's GPU belongs to the same user
+                             and runs under MPS; otherwise this job is time-sliced beside them with the
+                             soft memory-fraction guard. Nobody waits on another user's MPS server.
+``mps``                      MPS always (a site that accepts cross-user serialisation, or one user).
+``fraction``                 never MPS: time-slicing plus the memory-fraction guard for everyone.
+``none``                     no caps at all (only Slurm's shard accounting).
+
+The memory-fraction guard is ``GPUSHARE_MEMORY_FRACTION`` (need / GPU memory), honoured by PyTorch jobs
+that call ``prolog.memory_guard.apply()`` (it calls ``torch.cuda.set_per_process_memory_fraction``). It is
+soft: other frameworks and non-PyTorch allocations ignore it.
+
+An MPS client sees devices *through its server*: our per-GPU daemon is started with
+``CUDA_VISIBLE_DEVICES=<that GPU>``, so inside it the GPU is device 0 and the job must say
+``CUDA_VISIBLE_DEVICES=0`` (Slurm's value names the physical GPU). Only single-GPU jobs use MPS: a client
+attaches to one pipe directory, i.e. one GPU's daemon.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from gres.mps import job_env
+
+MiB = 1 << 20
+GiB = 1 << 30
+POLICIES = ("mps-same-user", "mps", "fraction", "none")
+# What the TaskProlog may export; anything else in a caps file is ignored.
+EXPORTABLE = ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+              "CUDA_VISIBLE_DEVICES", "GPUSHARE_MEMORY_FRACTION", "GPUSHARE_MEM_LIMIT_MIB", "GPUSHARE_CAPS_MODE")
+
+
+@dataclass(frozen=True)
+class Caps:
+    """What a job is limited to on its GPU."""
+
+    mode: str  # "mps" | "fraction" | "none"
+    mem_limit_mib: int | None = None  # estimate + margin, MiB; None without an estimate
+    thread_percentage: int | None = None  # MPS only
+    fraction: float | None = None  # need / GPU memory, for the soft guard
+    reason: str = ""  # one line: why this mode
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Caps":
+        return cls(**{k: data.get(k) for k in ("mode", "mem_limit_mib", "thread_percentage", "fraction", "reason")})
+
+
+def need_mib(est_gib: float | None, margin_gib: float | None, shards: int | None) -> int | None:
+    """The job's memory need: the submit record's estimate + margin, else its shard count (GiB)."""
+    if est_gib is not None and est_gib > 0:
+        return max(1, math.ceil((est_gib + max(margin_gib or 0.0, 0.0)) * 1024))
+    if shards:
+        return int(shards) * 1024
+    return None
+
+
+def decide_caps(policy: str, *, shared: bool, gpus: int, uid: int, need: int | None, gpu_total_bytes: int,
+                tenants: list[tuple[int, str]], thread_percentage: int = 100) -> Caps:
+    """Caps of one job. ``tenants``: (uid, caps mode) of the other jobs already on its GPU."""
+    if policy not in POLICIES:
+        raise ValueError(f"unknown collocation policy {policy!r} (known: {', '.join(POLICIES)})")
+    if not shared or policy == "none" or need is None:
+        why = "not a shared job" if not shared else ("collocation = none" if policy == "none" else "no estimate")
+        return Caps("none", reason=why)
+    fraction = max(0.01, min(1.0, math.floor(need * MiB / gpu_total_bytes * 1000) / 1000)) if gpu_total_bytes else None
+    soft = Caps("fraction", need, None, fraction, "")
+    if policy == "fraction":
+        return Caps(**{**soft.as_dict(), "reason": "collocation = fraction"})
+    if gpus != 1:
+        return Caps(**{**soft.as_dict(), "reason": "MPS clients attach to one GPU's daemon; job has several GPUs"})
+    if policy == "mps-same-user":
+        others = [t for t in tenants if t[0] != uid]
+        if others:
+            return Caps(**{**soft.as_dict(), "reason": f"another user (uid {others[0][0]}) is on this GPU: "
+                                                      "time-sliced, not serialised behind their MPS server"})
+        if any(mode != "mps" for _, mode in tenants):
+            return Caps(**{**soft.as_dict(), "reason": "a job on this GPU runs outside MPS"})
+    return Caps("mps", need, thread_percentage, fraction, f"collocation = {policy}")
+
+
+def task_env(caps: Caps, pipe_dir: str | None) -> dict[str, str]:
+    """Variables the TaskProlog exports for a job with these caps (strings, shell-safe)."""
+    env: dict[str, str] = {"GPUSHARE_CAPS_MODE": caps.mode}
+    if caps.mode == "mps" and pipe_dir:
+        env.update(job_env(pipe_dir, 0, caps.mem_limit_mib, caps.thread_percentage))
+        env["CUDA_VISIBLE_DEVICES"] = "0"  # the daemon exposes exactly its GPU, as device 0
+    if caps.mode in ("mps", "fraction"):
+        if caps.fraction is not None:
+            env["GPUSHARE_MEMORY_FRACTION"] = f"{caps.fraction:.3f}"
+        if caps.mem_limit_mib is not None:
+            env["GPUSHARE_MEM_LIMIT_MIB"] = str(int(caps.mem_limit_mib))
+    return env

@@ -1,0 +1,102 @@
+"""Command line and daemon wiring of ``gpushare-agent`` (kept apart so ``agent.py`` stays the logic).
+
+Exit codes: 0 after SIGTERM/SIGINT, 2 for a bad configuration or an unusable device backend (systemd
+restarts it; the message names the key or backend to fix).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+from typing import Any, Callable
+
+log = logging.getLogger("gpushare.agent")
+
+
+def setup_logging(log_file: str, level: str = "INFO") -> None:
+    handler: logging.Handler = logging.FileHandler(log_file) if log_file else logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    root = logging.getLogger("gpushare")
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="gpushare-agent", description="gpushare node agent")
+    parser.add_argument("--config", help="gpushare.toml (default: $GPUSHARE_CONFIG, else /etc/slurm/gpushare.toml)")
+    parser.add_argument("--node", help="this node's Slurm name (overrides [agent] node_name)")
+    parser.add_argument("--backend", help="nvml or sim:<state.json> (overrides [agent] device_backend)")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    return parser.parse_args(argv)
+
+
+def run_agent(argv: list[str], agent_cls: type, open_backend: Callable[[str | None], Any]) -> int:
+    from gpushare.config import ConfigError, load_config
+    from gres import GpuError
+
+    args = parse_args(argv)
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as exc:
+        print(f"gpushare-agent: {exc}")
+        return 2
+    agent_cfg = cfg.agent
+    if args.node:
+        agent_cfg.node_name = args.node
+    setup_logging(agent_cfg.log_file, args.log_level)
+    spec = args.backend or agent_cfg.device_backend or None
+    try:
+        backend = open_backend(spec)
+        backend.gpus()
+    except (GpuError, OSError, ValueError) as exc:
+        log.error("device backend %s unusable: %s (set [agent] device_backend or GPUSHARE_DEVICE_BACKEND)",
+                  spec or "default", exc)
+        return 2
+    from mig_manager.agent import node_name, socket_path
+
+    from slurm_plugins.slurm_client import SlurmClient
+
+    slurm = SlurmClient(agent_cfg.slurm_conf or None)
+    feature = None
+    if agent_cfg.withhold == "feature":
+        from mig_manager.agent_withhold import NodeFeature
+
+        feature = NodeFeature(slurm, node_name(agent_cfg), agent_cfg.withhold_feature)
+    registry = None
+    metrics_server = None
+    if agent_cfg.metrics_port:
+        from prometheus_client import CollectorRegistry
+
+        registry = CollectorRegistry()
+    agent = agent_cls(agent_cfg, backend, feature=feature, registry=registry,
+                      slurm=slurm if agent_cfg.admin_comment == "yes" else None)
+    agent.load()
+    if registry is not None:
+        from mig_manager.agent_metrics import serve
+
+        try:
+            metrics_server = serve(registry, agent_cfg.metrics_port)
+        except OSError as exc:
+            log.error("metrics on 127.0.0.1:%d unavailable: %s; agent continues", agent_cfg.metrics_port, exc)
+    api = agent_cls_api(socket_path(agent_cfg), agent.handle)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    log.info("agent up: %d GPU(s) via %s, node %s, socket %s", len(agent.sampler.views), backend.name,
+             node_name(agent_cfg), socket_path(agent_cfg))
+    try:
+        agent.run(stop)
+    finally:
+        api.stop()
+        if metrics_server is not None:
+            metrics_server.shutdown()
+        log.info("agent stopped")
+    return 0
+
+
+def agent_cls_api(path: Any, handler: Callable[[dict], dict]) -> Any:
+    from mig_manager.agent_api import ApiServer
+
+    return ApiServer(path, handler).start()

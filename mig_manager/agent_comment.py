@@ -1,0 +1,70 @@
+"""A job's run summary in its AdminComment, next to the submit decision (``gpushare:{…}``).
+
+Why two writers: Slurm 22.05 accepts ``scontrol update admincomment=`` only while a job is pending or
+running — measured here, the slurmd Epilog already gets "Job has already finished" while the job is
+COMPLETING. So the agent writes the run summary as soon as it knows the TTFK (the job is running), and
+the Epilog tries once more with energy, peak memory and exit status; when Slurm refuses, the full record
+is in the node's ledger (``gpushare report``). A foreign admin comment (not ``gpushare:``) is never
+overwritten, and the result stays within the submit record's length limit.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from slurm_plugins.decision import RECORD_PREFIX, parse_record
+
+log = logging.getLogger("gpushare.agent")
+MAX_COMMENT = 900
+
+
+def run_summary(record: dict[str, Any]) -> dict[str, Any]:
+    """The compact part of a record that goes into AdminComment (``run`` key of the gpushare record)."""
+    gpus = record.get("gpus") or {}
+    energy = [g["energy_j"] for g in gpus.values() if g.get("energy_j") is not None]
+    share = [g["share_j"] for g in gpus.values() if g.get("share_j") is not None]
+    peaks = [g["peak_bytes"] for g in gpus.values() if g.get("peak_bytes") is not None]
+    summary = {"node": record.get("node"), "ttfk_s": record.get("ttfk_s"),
+               "energy_j": round(sum(energy), 1) if energy else None,
+               "share_j": round(sum(share), 1) if share else None,
+               "peak_gib": round(max(peaks) / 2**30, 2) if peaks else None,
+               "exit": record.get("exit_code"), "caps": (record.get("caps") or {}).get("mode")}
+    return {k: v for k, v in summary.items() if v is not None}
+
+
+def comment_with_run(existing: str | None, record: dict[str, Any]) -> str | None:
+    """The new AdminComment, or None when the job carries someone else's comment (left alone)."""
+    if existing and not existing.startswith(RECORD_PREFIX):
+        return None
+    base = parse_record(existing) or {"v": 1}
+    base["run"] = run_summary(record)
+    text = RECORD_PREFIX + json.dumps(base, separators=(",", ":"), sort_keys=True)
+    if len(text) > MAX_COMMENT:
+        base["why"] = str(base.get("why", ""))[:80]
+        base.pop("detail", None)
+        text = RECORD_PREFIX + json.dumps(base, separators=(",", ":"), sort_keys=True)
+    return text if len(text) <= MAX_COMMENT else None
+
+
+def annotate(client: Any, job: str, record: dict[str, Any], js: dict[str, Any] | None = None) -> bool:
+    """Write ``record``'s run summary into the job's AdminComment; True when Slurm took it."""
+    try:
+        js = js if js is not None else client.job_json(job)
+    except Exception as exc:  # noqa: BLE001 - Slurm unreachable: the ledger still gets the record
+        log.warning("job %s: Slurm record unavailable (%s); AdminComment not updated", job, exc)
+        return False
+    if js is None:
+        return False
+    existing = js.get("admin_comment") if isinstance(js.get("admin_comment"), str) else None
+    text = comment_with_run(existing, record)
+    if text is None:
+        log.info("job %s: AdminComment holds a foreign comment or would overflow; left unchanged", job)
+        return False
+    try:
+        client.update_job(job, admincomment=text)
+    except Exception as exc:  # noqa: BLE001 - a finished job refuses updates (22.05)
+        log.info("job %s: AdminComment not updated (%s); the record is in the ledger", job, str(exc)[-60:])
+        return False
+    return True

@@ -1,0 +1,118 @@
+"""Job registration and closing, shared by the agent and by the Prolog/Epilog when the agent is down.
+
+Why one code path for both: a job started while the agent restarts must get the same entry (start energy
+counters, caps) as any other, and a job ending while it is down must still get its record. The agent adds
+what only a running sampler can see (first kernel, attributed energy, peak memory); without it those
+fields stay empty and the record says ``registered_by``/``closed_by`` so a reader knows why.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from typing import Any
+
+from gres import GpuError, is_na
+from gres.mps import mps_dirs
+from mig_manager.agent_caps import Caps, decide_caps, need_mib, task_env
+from mig_manager.agent_store import check_job
+
+log = logging.getLogger("gpushare.agent")
+_USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@-]{0,63}$")
+
+
+def clean_facts(raw: dict[str, Any]) -> dict[str, Any]:
+    """Validate what a Prolog sends: every field is typed and bounded, nothing is passed through."""
+    gpus = raw.get("gpus")
+    if not isinstance(gpus, list) or not gpus or len(gpus) > 64 or not all(
+            isinstance(g, int) and not isinstance(g, bool) and 0 <= g < 1024 for g in gpus):
+        raise ValueError("gpus: expected a non-empty list of GPU indices")
+    user = str(raw.get("user") or "")
+    facts = {
+        "job": check_job(raw.get("job", "")),
+        "restarts": _int(raw.get("restarts", 0), "restarts", 0, 1 << 20),
+        "uid": _int(raw.get("uid", -1), "uid", -1, 1 << 31),
+        "user": user if _USER_RE.match(user) else "",
+        "gpus": sorted(set(gpus)),
+        "shared": bool(raw.get("shared")),
+        "est_gib": _num(raw.get("est_gib")),
+        "margin_gib": _num(raw.get("margin_gib")),
+        "shards": _int(raw["shards"], "shards", 0, 1 << 20) if raw.get("shards") is not None else None,
+    }
+    return facts
+
+
+def _int(value: Any, name: str, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ValueError(f"{name}: expected an integer in {lo}..{hi}, got {str(value)[:20]!r}")
+    return value
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1 << 20:
+        return None
+    return float(value)
+
+
+def read_energy(backend: Any, gpus: list[int]) -> dict[str, int | None]:
+    out: dict[str, int | None] = {}
+    for gpu in gpus:
+        try:
+            value = backend.energy_mj(gpu)
+            out[str(gpu)] = None if is_na(value) else int(value)
+        except GpuError as exc:
+            log.warning("GPU %d energy counter unreadable: %s", gpu, exc)
+            out[str(gpu)] = None
+    return out
+
+
+def build_entry(facts: dict[str, Any], cfg: Any, backend: Any, tenants: list[tuple[int, str]], now: float,
+                by: str, mps_ok: bool = True) -> dict[str, Any]:
+    """A new store entry for a registered job (``cfg`` is the ``[agent]`` section)."""
+    gpu0 = facts["gpus"][0]
+    try:
+        total = int(backend.gpu(gpu0).total_bytes)
+    except GpuError:
+        total = 0
+    policy = cfg.collocation if mps_ok else ("fraction" if cfg.collocation != "none" else "none")
+    caps = decide_caps(policy, shared=facts["shared"], gpus=len(facts["gpus"]), uid=facts["uid"],
+                       need=need_mib(facts["est_gib"], facts["margin_gib"], facts["shards"]),
+                       gpu_total_bytes=total, tenants=tenants, thread_percentage=cfg.mps_thread_percentage)
+    if not mps_ok and cfg.collocation.startswith("mps") and caps.mode == "fraction":
+        caps = Caps(**{**caps.as_dict(), "reason": "agent not running: no MPS daemon, memory fraction only"})
+    pipe = mps_dirs(cfg.run_dir, gpu0)[0] if caps.mode == "mps" else None
+    return {**facts, "caps": caps.as_dict(), "pipe_dir": pipe, "env": task_env(caps, pipe), "start": now,
+            "start_energy_mj": read_energy(backend, facts["gpus"]), "kernel_at": None, "share_mj": {},
+            "active_s": {}, "peak_bytes": {}, "series": {}, "registered_by": by}
+
+
+def tenants_of(entries: list[dict[str, Any]], gpus: list[int], job: str) -> list[tuple[int, str]]:
+    """(uid, caps mode) of the other registered jobs sharing any of ``gpus``."""
+    return [(int(e.get("uid", -1)), str((e.get("caps") or {}).get("mode", "none"))) for e in entries
+            if str(e.get("job")) != job and set(e.get("gpus", [])) & set(gpus)]
+
+
+def final_record(entry: dict[str, Any], backend: Any, end: float | None = None, closed_by: str = "agent",
+                 node: str = "") -> dict[str, Any]:
+    """The job's record from its store entry and the energy counters now (for the records ledger)."""
+    end = time.time() if end is None else end
+    now_mj = read_energy(backend, [int(g) for g in entry.get("gpus", [])])
+    gpus = {}
+    for gpu in (str(g) for g in entry.get("gpus", [])):
+        start_mj = (entry.get("start_energy_mj") or {}).get(gpu)
+        whole = None if start_mj is None or now_mj.get(gpu) is None or now_mj[gpu] < start_mj else now_mj[gpu] - start_mj
+        share = (entry.get("share_mj") or {}).get(gpu)
+        gpus[gpu] = {"energy_j": None if whole is None else round(whole / 1000.0, 3),
+                     "share_j": None if share is None else round(min(share, whole or share) / 1000.0, 3),
+                     "active_s": round((entry.get("active_s") or {}).get(gpu, 0.0), 3),
+                     "peak_bytes": (entry.get("peak_bytes") or {}).get(gpu)}
+    kernel = entry.get("kernel_at")
+    return {"v": 1, "job": entry["job"], "restarts": entry.get("restarts", 0), "node": node,
+            "uid": entry.get("uid"), "user": entry.get("user"), "shared": entry.get("shared"),
+            "est_gib": entry.get("est_gib"), "margin_gib": entry.get("margin_gib"), "shards": entry.get("shards"),
+            "caps": entry.get("caps"), "start": entry.get("start"), "end": round(end, 3),
+            "duration_s": round(end - float(entry.get("start", end)), 3),
+            "ttfk_s": None if kernel is None else round(float(kernel) - float(entry["start"]), 3),
+            "gpus": gpus, "series": entry.get("series") or {},
+            "registered_by": entry.get("registered_by"), "closed_by": closed_by}

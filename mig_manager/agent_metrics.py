@@ -1,0 +1,70 @@
+"""Prometheus metrics of the agent, produced at scrape time from its state (registry injectable, STYLE #11).
+
+Why a custom collector rather than gauges set every tick: the sampling loop then pays nothing for
+metrics, and finished jobs disappear from the output without bookkeeping. Tests build the agent with
+their own ``CollectorRegistry`` and read ``registry.get_sample_value(...)``.
+
+Per GPU (label ``gpu`` = NVML index): memory used/total bytes, risk score per metric (``metric`` =
+smact|smocc|drama), risky, warming (TTFK), jobs, energy counter (J). Per job (label ``job``): TTFK seconds
+(once seen) and attributed energy in joules (label ``gpu``). NaN for values the GPU cannot report.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterator
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector, CollectorRegistry
+
+if TYPE_CHECKING:
+    from mig_manager.agent import Agent
+
+
+class AgentCollector(Collector):
+    def __init__(self, agent: "Agent") -> None:
+        self.agent = agent
+
+    def collect(self) -> Iterator[Any]:
+        snap = self.agent.snapshot()
+        used = GaugeMetricFamily("gpushare_gpu_memory_used_bytes", "GPU memory in use", labels=["gpu"])
+        total = GaugeMetricFamily("gpushare_gpu_memory_total_bytes", "GPU memory", labels=["gpu"])
+        risk = GaugeMetricFamily("gpushare_gpu_risk_score", "CARMA risk score over the window",
+                                 labels=["gpu", "metric"])
+        risky = GaugeMetricFamily("gpushare_gpu_risky", "1 when the GPU is risky (CARMA §2.3)", labels=["gpu"])
+        warming = GaugeMetricFamily("gpushare_gpu_warming", "1 while a new job's first kernel + window is pending",
+                                    labels=["gpu"])
+        jobs = GaugeMetricFamily("gpushare_gpu_jobs", "jobs registered on the GPU", labels=["gpu"])
+        energy = GaugeMetricFamily("gpushare_gpu_energy_joules", "energy counter since driver load", labels=["gpu"])
+        for gpu in snap["gpus"]:
+            label = str(gpu["index"])
+            used.add_metric([label], gpu["memory_used"])
+            total.add_metric([label], gpu["memory_total"])
+            for metric in ("smact", "smocc", "drama"):
+                risk.add_metric([label, metric], gpu["risk"][metric])
+            risky.add_metric([label], float(gpu["risky"]))
+            warming.add_metric([label], float(gpu["warming"]))
+            jobs.add_metric([label], len(gpu["jobs"]))
+            energy.add_metric([label], gpu["energy_mj"] / 1000.0)
+        ttfk = GaugeMetricFamily("gpushare_job_ttfk_seconds", "time from Prolog to first kernel", labels=["job"])
+        job_energy = GaugeMetricFamily("gpushare_job_energy_joules", "energy attributed to the job",
+                                       labels=["job", "gpu"])
+        for job in snap["jobs"]:
+            if job["ttfk_s"] is not None:
+                ttfk.add_metric([job["job"]], job["ttfk_s"])
+            for gpu, mj in job["share_mj"].items():
+                job_energy.add_metric([job["job"], gpu], mj / 1000.0)
+        yield from (used, total, risk, risky, warming, jobs, energy, ttfk, job_energy)
+
+
+def register(agent: "Agent", registry: CollectorRegistry) -> AgentCollector:
+    collector = AgentCollector(agent)
+    registry.register(collector)
+    return collector
+
+
+def serve(registry: CollectorRegistry, port: int, address: str = "127.0.0.1") -> Any:
+    """Expose ``registry`` on localhost; returns the server (``shutdown()`` stops it)."""
+    from prometheus_client import start_http_server
+
+    result = start_http_server(port, addr=address, registry=registry)
+    return result[0] if isinstance(result, tuple) else result

@@ -1,0 +1,220 @@
+"""The agent's sampling step: one pass over every GPU through the device interface, no process spawned.
+
+Each ``tick(now)`` reads memory, running processes, utilisation and the energy counter of every GPU,
+feeds CARMA's risk window (``mig_manager.risk.MetricWindow``), the TTFK table (``risk.TtfkTable``) and
+the per-job accumulators. The clock value comes from the caller and the backend is injected (STYLE #11),
+so tests drive it with a fake clock and the simulated backend.
+
+Attribution of processes to jobs: ``pid_job(pid)`` (default: ``SLURM_JOB_ID`` in ``/proc/<pid>/environ``,
+which root can read and which slurmstepd sets for every task); a process it cannot place, on a GPU that
+holds exactly one tracked job, belongs to that job (CARMA's own bookkeeping is per GPU, Table 1).
+
+Energy attribution (documented in docs/agent.md): the counter delta of a GPU between two samples is
+split equally among the jobs that had a process on it in that sample — the device interface has no
+per-process SM activity, so "utilisation share" here is each job's share of the *active time* of the
+GPU. Intervals with no job process are idle energy: in the whole-device delta, attributed to nobody.
+
+Risk needs DCGM's SMACT/SMOCC/DRAMA. With NVML only (``source == "nvml"``) those are NA, the window
+holds NaN, the score is NaN and no GPU is ever flagged risky; TTFK withholding still works.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from gres import GpuError, is_na
+from mig_manager.risk import MetricWindow, RiskAssessment, Thresholds, TtfkTable
+
+log = logging.getLogger("gpushare.agent")
+SERIES_POINTS = 600  # per job and GPU; halved (every other point dropped) when full
+
+
+def environ_job(pid: int) -> str | None:
+    """The Slurm job of a process from its environment (root only); None when unknown."""
+    try:
+        data = Path(f"/proc/{int(pid)}/environ").read_bytes()
+    except OSError:
+        return None
+    for item in data.split(b"\0"):
+        if item.startswith(b"SLURM_JOB_ID="):
+            value = item[len(b"SLURM_JOB_ID="):].decode("ascii", "replace")
+            return value if value.isdigit() else None
+    return None
+
+
+@dataclass
+class JobAcc:
+    """What the agent accumulates for one running job (mirrors its store entry)."""
+
+    job: str
+    uid: int
+    gpus: list[int]
+    start: float
+    mode: str = "none"
+    kernel_at: float | None = None
+    share_mj: dict[str, float] = field(default_factory=dict)
+    active_s: dict[str, float] = field(default_factory=dict)
+    peak_bytes: dict[str, int] = field(default_factory=dict)
+    series: dict[str, list[list[float]]] = field(default_factory=dict)
+    stride: dict[str, int] = field(default_factory=dict)
+    seen: int = 0
+
+    @classmethod
+    def from_entry(cls, entry: dict[str, Any]) -> "JobAcc":
+        return cls(job=str(entry["job"]), uid=int(entry.get("uid", -1)), gpus=[int(g) for g in entry.get("gpus", [])],
+                   start=float(entry["start"]), mode=str((entry.get("caps") or {}).get("mode", "none")),
+                   kernel_at=entry.get("kernel_at"), share_mj=dict(entry.get("share_mj") or {}),
+                   active_s=dict(entry.get("active_s") or {}), peak_bytes=dict(entry.get("peak_bytes") or {}),
+                   series={k: list(v) for k, v in (entry.get("series") or {}).items()},
+                   stride=dict(entry.get("series_stride") or {}))
+
+    def fields(self) -> dict[str, Any]:
+        """The store fields this accumulator owns."""
+        return {"kernel_at": self.kernel_at, "share_mj": self.share_mj, "active_s": self.active_s,
+                "peak_bytes": self.peak_bytes, "series": self.series, "series_stride": self.stride,
+                "ttfk_s": None if self.kernel_at is None else round(self.kernel_at - self.start, 3)}
+
+    def add_point(self, gpu: str, point: list[float]) -> None:
+        stride = self.stride.get(gpu, 1)
+        if self.seen % stride:
+            return
+        series = self.series.setdefault(gpu, [])
+        series.append(point)
+        if len(series) >= SERIES_POINTS:
+            self.series[gpu] = series[::2]
+            self.stride[gpu] = stride * 2
+
+
+@dataclass
+class GpuView:
+    """The latest state of one GPU as the agent sees it."""
+
+    index: int
+    total: int = 0
+    used: float = math.nan
+    energy_mj: float = math.nan
+    power_w: float = math.nan
+    source: str = "nvml"
+    risk: RiskAssessment = RiskAssessment(math.nan, math.nan, math.nan, False)
+    jobs: list[str] = field(default_factory=list)
+    error: str | None = None
+    samples: int = 0
+
+
+class Sampler:
+    """Windows, TTFK and accumulators of every GPU of one node."""
+
+    def __init__(self, backend: Any, window_samples: int = 30, period_s: float = 1.0,
+                 thresholds: Thresholds = Thresholds(), pid_job: Callable[[int], str | None] = environ_job) -> None:
+        self.backend = backend
+        self.window_samples = window_samples
+        self.thresholds = thresholds
+        self.pid_job = pid_job
+        self.ttfk = TtfkTable(window_s=window_samples * period_s)
+        self.jobs: dict[str, JobAcc] = {}
+        self.views: dict[int, GpuView] = {}
+        self.windows: dict[int, MetricWindow] = {}
+        self._last: dict[int, tuple[float, float]] = {}  # gpu -> (time, energy mJ)
+        self._pid_cache: dict[int, str | None] = {}
+        for info in backend.gpus():
+            self.views[info.index] = GpuView(info.index, total=info.total_bytes)
+            self.windows[info.index] = MetricWindow(size=window_samples)
+
+    # -- jobs --------------------------------------------------------------------------------------
+    def track(self, entry: dict[str, Any]) -> JobAcc:
+        acc = JobAcc.from_entry(entry)
+        self.jobs[acc.job] = acc
+        for gpu in acc.gpus:
+            self.ttfk.dispatched(gpu, acc.job, acc.start)
+            if acc.kernel_at is not None:
+                self.ttfk.kernel_seen(gpu, acc.job, acc.kernel_at)
+        return acc
+
+    def untrack(self, job: str) -> JobAcc | None:
+        self.ttfk.job_ended(job)
+        return self.jobs.pop(job, None)
+
+    def jobs_on(self, gpu: int) -> list[JobAcc]:
+        return [acc for acc in self.jobs.values() if gpu in acc.gpus]
+
+    # -- sampling ----------------------------------------------------------------------------------
+    def tick(self, now: float) -> None:
+        live_pids: set[int] = set()
+        for index, view in self.views.items():
+            try:
+                self._sample(index, view, now, live_pids)
+                view.error = None
+            except GpuError as exc:  # a lost or failing GPU: keep the others going, say so once per change
+                if view.error != str(exc):
+                    log.warning("GPU %d: %s", index, exc)
+                view.error = str(exc)
+        for pid in set(self._pid_cache) - live_pids:
+            del self._pid_cache[pid]
+        for acc in self.jobs.values():
+            acc.seen += 1
+
+    def _job_of(self, pid: int) -> str | None:
+        if pid not in self._pid_cache:
+            self._pid_cache[pid] = self.pid_job(pid)
+        return self._pid_cache[pid]
+
+    def _sample(self, index: int, view: GpuView, now: float, live_pids: set[int]) -> None:
+        memory = self.backend.memory(index)
+        procs = self.backend.processes(index)
+        util = self.backend.utilization(index)
+        energy = self.backend.energy_mj(index)
+        view.used, view.source = float(memory.used), util.source
+        view.power_w = float(self.backend.power_watts(index))
+        self.windows[index].add(float(util.smact), float(util.smocc), float(util.drama))
+        view.risk = self.windows[index].assess(self.thresholds)
+        view.samples += 1
+        tracked = self.jobs_on(index)
+        view.jobs = [acc.job for acc in tracked]
+        job_bytes: dict[str, float] = {}
+        for proc in procs:
+            live_pids.add(proc.pid)
+            owner = self._job_of(proc.pid)
+            if owner not in self.jobs or index not in self.jobs[owner].gpus:
+                owner = tracked[0].job if len(tracked) == 1 else None
+            if owner is not None:
+                used = 0.0 if is_na(proc.used_bytes) else float(proc.used_bytes)
+                job_bytes[owner] = job_bytes.get(owner, 0.0) + used
+        key = str(index)
+        for job in job_bytes:
+            acc = self.jobs[job]
+            if acc.kernel_at is None:
+                acc.kernel_at = now
+                self.ttfk.kernel_seen(index, job, now)
+            acc.peak_bytes[key] = max(int(job_bytes[job]), int(acc.peak_bytes.get(key, 0)))
+        self._attribute_energy(index, now, energy, job_bytes)
+        smact = float(util.smact) if not is_na(util.smact) else float(util.gpu)
+        for acc in tracked:
+            acc.add_point(key, [round(now, 3), view.used, job_bytes.get(acc.job, 0.0), smact])
+
+    def _attribute_energy(self, index: int, now: float, energy: Any, active: dict[str, float]) -> None:
+        view = self.views[index]
+        if is_na(energy):
+            return
+        view.energy_mj = float(energy)
+        last = self._last.get(index)
+        self._last[index] = (now, float(energy))
+        if last is None or not active:
+            return
+        delta_mj, delta_s = float(energy) - last[1], now - last[0]
+        if delta_mj < 0 or delta_s <= 0:  # counter reset (driver reload) or clock step: skip the interval
+            return
+        share = delta_mj / len(active)
+        key = str(index)
+        for job in active:
+            acc = self.jobs[job]
+            acc.share_mj[key] = acc.share_mj.get(key, 0.0) + share
+            acc.active_s[key] = acc.active_s.get(key, 0.0) + delta_s
+
+    # -- decisions ---------------------------------------------------------------------------------
+    def withheld(self, index: int, now: float) -> tuple[bool, bool]:
+        """(risky, warming) of one GPU now."""
+        return self.views[index].risk.risky, self.ttfk.warming(index, now)

@@ -1,0 +1,127 @@
+"""The agent's job store: one JSON file per running job on this node, written atomically under a lock.
+
+Why a directory of files and not the agent's memory: the Prolog creates a job's entry (with the energy
+counters read before the job starts) even when the agent is down or restarting, the agent adds what only
+it sees (first kernel, utilisation, peak memory), and the Epilog reads the result even if the agent died
+mid-job. NVML (or the simulated state) stays the truth for devices; this store is the truth for jobs.
+
+Each entry is replaced whole (temp file + fsync + rename, ``gpushare.atomic``), and a read-modify-write
+holds the entry's ``flock`` (a sidecar ``.lock`` file, never the entry itself, which rename replaces), so
+the Prolog, the agent and the Epilog may touch one job at the same moment without losing an update.
+
+Entry format (``v`` 1; times are Unix seconds, energy mJ, memory bytes; GPU keys are NVML indices as
+strings because JSON object keys are strings)::
+
+    v: 1
+    job: str               # Slurm job id, validated (digits, optional _task)
+    restarts: int          # Slurm restart count of this run
+    uid: int; user: str    # the job's owner (from slurmd's Prolog environment)
+    gpus: list[int]        # NVML indices the job got (SLURM_JOB_GPUS)
+    shared: bool           # a shard (shared) request
+    est_gib, margin_gib: float | None   # from the submit record; None without one
+    shards: int | None     # shard count Slurm allocated (GiB)
+    caps: dict             # agent_caps.Caps as a dict
+    start: float           # Prolog time
+    start_energy_mj: {gpu: int | None}
+    kernel_at: float | None            # first process of the job seen on its GPU
+    share_mj, active_s: {gpu: float}   # attributed energy and seconds with a process running
+    peak_bytes: {gpu: int}             # largest memory of the job's processes seen
+    series: {gpu: [[t, used_bytes, job_bytes, smact], ...]}   # down-sampled timeline
+    registered_by: "agent" | "prolog"
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from gpushare.atomic import write_json_atomic
+
+STORE_VERSION = 1
+_JOB_RE = re.compile(r"^\d{1,10}(?:_\d{1,10})?$")
+
+
+def check_job(job: str | int) -> str:
+    """A job id safe to use as a file name and in argv; ValueError otherwise."""
+    text = str(job)
+    if not _JOB_RE.match(text):
+        raise ValueError(f"not a Slurm job id: {text[:30]!r}")
+    return text
+
+
+class JobStore:
+    """Per-job entries under ``directory`` (created 0700: entries hold users' job details)."""
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.dir = Path(directory)
+
+    def ensure(self) -> "JobStore":
+        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if self.dir.is_symlink() or not self.dir.is_dir():
+            raise OSError(f"{self.dir}: not a directory (symlinks are refused)")
+        return self
+
+    def _path(self, job: str, suffix: str) -> Path:
+        return self.dir / f"{check_job(job)}{suffix}"
+
+    @contextlib.contextmanager
+    def locked(self, job: str) -> Iterator[None]:
+        """Hold the entry's lock (blocking): every read-modify-write of one job goes through here."""
+        self.ensure()
+        fd = os.open(self._path(job, ".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def get(self, job: str) -> dict[str, Any] | None:
+        try:
+            fd = os.open(self._path(job, ".json"), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        with os.fdopen(fd, "rb") as handle:
+            try:
+                data = json.loads(handle.read(8 << 20))
+            except ValueError:
+                return None
+        return data if isinstance(data, dict) else None
+
+    def put(self, entry: dict[str, Any]) -> dict[str, Any]:
+        """Write an entry whole; callers that read first must hold :meth:`locked`."""
+        entry = {**entry, "v": STORE_VERSION}
+        self.ensure()
+        write_json_atomic(self._path(entry["job"], ".json"), entry, mode=0o600)
+        return entry
+
+    def update(self, job: str, change: Callable[[dict[str, Any]], dict[str, Any] | None]) -> dict[str, Any] | None:
+        """Read, change and write one entry under its lock; None (and nothing written) if it is absent."""
+        with self.locked(job):
+            entry = self.get(job)
+            if entry is None:
+                return None
+            changed = change(entry)
+            return self.put(changed if changed is not None else entry)
+
+    def delete(self, job: str) -> None:
+        with self.locked(job):
+            self._path(job, ".json").unlink(missing_ok=True)
+        self._path(job, ".lock").unlink(missing_ok=True)
+
+    def all(self) -> list[dict[str, Any]]:
+        """Every entry, in job-id order (the agent reloads these after a restart)."""
+        if not self.dir.is_dir():
+            return []
+        found = []
+        for path in sorted(self.dir.glob("*.json")):
+            job = path.stem
+            if _JOB_RE.match(job):
+                entry = self.get(job)
+                if entry is not None:
+                    found.append(entry)
+        return found

@@ -1,0 +1,39 @@
+"""A stand-in for a GPU training process inside a Slurm job, on the simulated backend.
+
+It becomes a process on the job's GPU (its own pid, so the agent finds the job through
+``/proc/<pid>/environ``), holds it for ``--seconds`` and ends it. ``--delay`` is the time to first
+kernel: data loading before the first CUDA call. The backend comes from the gpushare config the hooks
+use (``[agent] device_backend``), as a real job would find its GPU through the driver.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+from gpushare.config import load_config
+from gres import open_backend
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--mem-mib", type=float, default=1024)
+    parser.add_argument("--smact", type=float, default=0.3)
+    parser.add_argument("--smocc", type=float, default=0.1)
+    parser.add_argument("--drama", type=float, default=0.1)
+    parser.add_argument("--delay", type=float, default=0.0)
+    parser.add_argument("--seconds", type=float, default=2.0)
+    args = parser.parse_args()
+    backend = open_backend(load_config().agent.device_backend)
+    gpu = int(os.environ["SLURM_JOB_GPUS"].split(",")[0])
+    time.sleep(args.delay)
+    backend.start_process(gpu, os.getpid(), int(args.mem_mib * 2**20), args.smact, args.smocc, args.drama)
+    try:
+        time.sleep(args.seconds)
+    finally:
+        backend.end_process(os.getpid())
+
+
+if __name__ == "__main__":
+    main()
