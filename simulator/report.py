@@ -100,8 +100,15 @@ def job_records(sim: Any) -> list[dict[str, Any]]:
     } for j in sorted(sim.jobs.values(), key=lambda j: j.spec.job_id)]
 
 
+def gpu_timelines(sim: Any) -> list[dict[str, Any]]:
+    """Per GPU, the step series the backend reported: [time s, memory used GiB, SMACT, power W] per change."""
+    return [{"index": g.index, "node": g.node, "energy_mj": sim.energy_j[g.index] / 1e6,
+             "steps": [[round(t, 3), round(used / GiB, 3), round(a, 4), round(p, 1)] for t, used, a, _, _, p in g.history]}
+            for g in sim.gpus]
+
+
 def to_json(sim: Any) -> str:
-    document = {"version": 1, "summary": summarise(sim), "jobs": job_records(sim)}
+    document = {"version": 1, "summary": summarise(sim), "jobs": job_records(sim), "gpus": gpu_timelines(sim)}
     return json.dumps(_clean(document), indent=2, allow_nan=False)
 
 

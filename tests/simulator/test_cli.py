@@ -36,6 +36,7 @@ def test_json_document_and_plots(tmp_path):
     doc = json.loads(result.output)
     assert doc["version"] == 1 and doc["summary"]["jobs"] == 60 and len(doc["jobs"]) == 60
     assert doc["summary"]["interference_measured"] is True
+    assert [g["index"] for g in doc["gpus"]] == [0, 1, 2] and doc["gpus"][0]["steps"][0][0] == 0
     for name in ("memory.png", "utilisation.png", "jobs.png"):
         assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
 
