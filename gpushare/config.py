@@ -82,8 +82,9 @@ class PolicySection:
     margin_min_gib: float = _opt(1.0, _between(0.0, 1024.0), "smallest margin, in GiB")
     exclusive_above_fraction: float = _opt(0.90, _between(0.05, 1.0),
                                            "keep a whole GPU when estimate+margin exceeds this share")
-    without_estimate: str = _opt("exclusive", _one_of("exclusive", "recover"),
-                                 "what a GPU job with no estimate gets")
+    without_estimate: str = _opt("exclusive", _one_of("exclusive", "recover", "async"),
+                                 "what a GPU job with no estimate gets; async: held while an estimation job "
+                                 "runs (the default when [estimation] partition is set)")
     recover_default_gib: float = _opt(8.0, _between(0.5, 4096.0),
                                       "shared size for jobs without estimate when without_estimate=recover")
 
@@ -101,6 +102,27 @@ class SubmitSection:
                                         "largest estimate JSON a directive may point to")
     cache_dir: str = _opt("/var/lib/gpushare/estimates", None, "estimate cache shared with gpu-estimate")
     log_file: str = _opt("", None, "service log; empty: standard error")
+
+
+@dataclass
+class EstimationSection:
+    """Asynchronous estimation: a held GPU job gets a gpu-estimate run as its user on a CPU partition."""
+
+    partition: str = _opt("", None, "CPU partition for estimation jobs; empty: no asynchronous estimation")
+    cpus: int = _opt(2, _between(1, 1024), "CPUs per estimation job")
+    memory: str = _opt("8G", None, "Slurm --mem of an estimation job")
+    time_limit_s: float = _opt(600.0, _between(30.0, 86400.0),
+                               "wall-clock limit of an estimation job (gpu-estimate gets 30 s less)")
+    max_per_user: int = _opt(2, _between(1, 10000), "concurrent estimation jobs per user")
+    max_total: int = _opt(16, _between(1, 100000), "concurrent estimation jobs on the cluster")
+    watchdog_s: float = _opt(3600.0, _between(10.0, 7 * 86400.0),
+                             "a job held longer than this is released with the fallback")
+    fallback: str = _opt("exclusive", _one_of("exclusive", "recover"),
+                         "what a job gets when its estimation fails: all shards of a GPU, or the recover size")
+    poll_s: float = _opt(2.0, _between(0.1, 600.0), "how often held jobs and estimation jobs are checked")
+    spool_dir: str = _opt("/var/lib/gpushare/estimation", None,
+                          "per-job directories (owned by the user) where estimation results land")
+    command: str = _opt("", None, "estimator executable; empty: gpu-estimate next to the service's Python")
 
 
 @dataclass
@@ -202,6 +224,7 @@ class Config:
     policy: PolicySection = field(default_factory=PolicySection)
     submit: SubmitSection = field(default_factory=SubmitSection)
     estimator: EstimatorSection = field(default_factory=EstimatorSection)
+    estimation: EstimationSection = field(default_factory=EstimationSection)
     oom: OomSection = field(default_factory=OomSection)
     agent: AgentSection = field(default_factory=AgentSection)
     nodes: list[NodeGroup] = field(default_factory=list)
@@ -216,7 +239,7 @@ class Config:
 
 
 _SECTIONS: dict[str, type] = {"policy": PolicySection, "submit": SubmitSection, "estimator": EstimatorSection,
-                             "oom": OomSection, "agent": AgentSection}
+                             "estimation": EstimationSection, "oom": OomSection, "agent": AgentSection}
 
 
 def _coerce(where: str, value: Any, expected: Any) -> Any:
@@ -330,6 +353,7 @@ def parse_config(data: dict[str, Any], source: str = "<string>") -> Config:
             raise ConfigError(f"{source}: [[nodes]] #{index + 1}.names: required (a Slurm hostlist)")
         cfg.gpu(group.gpu)  # unknown model → ConfigError naming it
         cfg.nodes.append(group)
+    _check_estimation(cfg, data, source)
     for gpu_name in cfg.estimator.gpus:
         try:
             from gpushare.gpus import parse_target
@@ -338,6 +362,24 @@ def parse_config(data: dict[str, Any], source: str = "<string>") -> Config:
         except ValueError as exc:
             raise ConfigError(f"{source}: [estimator].gpus: {exc}") from None
     return cfg
+
+
+def _check_estimation(cfg: Config, data: dict[str, Any], source: str) -> None:
+    """Cross-field rules of asynchronous estimation, and its default where a CPU partition exists."""
+    policy = data.get("policy") if isinstance(data.get("policy"), dict) else {}
+    chosen = "without_estimate" in policy or "GPUSHARE_POLICY_WITHOUT_ESTIMATE" in os.environ
+    if cfg.estimation.partition and not chosen:
+        cfg.policy.without_estimate = "async"
+    if cfg.policy.without_estimate == "async" and not cfg.estimation.partition:
+        raise ConfigError(f"{source}: [policy].without_estimate: 'async' needs [estimation] partition "
+                          "(a CPU partition for estimation jobs)")
+    if cfg.estimation.watchdog_s <= cfg.estimation.time_limit_s:
+        raise ConfigError(f"{source}: [estimation].watchdog_s: must exceed time_limit_s "
+                          f"({cfg.estimation.time_limit_s:g}), got {cfg.estimation.watchdog_s:g}")
+    try:
+        parse_size(cfg.estimation.memory)
+    except ValueError as exc:
+        raise ConfigError(f"{source}: [estimation].memory: {exc}") from None
 
 
 def settings_table() -> list[tuple[str, str, str, str]]:

@@ -19,6 +19,7 @@ from gpushare.config import Config
 from gpushare.gpus import GiB
 from slurm_plugins.directives import Directives
 from slurm_plugins.gres_request import GresItem, format_gres, parse_gres
+from slurm_plugins.script_discovery import NotFound, describe, find_training_command
 
 RECORD_PREFIX = "gpushare:"
 RECORD_VERSION = 1
@@ -55,6 +56,7 @@ class Decision:
     record: dict[str, Any] = field(default_factory=dict)
     user_message: str = ""
     reject_message: str = ""
+    hold: bool = False  # held (priority 0) by the shim until the asynchronous estimate lands
 
     @property
     def admin_comment(self) -> str:
@@ -120,14 +122,59 @@ def decide(request: SubmitRequest, directives: Directives, estimate: Estimate | 
         return _keep(request, "annotate", "sharing is off ([policy] shared = none)", estimate)
 
     if estimate is None:
-        if cfg.policy.without_estimate != "recover":
-            decision = _keep(request, "exclusive", "no memory estimate: add a '#GPUSHARE mem' line or run gpu-estimate")
-            decision.user_message = ("gpushare: no GPU memory estimate for this job; it keeps a whole GPU "
-                                     "(run gpu-estimate, or add '#GPUSHARE mem=12G' to the script)")
-            return decision
-        estimate = Estimate(int(cfg.policy.recover_default_gib * GiB), "default",
-                            "default size; an OOM is recovered on a whole GPU")
+        mode, why = cfg.policy.without_estimate, ""
+        if mode == "async":
+            held = _hold_for_estimation(request, per_node, gpu_items[0], directives, cfg)
+            if isinstance(held, Decision):
+                return held
+            mode, why = cfg.estimation.fallback, held
+        return without_estimate(request, per_node, gpu_items[0], mode, why, cfg)
     return _size_shared(request, per_node, gpu_items[0], estimate, cfg)
+
+
+def without_estimate(request: SubmitRequest, per_node: list[GresItem], gpu: GresItem, mode: str, why: str,
+                     cfg: Config) -> Decision:
+    """``exclusive``: keep the whole GPU; ``recover``: share with the default size, OOM recovery behind it."""
+    if mode != "recover":
+        decision = _keep(request, "exclusive",
+                         why or "no memory estimate: add a '#GPUSHARE mem' line or run gpu-estimate")
+        decision.user_message = ("gpushare: no GPU memory estimate for this job; it keeps a whole GPU "
+                                 f"({why + '; ' if why else ''}run gpu-estimate, or add '#GPUSHARE mem=12G' to the script)")
+        return decision
+    estimate = Estimate(int(cfg.policy.recover_default_gib * GiB), "default",
+                        "default size; an OOM is recovered on a whole GPU")
+    decision = _size_shared(request, per_node, gpu, estimate, cfg)
+    if why:
+        decision.record["why"] = f"{why[:300]}; {decision.record.get('why', '')}"
+    return decision
+
+
+def _hold_for_estimation(request: SubmitRequest, per_node: list[GresItem], gpu: GresItem, directives: Directives,
+                         cfg: Config) -> Decision | str:
+    """Hold the job on all shards of the smallest GPU (same as exclusive) until its estimate lands.
+
+    Why shards now: Slurm refuses gpu→shard changes on a pending job but allows shard:40→shard:7, so the
+    job is rewritten to the exclusive-equivalent shard request at submit time and only shrinks later.
+    Returns the reason as a string when the job cannot be estimated asynchronously.
+    """
+    if request.user_id == 0:
+        return "root's jobs are not estimated asynchronously (user code never runs as root)"
+    if request.array:
+        return "array jobs are not held for estimation (estimate once with gpu-estimate --annotate)"
+    found = find_training_command(request.script, directives.script)
+    if isinstance(found, NotFound):
+        return found.reason
+    gpu_gib = smallest_cluster_gpu_gib(cfg)
+    if gpu_gib <= 0:
+        return "no GPU nodes configured"
+    new_value = format_gres([GresItem("shard", None, gpu_gib) if item is gpu else item for item in per_node])
+    record = {"v": RECORD_VERSION, "decision": "estimating", "old": request.tres_per_node, "new": new_value,
+              "script": describe(found)[:160],
+              "why": f"held until gpu-estimate runs as the user on partition {cfg.estimation.partition}"}
+    message = (f"gpushare: no GPU memory estimate; job held while gpu-estimate {describe(found)[:80]} runs as you "
+               f"on partition {cfg.estimation.partition} ('gpushare estimates' shows it); it is then released "
+               "with a right-sized GPU share")
+    return Decision(action="modify", tres_per_node=new_value, record=record, user_message=message, hold=True)
 
 
 def _not_shareable(request: SubmitRequest, per_node: list[GresItem], per_job: list[GresItem],

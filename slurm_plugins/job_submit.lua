@@ -143,6 +143,9 @@ local function submit(job_desc, submit_uid)
 	if reply.action == "modify" and reply.tres_per_node and reply.tres_per_node ~= "" then
 		job_desc.tres_per_node = reply.tres_per_node
 	end
+	if reply.action == "modify" and reply.hold == "1" then
+		job_desc.priority = 0 -- held until its asynchronous estimate lands; gpushare-submitd releases it
+	end
 	if reply.admin_comment and reply.admin_comment ~= "" then
 		job_desc.admin_comment = reply.admin_comment
 	end

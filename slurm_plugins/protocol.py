@@ -82,6 +82,8 @@ def encode_reply(decision: Decision) -> bytes:
         lines.append(f"user_msg={_clean(decision.user_message)}")
     if decision.reject_message:
         lines.append(f"reject_msg={_clean(decision.reject_message)}")
+    if decision.hold:
+        lines.append("hold=1")
     lines.append("end")
     return ("\n".join(lines) + "\n").encode("utf-8")
 

@@ -25,6 +25,7 @@ from gpushare.config import Config, ConfigError, load_config
 from slurm_plugins.decision import Decision, SubmitRequest, decide
 from slurm_plugins.directives import parse_directives
 from slurm_plugins.estimate_source import EstimateUnavailable, find_estimate
+from slurm_plugins.estimationd import EstimationService, start_thread
 from slurm_plugins.protocol import ProtocolError, decode_request, encode_reply
 
 log = logging.getLogger("gpushare.submitd")
@@ -75,6 +76,7 @@ class SubmitServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         self.cfg = cfg
         self.max_request_bytes = cfg.submit.max_script_bytes * 6 + 65536  # \u00XX escapes: 6 bytes a byte
         self._lock = threading.Lock()
+        self.estimation: EstimationService | None = None  # the async-estimation thread, when enabled
         path = Path(socket_path)
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.is_socket():
@@ -85,6 +87,8 @@ class SubmitServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     def reload(self, cfg: Config) -> None:
         with self._lock:
             self.cfg = cfg
+            if self.estimation is not None:
+                self.estimation.cfg = cfg
 
     def decide_line(self, line: bytes) -> tuple[Decision, str]:
         job = "?"
@@ -117,10 +121,14 @@ def serve(socket_path: str, cfg: Config, config_path: str | None) -> int:
     signal.signal(signal.SIGHUP, _reload)
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
+    stop_estimation = threading.Event()
+    if cfg.policy.without_estimate == "async":  # held jobs need the thread that releases them
+        server.estimation, _ = start_thread(cfg, stop_estimation)
     log.warning("listening on %s", socket_path)
     try:
         server.serve_forever(poll_interval=0.2)
     finally:
+        stop_estimation.set()
         server.server_close()
         try:
             os.unlink(socket_path)

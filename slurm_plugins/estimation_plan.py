@@ -1,0 +1,206 @@
+"""The asynchronous-estimation state machine: held jobs and estimation jobs in, actions out.
+
+Pure (STYLE.md #13): the driver (``estimationd.py``) reads Slurm, builds these snapshots, passes ``now`` and
+applies the actions. All state lives in Slurm itself, in each held job's AdminComment record, so a restarted
+service picks up where it stopped:
+
+    submitted ──(job_submit: shard:<all of the smallest GPU>, priority 0, decision=estimating)──▶ held
+    held, no est_job ──Submit (caps allowing; one estimation per identical script, user and directory)──▶ running
+    running ──estimation job COMPLETED with a result──▶ Release(shard:<estimate + margin>)
+    running ──job FAILED / TIMEOUT / CANCELLED / vanished, or result unusable──▶ Release(fallback)
+    held longer than [estimation] watchdog_s (any state) ──▶ Release(fallback) + Cancel(estimation job)
+
+A released job keeps its record (``src: async``, ``est_job``, ``held_s``); an estimation job whose held
+jobs are all gone is cancelled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpushare.config import Config
+from slurm_plugins.decision import Decision, Estimate, SubmitRequest, decide, without_estimate
+from slurm_plugins.directives import Directives
+from slurm_plugins.gres_request import parse_gres
+from slurm_plugins.script_discovery import NotFound, TrainingCommand
+
+ESTIMATION_JOB_PREFIX = "gpushare-estimate-"
+ACTIVE_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",
+                           "RESIZING", "SIGNALING", "STAGE_OUT"})
+_ENDED = {"FAILED": "failed", "TIMEOUT": "hit its time limit", "CANCELLED": "was cancelled",
+          "OUT_OF_MEMORY": "ran out of CPU memory (raise [estimation] memory)", "NODE_FAIL": "lost its node",
+          "BOOT_FAIL": "could not start", "DEADLINE": "missed its deadline", "PREEMPTED": "was preempted"}
+
+
+@dataclass(frozen=True)
+class HeldJob:
+    """A pending GPU job whose record says ``decision: estimating``."""
+
+    job_id: int
+    user_id: int
+    group_id: int
+    submit_time: float
+    record: dict[str, Any]
+    work_dir: str = ""
+    key: str = ""  # same user, directory and batch script → one estimation serves all
+    command: TrainingCommand | NotFound | None = None  # None: batch script not readable
+
+    @property
+    def est_job(self) -> int | None:
+        value = self.record.get("est_job")
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+@dataclass(frozen=True)
+class EstimationJob:
+    """An estimation job as Slurm shows it; ``outcome`` is filled by the driver once it has ended."""
+
+    job_id: int
+    user_id: int
+    state: str
+    for_job: int  # the held job it was submitted for (from its name)
+    outcome: Estimate | str | None = None  # the estimate, or why there is none
+
+
+@dataclass(frozen=True)
+class Submit:
+    job: HeldJob
+    followers: tuple[HeldJob, ...] = ()  # held jobs with the same key that share this estimation
+
+
+@dataclass(frozen=True)
+class Attach:
+    job_id: int
+    est_job: int
+    record: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Release:
+    job_id: int
+    tres_per_node: str | None  # None: leave the request as it is
+    record: dict[str, Any]
+    outcome: str  # "estimated" or "fallback", for logs and the benchmark
+
+
+@dataclass(frozen=True)
+class Cancel:
+    est_job: int
+    why: str
+
+
+Action = Submit | Attach | Release | Cancel
+
+
+@dataclass
+class _Counts:
+    per_user: dict[int, int] = field(default_factory=dict)
+    total: int = 0
+
+
+def plan(held: list[HeldJob], estimations: dict[int, EstimationJob], now: float, cfg: Config) -> list[Action]:
+    """Decide what to do with every held job this round (see the module docstring)."""
+    actions: list[Action] = []
+    counts = _Counts()
+    for est in estimations.values():
+        if est.state in ACTIVE_STATES:
+            counts.per_user[est.user_id] = counts.per_user.get(est.user_id, 0) + 1
+            counts.total += 1
+    by_key: dict[str, int] = {}  # key -> est job already serving it
+    for job in held:
+        if job.est_job is not None and job.key:
+            by_key.setdefault(job.key, job.est_job)
+    planned: set[str] = set()
+    referenced: set[int] = set()
+    for job in sorted(held, key=lambda j: (j.submit_time, j.job_id)):
+        age = max(0.0, now - job.submit_time)
+        est = estimations.get(job.est_job) if job.est_job is not None else None
+        if age > cfg.estimation.watchdog_s:
+            actions.append(fallback(job, f"watchdog: held {age:.0f} s (limit {cfg.estimation.watchdog_s:.0f} s)",
+                                    now, cfg))
+            continue
+        if job.est_job is not None:
+            referenced.add(job.est_job)
+            if est is None:
+                actions.append(fallback(job, f"estimation job {job.est_job} vanished", now, cfg))
+            elif est.state not in ACTIVE_STATES:
+                actions.append(finish(job, est, now, cfg))
+            continue
+        if job.command is None or isinstance(job.command, NotFound):
+            why = job.command.reason if isinstance(job.command, NotFound) else "batch script not readable"
+            actions.append(fallback(job, why, now, cfg))
+            continue
+        if job.key in by_key:
+            actions.append(Attach(job.job_id, by_key[job.key], dict(job.record, est_job=by_key[job.key])))
+            referenced.add(by_key[job.key])
+            continue
+        if job.key in planned:
+            continue  # the Submit planned for this key carries it as a follower
+        if counts.total >= cfg.estimation.max_total:
+            continue
+        if counts.per_user.get(job.user_id, 0) >= cfg.estimation.max_per_user:
+            continue
+        followers = tuple(j for j in held if j.key == job.key and j.job_id != job.job_id and j.est_job is None)
+        actions.append(Submit(job, followers))
+        planned.add(job.key)
+        counts.total += 1
+        counts.per_user[job.user_id] = counts.per_user.get(job.user_id, 0) + 1
+    held_ids = {j.job_id for j in held}
+    for est in estimations.values():
+        if est.state in ACTIVE_STATES and est.job_id not in referenced and est.for_job not in held_ids:
+            actions.append(Cancel(est.job_id, f"job {est.for_job} no longer waits for it"))
+    for action in actions:  # watchdog releases: stop their estimation unless another job still waits on it
+        if isinstance(action, Release) and action.outcome == "fallback" and action.record.get("est_job"):
+            est_id = action.record["est_job"]
+            est = estimations.get(est_id)
+            if est and est.state in ACTIVE_STATES and est_id not in referenced:
+                actions.append(Cancel(est_id, f"job {action.job_id} released without it"))
+    return actions
+
+
+def _request(job: HeldJob) -> SubmitRequest:
+    return SubmitRequest(user_id=job.user_id, tres_per_node=str(job.record.get("old") or "gres:gpu:1"))
+
+
+def _async_fields(job: HeldJob, now: float) -> dict[str, Any]:
+    fields: dict[str, Any] = {"held_s": round(max(0.0, now - job.submit_time), 1)}
+    if job.est_job is not None:
+        fields["est_job"] = job.est_job
+    if job.record.get("script"):
+        fields["script"] = job.record["script"]
+    return fields
+
+
+def finish(job: HeldJob, est: EstimationJob, now: float, cfg: Config) -> Release:
+    """The estimation ended: size the job from its estimate, or fall back with the reason."""
+    if not isinstance(est.outcome, Estimate):
+        reason = est.outcome or f"estimation job {est.job_id} {_ENDED.get(est.state, est.state.lower())}"
+        return fallback(job, reason, now, cfg)
+    decision = decide(_request(job), Directives(), est.outcome, cfg)
+    return _release(job, decision, now, "estimated")
+
+
+def fallback(job: HeldJob, why: str, now: float, cfg: Config) -> Release:
+    """Release with ``[estimation] fallback``: all shards kept (exclusive) or the recover size."""
+    request = _request(job)
+    try:
+        per_node = parse_gres(request.tres_per_node)
+        gpu = next(item for item in per_node if item.name == "gpu")
+    except (ValueError, StopIteration):
+        return Release(job.job_id, None, dict(job.record, decision="exclusive", why=why[:200],
+                                              **_async_fields(job, now)), "fallback")
+    decision = without_estimate(request, per_node, gpu, cfg.estimation.fallback, f"estimation: {why}", cfg)
+    return _release(job, decision, now, "fallback")
+
+
+def _release(job: HeldJob, decision: Decision, now: float, outcome: str) -> Release:
+    record = dict(decision.record)
+    record.update(_async_fields(job, now))
+    if decision.action == "modify":
+        record["src"] = "async" if outcome == "estimated" else record.get("src", "default")
+        return Release(job.job_id, decision.tres_per_node, record, outcome)
+    record["new"] = job.record.get("new")  # the held request already is every shard of a GPU: keep it
+    if outcome == "estimated":
+        record["src"] = "async"
+    return Release(job.job_id, None, record, outcome)

@@ -1,0 +1,239 @@
+"""The asynchronous-estimation driver: reads Slurm, runs :func:`estimation_plan.plan`, applies its actions.
+
+Runs as a thread of ``gpushare-submitd`` (``[policy] without_estimate = "async"``), never inside slurmctld:
+job_submit only marks and holds the job. Security, since this runs as root:
+
+- the user's code runs only inside the estimation job, which root submits with ``sbatch --uid --gid`` of
+  the job's owner (taken from squeue's JSON, never from text a user can shape) and ``--export=NONE``;
+- results come back through a per-job spool directory owned by that user; root reads them with
+  ``read_user_file`` (regular file, owned by the user, no final symlink, size-capped);
+- every failure here releases the job (fallback), so nothing stays held because of us: the watchdog in
+  the plan covers the rest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import shlex
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gpushare.config import Config, parse_size
+from gpushare.gpus import MiB
+from slurm_plugins.decision import Estimate, parse_record
+from slurm_plugins.directives import parse_directives
+from slurm_plugins.estimate_source import EstimateUnavailable, peak_total_from_json, read_user_file
+from slurm_plugins.estimation_plan import (ESTIMATION_JOB_PREFIX, Action, Attach, Cancel, EstimationJob, HeldJob,
+                                           Release, Submit, plan)
+from slurm_plugins.script_discovery import TrainingCommand, find_training_command
+from slurm_plugins.slurm_client import SlurmClient, SlurmError
+
+log = logging.getLogger("gpushare.estimationd")
+_EXIT_REASONS = {2: "gpu-estimate usage error", 3: "the training script failed under gpu-estimate",
+                 4: "gpu-estimate hit its time or memory limit", 5: "gpu-estimate cannot estimate this script",
+                 90: "the job's working directory is not accessible to its user"}
+
+
+def cluster_gpu_names(cfg: Config) -> list[str]:
+    return [group.gpu for group in cfg.nodes] or [name.partition(":")[0] for name in cfg.estimator.gpus]
+
+
+class EstimationService:
+    """One round per ``tick()``; ``run()`` loops until the stop event is set."""
+
+    def __init__(self, cfg: Config, client: SlurmClient | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.cfg = cfg
+        self.client = client or SlurmClient(cfg.oom.slurm_conf or None, cfg.oom.slurm_bin_dir or None)
+        self.clock = clock
+        self._scripts: dict[int, tuple[str, TrainingCommand | Any]] = {}  # job id -> (key, command)
+
+    # --- reading Slurm ----------------------------------------------------------------------------
+    def snapshot(self) -> tuple[list[HeldJob], dict[int, EstimationJob]]:
+        jobs = self.client.squeue_json()
+        held: list[HeldJob] = []
+        estimations: dict[int, EstimationJob] = {}
+        for job in jobs:
+            name = str(job.get("name") or "")
+            if name.startswith(ESTIMATION_JOB_PREFIX) and name[len(ESTIMATION_JOB_PREFIX):].isdigit():
+                estimations[int(job["job_id"])] = self._estimation(job, int(name[len(ESTIMATION_JOB_PREFIX):]))
+                continue
+            record = parse_record(job.get("admin_comment"))
+            if job.get("job_state") != "PENDING" or not record or record.get("decision") != "estimating":
+                continue
+            held.append(self._held(job, record))
+        alive = {j.job_id for j in held}
+        self._scripts = {k: v for k, v in self._scripts.items() if k in alive}
+        return held, estimations
+
+    def _held(self, job: dict[str, Any], record: dict[str, Any]) -> HeldJob:
+        job_id = int(job["job_id"])
+        work_dir = str(job.get("current_working_directory") or "")
+        if job_id not in self._scripts and not isinstance(record.get("est_job"), int):
+            self._scripts[job_id] = self._discover(job_id, int(job["user_id"]), work_dir)
+        key, command = self._scripts.get(job_id, ("", None))
+        return HeldJob(job_id, int(job["user_id"]), int(job["group_id"]), float(job.get("submit_time") or 0),
+                       record, work_dir, key, command)
+
+    def _discover(self, job_id: int, uid: int, work_dir: str) -> tuple[str, Any]:
+        try:
+            script = self.client.run("scontrol", "write", "batch_script", str(job_id), "-")
+        except SlurmError as exc:
+            log.warning("job %s: batch script not readable: %s", job_id, exc)
+            return "", None
+        directives = parse_directives(script, self.cfg.submit.max_script_bytes)
+        key = hashlib.sha256(f"{uid}\0{work_dir}\0{script}".encode("utf-8", "surrogateescape")).hexdigest()[:20]
+        return key, find_training_command(script, directives.script, self.cfg.submit.max_script_bytes)
+
+    def _estimation(self, job: dict[str, Any], for_job: int) -> EstimationJob:
+        job_id, uid, state = int(job["job_id"]), int(job["user_id"]), str(job.get("job_state") or "")
+        outcome: Estimate | str | None = None
+        if state == "COMPLETED" or state in ("FAILED", "TIMEOUT", "OUT_OF_MEMORY"):
+            outcome = self._outcome(job_id, uid, state, str(job.get("standard_output") or ""))
+        return EstimationJob(job_id, uid, state, for_job, outcome)
+
+    def _outcome(self, job_id: int, uid: int, state: str, stdout: str) -> Estimate | str | None:
+        """The estimate an ended estimation job left in its spool directory, or why there is none."""
+        spool = Path(self.cfg.estimation.spool_dir).resolve()
+        directory = Path(os.path.normpath(stdout)).parent
+        if directory.parent != spool:
+            return f"estimation job {job_id}: output outside {spool}"
+        limit = self.cfg.submit.max_estimate_file_bytes
+        if state != "COMPLETED":
+            try:
+                code = int(read_user_file(str(directory / "exit"), None, uid, 64).strip() or b"-1")
+            except (EstimateUnavailable, ValueError):
+                return None
+            return f"estimation job {job_id}: {_EXIT_REASONS.get(code, f'gpu-estimate exit {code}')}"
+        try:
+            document = json.loads(read_user_file(str(directory / "result.json"), None, uid, limit))
+            total, gpu = peak_total_from_json(document, cluster_gpu_names(self.cfg))
+        except (EstimateUnavailable, ValueError) as exc:
+            return f"estimation job {job_id}: no usable result ({str(exc)[:80]})"
+        return Estimate(total, "async", f"gpu-estimate job {job_id} for {gpu}")
+
+    # --- applying actions -------------------------------------------------------------------------
+    def tick(self) -> list[Action]:
+        held, estimations = self.snapshot()
+        actions = plan(held, estimations, self.clock(), self.cfg)
+        for action in actions:
+            try:
+                self.apply(action)
+            except Exception:  # noqa: BLE001 - one job's trouble must not stop the others
+                log.exception("action %s failed", action)
+                if isinstance(action, Submit):
+                    self._release_after_error(action.job, "estimation job could not be submitted")
+        return actions
+
+    def apply(self, action: Action) -> None:
+        if isinstance(action, Submit):
+            est_job = self.submit(action.job)
+            for job in (action.job, *action.followers):
+                self._attach(job.job_id, est_job, job.record)
+        elif isinstance(action, Attach):
+            self._attach(action.job_id, action.est_job, action.record)
+        elif isinstance(action, Release):
+            self.release(action)
+        elif isinstance(action, Cancel):
+            log.info("cancelling estimation job %s: %s", action.est_job, action.why)
+            self.client.run("scancel", str(action.est_job), check=False)
+
+    def _attach(self, job_id: int, est_job: int, record: dict[str, Any]) -> None:
+        if record.get("decision") != "estimating":
+            return
+        self.client.update_job(job_id, admincomment=_comment(dict(record, est_job=est_job)))
+
+    def release(self, action: Release) -> None:
+        fields: dict[str, str] = {"admincomment": _comment(action.record)}
+        if action.tres_per_node:
+            fields["gres"] = ",".join(part.removeprefix("gres:") for part in action.tres_per_node.split(","))
+        try:
+            self.client.update_job(action.job_id, **fields)
+        except SlurmError as exc:  # e.g. it started meanwhile: still never leave it held
+            log.warning("job %s: update failed (%s); releasing it as it is", action.job_id, exc)
+        self.client.run("scontrol", "release", str(action.job_id), check=False)
+        log.info("%s", json.dumps({"job": action.job_id, "released": action.outcome, "record": action.record}))
+
+    def _release_after_error(self, job: HeldJob, why: str) -> None:
+        from slurm_plugins.estimation_plan import fallback
+
+        try:
+            self.release(fallback(job, why, self.clock(), self.cfg))
+        except Exception:  # noqa: BLE001 - the watchdog retries next round
+            log.exception("job %s: fallback release failed", job.job_id)
+
+    def submit(self, job: HeldJob) -> int:
+        """Submit the estimation job as the held job's user; returns its job id."""
+        command = job.command
+        assert isinstance(command, TrainingCommand)
+        est = self.cfg.estimation
+        spool = Path(est.spool_dir)
+        spool.mkdir(parents=True, exist_ok=True)
+        os.chmod(spool, 0o711)  # users reach their own directory, cannot list the others
+        directory = spool / f"{job.job_id}-{int(job.submit_time)}"
+        if directory.exists():
+            shutil.rmtree(directory)
+        directory.mkdir(mode=0o700)
+        os.chown(directory, job.user_id, job.group_id)
+        minutes = max(1, math.ceil(est.time_limit_s / 60))
+        job_id, _ = self.client.sbatch(
+            f"--uid={job.user_id}", f"--gid={job.group_id}", f"--partition={est.partition}",
+            f"--job-name={ESTIMATION_JOB_PREFIX}{job.job_id}", f"--cpus-per-task={est.cpus}",
+            f"--mem={max(1, parse_size(est.memory) // MiB)}M", f"--time={minutes}", "--export=NONE",
+            f"--chdir={job.work_dir or '/'}", f"--output={directory / 'slurm.out'}",
+            f"--comment=gpushare: GPU memory estimate for job {job.job_id}",
+            script=self.wrapper(job, command, directory))
+        log.info("job %s: estimation job %s submitted as uid %s", job.job_id, job_id, job.user_id)
+        return job_id
+
+    def wrapper(self, job: HeldJob, command: TrainingCommand, directory: Path) -> str:
+        est = self.cfg.estimation
+        estimator = est.command or os.path.join(os.path.dirname(sys.executable), "gpu-estimate")
+        argv = [estimator, "--json", "--no-progress", "--timeout", f"{max(10.0, est.time_limit_s - 30):g}",
+                "--max-cpu-memory", self.cfg.estimator.max_cpu_memory]
+        for gpu in cluster_gpu_names(self.cfg):
+            argv += ["--gpu", gpu]
+        if self.cfg.source and os.path.isfile(self.cfg.source):
+            argv += ["--config", self.cfg.source]
+        argv += [command.script, *command.args]
+        quoted = " ".join(shlex.quote(a) for a in argv)
+        out = shlex.quote(str(directory))
+        return ("#!/bin/sh\n"
+                f"# gpushare: GPU memory estimate for job {job.job_id}, run as you on a CPU node.\n"
+                "# The job is released with a right-sized GPU share when this ends.\n"
+                f"cd {shlex.quote(job.work_dir or '/')} || {{ echo 90 > {out}/exit; exit 90; }}\n"
+                f"{quoted} > {out}/result.json 2> {out}/stderr.txt\n"
+                f"rc=$?\necho $rc > {out}/exit\nexit $rc\n")
+
+    # --- loop -------------------------------------------------------------------------------------
+    def run(self, stop: threading.Event) -> None:
+        log.warning("asynchronous estimation on partition %s", self.cfg.estimation.partition)
+        while not stop.is_set():
+            try:
+                self.tick()
+            except Exception:  # noqa: BLE001 - Slurm may be briefly down; try again next round
+                log.exception("estimation round failed")
+            stop.wait(self.cfg.estimation.poll_s)
+
+
+def _comment(record: dict[str, Any]) -> str:
+    from slurm_plugins.decision import Decision
+
+    return Decision(action="accept", record=record).admin_comment
+
+
+def start_thread(cfg: Config, stop: threading.Event) -> tuple[EstimationService, threading.Thread]:
+    """Start the service beside the submit server (daemon thread: it dies with the process)."""
+    service = EstimationService(cfg)
+    thread = threading.Thread(target=service.run, args=(stop,), name="gpushare-estimationd", daemon=True)
+    thread.start()
+    return service, thread

@@ -1,0 +1,237 @@
+"""Which training script (and arguments) a batch script runs: what the asynchronous estimation estimates.
+
+Pure text analysis, no I/O: the estimation job later runs ``gpu-estimate SCRIPT ARGS`` as the user in the
+job's working directory. Why explicit rules instead of running the batch script: the batch script may do
+anything (copy data, start servers); only the Python command of the training is safe and cheap to replay.
+
+Recognised (after optional ``VAR=value`` prefixes, ``exec``, ``time``, ``nohup``, ``srun [options]``):
+
+- ``python [-u -O -B -W x -X x] train.py args``, ``python3.11 …``, ``/path/to/venv/bin/python …``;
+- ``python -m torch.distributed.run|torch.distributed.launch [options] train.py args``;
+- ``torchrun [options] train.py args``;
+- ``accelerate launch [options] train.py args``;
+- a ``#GPUSHARE script=train.py`` directive: that file, with the arguments of the line that runs it if any.
+
+When several lines qualify, the last one wins (preparation usually comes first) and the choice is
+reported. Arguments may use variables assigned earlier in the script with plain ``NAME=value`` lines;
+anything else (``$SLURM_ARRAY_TASK_ID``) is reported as unresolved and left as written.
+
+Known limitations: ``python -m package`` (no file), ``python -c``, containers (``apptainer exec``),
+``conda run``, ``mpirun``/``deepspeed`` launchers and commands built in shell functions are not followed;
+the result then says why and names the ``#GPUSHARE script=`` directive as the fix.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+
+_PYTHON_RE = re.compile(r"^(?:.*/)?python(?:\d+(?:\.\d+)?)?$")
+_ASSIGN_RE = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(\S*)\s*$")
+_VAR_RE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
+_OPERATORS = {";", "&&", "||", "|", "&", ">", ">>", "<", "<<", ">&", "&>", "2>", "2>>", "(", ")", "|&"}
+_PREFIX_WORDS = {"exec", "time", "nohup", "command", "stdbuf"}
+_DISTRIBUTED_MODULES = {"torch.distributed.run", "torch.distributed.launch"}
+
+# Options that take no value, per launcher; any other option without "=" consumes the next word.
+_PYTHON_VALUE_OPTS = {"-W", "-X", "--check-hash-based-pycs"}
+_SRUN_FLAGS = {"-l", "--label", "-u", "--unbuffered", "--exclusive", "-K", "--kill-on-bad-exit", "-v",
+               "--verbose", "-Q", "--quiet", "--overlap", "--pty", "-X", "--disable-status", "-Z", "--no-allocate",
+               "--multi-prog", "--overcommit", "-O", "--exact", "--whole", "-s", "--oversubscribe"}
+_TORCHRUN_FLAGS = {"--standalone", "--no_python", "--no-python", "--run_path", "--run-path", "-m", "--module",
+                   "--use_env", "--use-env"}
+_ACCELERATE_FLAGS = {"--cpu", "--multi_gpu", "--tpu", "--use_deepspeed", "--use_fsdp", "--use_megatron_lm",
+                     "--use_xpu", "-m", "--module", "--no_python", "--debug", "-q", "--quiet", "--same_network",
+                     "--enable_cpu_affinity"}
+
+
+@dataclass(frozen=True)
+class TrainingCommand:
+    """The training script to estimate and how it was found (``how`` and ``line`` go into the record)."""
+
+    script: str
+    args: tuple[str, ...] = ()
+    how: str = "python"  # python | torchrun | accelerate | directive
+    line: int = 0
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class NotFound:
+    """Why no training script could be found; ``reason`` is shown to the user as is."""
+
+    reason: str
+
+
+@dataclass
+class _Line:
+    number: int
+    text: str
+    words: list[str] = field(default_factory=list)
+
+
+def find_training_command(batch_script: str, directive_script: str | None = None,
+                          max_bytes: int = 65536) -> TrainingCommand | NotFound:
+    """Find the training command in a batch script (see the module docstring for the rules)."""
+    variables: dict[str, str] = {}
+    candidates: list[TrainingCommand] = []
+    skipped: list[str] = []
+    for line in _logical_lines(batch_script[:max_bytes]):
+        assign = _ASSIGN_RE.match(line.text)
+        if assign:
+            variables[assign.group(1)] = assign.group(2).strip("'\"")
+            continue
+        try:
+            line.words = _split(line.text)
+        except ValueError:
+            continue
+        found = _parse_command(line, variables)
+        if isinstance(found, TrainingCommand):
+            candidates.append(found)
+        elif found is not None:
+            skipped.append(f"line {line.number}: {found.reason}")
+    if directive_script:
+        return _from_directive(directive_script, candidates)
+    if not candidates:
+        detail = f" ({skipped[-1]})" if skipped else ""
+        return NotFound("no 'python train.py', torchrun or accelerate launch line found in the batch script"
+                        f"{detail}; add '#GPUSHARE script=train.py' or run gpu-estimate --annotate")
+    chosen = candidates[-1]
+    if len(candidates) > 1:
+        others = ", ".join(str(c.line) for c in candidates[:-1])
+        chosen = _with_note(chosen, f"several Python commands (lines {others}, {chosen.line}); used the last")
+    return chosen
+
+
+def _from_directive(path: str, candidates: list[TrainingCommand]) -> TrainingCommand:
+    for candidate in reversed(candidates):
+        if candidate.script == path or candidate.script.rsplit("/", 1)[-1] == path.rsplit("/", 1)[-1]:
+            return TrainingCommand(path, candidate.args, "directive", candidate.line, candidate.notes)
+    return TrainingCommand(path, (), "directive", 0, ("no line runs it; estimated without arguments",))
+
+
+def _with_note(command: TrainingCommand, note: str) -> TrainingCommand:
+    return TrainingCommand(command.script, command.args, command.how, command.line, (*command.notes, note))
+
+
+def _logical_lines(text: str) -> list[_Line]:
+    """Join backslash continuations; drop comments, blank lines and here-doc bodies are kept as is."""
+    lines: list[_Line] = []
+    pending = ""
+    start = 0
+    for number, raw in enumerate(text.splitlines(), start=1):
+        stripped = raw.strip()
+        if not pending and (not stripped or stripped.startswith("#")):
+            continue
+        if not pending:
+            start = number
+        if stripped.endswith("\\"):
+            pending += stripped[:-1] + " "
+            continue
+        lines.append(_Line(start, (pending + stripped).strip()))
+        pending = ""
+    if pending:
+        lines.append(_Line(start, pending.strip()))
+    return lines
+
+
+def _split(text: str) -> list[str]:
+    lexer = shlex.shlex(text, posix=True, punctuation_chars=";&|<>()")
+    lexer.whitespace_split = True
+    lexer.commenters = "#"
+    words = list(lexer)
+    for index, word in enumerate(words):  # a command ends at the first shell operator
+        if word in _OPERATORS or set(word) <= set(";&|<>()"):
+            head = words[:index]
+            if head and head[-1].isdigit() and word.startswith((">", "<")):
+                head = head[:-1]  # "2>" arrives as "2", ">"
+            return head
+    return words
+
+
+def _parse_command(line: _Line, variables: dict[str, str]) -> TrainingCommand | NotFound | None:
+    words = list(line.words)
+    while words and (re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", words[0]) or words[0] in _PREFIX_WORDS):
+        words.pop(0)
+    if words and words[0] == "srun":
+        words = _skip_options(words[1:], _SRUN_FLAGS)
+    if not words:
+        return None
+    head = words[0].rsplit("/", 1)[-1]
+    if _PYTHON_RE.match(words[0]):
+        return _python(line, words[1:], variables)
+    if head == "torchrun":
+        return _script_after(line, _skip_options(words[1:], _TORCHRUN_FLAGS), "torchrun", variables)
+    if head == "accelerate" and len(words) > 1 and words[1] == "launch":
+        return _script_after(line, _skip_options(words[2:], _ACCELERATE_FLAGS), "accelerate", variables)
+    return None
+
+
+def _python(line: _Line, words: list[str], variables: dict[str, str]) -> TrainingCommand | NotFound | None:
+    index = 0
+    while index < len(words) and words[index].startswith("-"):
+        option = words[index]
+        if option == "-m":
+            module = words[index + 1] if index + 1 < len(words) else ""
+            if module in _DISTRIBUTED_MODULES:
+                rest = _skip_options(words[index + 2:], _TORCHRUN_FLAGS)
+                return _script_after(line, rest, "torchrun", variables)
+            if module == "accelerate.commands.launch":
+                return _script_after(line, _skip_options(words[index + 2:], _ACCELERATE_FLAGS), "accelerate",
+                                     variables)
+            return NotFound(f"'python -m {module[:40]}' runs a module, not a file")
+        if option == "-c":
+            return None  # one-liners (version checks, downloads) are not training
+        index += 2 if option in _PYTHON_VALUE_OPTS else 1
+    return _script_after(line, words[index:], "python", variables)
+
+
+def _skip_options(words: list[str], flags: set[str]) -> list[str]:
+    index = 0
+    while index < len(words) and words[index].startswith("-") and words[index] != "--":
+        word = words[index]
+        if "=" in word or word in flags or (len(word) > 2 and word[1] != "-"):
+            index += 1  # --opt=value, a flag, or a short option with its value attached (-n4)
+        else:
+            index += 2
+    if index < len(words) and words[index] == "--":
+        index += 1
+    return words[index:]
+
+
+def _script_after(line: _Line, words: list[str], how: str, variables: dict[str, str]) -> TrainingCommand | NotFound:
+    if not words:
+        return NotFound(f"{how} without a script")
+    script, notes = _expand(words[0], variables)
+    if "$" in script:
+        return NotFound(f"script path {words[0][:60]!r} uses an unknown variable")
+    if not script.endswith(".py"):
+        return NotFound(f"{script[:60]!r} is not a .py file")
+    args = []
+    all_notes = list(notes)
+    for word in words[1:]:
+        value, word_notes = _expand(word, variables)
+        args.append(value)
+        all_notes.extend(word_notes)
+    return TrainingCommand(script, tuple(args), how, line.number, tuple(dict.fromkeys(all_notes)))
+
+
+def _expand(word: str, variables: dict[str, str]) -> tuple[str, list[str]]:
+    notes: list[str] = []
+
+    def replace(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(2)
+        if name in variables:
+            return variables[name]
+        notes.append(f"${name} left unresolved")
+        return match.group(0)
+
+    return _VAR_RE.sub(replace, word), notes
+
+
+def describe(command: TrainingCommand) -> str:
+    """One line for records and messages: ``train.py --bs 64 (torchrun, line 12)``."""
+    text = " ".join([command.script, *command.args])
+    where = f"{command.how}, line {command.line}" if command.line else command.how
+    return f"{text[:120]} ({where})"

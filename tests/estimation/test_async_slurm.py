@@ -1,0 +1,208 @@
+"""Asynchronous estimation on a real local Slurm: held, estimated as the user on the CPU partition, released."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurm_plugins.decision import parse_record
+from slurm_plugins.estimation_plan import ESTIMATION_JOB_PREFIX
+from slurm_plugins.local_cluster import LocalCluster
+
+TEST_USER = "gpushare-test"  # created by conftest.ensure_user
+
+pytestmark = pytest.mark.slurm
+
+TINY_TRAIN = """import argparse
+import torch
+import torch.nn as nn
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--batch-size", type=int, default=16)
+args = parser.parse_args()
+device = "cuda" if torch.cuda.is_available() else "cpu"
+model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 10)).to(device)
+opt = torch.optim.Adam(model.parameters())
+for step in range(3):
+    loss = model(torch.randn(args.batch_size, 256, device=device)).sum()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+SHARDS_PROBE = "env | grep -E '^SLURM_SHARDS_ON_NODE=' || true\n"
+# Launchers the test user does not have: the job itself only has to start and exit 0.
+STUBS = "torchrun() { true; }\naccelerate() { true; }\npython() { true; }\n"
+
+
+@pytest.fixture
+def work(est_root: Path, user: Any, request: pytest.FixtureRequest) -> Path:
+    """A working directory the test user owns (jobs write their output there)."""
+    path = est_root / f"work-{request.node.name}"
+    path.mkdir(mode=0o755)
+    os.chown(path, user.pw_uid, user.pw_gid)
+    return path
+
+
+def write(work: Path, name: str, text: str, user: Any) -> Path:
+    path = work / name
+    path.write_text(text)
+    os.chown(path, user.pw_uid, user.pw_gid)
+    return path
+
+
+def submit_as_user(cluster: LocalCluster, work: Path, body: str, *args: str) -> tuple[int, str]:
+    proc = subprocess.run(["runuser", "-u", TEST_USER, "--", "sbatch", "--parsable", "--gres=gpu:1", "-D", str(work),
+                           "-o", str(work / "job-%j.out"), *args], input="#!/bin/sh\n" + body,
+                          capture_output=True, text=True, env=cluster.env, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    return int(proc.stdout.strip().split(";")[0]), proc.stderr
+
+
+def job(cluster: LocalCluster, job_id: int) -> dict[str, Any]:
+    found = cluster.client.job_json(job_id)
+    assert found is not None, f"job {job_id} gone"
+    return found
+
+
+def wait_released(cluster: LocalCluster, job_id: int, timeout_s: float = 90) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        record = parse_record(job(cluster, job_id).get("admin_comment")) or {}
+        if record.get("decision") != "estimating":
+            return record
+        time.sleep(0.3)
+    raise AssertionError(f"job {job_id} still held after {timeout_s} s: {job(cluster, job_id)}")
+
+
+def estimation_jobs(cluster: LocalCluster) -> list[dict[str, Any]]:
+    return [j for j in cluster.client.squeue_json() if str(j.get("name", "")).startswith(ESTIMATION_JOB_PREFIX)]
+
+
+def spool_of(cluster: LocalCluster, est: dict[str, Any]) -> Path:
+    return Path(est["standard_output"]).parent
+
+
+def test_job_held_estimated_as_user_rewritten_released_and_run(est_cluster, work, user):
+    write(work, "train.py", "# FAKE_PEAK_GIB=3\n", user)
+    job_id, stderr = submit_as_user(est_cluster, work, "#SBATCH -J fake-train\npython3 -u train.py --epochs 1\n"
+                                    + SHARDS_PROBE)
+    assert "job held while gpu-estimate train.py --epochs 1" in stderr
+    held = job(est_cluster, job_id)
+    record = parse_record(held["admin_comment"])
+    if record["decision"] == "estimating":  # usually still held here; the estimate may already have landed
+        assert held["job_state"] == "PENDING" and held["tres_per_node"] == "gres:shard:40"
+        assert held["state_reason"].startswith("JobHeld")
+    final = wait_released(est_cluster, job_id)
+    assert final["decision"] == "shared" and final["src"] == "async" and final["new"] == "gres:shard:4"
+    assert final["old"] == "gres:gpu:1" and final["held_s"] >= 0 and "train.py --epochs 1" in final["script"]
+    est = [j for j in estimation_jobs(est_cluster) if j["job_id"] == final["est_job"]][0]
+    assert est["name"] == f"{ESTIMATION_JOB_PREFIX}{job_id}" and est["partition"] == "cpu"
+    assert est["user_id"] == user.pw_uid != 0
+    assert f"ran-as-uid={user.pw_uid}" in (spool_of(est_cluster, est) / "stderr.txt").read_text()
+    done = est_cluster.wait_job(job_id)
+    assert done["JobState"] == "COMPLETED" and done["TresPerNode"] == "gres:shard:4"
+    assert "SLURM_SHARDS_ON_NODE=4" in (work / f"job-{job_id}.out").read_text()
+
+
+def test_real_gpu_estimate_runs_as_user(est_cluster, work, user, helpers):
+    problem = helpers.user_can_run_estimator()
+    if problem:
+        pytest.skip(problem)
+    write(work, "tiny_train.py", TINY_TRAIN, user)
+    job_id, _ = submit_as_user(est_cluster, work, "srun python tiny_train.py --batch-size 32\n")
+    final = wait_released(est_cluster, job_id, timeout_s=150)
+    assert final["decision"] == "shared" and final["src"] == "async", final
+    assert final["new"] in ("gres:shard:2", "gres:shard:3") and 0 < final["est_gib"] < 2
+    assert est_cluster.wait_job(job_id)["JobState"] == "COMPLETED"
+
+
+def test_failed_estimation_releases_with_fallback(est_cluster, work, user):
+    write(work, "train.py", "# FAKE_FAIL\n", user)
+    job_id, _ = submit_as_user(est_cluster, work, STUBS + "torchrun --standalone --nproc_per_node=1 train.py\n")
+    final = wait_released(est_cluster, job_id)
+    assert final["decision"] == "exclusive" and final["new"] == "gres:shard:40"
+    assert "the training script failed" in final["why"]
+    done = est_cluster.wait_job(job_id)
+    assert done["JobState"] == "COMPLETED" and done["TresPerNode"] == "gres:shard:40"
+
+
+def test_cancelled_estimation_releases_the_job(est_cluster, work, user):
+    write(work, "train.py", "# FAKE_SLEEP\n", user)
+    job_id, _ = submit_as_user(est_cluster, work, STUBS + "accelerate launch --num_processes 1 train.py --lr 3e-4\n")
+    deadline = time.monotonic() + 60
+    while not any(j["name"] == f"{ESTIMATION_JOB_PREFIX}{job_id}" and j["job_state"] == "RUNNING"
+                  for j in estimation_jobs(est_cluster)):
+        assert time.monotonic() < deadline, "estimation job never ran"
+        time.sleep(0.3)
+    est_cluster.client.run("scancel", "--name", f"{ESTIMATION_JOB_PREFIX}{job_id}")
+    final = wait_released(est_cluster, job_id, timeout_s=30)
+    assert final["decision"] == "exclusive" and "cancelled" in final["why"]
+    assert est_cluster.wait_job(job_id)["JobState"] == "COMPLETED"
+
+
+def test_no_training_script_found_is_reported_not_held(est_cluster, work, user):
+    job_id, stderr = submit_as_user(est_cluster, work, "./run_experiment.sh\n")
+    assert "#GPUSHARE script=" in stderr
+    record = parse_record(job(est_cluster, job_id)["admin_comment"])
+    assert record["decision"] == "exclusive" and "no 'python train.py'" in record["why"]
+    assert est_cluster.wait_job(job_id)["TresPerNode"] == "gres:gpu:1"
+
+
+def test_fifty_jobs_at_once_all_released_within_caps(est_cluster, work, user):
+    for variant in range(10):
+        write(work, f"train{variant}.py", f"# FAKE_PEAK_GIB={2 + variant % 3}\n", user)
+    with ThreadPoolExecutor(8) as pool:
+        ids = list(pool.map(lambda i: submit_as_user(est_cluster, work, STUBS + f"python train{i % 10}.py\n",
+                                                     f"--job-name=burst{i}")[0], range(50)))
+    most = 0
+    deadline = time.monotonic() + 150
+    pending = set(ids)
+    while pending:
+        assert time.monotonic() < deadline, f"still held: {sorted(pending)}"
+        jobs = {j["job_id"]: j for j in est_cluster.client.squeue_json()}
+        active = [j for j in jobs.values() if str(j.get("name", "")).startswith(ESTIMATION_JOB_PREFIX)
+                  and j["job_state"] in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING")]
+        most = max(most, len(active))
+        pending = {i for i in pending
+                   if (parse_record(jobs[i].get("admin_comment")) or {}).get("decision") == "estimating"}
+        time.sleep(0.5)
+    assert most <= 3  # [estimation] max_per_user = 3 (max_total = 4)
+    records = [parse_record(est_cluster.client.job_json(i)["admin_comment"]) for i in ids]
+    assert all(r["decision"] == "shared" and r["src"] == "async" for r in records)
+    assert len({r["est_job"] for r in records}) == 10  # one estimation per distinct script
+    for i, record in zip(range(50), records):
+        assert record["new"] == f"gres:shard:{3 + (i % 10) % 3}"
+
+
+def test_watchdog_releases_a_job_held_too_long(est_cluster, work, user, helpers):
+    """Last in the module: it tightens the limits through a configuration reload (SIGHUP)."""
+    conf = est_cluster.gpushare_conf
+    original = conf.read_text()
+    spool, fake = Path(est_cluster.config().estimation.spool_dir), Path(est_cluster.config().estimation.command)
+    toml = helpers.estimation_toml(spool, fake)
+    tight = original.replace(toml, toml.replace("time_limit_s = 120", "time_limit_s = 30")
+                             + "watchdog_s = 35\n")
+    assert tight != original
+    conf.write_text(tight)
+    os.kill(est_cluster.pids["submitd"], signal.SIGHUP)
+    try:
+        write(work, "train.py", "# FAKE_SLEEP\n", user)
+        job_id, _ = submit_as_user(est_cluster, work, STUBS + "python train.py\n")
+        final = wait_released(est_cluster, job_id, timeout_s=70)
+        assert final["decision"] == "exclusive" and final["why"].startswith("estimation: watchdog: held")
+        assert final["held_s"] >= 35
+        deadline = time.monotonic() + 20
+        while any(j["name"] == f"{ESTIMATION_JOB_PREFIX}{job_id}" and j["job_state"] == "RUNNING"
+                  for j in estimation_jobs(est_cluster)):
+            assert time.monotonic() < deadline, "estimation job not cancelled"
+            time.sleep(0.3)
+    finally:
+        conf.write_text(original)
+        os.kill(est_cluster.pids["submitd"], signal.SIGHUP)
