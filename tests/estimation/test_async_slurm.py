@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -179,6 +181,10 @@ def test_fifty_jobs_at_once_all_released_within_caps(est_cluster, work, user):
     assert len({r["est_job"] for r in records}) == 10  # one estimation per distinct script
     for i, record in zip(range(50), records):
         assert record["new"] == f"gres:shard:{3 + (i % 10) % 3}"
+    listing = subprocess.run([os.path.join(os.path.dirname(sys.executable), "gpushare"), "estimates", "--json",
+                              "--user", TEST_USER], env=est_cluster.env, capture_output=True, text=True, check=True)
+    rows = {row["job"]: row for row in json.loads(listing.stdout)}
+    assert all(rows[i]["phase"] == "released" and rows[i]["result"].startswith("gres:shard:") for i in ids)
 
 
 def test_watchdog_releases_a_job_held_too_long(est_cluster, work, user, helpers):

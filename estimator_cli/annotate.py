@@ -1,0 +1,116 @@
+"""``gpu-estimate --annotate SCRIPT ARGS… -- [SBATCH OPTIONS] train.sbatch``: estimate, then submit with it.
+
+Why a copy of the batch script with a directive: the job_submit hook already trusts a ``#GPUSHARE
+estimate=<file>`` line naming a small regular file owned by the submitting user (slurm_plugins/
+estimate_source.py), and users cannot write the cluster's by-script cache (root's). So the estimate JSON and
+an annotated copy of the batch script go into ``.gpushare/`` beside the batch script, and ``sbatch`` gets the
+copy (same file name, so the job name is unchanged). A second run with the same script, arguments and
+environment hits gpu-estimate's own cache and submits at once.
+
+The batch script is found after ``--`` as the first argument naming an existing file (sbatch options may
+come before it, the batch script's own arguments after it), or given with ``--sbatch FILE``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpushare.atomic import write_text_atomic
+
+ANNOTATION_DIR = ".gpushare"
+_ESTIMATE_DIRECTIVE_RE = re.compile(r"^\s*#\s*GPUSHARE\b.*\b(mem|estimate)=", re.IGNORECASE)
+
+
+class AnnotateError(ValueError):
+    """A usage problem, phrased for the user (the CLI maps it to exit code 2)."""
+
+
+@dataclass(frozen=True)
+class Submission:
+    script_args: list[str]  # what the training script gets
+    sbatch_argv: list[str]  # sbatch options, the batch script, its arguments
+    batch_index: int  # position of the batch script in sbatch_argv
+
+
+def split_args(script_args: Sequence[str], sbatch_file: str | None) -> Submission:
+    """Separate the training script's arguments from the sbatch part (``-- … train.sbatch``)."""
+    args = list(script_args)
+    if sbatch_file:
+        return Submission(args, [sbatch_file], 0)
+    if "--" not in args:
+        raise AnnotateError("--annotate needs the batch script: gpu-estimate --annotate train.py ARGS -- "
+                            "train.sbatch (or --sbatch train.sbatch)")
+    cut = len(args) - 1 - args[::-1].index("--")
+    sbatch_argv = args[cut + 1:]
+    for index, word in enumerate(sbatch_argv):
+        if not word.startswith("-") and Path(word).is_file():
+            return Submission(args[:cut], sbatch_argv, index)
+    raise AnnotateError(f"no batch script among {' '.join(sbatch_argv)[:120]!r} after '--'")
+
+
+def annotate_script(text: str, estimate_path: Path) -> str:
+    """The batch script with ``#GPUSHARE estimate=<path>`` after its first line (before any command)."""
+    for number, line in enumerate(text.splitlines(), start=1):
+        if _ESTIMATE_DIRECTIVE_RE.match(line):
+            raise AnnotateError(f"the batch script already names an estimate on line {number}; remove that "
+                                "line or submit it without --annotate")
+    directive = f"#GPUSHARE estimate={estimate_path}  # added by gpu-estimate --annotate\n"
+    if text.startswith("#!"):
+        first, _, rest = text.partition("\n")
+        return f"{first}\n{directive}{rest}"
+    return directive + text
+
+
+def write_annotation(doc: dict[str, Any], batch_path: Path) -> tuple[Path, Path]:
+    """Write the estimate JSON and the annotated copy into ``.gpushare/`` beside the batch script."""
+    directory = batch_path.resolve().parent / ANNOTATION_DIR
+    if any(c.isspace() for c in str(directory)):
+        raise AnnotateError(f"{directory}: a path with spaces cannot be named in a #GPUSHARE line")
+    directory.mkdir(mode=0o755, exist_ok=True)
+    estimate_path = directory / f"{batch_path.name}.estimate.json"
+    write_text_atomic(estimate_path, json.dumps(doc, indent=1) + "\n")
+    try:
+        text = batch_path.read_text(encoding="utf-8", errors="surrogateescape")
+    except OSError as exc:
+        raise AnnotateError(f"cannot read {batch_path}: {exc.strerror}") from exc
+    copy = directory / batch_path.name
+    write_text_atomic(copy, annotate_script(text, estimate_path))
+    os.chmod(copy, 0o755)
+    return estimate_path, copy
+
+
+def summary(doc: dict[str, Any]) -> str:
+    rows = [t for t in doc.get("targets", []) if isinstance(t, dict)]
+    parts = [f"{t.get('gpu')}: {t.get('peak_total_bytes', 0) / (1 << 30):.2f} GiB" for t in rows]
+    cached = " (cached)" if doc.get("cached") else ""
+    return f"gpu-estimate: peak {', '.join(parts) or '?'}{cached}"
+
+
+def submit(doc: dict[str, Any], submission: Submission,
+           run: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run) -> int:
+    """Attach the estimate and run sbatch; returns sbatch's exit code (2 for our own usage errors)."""
+    batch_path = Path(submission.sbatch_argv[submission.batch_index])
+    try:
+        estimate_path, copy = write_annotation(doc, batch_path)
+    except AnnotateError as exc:
+        print(f"gpu-estimate: {exc}", file=sys.stderr)
+        return 2
+    argv = list(submission.sbatch_argv)
+    argv[submission.batch_index] = str(copy)
+    print(f"{summary(doc)}; estimate in {estimate_path}", file=sys.stderr)
+    try:
+        proc = run(["sbatch", *argv], capture_output=True, text=True)
+    except OSError as exc:
+        print(f"gpu-estimate: cannot run sbatch: {exc.strerror} (is slurm-client installed?)", file=sys.stderr)
+        return 2
+    sys.stdout.write(proc.stdout)
+    sys.stderr.write(proc.stderr)
+    return proc.returncode
