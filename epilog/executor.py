@@ -47,7 +47,12 @@ def execute(entry: dict[str, Any], client: SlurmClient, ledger: Ledger,
         if restarts > int(entry["restarts"]) or state == "PENDING":
             log.info("job %s: already requeued (state %s, restarts %s)", job_id, state, restarts)
         elif state in _ENDED_STATES:
-            client.requeue_hold(job_id)
+            try:
+                client.requeue_hold(job_id)
+            except SlurmError as exc:  # e.g. "presently disabled": nothing was changed, the job stays failed
+                log.error("job %s: Slurm refused the requeue: %s; the job stays failed", job_id, exc)
+                mark("requeuehold-refused", state="stay_failed", error=str(exc)[:300])
+                return f"stay_failed: Slurm refused the requeue ({str(exc)[-120:]})"
         else:
             mark("requeuehold-skipped", state="stay_failed", error=f"job is {state}; not requeued")
             return f"error: job {job_id} is {state}"

@@ -55,6 +55,7 @@ class JobFacts:
     gid: int | None
     log_paths: tuple[str, ...]  # StdErr first, then StdOut (absolute, deduplicated)
     record: dict[str, Any] | None  # our gpushare:{...} admin-comment record
+    requeue_allowed: bool = True  # False for --no-requeue jobs: Slurm refuses requeuehold for them
 
     @classmethod
     def from_slurm(cls, fields: Mapping[str, str], env: Mapping[str, str],
@@ -100,6 +101,7 @@ class JobFacts:
             gid=_owner(env.get("SLURM_JOB_GID"), js.get("group_id")),
             log_paths=tuple(paths),
             record=parse_record(str(js["admin_comment"]) if "admin_comment" in js else fields.get("AdminComment")),
+            requeue_allowed=js["requeue"] if isinstance(js.get("requeue"), bool) else fields.get("Requeue") != "0",
         )
 
 
@@ -253,6 +255,11 @@ def decide(job: JobFacts, verdict: OomVerdict, cfg: Config, retries_used: int,
                       max_retries=limit,
                       user_message=f"gpushare: {why} ({family}); the job stays failed. Ask for more GPU memory "
                                    f"(#GPUSHARE mem=..., or --gres=gpu:1) and resubmit.")
+    if not job.requeue_allowed:
+        return Action("stay_failed", "GPU out of memory, not requeued: the job was submitted with --no-requeue",
+                      retry=spent, max_retries=limit,
+                      user_message=f"gpushare: the job ran out of GPU memory ({family}); it was submitted with "
+                                   "--no-requeue, so it was not re-run on a whole GPU.")
     new_gres, why = _bigger_request(job, cfg, mig_available)
     if new_gres is None:
         return Action("stay_failed", f"GPU out of memory, not requeued: {why}", retry=spent, max_retries=limit,

@@ -101,8 +101,10 @@ def handle(job_id: str, env: Mapping[str, str], client: SlurmClient, cfg: Config
                 _tell_user(job, action.user_message, cfg)
                 return f"stay_failed: {action.reason}"
             log.warning("job %s: %s; matched: %s", job.job_id, action.reason, verdict.message)
-            _tell_user(job, action.user_message, cfg)
-        elif entry.get("state") in FINAL_STATES:
+            outcome = execute(entry, client, ledger, finish_later)
+            _tell_user(job, action.user_message if outcome.startswith("requeue") else "", cfg)
+            return outcome
+        if entry.get("state") in FINAL_STATES:
             return f"already handled: {entry.get('state')}"
         return execute(entry, client, ledger, finish_later)
 

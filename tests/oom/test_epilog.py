@@ -118,6 +118,16 @@ def test_entries_of_purged_jobs_are_closed(setup) -> None:  # type: ignore[no-un
     assert ledger.get("1", 0)["state"] == "gone"
 
 
+def test_refused_requeue_leaves_the_job_failed_and_the_entry_closed(setup) -> None:  # type: ignore[no-untyped-def]
+    cfg, fake, err = setup
+    fake.fail = {"requeuehold": 1}
+    assert run(cfg, fake).startswith("stay_failed: Slurm refused the requeue")
+    entry = Ledger(cfg.oom.ledger_dir).get("1", 0)
+    assert entry["state"] == "stay_failed" and Ledger(cfg.oom.ledger_dir).unfinished(min_age_s=0) == []
+    assert "requeued" not in err.read_text()  # the user is not told of a requeue that did not happen
+    assert Ledger(cfg.oom.ledger_dir).retries_used("1") == 0
+
+
 def test_refused_gres_change_still_releases_the_job(setup) -> None:  # type: ignore[no-untyped-def]
     cfg, fake, _ = setup
     fake.fail = {"update": 1}

@@ -68,9 +68,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     local.stop()
 
 
-def submit(cluster: LocalCluster, need: int, fail_other: bool = False, gres: str = "shard:4") -> int:
+def submit(cluster: LocalCluster, need: int, fail_other: bool = False, gres: str = "shard:4",
+           *options: str) -> int:
     script = JOB.format(python=sys.executable, need=need, fail_other=fail_other)
-    job_id, _ = cluster.client.sbatch(f"--gres={gres}", "-o", str(cluster.base / "job-%j.out"),
+    job_id, _ = cluster.client.sbatch(*options, f"--gres={gres}", "-o", str(cluster.base / "job-%j.out"),
                                       "-e", str(cluster.base / "job-%j.err"), script=script)
     return job_id
 
@@ -138,6 +139,14 @@ def test_non_oom_failure_is_not_requeued(cluster: LocalCluster) -> None:
     fields = wait_final(cluster, job_id, restarts=0)
     assert (fields["JobState"], fields["Restarts"], fields["TresPerNode"]) == ("FAILED", "0", "gres:shard:4")
     assert ledger_of(cluster).get(str(job_id), 0) is None
+
+
+def test_no_requeue_job_stays_failed_with_the_reason(cluster: LocalCluster) -> None:
+    job_id = submit(cluster, 20, False, "shard:4", "--no-requeue")
+    fields = wait_final(cluster, job_id, restarts=0)
+    assert (fields["JobState"], fields["Restarts"]) == ("FAILED", "0")
+    entry = ledger_of(cluster).get(str(job_id), 0)
+    assert entry["state"] == "stay_failed" and "--no-requeue" in entry["reason"]
 
 
 def test_oom_again_after_recovery_stays_failed_with_the_reason(cluster: LocalCluster) -> None:

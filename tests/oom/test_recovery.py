@@ -119,6 +119,12 @@ def test_only_failed_jobs_are_recovered(state: str) -> None:
     assert decide(job(JobState=state), OOM, cfg(), 0).kind == "none"
 
 
+def test_no_requeue_jobs_stay_failed() -> None:
+    """Measured: requeuehold of a --no-requeue job is refused ("presently disabled")."""
+    action = decide(job(Requeue="0"), OOM, cfg(), 0)
+    assert action.kind == "stay_failed" and "--no-requeue" in action.reason
+
+
 def test_non_oom_failure_is_never_requeued() -> None:
     action = decide(job(), NOT_OOM, cfg(), 0)
     assert action.kind == "none" and action.reason == NOT_OOM.reason
