@@ -1,0 +1,309 @@
+"""The node-side MIG executor: move a node's GPUs to a target layout without touching a busy instance.
+
+Slurm cannot repartition MIG (DESIGN §5), so the executor does what sites do by hand, one journaled step
+at a time (``mig_manager.journal.STEPS``):
+
+  planned       journal written: layout before, target, the destroy/create ops, the drain Reason
+  drained       node drained with a Reason naming the run (``[mig] drain = "node"``; "none" skips it)
+  idle          no process and no running Slurm job uses an instance to be destroyed
+  applied       each op through the backend, explicit placements, each op journaled when done
+  gres_written  this node's gres.conf lines and slurm.conf Gres= regenerated from the backend's state
+  restarted     slurmctld then slurmd restarted (what Slurm 22.05 needs, see slurm_actions)
+  verified      slurmctld reports the new GPU counts and the node is not INVAL
+  resumed       the node resumed — only if it still carries our own drain Reason
+
+Assert, then apply (STYLE #4): a target already in place with Slurm agreeing returns at once, and every
+step checks before acting, so a rerun is harmless. ``reconcile`` converges after a kill anywhere: a run
+that changed no device yet is rolled back (resume, done); one that did is finished, and if an instance it
+must destroy is busy past the timeout it is rolled back instead (created instances destroyed when idle,
+destroyed ones recreated), Slurm's files rewritten from the GPU's actual state, and the node resumed.
+A busy instance is never destroyed; the driver's IN_USE is the last line of defence.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable, Literal
+
+from gpushare.gpus import BUILTIN_GPUS
+from gres.device import GpuBackend
+from gres.errors import GpuError
+from gres.gres_conf import gres_conf_lines, node_gpus, node_gres
+
+from mig_manager.device_ops import (Layout, create_instance, destroy_instance, diff_ops, has_processes,
+                                    read_layout)
+from mig_manager.gres_files import ensure_cap_devices
+from mig_manager.fsm import MigSpace
+from mig_manager.journal import STEPS, Journal, JournalStore
+from mig_manager.layout import check_layout, format_layout
+from mig_manager.profiles import all_profiles
+from mig_manager.slurm_actions import SlurmActions, gpu_counts
+
+log = logging.getLogger("gpushare.mig")
+Outcome = Literal["applied", "already", "rolled_back", "busy", "rate_limited", "nothing"]
+
+
+@dataclass(frozen=True)
+class ExecSettings:
+    """The ``[mig]`` settings the executor uses (see gpushare.config.MigSection)."""
+
+    drain: str = "node"  # "node": drain while reshaping; "none": rely on the busy checks alone
+    wait: str = "affected"  # "affected": wait for jobs on affected profiles; "node": for every GPU job
+    wait_timeout_s: float = 600.0
+    verify_timeout_s: float = 60.0
+    poll_s: float = 2.0
+    max_per_hour: int = 2
+    dev_dir: str = "/dev"
+    cap_device_major: int = 0  # >0: create missing nvidia-cap devices with this major (simulated nodes)
+    shards: bool = True  # shard lines for GPUs not in MIG mode
+    reason_prefix: str = "gpushare-mig"
+
+
+@dataclass(frozen=True)
+class Result:
+    outcome: Outcome
+    detail: str
+
+
+class Blocked(Exception):
+    """An instance to be destroyed stayed busy past the timeout."""
+
+
+class Executor:
+    """Applies and reconciles one node. ``hook(label)`` runs after every journaled step (tests crash there)."""
+
+    def __init__(self, node: str, backend: GpuBackend, slurm: SlurmActions, store: JournalStore,
+                 settings: ExecSettings = ExecSettings(), clock: Callable[[], float] = time.time,
+                 sleep: Callable[[float], None] = time.sleep, hook: Callable[[str], None] | None = None) -> None:
+        self.node, self.backend, self.slurm, self.store = node, backend, slurm, store
+        self.settings, self.clock, self.sleep = settings, clock, sleep
+        self.hook = hook or (lambda label: None)
+
+    # --- entry points --------------------------------------------------------------------------
+    def apply(self, target: Layout) -> Result:
+        """Move the GPUs named in ``target`` to exactly those instances."""
+        journal = self.store.load(self.node)
+        if journal.phase == "running":
+            self.reconcile()
+            journal = self.store.load(self.node)
+        for gpu, items in target.items():
+            info = self.backend.gpu(gpu)
+            if info.mig_current is not True:
+                raise ValueError(f"GPU {gpu} of {self.node} is not in MIG mode; enable it first "
+                                 "(nvidia-smi -i N -mig 1, then a GPU reset)")
+            model = BUILTIN_GPUS.get(info.model or "")
+            if model is not None:  # else the driver is the judge
+                check_layout(items, MigSpace.of(model, all_profiles(model)))
+        current = {gpu: read_layout(self.backend, gpu) for gpu in target}
+        ops = diff_ops(current, target)
+        status = self.slurm.status(self.node)
+        if not ops and gpu_counts(status.gres) == self._actual_counts() and not status.invalid:
+            return Result("already", "layout in place and Slurm agrees")
+        now = self.clock()
+        if ops and journal.recent(now) >= self.settings.max_per_hour:
+            return Result("rate_limited", f"{journal.recent(now)} reshapes of {self.node} in the last hour "
+                          f"(max {self.settings.max_per_hour}, [mig] max_reconfigurations_per_hour)")
+        run_id = uuid.uuid4().hex[:8]
+        journal = Journal(node=self.node, run_id=run_id, phase="running", step="planned",
+                          before={str(g): format_layout(v) for g, v in current.items()},
+                          target={str(g): format_layout(v) for g, v in target.items()}, ops=ops,
+                          drain_reason=f"{self.settings.reason_prefix} reshape {run_id}",
+                          started_at=now, history=journal.history)
+        journal.note(now, "planned: " + "; ".join(op.text() for op in ops))
+        self._save(journal, "planned")
+        return self._forward(journal)
+
+    def reconcile(self) -> Result:
+        """Finish or roll back an interrupted run; resume a node we left drained. Safe to run any time."""
+        journal = self.store.load(self.node)
+        if journal.phase != "running":
+            status = self.slurm.status(self.node)
+            if status.drained and status.reason.startswith(self.settings.reason_prefix + " "):
+                self.slurm.resume(self.node)  # our Reason, but no run in progress: a leftover
+                return Result("rolled_back", f"resumed {self.node}, drained by an earlier run")
+            return Result("nothing", "no run in progress")
+        if journal.mode == "rollback" or STEPS.index(journal.step) < STEPS.index("idle"):
+            return self._rollback(journal, "" if journal.mode == "rollback" else
+                                  "interrupted before any device change")
+        self._note(journal, f"reconcile: continuing after step {journal.step}")
+        return self._forward(journal)
+
+    # --- forward -------------------------------------------------------------------------------
+    def _forward(self, journal: Journal) -> Result:
+        steps: list[tuple[str, Callable[[Journal], None]]] = [
+            ("drained", self._drain), ("idle", self._wait_idle), ("applied", self._apply_ops),
+            ("gres_written", self._write_files), ("restarted", self._restart),
+            ("verified", self._verify), ("resumed", self._resume)]
+        for name, step in steps:
+            if STEPS.index(name) <= STEPS.index(journal.step):
+                continue
+            try:
+                step(journal)
+            except Blocked as exc:
+                return self._rollback(journal, str(exc))
+            except GpuError as exc:  # the driver refused a change: undo what was done, say why
+                if exc.gpu_lost:
+                    raise
+                return self._rollback(journal, f"driver refused: {exc}")
+            self._save(journal, name)
+        return self._finish(journal, "done", "applied",
+                            "; ".join(f"GPU {g}: {t}" for g, t in journal.target.items()))
+
+    def _drain(self, journal: Journal) -> None:
+        if self.settings.drain == "none":
+            return
+        status = self.slurm.status(self.node)
+        if status.drained and status.reason != journal.drain_reason:
+            journal.drain_reason = ""  # drained by someone else: leave their Reason, never resume it
+            self._note(journal, f"node already drained ({status.reason!r}); it stays drained afterwards")
+            return
+        if not status.drained:
+            self.slurm.drain(self.node, journal.drain_reason)
+
+    def _busy(self, journal: Journal) -> list[str]:
+        """Why the remaining destroys cannot run now (empty: they can)."""
+        pending = [op for op in journal.ops if op.kind == "destroy" and not op.done]
+        if not pending:
+            return []
+        jobs = self.slurm.running_gpu_jobs(self.node)
+        held: Counter[str] = Counter()
+        for types in jobs.values():
+            held.update(types)
+        reasons = []
+        for op in pending:
+            if has_processes(self.backend, op.gpu, op.profile, op.start):
+                reasons.append(f"{op.text()}: a process runs in it")
+            elif self.settings.wait == "node" and jobs:
+                reasons.append(f"{op.text()}: GPU jobs {', '.join(sorted(jobs))} run on {self.node}")
+            elif op.profile in held or "*" in held:
+                ids = [j for j, t in jobs.items() if op.profile in t or "*" in t]
+                reasons.append(f"{op.text()}: jobs {', '.join(sorted(ids))} hold gpu:{op.profile}")
+        return reasons
+
+    def _wait_idle(self, journal: Journal) -> None:
+        deadline = self.clock() + self.settings.wait_timeout_s
+        while True:
+            reasons = self._busy(journal)
+            if not reasons:
+                return
+            if self.clock() >= deadline:
+                raise Blocked(f"still busy after {self.settings.wait_timeout_s:g} s: {reasons[0]}")
+            self.sleep(self.settings.poll_s)
+
+    def _apply_ops(self, journal: Journal) -> None:
+        for index, op in enumerate(journal.ops):
+            if op.done:
+                continue
+            if op.kind == "destroy":
+                self._wait_idle(journal)  # assert again right before the irreversible call
+                destroy_instance(self.backend, op)
+            else:
+                create_instance(self.backend, op)
+            op.done = True
+            self._note(journal, f"done: {op.text()}")
+            self._save(journal, f"op{index}")
+
+    # --- Slurm side ----------------------------------------------------------------------------
+    def _actual_counts(self) -> Counter[str]:
+        return gpu_counts(node_gres(node_gpus(self.backend), shards=False))
+
+    def _write_files(self, journal: Journal) -> None:
+        """This node's gres.conf lines and Gres= from the GPUs' actual state (not from the plan)."""
+        gpus = node_gpus(self.backend)
+        if self.settings.cap_device_major:
+            minors = [m for g in gpus for s in (g.mig or ()) for m in (s.gi_cap_minor, s.ci_cap_minor)
+                      if m is not None]
+            ensure_cap_devices(self.settings.dev_dir, minors, self.settings.cap_device_major)
+        lines = gres_conf_lines(gpus, self.settings.dev_dir, shards=self.settings.shards, node_name=self.node)
+        journal.expected_gres = node_gres(gpus, shards=self.settings.shards)
+        self.slurm.write_gres(self.node, lines, journal.expected_gres)
+
+    def _restart(self, journal: Journal) -> None:
+        """Restart when a device changed (cap minors may differ at equal counts) or Slurm disagrees.
+
+        A second restart after a crash is harmless; a missed one would leave Slurm on stale devices.
+        """
+        status = self.slurm.status(self.node)
+        if any(op.done or op.undone for op in journal.ops) or status.invalid or \
+                gpu_counts(status.gres) != gpu_counts(journal.expected_gres):
+            self._note(journal, f"restarting Slurm daemons for Gres={journal.expected_gres}")
+            self.slurm.restart(self.node)
+
+    def _verify(self, journal: Journal) -> None:
+        want = gpu_counts(journal.expected_gres)
+        deadline = self.clock() + self.settings.verify_timeout_s
+        while True:
+            status = self.slurm.status(self.node)
+            settled = not (status.flags & {"UNKNOWN", "NOT_RESPONDING"})
+            if gpu_counts(status.gres) == want and not status.invalid and settled:
+                return
+            if self.clock() >= deadline:
+                raise RuntimeError(f"Slurm shows {self.node} as {status.state} Gres={status.gres}, expected "
+                                   f"Gres={journal.expected_gres}; see slurmctld's log, then run "
+                                   "gpushare mig reconcile")
+            self.sleep(min(self.settings.poll_s, 0.5))
+
+    def _resume(self, journal: Journal) -> None:
+        status = self.slurm.status(self.node)
+        if journal.drain_reason and status.drained and status.reason == journal.drain_reason:
+            self.slurm.resume(self.node)
+
+    # --- rollback ------------------------------------------------------------------------------
+    def _rollback(self, journal: Journal, why: str) -> Result:
+        """Undo done ops where safe, make Slurm match the GPUs, resume. Idempotent like the forward path."""
+        if journal.mode != "rollback":
+            journal.mode = "rollback"
+            self._note(journal, f"rolling back: {why}")
+            self._save(journal, "rollback")
+        kept = []
+        for index in reversed(range(len(journal.ops))):
+            op = journal.ops[index]  # done or not: the op in flight at a crash may be half done
+            if op.undone:
+                continue
+            try:
+                if op.kind == "create" and has_processes(self.backend, op.gpu, op.profile, op.start):
+                    kept.append(op.text())  # in use already: never destroy a busy instance
+                    continue
+                changed = (destroy_instance if op.kind == "create" else create_instance)(self.backend, op)
+            except GpuError as exc:
+                if exc.gpu_lost:
+                    raise
+                kept.append(f"{op.text()} ({exc.code.name})")
+                continue
+            if op.done or changed:
+                op.undone = True
+                self._save(journal, f"undo{index}")
+        if STEPS.index(journal.step) >= STEPS.index("idle"):  # the devices may have changed
+            self._write_files(journal)
+            self._save(journal, "rollback_files")
+            self._restart(journal)
+            self._verify(journal)
+        self._resume(journal)
+        detail = why or "rolled back"
+        if kept:
+            detail += f"; kept busy {', '.join(kept)}"
+        return self._finish(journal, "rolled_back", "busy" if why.startswith("still busy") else "rolled_back",
+                            detail)
+
+    # --- journal -------------------------------------------------------------------------------
+    def _finish(self, journal: Journal, phase: str, outcome: Outcome, detail: str) -> Result:
+        journal.phase = phase  # type: ignore[assignment]
+        if phase == "done":
+            journal.history.append(self.clock())
+        self._note(journal, f"{phase}: {detail}")
+        self._save(journal, phase)
+        return Result(outcome, detail)
+
+    def _note(self, journal: Journal, text: str) -> None:
+        log.info("%s: %s", self.node, text)
+        journal.note(self.clock(), text)
+
+    def _save(self, journal: Journal, label: str) -> None:
+        if label in STEPS:
+            journal.step = label
+        self.store.save(journal)
+        self.hook(label)

@@ -1,0 +1,124 @@
+"""Rewriting one node's GRES in gres.conf and slurm.conf, and the nvidia-cap device files MIG needs.
+
+Why text surgery rather than regenerating the files: both files hold the whole cluster (other nodes,
+partitions, site settings) and are owned by the admin; a repartition must change exactly this node's
+``NodeName=<node> …`` gres.conf lines and the ``Gres=`` of its slurm.conf ``NodeName=`` line, and keep
+every other byte. The rules are strict so a surprise is an error, not a silent half-edit:
+
+- gres.conf: every line whose first token is ``NodeName=<node>`` (exactly this node) is replaced by the
+  new lines, placed where the first old one was (else at the end). Lines for other nodes, hostlists
+  (``NodeName=gpu[01-04]``) and node-less lines are kept untouched; a hostlist or node-less ``Name=gpu``
+  line that could also apply to this node is refused, because Slurm would merge it with ours.
+- slurm.conf: the node must have its own ``NodeName=<node> …`` line (a hostlist line cannot be changed
+  for one node); its ``Gres=`` value is replaced, or added.
+Both files are written atomically (same directory, fsync, rename).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from pathlib import Path
+
+from gpushare.atomic import write_text_atomic
+
+_GRES_VALUE_RE = re.compile(r"^[A-Za-z0-9_.+:,-]+$")
+
+
+class GresFileError(RuntimeError):
+    """A file this module will not edit as asked; the message says what to change."""
+
+
+def _first_token(line: str) -> str:
+    parts = line.split(None, 1)
+    return parts[0] if parts else ""
+
+
+def _node_of(line: str) -> str | None:
+    token = _first_token(line)
+    return token.split("=", 1)[1] if token.lower().startswith("nodename=") else None
+
+
+def replace_gres_conf_lines(text: str, node: str, new_lines: list[str]) -> str:
+    """gres.conf text with ``node``'s own lines replaced by ``new_lines`` (each ``NodeName=<node> …``)."""
+    for line in new_lines:
+        if _node_of(line) != node or "\n" in line:
+            raise GresFileError(f"generated gres.conf line does not start with NodeName={node}: {line!r}")
+    out: list[str] = []
+    placed = False
+    for line in text.splitlines():
+        stripped = line.strip()
+        owner = _node_of(stripped)
+        if owner == node:
+            if not placed:
+                out.extend(new_lines)
+                placed = True
+            continue
+        if stripped and not stripped.startswith("#") and re.search(r"(?i)\bname=gpu\b", stripped) and (
+                owner is None or "[" in owner or "," in owner):
+            raise GresFileError(f"gres.conf line {stripped!r} may also apply to {node}; give {node} its "
+                                "own NodeName= lines so a MIG repartition can rewrite them alone")
+        out.append(line)
+    if not placed:
+        out.extend(new_lines)
+    return "\n".join(out) + "\n"
+
+
+def replace_node_gres(text: str, node: str, gres: str) -> str:
+    """slurm.conf text with the ``Gres=`` of ``NodeName=<node>`` set to ``gres``."""
+    if not _GRES_VALUE_RE.match(gres):
+        raise GresFileError(f"refusing Gres value {gres!r}")
+    out, found = [], False
+    for line in text.splitlines():
+        if _node_of(line.strip()) == node and not line.startswith((" ", "\t")):
+            found = True
+            if re.search(r"(?i)(^|\s)Gres=\S*", line):
+                line = re.sub(r"(?i)(^|\s)Gres=\S*", lambda m: f"{m.group(1)}Gres={gres}", line, count=1)
+            else:
+                line = f"{line.rstrip()} Gres={gres}"
+        out.append(line)
+    if not found:
+        raise GresFileError(f"slurm.conf has no line of its own for node {node} (NodeName={node} ...); "
+                            "split it out of its hostlist so its Gres= can change alone")
+    return "\n".join(out) + "\n"
+
+
+def rewrite_node_gres(slurm_conf: Path, gres_conf: Path, node: str, lines: list[str], gres: str) -> bool:
+    """Apply both edits; returns whether anything changed (assert-then-apply: no write when equal)."""
+    old_slurm = slurm_conf.read_text(encoding="utf-8")
+    old_gres = gres_conf.read_text(encoding="utf-8") if gres_conf.exists() else ""
+    new_slurm = replace_node_gres(old_slurm, node, gres)
+    new_gres = replace_gres_conf_lines(old_gres, node, lines)
+    changed = False
+    if new_gres != old_gres:
+        write_text_atomic(gres_conf, new_gres, mode=stat.S_IMODE(gres_conf.stat().st_mode)
+                          if gres_conf.exists() else 0o644)
+        changed = True
+    if new_slurm != old_slurm:
+        write_text_atomic(slurm_conf, new_slurm, mode=stat.S_IMODE(slurm_conf.stat().st_mode))
+        changed = True
+    return changed
+
+
+def ensure_cap_devices(dev_dir: str | Path, minors: list[int], major: int) -> list[Path]:
+    """Create missing ``<dev_dir>/nvidia-caps/nvidia-cap<minor>`` character devices (major ``major``).
+
+    On a real node the driver's nvidia-modprobe makes these; simulated nodes and sites whose udev does
+    not need this call, so it is opt-in (``[mig] cap_device_major``). An existing path that is not a
+    character device of that major is an error: Slurm would hand the wrong device to jobs.
+    """
+    caps = Path(dev_dir) / "nvidia-caps"
+    caps.mkdir(mode=0o755, exist_ok=True)
+    made = []
+    for minor in sorted(set(minors)):
+        path = caps / f"nvidia-cap{int(minor)}"
+        try:
+            st = path.lstat()
+        except FileNotFoundError:
+            os.mknod(path, 0o444 | stat.S_IFCHR, os.makedev(major, int(minor)))
+            made.append(path)
+            continue
+        if not stat.S_ISCHR(st.st_mode) or os.major(st.st_rdev) != major or os.minor(st.st_rdev) != minor:
+            raise GresFileError(f"{path} exists but is not character device {major}:{minor}; remove it")
+    return made

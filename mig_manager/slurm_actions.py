@@ -1,0 +1,153 @@
+"""What the MIG executor asks of Slurm, as one small interface, and its implementation on the CLIs.
+
+Why an interface (STYLE #3, #11): the executor's state machine is tested step by step — with crashes
+injected between steps — against a fake that records drains, resumes and restarts; the same code then
+drives a real slurmctld/slurmd through :class:`SlurmNodeActions`.
+
+What Slurm 22.05 needs to pick up a changed MIG layout (measured on the local test cluster, see
+docs/mig.md "Executor"): new ``gres.conf`` lines *and* the node's ``Gres=`` in slurm.conf, then a
+**slurmctld restart** followed by a **slurmd restart**. ``scontrol reconfigure`` is not enough: slurmctld
+logs "Attempt to change gres/gpu Count on node n1 from 1 to 4 invalid with File configuration" and keeps
+the old count; restarting slurmctld alone leaves the old slurmd reporting fewer GPUs than configured and
+the node goes INVAL ("gres/gpu count reported lower than configured (1 < 4)"). A drain survives both
+restarts (slurmctld saves node state).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shlex
+import subprocess
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Protocol
+
+from mig_manager.gres_files import rewrite_node_gres
+from slurm_plugins.slurm_client import SlurmClient, SlurmError, parse_scontrol_record
+
+log = logging.getLogger("gpushare.mig")
+_GRES_ITEM_RE = re.compile(r"^(?:gres[:/])?gpu:([A-Za-z0-9_.+-]{1,40}):(\d{1,4})(?:\(.*\))?$")
+_REASON_OK = re.compile(r"^[A-Za-z0-9 _.:@#=/+,-]{1,120}$")
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    """A node as slurmctld sees it."""
+
+    state: str  # e.g. "IDLE+DRAIN", "MIXED", "IDLE+DRAIN+INVALID_REG"
+    reason: str  # without Slurm's " [user@time]" suffix; "" when none
+    gres: str  # the node's configured Gres=, e.g. "gpu:3g.20gb:1,gpu:1g.5gb:2"
+
+    @property
+    def flags(self) -> set[str]:
+        return set(self.state.upper().replace("*", "").split("+"))
+
+    @property
+    def drained(self) -> bool:
+        return bool(self.flags & {"DRAIN", "DRAINED", "DRAINING"})
+
+    @property
+    def invalid(self) -> bool:
+        return bool(self.flags & {"INVAL", "INVALID", "INVALID_REG"})
+
+
+def gpu_counts(gres: str) -> Counter[str]:
+    """``gpu:3g.20gb:1,gpu:1g.5gb:2`` → {"3g.20gb": 1, "1g.5gb": 2}; other GRES and junk are ignored."""
+    counts: Counter[str] = Counter()
+    for item in gres.split(","):
+        match = _GRES_ITEM_RE.match(item.strip())
+        if match:
+            counts[match.group(1).lower()] += int(match.group(2))
+    return counts
+
+
+class SlurmActions(Protocol):
+    """The executor's view of Slurm for one node."""
+
+    def status(self, node: str) -> NodeStatus: ...
+    def drain(self, node: str, reason: str) -> None: ...
+    def resume(self, node: str) -> None: ...
+    def running_gpu_jobs(self, node: str) -> dict[str, Counter[str]]: ...  # job id -> GPU types held
+    def write_gres(self, node: str, lines: list[str], gres: str) -> bool: ...
+    def restart(self, node: str) -> None: ...
+
+
+def run_command(argv: list[str], timeout_s: float = 120.0) -> None:
+    """Run an admin-configured command (argument vector, no shell); raise with its stderr on failure."""
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, errors="replace")
+    if proc.returncode != 0:
+        raise SlurmError(f"{shlex.join(argv)}: exit {proc.returncode}: {proc.stderr.strip()[-300:]}")
+
+
+class SlurmNodeActions:
+    """:class:`SlurmActions` on scontrol/squeue and the configuration files.
+
+    ``restart`` is a callable (tests restart their own daemons); :meth:`with_commands` builds one from the
+    ``[mig]`` restart commands, run in that order (slurmctld first, then slurmd, as measured above).
+    """
+
+    def __init__(self, client: SlurmClient, slurm_conf: Path, gres_conf: Path,
+                 restart: Callable[[str], None]) -> None:
+        self.client = client
+        self.slurm_conf = Path(slurm_conf)
+        self.gres_conf = Path(gres_conf)
+        self._restart = restart
+
+    @classmethod
+    def with_commands(cls, client: SlurmClient, slurm_conf: Path, gres_conf: Path,
+                      commands: list[str]) -> "SlurmNodeActions":
+        argvs = [shlex.split(c) for c in commands if c.strip()]
+
+        def restart(node: str) -> None:
+            for argv in argvs:
+                run_command(argv)
+        return cls(client, slurm_conf, gres_conf, restart)
+
+    def status(self, node: str) -> NodeStatus:
+        out = self.client.run("scontrol", "show", "node", "-o", node)
+        fields = parse_scontrol_record(out.splitlines()[0] if out.strip() else "")
+        if fields.get("NodeName") != node:
+            raise SlurmError(f"scontrol show node {node}: no such node")
+        reason = re.sub(r"\s*\[[^\]]*@[^\]]*\]\s*$", "", fields.get("Reason", "")).strip()
+        gres = fields.get("Gres", "")
+        return NodeStatus(fields.get("State", ""), "" if reason == "(null)" else reason,
+                          "" if gres == "(null)" else gres)
+
+    def drain(self, node: str, reason: str) -> None:
+        if not _REASON_OK.match(reason):
+            raise ValueError(f"drain reason {reason!r}: letters, digits and simple punctuation only")
+        self.client.run("scontrol", "update", f"nodename={node}", "state=drain", f"reason={reason}")
+
+    def resume(self, node: str) -> None:
+        self.client.run("scontrol", "update", f"nodename={node}", "state=resume")
+
+    def running_gpu_jobs(self, node: str) -> dict[str, Counter[str]]:
+        """Running (or completing) jobs on ``node`` and the GPU types they hold, from squeue's JSON.
+
+        22.05 ignores squeue's filters with --json, so every job is read and filtered here; job fields
+        are user-influenced, so only structured fields are used and the GRES string is parsed strictly.
+        A job spanning several nodes counts for each (its node list is expanded by scontrol).
+        """
+        out: dict[str, Counter[str]] = {}
+        for job in self.client.squeue_json():
+            if str(job.get("job_state", "")).upper() not in ("RUNNING", "COMPLETING", "SUSPENDED", "CONFIGURING"):
+                continue
+            if node not in self._hosts(str(job.get("nodes") or "")):
+                continue
+            held = gpu_counts(str(job.get("tres_per_node") or ""))
+            plain = "gpu" in str(job.get("tres_per_node") or "") and not held
+            out[str(job.get("job_id"))] = held if not plain else Counter({"*": 1})  # untyped gpu: any
+        return out
+
+    def _hosts(self, nodelist: str) -> set[str]:
+        if not nodelist or "[" not in nodelist:
+            return {n for n in nodelist.split(",") if n}
+        return set(self.client.run("scontrol", "show", "hostnames", nodelist).split())
+
+    def write_gres(self, node: str, lines: list[str], gres: str) -> bool:
+        return rewrite_node_gres(self.slurm_conf, self.gres_conf, node, lines, gres)
+
+    def restart(self, node: str) -> None:
+        self._restart(node)
