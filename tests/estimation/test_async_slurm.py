@@ -118,7 +118,7 @@ def test_real_gpu_estimate_runs_as_user(est_cluster, work, user, helpers):
     if problem:
         pytest.skip(problem)
     write(work, "tiny_train.py", TINY_TRAIN, user)
-    job_id, _ = submit_as_user(est_cluster, work, "srun python tiny_train.py --batch-size 32\n")
+    job_id, _ = submit_as_user(est_cluster, work, "srun() { true; }\nsrun python tiny_train.py --batch-size 32\n")
     final = wait_released(est_cluster, job_id, timeout_s=150)
     assert final["decision"] == "shared" and final["src"] == "async", final
     assert final["new"] in ("gres:shard:2", "gres:shard:3") and 0 < final["est_gib"] < 2
