@@ -1,0 +1,97 @@
+"""Submission-to-release time of asynchronous estimation for the examples, on a real local Slurm.
+
+One cluster (GPU node n1 with 2 × a100-40gb, CPU node c1 in partition ``cpu``), ``[policy] without_estimate``
+= async. For each example a GPU job whose batch script says ``python examples/<name>.py`` is submitted
+with plain ``sbatch --gres=gpu:1`` as an ordinary user; we time from ``sbatch`` returning to the job's
+record leaving ``decision: estimating`` (the moment it is released), and report the service's own
+``held_s`` and the request it got. Jobs are measured one at a time so each time is one estimation's.
+
+    sudo python benchmarks/async_estimation.py --user gpushare-test \\
+        [--estimator /path/to/gpu-estimate] [--examples forward_only,amp_train]
+
+The user must exist and be able to execute the estimator (a virtual environment outside a private home).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pwd
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from slurm_plugins.decision import parse_record
+from slurm_plugins.local_cluster import LocalCluster, missing_requirements
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+DEFAULT = "forward_only,zero_grad_placement,grad_accum_train,amp_train,gpt2_train,resnet50_train,data_dependent,crash"
+
+
+def submit(cluster: LocalCluster, user: str, work: Path, name: str) -> tuple[int, float]:
+    body = f"#!/bin/sh\n#SBATCH -J bench-{name}\npython() {{ true; }}\npython {name}.py\n"
+    proc = subprocess.run(["runuser", "-u", user, "--", "sbatch", "--parsable", "--gres=gpu:1", "-D", str(work),
+                           "-o", "/dev/null"], input=body, text=True, capture_output=True, env=cluster.env,
+                          check=True)
+    return int(proc.stdout.strip().split(";")[0]), time.monotonic()
+
+
+def wait_release(cluster: LocalCluster, job_id: int, timeout_s: float) -> tuple[dict, float]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        job = cluster.client.job_json(job_id) or {}
+        record = parse_record(job.get("admin_comment")) or {}
+        if record.get("decision") != "estimating":
+            return record, time.monotonic()
+        time.sleep(0.2)
+    raise TimeoutError(f"job {job_id} still held after {timeout_s:.0f} s")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--user", default="gpushare-test")
+    parser.add_argument("--estimator", default=os.path.join(os.path.dirname(sys.executable), "gpu-estimate"))
+    parser.add_argument("--examples", default=DEFAULT)
+    parser.add_argument("--poll", type=float, default=1.0, help="[estimation] poll_s")
+    args = parser.parse_args()
+    problem = missing_requirements()
+    if problem:
+        print(f"cannot run: {problem}", file=sys.stderr)
+        return 2
+    account = pwd.getpwnam(args.user)
+    root = Path(tempfile.mkdtemp(prefix="gpushare-bench-"))
+    os.chmod(root, 0o711)
+    work = root / "work"
+    work.mkdir(mode=0o755)
+    for name in args.examples.split(","):
+        shutil.copy(EXAMPLES / f"{name}.py", work / f"{name}.py")
+    for path in [work, *work.iterdir()]:
+        os.chown(path, account.pw_uid, account.pw_gid)
+    toml = (f'[estimation]\npartition = "cpu"\ncpus = 2\nmemory = "3500M"\ntime_limit_s = 600\n'
+            f'poll_s = {args.poll}\nspool_dir = "{root / "spool"}"\ncommand = "{args.estimator}"\n')
+    cluster = LocalCluster(root / "c", bin_dir=os.path.dirname(sys.executable), cpu_nodes=("c1",), toml_extra=toml)
+    rows = []
+    try:
+        cluster.start()
+        for name in args.examples.split(","):
+            job_id, submitted = submit(cluster, args.user, work, name)
+            record, released = wait_release(cluster, job_id, 900)
+            rows.append((name, released - submitted, record))
+            print(f"{name:<22} {released - submitted:6.1f} s  held_s={record.get('held_s')}  "
+                  f"{record.get('decision')} {record.get('new')}  {record.get('why', '')[:60]}", flush=True)
+    finally:
+        cluster.stop()
+    times = [seconds for _, seconds, _ in rows]
+    if times:
+        print(f"median {statistics.median(times):.1f} s, max {max(times):.1f} s over {len(times)} examples "
+              f"(poll {args.poll} s)")
+    shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
