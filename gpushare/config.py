@@ -195,6 +195,31 @@ class AgentSection:
 
 
 @dataclass
+class MigSection:
+    """The node-side MIG executor (``gpushare mig apply|reconcile``, mig_manager/executor.py)."""
+
+    drain: str = _opt("node", _one_of("node", "none"),
+                      "node: drain the node (Reason names the run) while reshaping; none: busy checks only")
+    wait: str = _opt("affected", _one_of("affected", "node"),
+                     "wait for jobs on the profiles being destroyed (affected) or for every GPU job (node)")
+    wait_timeout_s: float = _opt(3600.0, _between(0.0, 7 * 86400.0),
+                                 "how long to wait for busy instances before rolling back")
+    verify_timeout_s: float = _opt(120.0, _between(1.0, 3600.0), "how long Slurm may take to show the new GRES")
+    poll_s: float = _opt(5.0, _between(0.01, 600.0), "seconds between busy checks")
+    max_reconfigurations_per_hour: int = _opt(2, _between(0, 3600), "reshapes of one node per hour; 0: never")
+    journal_dir: str = _opt("/var/lib/gpushare/mig", None, "per-node repartition journals")
+    slurm_conf: str = _opt("", None, "slurm.conf whose NodeName= Gres= is rewritten; empty: $SLURM_CONF, "
+                           "else /etc/slurm/slurm.conf")
+    gres_conf: str = _opt("", None, "gres.conf to rewrite; empty: gres.conf next to slurm_conf")
+    restart_commands: list = _opt(["systemctl restart slurmctld", "systemctl restart slurmd"], None,
+                                  "run in order after the files change (22.05 needs both restarts)")
+    device_dir: str = _opt("/dev", None, "where nvidiaN and nvidia-caps/ live, for gres.conf")
+    cap_device_major: int = _opt(0, _between(0, 4095),
+                                 "create missing nvidia-cap devices with this major; 0: the driver does")
+    partitions: list = _opt([], None, "partitions whose pending jobs count as MIG demand; empty: all")
+
+
+@dataclass
 class NodeGroup:
     """GPU nodes of one shape, for ``gpushare slurm-config``."""
 
@@ -227,6 +252,7 @@ class Config:
     estimation: EstimationSection = field(default_factory=EstimationSection)
     oom: OomSection = field(default_factory=OomSection)
     agent: AgentSection = field(default_factory=AgentSection)
+    mig: MigSection = field(default_factory=MigSection)
     nodes: list[NodeGroup] = field(default_factory=list)
     gpus: dict[str, GpuModel] = field(default_factory=lambda: dict(BUILTIN_GPUS))
     source: str = "<defaults>"
@@ -239,7 +265,8 @@ class Config:
 
 
 _SECTIONS: dict[str, type] = {"policy": PolicySection, "submit": SubmitSection, "estimator": EstimatorSection,
-                             "estimation": EstimationSection, "oom": OomSection, "agent": AgentSection}
+                             "estimation": EstimationSection, "oom": OomSection, "agent": AgentSection,
+                             "mig": MigSection}
 
 
 def _coerce(where: str, value: Any, expected: Any) -> Any:
