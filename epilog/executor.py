@@ -22,6 +22,7 @@ import time
 from typing import Any, Callable
 
 from epilog.ledger import Ledger
+from epilog.recovery import merge_oom_comment
 from slurm_plugins.slurm_client import SlurmClient, SlurmError, check_job_id
 
 log = logging.getLogger("gpushare.epilog")
@@ -64,11 +65,8 @@ def execute(entry: dict[str, Any], client: SlurmClient, ledger: Ledger,
         except SlurmError as exc:  # release anyway: a held job helps nobody
             log.error("job %s: GRES change to %s refused: %s; releasing unchanged", job_id, entry["new_gres"], exc)
             mark("gres-refused", error=str(exc)[:300])
-    if "comment" not in steps and entry.get("admin_comment"):
-        try:
-            client.update_job(job_id, admincomment=entry["admin_comment"])
-        except SlurmError as exc:
-            log.error("job %s: admin comment update refused: %s", job_id, exc)
+    if "comment" not in steps and entry.get("oom"):
+        apply_comment(client, job_id, entry["oom"])
         mark("comment")
     if "release" not in steps:
         try:
@@ -84,6 +82,32 @@ def execute(entry: dict[str, Any], client: SlurmClient, ledger: Ledger,
         finish_later(job_id, int(entry["restarts"]))
         return f"requeue: {entry['reason']} (priority and start time follow when completion ends)"
     return finish(entry, client, ledger, wait_s=0)
+
+
+def current_comment(client: SlurmClient, job_id: str) -> str | None:
+    """The job's AdminComment from squeue's JSON (structured), else from scontrol's text."""
+    getter = getattr(client, "job_json", None)
+    if getter is not None:
+        js = getter(job_id)
+        if isinstance(js, dict) and isinstance(js.get("admin_comment"), str):
+            return js["admin_comment"] or None
+    return client.show_job(job_id).get("AdminComment") or None
+
+
+def apply_comment(client: SlurmClient, job_id: str, oom: dict[str, Any]) -> bool:
+    """Merge our ``oom`` entry into the job's record; a refusal or a foreign comment is only logged."""
+    try:
+        existing = current_comment(client, job_id)
+        text = merge_oom_comment(existing, oom)
+        if text is None:
+            log.info("job %s: AdminComment is not ours or would overflow; left unchanged", job_id)
+            return False
+        if text != existing:
+            client.update_job(job_id, admincomment=text)
+        return True
+    except (SlurmError, OSError, ValueError) as exc:
+        log.error("job %s: AdminComment not updated: %s", job_id, exc)
+        return False
 
 
 def finish(entry: dict[str, Any], client: SlurmClient, ledger: Ledger, wait_s: float = 120.0,
@@ -103,6 +127,8 @@ def finish(entry: dict[str, Any], client: SlurmClient, ledger: Ledger, wait_s: f
         client.update_job(job_id, **updates)
     elif state == "COMPLETING":
         return f"requeue: job {job_id} still completing after {wait_s:.0f} s; eligible after Slurm's delay"
+    if entry.get("oom") and state in ("PENDING", "RUNNING"):
+        apply_comment(client, job_id, entry["oom"])  # again: the node Epilog may have rewritten it meanwhile
     steps = [*entry.get("steps", []), "boost"]
     entry.update(ledger.put({**entry, "steps": steps, "state": "done"}))
     ledger.append_history({"job": job_id, "restarts": entry["restarts"], "event": "requeued",

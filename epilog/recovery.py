@@ -122,7 +122,7 @@ class Action:
     nice: int | None = None  # scontrol nice= (negative raises priority)
     retry: int = 0  # which recovery this is (1-based) or how many were spent
     max_retries: int = 0
-    admin_comment: str | None = None  # the updated gpushare: record
+    oom: dict[str, Any] | None = None  # our entry in the job's gpushare: AdminComment record
     user_message: str = ""
 
 
@@ -231,10 +231,27 @@ def _bigger_request(job: JobFacts, cfg: Config, mig_available: set[str] | None) 
     return format_gres(new_items), ", ".join(changed)
 
 
-def _comment(job: JobFacts, oom: dict[str, Any]) -> str:
-    record = dict(job.record or {"v": 1})
-    record["oom"] = oom  # no user text in here: scontrol's Key=Value output must stay parseable
-    return RECORD_PREFIX + json.dumps(record, separators=(",", ":"), sort_keys=True)
+MAX_COMMENT = 900  # as the submit and agent writers: ``scontrol show job`` stays readable
+
+
+def merge_oom_comment(existing: str | None, oom: dict[str, Any]) -> str | None:
+    """``existing`` AdminComment with our ``oom`` entry merged in; None when the comment is someone
+    else's (not ``gpushare:``), which is never overwritten.
+
+    Why merge at write time: the node agent and Epilog also write this comment (read-modify-write), so
+    we keep their keys and re-apply ours once the job has finished completing (epilog.executor.finish).
+    The entry holds no text from the job, so scontrol's ``Key=Value`` output stays parseable.
+    """
+    if existing and not existing.startswith(RECORD_PREFIX):
+        return None
+    record = parse_record(existing) or {"v": 1}
+    record["oom"] = oom
+    text = RECORD_PREFIX + json.dumps(record, separators=(",", ":"), sort_keys=True)
+    if len(text) > MAX_COMMENT:
+        record.pop("detail", None)
+        record["why"] = str(record.get("why", ""))[:80]
+        text = RECORD_PREFIX + json.dumps(record, separators=(",", ":"), sort_keys=True)
+    return text if len(text) <= MAX_COMMENT else None
 
 
 def decide(job: JobFacts, verdict: OomVerdict, cfg: Config, retries_used: int,
@@ -268,6 +285,6 @@ def decide(job: JobFacts, verdict: OomVerdict, cfg: Config, retries_used: int,
     retry = spent + 1
     oom = {"n": retry, "max": limit, "fam": family, "from": job.tres_per_node, "to": new_gres}
     return Action("requeue", f"GPU out of memory ({family}); requeue with {why}", new_gres=new_gres,
-                  nice=-cfg.oom.priority_boost, retry=retry, max_retries=limit, admin_comment=_comment(job, oom),
+                  nice=-cfg.oom.priority_boost, retry=retry, max_retries=limit, oom=oom,
                   user_message=f"gpushare: the job ran out of GPU memory ({family}); requeued with {why} at raised "
                                f"priority (recovery {retry} of {limit}).")

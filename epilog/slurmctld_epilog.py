@@ -137,7 +137,7 @@ def _entry(job: JobFacts, verdict: OomVerdict, action: Action) -> dict[str, Any]
             "state": "decided" if action.kind == "requeue" else "stay_failed", "reason": action.reason,
             "family": verdict.family, "message": verdict.message, "source": verdict.source,
             "old_gres": job.tres_per_node, "new_gres": action.new_gres, "nice": action.nice,
-            "admin_comment": action.admin_comment, "retry": action.retry, "max_retries": action.max_retries,
+            "oom": action.oom, "retry": action.retry, "max_retries": action.max_retries,
             "steps": []}
 
 

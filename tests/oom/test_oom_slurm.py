@@ -169,7 +169,7 @@ def test_recovery_interrupted_by_a_controller_restart_is_finished(cluster: Local
     write_json_atomic(ledger.dir / f"{job_id}.0.json", {
         "v": 1, "job": str(job_id), "restarts": 0, "action": "requeue", "state": "decided",
         "reason": "GPU out of memory (pytorch); requeue with shard:4 -> shard:40", "new_gres": "gres:shard:40",
-        "nice": -10000, "admin_comment": None, "steps": ["requeuehold"], "created": 0, "updated": 0})
+        "nice": -10000, "oom": None, "steps": ["requeuehold"], "created": 0, "updated": 0})
     (ledger.dir / f"{job_id}.0.open").touch()  # as Ledger.put marks an unfinished entry
     cluster.stop_process("slurmctld")
     cluster._spawn("slurmctld", ["slurmctld", "-D", "-i", "-f", str(cluster.conf)])  # -i: keep state

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from epilog.oom_detect import OomVerdict
-from epilog.recovery import JobFacts, decide, expand_hostlist, next_mig_profile, whole_gpu_shards
+from epilog.recovery import (JobFacts, decide, expand_hostlist, merge_oom_comment, next_mig_profile,
+                             whole_gpu_shards)
 from oom_fake_slurm import SHOW_JOB
 from gpushare.config import parse_config
 
@@ -64,8 +65,7 @@ def test_shard_job_gets_all_shards_of_its_gpu() -> None:
     assert action.kind == "requeue"
     assert action.new_gres == "gres:shard:40"  # a100-40gb = 40 GiB = 40 shards on n1
     assert action.nice == -10000 and action.retry == 1
-    record = json.loads(action.admin_comment.removeprefix("gpushare:"))
-    assert record["oom"] == {"n": 1, "max": 1, "fam": "pytorch", "from": "gres:shard:4", "to": "gres:shard:40"}
+    assert action.oom == {"n": 1, "max": 1, "fam": "pytorch", "from": "gres:shard:4", "to": "gres:shard:40"}
     assert "requeued" in action.user_message
 
 
@@ -132,6 +132,17 @@ def test_non_oom_failure_is_never_requeued() -> None:
 
 def test_unparseable_gres_stays_failed_without_raising() -> None:
     assert decide(job(TresPerNode="gres:sh ard:x:y:z"), OOM, cfg(), 0).kind == "stay_failed"
+
+
+def test_oom_entry_is_merged_into_our_record_and_never_into_a_foreign_comment() -> None:
+    oom = {"n": 1, "max": 1, "fam": "pytorch", "from": "gres:shard:4", "to": "gres:shard:40"}
+    merged = merge_oom_comment('gpushare:{"decision":"shared","run":{"ttfk_s":3.2},"v":1}', oom)
+    assert json.loads(merged.removeprefix("gpushare:")) == {"decision": "shared", "run": {"ttfk_s": 3.2},
+                                                             "v": 1, "oom": oom}
+    assert json.loads(merge_oom_comment(None, oom).removeprefix("gpushare:")) == {"v": 1, "oom": oom}
+    assert merge_oom_comment("ticket 4711: node swap", oom) is None  # an admin's own note stays
+    huge = 'gpushare:{"v":1,"detail":"' + "x" * 2000 + '"}'
+    assert len(merge_oom_comment(huge, oom)) <= 900
 
 
 def test_hostlist_expansion() -> None:
