@@ -65,7 +65,7 @@ class CudaPresenter(TorchFunctionMode):
         self.fake = target == "meta"
         self.target = torch.device(target)
         self.sm_major = sm_major
-        self.autocast = cuda_paths.AutocastEmulator()
+        self.autocast = cuda_paths.AutocastEmulator(real_cpu=not self.fake)
         self.tagged: WeakIdKeyDictionary = WeakIdKeyDictionary()  # profile mode: storages that are "GPU"
         self.on_gpu_tensor = on_gpu_tensor
         self.item_calls = 0
@@ -159,6 +159,7 @@ class CudaPresenter(TorchFunctionMode):
                 return cuda_paths.route_sdpa(self.sm_major, args, kwargs)
             args, kwargs = self.autocast.rewrite(func, args, kwargs)
             return func(*args, **kwargs)
+        args, kwargs = self.autocast.rewrite(func, args, kwargs)  # CUDA autocast state, CPU tensors
         out = func(*args, **kwargs)
         if any(self._on_gpu(a) for a in args if isinstance(a, torch.Tensor)):
             self._tag(out)
