@@ -222,8 +222,10 @@ def _bigger_request(job: JobFacts, cfg: Config, mig_available: set[str] | None) 
                 return None, f"no larger MIG profile than {item.type} is available"
             new_items.append(GresItem("gpu", bigger.name, item.count))
             changed.append(f"gpu:{item.type} -> gpu:{bigger.name}")
-        elif item.name in ("gpu", "mps"):
+        elif item.name == "gpu":
             return None, f"it already had whole GPUs ({item.format()}); it needs more memory than one GPU"
+        elif item.name == "mps":
+            return None, f"{item.format()} carries no memory size to enlarge (only shard and MIG jobs are)"
         else:
             new_items.append(item)
     if not changed:

@@ -99,6 +99,8 @@ def test_largest_mig_profile_and_whole_gpus_stay_failed() -> None:
     assert action.kind == "stay_failed" and "no larger MIG profile" in action.reason
     action = decide(job(TresPerNode="gres:gpu:1"), OOM, config, 0)
     assert action.kind == "stay_failed" and "whole GPUs" in action.reason
+    action = decide(job(TresPerNode="gres:mps:50"), OOM, config, 0)
+    assert action.kind == "stay_failed" and "no memory size" in action.reason
     action = decide(job(TresPerNode="gres:shard:40"), OOM, config, 0)
     assert action.kind == "stay_failed" and "all 40 shards" in action.reason
 
