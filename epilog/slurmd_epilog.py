@@ -35,8 +35,7 @@ def close_job(env: Mapping[str, str], cfg: Any, client: Any = None, backend: Any
     """Close this Epilog's job; returns the record written (None: not a GPU job we registered)."""
     from epilog.records import RecordLedger
     from mig_manager.agent_comment import annotate
-    from mig_manager.agent import node_name, socket_path
-    from mig_manager.agent_api import call
+    from mig_manager.agent_api import call, node_name, socket_path
     from mig_manager.agent_jobs import final_record
     from mig_manager.agent_store import JobStore
     from prolog.hook_env import job_from_env

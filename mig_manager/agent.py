@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import queue
-import socket
 import sys
 import threading
 import time
@@ -27,20 +25,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gres import GpuError, open_backend
+from mig_manager.agent_api import node_name, socket_path  # noqa: F401 - re-exported
 from mig_manager.agent_jobs import build_entry, clean_facts, tenants_of
 from mig_manager.agent_sampler import Sampler, environ_job
 from mig_manager.agent_store import JobStore, check_job
 from mig_manager.agent_withhold import NodeFeature, node_open
 
 log = logging.getLogger("gpushare.agent")
-
-
-def socket_path(cfg: Any) -> Path:
-    return Path(cfg.run_dir) / "agent" / "agent.sock"
-
-
-def node_name(cfg: Any) -> str:
-    return cfg.node_name or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
 
 
 class Agent:
@@ -91,7 +82,7 @@ class Agent:
         """Persist every running job's accumulators (a crash loses at most one flush period)."""
         with self.lock:
             for acc in list(self.sampler.jobs.values()):
-                self.store.update(acc.job, lambda e, acc=acc: {**e, **acc.fields()})
+                self.store.update(acc.job, lambda e, acc=acc: {**e, **acc.fields()}, durable=False)
             self._last_flush = self.clock()
 
     def _queue_annotations(self) -> None:
@@ -167,7 +158,7 @@ class Agent:
                 self.store.put(entry)
             self.sampler.track(entry)
             self._ensure_mps(entry)
-            self._withhold(self.clock(), force=True)
+            self._withhold(self.clock())
             return entry
 
     def close(self, job: str) -> dict[str, Any] | None:
@@ -179,7 +170,7 @@ class Agent:
             if acc:
                 self._stop_idle_mps(acc.gpus)
             self._annotated.discard(job)
-            self._withhold(self.clock(), force=True)
+            self._withhold(self.clock())
             return entry
 
     def snapshot(self) -> dict[str, Any]:

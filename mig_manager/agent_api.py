@@ -27,6 +27,16 @@ MAX_REQUEST = 64 * 1024
 Handler = Callable[[dict[str, Any]], dict[str, Any]]
 
 
+def socket_path(cfg: Any) -> Path:
+    """The agent's socket for an ``[agent]`` config section (a 0700 directory under run_dir)."""
+    return Path(cfg.run_dir) / "agent" / "agent.sock"
+
+
+def node_name(cfg: Any) -> str:
+    """This node's Slurm name: the config, slurmd's own variable, else the short host name."""
+    return cfg.node_name or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+
+
 class AgentUnavailable(OSError):
     """The agent did not answer (not running, socket missing, timeout, garbage)."""
 

@@ -54,7 +54,7 @@ def run_agent(argv: list[str], agent_cls: type, open_backend: Callable[[str | No
         log.error("device backend %s unusable: %s (set [agent] device_backend or GPUSHARE_DEVICE_BACKEND)",
                   spec or "default", exc)
         return 2
-    from mig_manager.agent import node_name, socket_path
+    from mig_manager.agent_api import node_name, socket_path
 
     from slurm_plugins.slurm_client import SlurmClient
 

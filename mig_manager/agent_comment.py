@@ -14,10 +14,9 @@ import json
 import logging
 from typing import Any
 
-from slurm_plugins.decision import RECORD_PREFIX, parse_record
-
 log = logging.getLogger("gpushare.agent")
 MAX_COMMENT = 900
+RECORD_PREFIX = "gpushare:"  # slurm_plugins.decision.RECORD_PREFIX (checked by a test), not imported: hooks start faster
 
 
 def run_summary(record: dict[str, Any]) -> dict[str, Any]:
@@ -36,6 +35,8 @@ def run_summary(record: dict[str, Any]) -> dict[str, Any]:
 
 def comment_with_run(existing: str | None, record: dict[str, Any]) -> str | None:
     """The new AdminComment, or None when the job carries someone else's comment (left alone)."""
+    from slurm_plugins.decision import parse_record
+
     if existing and not existing.startswith(RECORD_PREFIX):
         return None
     base = parse_record(existing) or {"v": 1}

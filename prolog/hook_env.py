@@ -15,8 +15,6 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from slurm_plugins.decision import parse_record
-
 log = logging.getLogger("gpushare.prolog")
 _JOB_RE = re.compile(r"^\d{1,10}$")
 _USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@-]{0,63}$")
@@ -59,6 +57,8 @@ def shards_of(tres: str | None) -> int | None:
 
 def slurm_facts(job: HookJob, slurm_json: dict[str, Any] | None) -> dict[str, Any]:
     """Registration facts for the agent from the hook's job and Slurm's JSON record of it (may be None)."""
+    from slurm_plugins.decision import parse_record  # only the Prolog needs it: keeps the Epilog's start short
+
     js = slurm_json or {}
     tres = js.get("tres_per_node") if isinstance(js.get("tres_per_node"), str) else None
     shards = shards_of(tres)

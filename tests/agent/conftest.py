@@ -130,7 +130,7 @@ def agent_cluster(tmp_path_factory: pytest.TempPathFactory, request: pytest.Fixt
         toml = (f'[agent]\nstate_dir = "{base}/agent-state"\nrecords_dir = "{base}/records"\n'
                 f'run_dir = "{base}/run-agent"\ndevice_backend = "sim:{base}/sim.json"\nwithhold = "feature"\n'
                 f"metrics_port = 0\nwindow_samples = {window_samples}\nsample_period_s = {period_s}\n"
-                f'flush_every_s = 0.5\nlog_file = "{base}/log/agent.log"\n{extra}\n')
+                f'flush_every_s = 1.0\nlog_file = "{base}/log/agent.log"\n{extra}\n')
         SimBackend.from_scenario(scenario or two_gpus(), base / "sim.json")
         cluster = AgentCluster(base, bin_dir=BIN_DIR, toml_extra=toml)
         made.append(cluster)

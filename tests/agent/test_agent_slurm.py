@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 
 from epilog.records import RecordLedger
 from mig_manager.agent_api import call
+from mig_manager.agent_store import JobStore
 from slurm_plugins.decision import parse_record
 
 pytestmark = pytest.mark.slurm
@@ -101,8 +103,8 @@ def test_agent_restart_mid_job_loses_nothing(agent_cluster, tmp_path):
     cluster = agent_cluster()
     job = submit(cluster, tmp_path, script("4G", "--mem-mib 3000 --delay 0.5 --seconds 6"), "--gres=gpu:1")
     sock = cluster.agent_socket
-    cluster.wait_for(lambda: any(j["job"] == str(job) and j["ttfk_s"] is not None
-                                 for j in call(sock, {"op": "status"})["jobs"]), 30, "kernel not seen")
+    store = JobStore(Path(cluster.agent_cfg().state_dir) / "jobs")
+    cluster.wait_for(lambda: (store.get(str(job)) or {}).get("kernel_at") is not None, 30, "kernel not flushed")
     cluster.stop_agent(signal.SIGKILL)  # no goodbye: whatever was flushed is all there is
     time.sleep(1)
     cluster.start_agent()
@@ -114,3 +116,24 @@ def test_agent_restart_mid_job_loses_nothing(agent_cluster, tmp_path):
     gpu = job_env(tmp_path, job)["SLURM_JOB_GPUS"]
     assert record["ttfk_s"] is not None and record["gpus"][gpu]["peak_bytes"] == 3000 * 2**20
     assert record["gpus"][gpu]["energy_j"] > 0 and record["gpus"][gpu]["share_j"] > 0
+
+
+def test_hundred_concurrent_epilogs_lose_no_record(agent_cluster):
+    cluster = agent_cluster()
+    ids = [str(700000 + i) for i in range(100)]
+    for i, job in enumerate(ids):  # 100 jobs registered as their Prologs would, 50 per GPU
+        facts = {"job": job, "uid": 0, "user": "root", "gpus": [i % 2], "shared": True, "est_gib": 0.2,
+                 "margin_gib": 0.2, "shards": 1}
+        assert call(cluster.agent_socket, {"op": "register", "job": facts})["ok"]
+    wrapper = cluster.base / "bin" / "gpushare-epilog"  # exactly what slurmd runs
+    procs = [subprocess.Popen([str(wrapper)], env={**cluster.env, "SLURM_JOB_ID": job, "SLURM_JOB_GPUS": str(i % 2),
+                                                   "SLURM_JOB_UID": "0", "SLURM_JOB_USER": "root"})
+             for i, job in enumerate(ids)]
+    assert [p.wait(150) for p in procs] == [0] * 100
+    ledger = records(cluster)
+    assert sorted(r["job"] for r in ledger.all()) == ids
+    assert sorted(h["job"] for h in ledger.history() if h["event"] == "record") == ids
+    assert all(r["closed_by"] == "agent" and r["gpus"] for r in ledger.all())
+    assert JobStore(Path(cluster.agent_cfg().state_dir) / "jobs").all() == []
+    assert call(cluster.agent_socket, {"op": "status"})["jobs"] == []
+    assert "gpushare-epilog exit" not in (cluster.base / "log" / "hooks.log").read_text()

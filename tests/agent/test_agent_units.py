@@ -1,0 +1,190 @@
+"""The agent's logic with a fake clock and the simulated backend: no Slurm, no sleeping."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from gpushare.config import parse_config
+from gres.sim_backend import SimBackend
+from mig_manager.agent import Agent
+from mig_manager.agent_caps import decide_caps, need_mib, task_env
+from mig_manager.agent_jobs import clean_facts, final_record
+from mig_manager.agent_withhold import node_open
+
+GiB = 1 << 30
+SCENARIO = {"version": 1, "name": "unit", "processes": [],
+            "gpus": [{"model": "a100-40gb", "idle_power_w": 50, "max_power_w": 350},
+                     {"model": "a100-40gb", "idle_power_w": 50, "max_power_w": 350}]}
+
+
+class FakeFeature:
+    """Stands in for NodeFeature: records what the agent asked for."""
+
+    def __init__(self) -> None:
+        self.calls: list[bool] = []
+
+    def apply(self, want_open: bool) -> bool:
+        self.calls.append(want_open)
+        return True
+
+
+def make_agent(tmp_path, clock, pids=None, backend=None, **agent):
+    backend = backend or SimBackend.from_scenario(SCENARIO, clock=clock)
+    cfg = parse_config({"agent": {"state_dir": str(tmp_path / "state"), "run_dir": str(tmp_path / "run"),
+                                  "window_samples": 5, "flush_every_s": 3.0, **agent}}).agent
+    registry = CollectorRegistry()
+    feature = FakeFeature()
+    agent_obj = Agent(cfg, backend, clock=clock, feature=feature, registry=registry,
+                      pid_job=lambda pid: (pids or {}).get(pid))
+    return agent_obj, backend, registry, feature
+
+
+def job(job_id, uid=1000, gpus=(0,), shared=True, est=4.0, margin=1.0, shards=5):
+    return {"job": job_id, "uid": uid, "user": f"u{uid}", "gpus": list(gpus), "shared": shared,
+            "est_gib": est, "margin_gib": margin, "shards": shards}
+
+
+def run(agent, clock, seconds):
+    for _ in range(int(seconds)):
+        agent.tick()
+        clock.advance(1.0)
+
+
+def test_ttfk_is_first_process_of_the_job_and_warming_lasts_one_window(tmp_path, clock):
+    agent, sim, registry, feature = make_agent(tmp_path, clock, pids={501: "7"})
+    agent.register(job("7"))
+    assert feature.calls[-1] is False  # a GPU that just received a job is warming: node withheld
+    run(agent, clock, 4)
+    assert agent.snapshot()["gpus"][0]["warming"] and agent.sampler.jobs["7"].kernel_at is None
+    sim.start_process(0, 501, 2 * GiB, smact=0.3)
+    run(agent, clock, 1)
+    assert registry.get_sample_value("gpushare_job_ttfk_seconds", {"job": "7"}) == 4.0
+    run(agent, clock, 3)
+    assert agent.snapshot()["gpus"][0]["warming"]  # 4 s after the kernel: kernel + window (5 s) not over
+    run(agent, clock, 2)
+    assert not agent.snapshot()["gpus"][0]["warming"] and feature.calls[-1] is True
+
+
+def test_job_that_ends_before_its_first_kernel_releases_the_gpu(tmp_path, clock):
+    agent, _, _, feature = make_agent(tmp_path, clock)
+    agent.register(job("8"))
+    run(agent, clock, 3)
+    agent.close("8")
+    assert not agent.snapshot()["gpus"][0]["warming"] and feature.calls[-1] is True
+
+
+def test_risky_gpu_by_carma_thresholds_and_metrics(tmp_path, clock):
+    agent, sim, registry, feature = make_agent(tmp_path, clock)
+    sim.start_process(1, 900, 8 * GiB, smact=0.9, smocc=0.5, drama=0.1)
+    run(agent, clock, 6)
+    gpus = agent.snapshot()["gpus"]
+    assert gpus[1]["risky"] and not gpus[0]["risky"] and feature.calls[-1] is False
+    assert registry.get_sample_value("gpushare_gpu_risky", {"gpu": "1"}) == 1.0
+    assert registry.get_sample_value("gpushare_gpu_risk_score", {"gpu": "1", "metric": "smact"}) == pytest.approx(0.9)
+    assert registry.get_sample_value("gpushare_gpu_memory_used_bytes", {"gpu": "1"}) == 8 * GiB
+    sim.update_process(900, smact=0.5)
+    run(agent, clock, 6)
+    assert not agent.snapshot()["gpus"][1]["risky"] and feature.calls[-1] is True
+
+
+def test_withhold_any_vs_all():
+    assert node_open([False, False], "any") and not node_open([True, False], "any")
+    assert node_open([True, False], "all") and not node_open([True, True], "all")
+    assert node_open([], "any")
+
+
+def test_energy_split_between_collocated_jobs_and_whole_device_delta(tmp_path, clock):
+    agent, sim, _, _ = make_agent(tmp_path, clock, pids={11: "1", 12: "2"})
+    agent.register(job("1"))
+    agent.register(job("2"))
+    sim.start_process(0, 11, 3 * GiB, smact=0.5)
+    sim.start_process(0, 12, 5 * GiB, smact=0.5)
+    run(agent, clock, 11)  # 10 sampled intervals with both active at 350 W (ΣSMACT = 1)
+    entry = agent.close("1")
+    record = final_record(entry, sim, end=clock())
+    gpu = record["gpus"]["0"]
+    assert gpu["share_j"] == pytest.approx(350 * 10 / 2)  # half of each interval's energy
+    assert gpu["energy_j"] == pytest.approx(350 * 11)  # the counter from the Prolog's read to now
+    assert gpu["peak_bytes"] == 3 * GiB and record["ttfk_s"] == 0.0
+
+
+def test_caps_policy_same_user_mps_else_fraction():
+    kw = dict(shared=True, gpus=1, need=5120, gpu_total_bytes=40 * GiB)
+    assert decide_caps("mps-same-user", uid=1, tenants=[], **kw).mode == "mps"
+    assert decide_caps("mps-same-user", uid=1, tenants=[(1, "mps")], **kw).mode == "mps"
+    other = decide_caps("mps-same-user", uid=1, tenants=[(2, "mps")], **kw)
+    assert other.mode == "fraction" and other.fraction == 0.125 and "another user" in other.reason
+    assert decide_caps("mps", uid=1, tenants=[(2, "mps")], **kw).mode == "mps"
+    assert decide_caps("fraction", uid=1, tenants=[], **kw).mode == "fraction"
+    assert decide_caps("mps", uid=1, tenants=[], **{**kw, "shared": False}).mode == "none"
+    assert decide_caps("mps", uid=1, tenants=[], **{**kw, "gpus": 2}).mode == "fraction"
+    assert need_mib(4.0, 1.0, 5) == 5120 and need_mib(None, None, 7) == 7168 and need_mib(None, None, None) is None
+
+
+def test_task_env_for_mps_and_fraction():
+    mps = decide_caps("mps", shared=True, gpus=1, uid=1, need=5120, gpu_total_bytes=40 * GiB, tenants=[],
+                      thread_percentage=50)
+    env = task_env(mps, "/run/gpushare/mps-1/pipe")
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=5120M" and env["CUDA_VISIBLE_DEVICES"] == "0"
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50" and env["CUDA_MPS_PIPE_DIRECTORY"].endswith("pipe")
+    frac = task_env(decide_caps("fraction", shared=True, gpus=1, uid=1, need=5120, gpu_total_bytes=40 * GiB,
+                                tenants=[]), None)
+    assert frac == {"GPUSHARE_CAPS_MODE": "fraction", "GPUSHARE_MEMORY_FRACTION": "0.125",
+                    "GPUSHARE_MEM_LIMIT_MIB": "5120"}
+
+
+def test_mps_daemon_started_for_mps_jobs_and_stopped_when_idle(tmp_path, clock):
+    agent, sim, _, _ = make_agent(tmp_path, clock)
+    agent.register(job("3", gpus=(1,)))
+    assert sim.mps(str(tmp_path / "run")).running(1)
+    agent.close("3")
+    assert not sim.mps(str(tmp_path / "run")).running(1)
+
+
+def test_restart_restores_jobs_and_accumulators(tmp_path, clock):
+    sim = SimBackend.from_scenario(SCENARIO, clock=clock)
+    agent, _, _, _ = make_agent(tmp_path, clock, pids={21: "4"}, backend=sim)
+    agent.register(job("4"))
+    sim.start_process(0, 21, 2 * GiB, smact=0.4)
+    run(agent, clock, 7)  # flushes every 3 s
+    before = agent.sampler.jobs["4"].fields()
+    again, _, _, _ = make_agent(tmp_path, clock, pids={21: "4"}, backend=sim)  # a new process, same store
+    assert again.load() == 1
+    restored = again.sampler.jobs["4"].fields()
+    assert restored["kernel_at"] == before["kernel_at"] and restored["peak_bytes"] == {"0": 2 * GiB}
+    assert restored["share_mj"]["0"] >= 0.5 * before["share_mj"]["0"]  # at most one flush period lost
+
+
+def test_register_is_idempotent_and_validates(tmp_path, clock):
+    agent, _, _, _ = make_agent(tmp_path, clock)
+    first = agent.register(job("5"))
+    assert agent.register(job("5"))["start"] == first["start"]
+    for bad in ({**job("5"), "job": "5; rm -rf /"}, {**job("5"), "gpus": []}, {**job("5"), "gpus": ["0"]},
+                {**job("5"), "uid": "0"}):
+        with pytest.raises(ValueError):
+            clean_facts(bad)
+    assert clean_facts({**job("5"), "user": "../../etc"})["user"] == ""
+    assert agent.handle({"op": "register", "job": {"job": "x"}})["ok"] is False
+    assert agent.handle({"op": "nope"})["ok"] is False
+
+
+def test_lost_gpu_does_not_stop_sampling_the_others(tmp_path, clock):
+    agent, sim, _, _ = make_agent(tmp_path, clock)
+    sim.set_knobs(1, lost_at_s=2.0)
+    run(agent, clock, 5)
+    gpus = agent.snapshot()["gpus"]
+    assert gpus[0]["samples"] == 5 and gpus[0]["error"] is None
+    assert "GPU_IS_LOST" in gpus[1]["error"]
+
+
+def test_nvml_only_utilisation_is_never_risky(tmp_path, clock):
+    scenario = {**SCENARIO, "gpus": [{"model": "a100-40gb", "utilization_source": "nvml"}]}
+    sim = SimBackend.from_scenario(scenario, clock=clock)
+    agent, _, registry, _ = make_agent(tmp_path, clock, backend=sim)
+    sim.start_process(0, 1, GiB, smact=1.0, smocc=1.0, drama=1.0)
+    run(agent, clock, 6)
+    assert not agent.snapshot()["gpus"][0]["risky"]
+    assert math.isnan(registry.get_sample_value("gpushare_gpu_risk_score", {"gpu": "0", "metric": "smact"}))
