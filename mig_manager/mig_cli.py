@@ -70,7 +70,7 @@ def _layout_json(table: FsmTable, layout: frozenset) -> dict:
 
 @click.group(name="mig")
 def command() -> None:
-    """MIG layouts and repartition plans (pure: reads no GPU)."""
+    """MIG layouts and repartition plans; apply/reconcile change a node (root, on the node)."""
 
 
 @command.command()
@@ -151,3 +151,14 @@ def plan_command(gpu: str, current: str, wants: tuple[str, ...], busy: tuple[str
         missing = ", ".join(want_list[i] for i in result.unmet)
         raise click.ClickException(f"cannot serve {missing} without touching a busy instance; "
                                    "wait for a job to finish or pick another GPU")
+
+
+def _register_executor_commands() -> None:
+    """``apply`` and ``reconcile`` (node side, mig_manager.mig_exec_cli) join the pure commands above."""
+    from mig_manager.mig_exec_cli import apply_command, reconcile_command
+
+    command.add_command(apply_command)
+    command.add_command(reconcile_command)
+
+
+_register_executor_commands()

@@ -1,0 +1,126 @@
+"""The demand signal: pending jobs asking for MIG profiles, turned into a target layout for one node.
+
+Why from the queue: Slurm only schedules onto GRES that exist, so a job asking for ``gpu:3g.20gb:1`` on a
+cluster where every GPU is one ``7g.40gb`` waits forever unless someone reshapes a GPU. The pending
+jobs' own requests (``tres_per_node`` in ``squeue --json``) say which profiles are wanted; the planner
+(MIGM §4.2) says which idle instances to destroy and where to create, and the executor applies it.
+
+Job fields are written by users and read here by a root daemon, so they are treated as hostile: only
+``job_state``, ``partition``, ``priority``, ``submit_time``, ``job_id`` and ``tres_per_node`` are read; a
+GRES item must match a strict pattern and name a profile of this node's GPU model; counts are capped.
+22.05 ignores squeue's filters with ``--json``, so filtering happens here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpushare.gpus import GpuModel
+
+from mig_manager.device_ops import Layout
+from mig_manager.layout import Instance
+from mig_manager.planner import Plan, plan
+
+_ITEM_RE = re.compile(r"^(?:gres[:/])?gpu:([A-Za-z0-9_.+-]{1,40}):([0-9]{1,3})\Z")
+MAX_PER_JOB = 7  # no GPU holds more instances than this; a larger count cannot be one node's MIG demand
+
+
+@dataclass(frozen=True)
+class Want:
+    """One wanted instance, with the job that asks for it (for messages)."""
+
+    profile: str
+    job_id: str
+
+
+def mig_request(tres_per_node: str, profiles: Iterable[str]) -> Counter[str]:
+    """MIG profiles requested by one ``tres_per_node`` value; anything else (or malformed) counts for nothing."""
+    known = {p.lower() for p in profiles}
+    out: Counter[str] = Counter()
+    for item in str(tres_per_node)[:512].split(","):
+        match = _ITEM_RE.match(item.strip())
+        if not match:
+            continue
+        name, count = match.group(1).lower(), int(match.group(2))
+        if name in known and 0 < count <= MAX_PER_JOB:
+            out[name] += count
+    return out
+
+
+def _partitions(job: Mapping[str, Any]) -> set[str]:
+    return {p for p in str(job.get("partition") or "").split(",") if p}
+
+
+def pending_wants(jobs: Iterable[Mapping[str, Any]], profiles: Iterable[str],
+                  partitions: Sequence[str] = ()) -> list[Want]:
+    """Wanted instances from pending jobs, highest priority (then oldest) first."""
+    names = tuple(profiles)
+    rows = []
+    for job in jobs:
+        if str(job.get("job_state", "")).upper() != "PENDING":
+            continue
+        if partitions and not (_partitions(job) & set(partitions)):
+            continue
+        asked = mig_request(str(job.get("tres_per_node") or ""), names)
+        if not asked:
+            continue
+        priority = job.get("priority")
+        submit = job.get("submit_time")
+        key = (-(priority if isinstance(priority, int) else 0), submit if isinstance(submit, int) else 0)
+        rows.append((key, str(job.get("job_id", "?"))[:20], asked))
+    rows.sort(key=lambda r: r[0])
+    return [Want(name, job_id) for _, job_id, asked in rows for name, n in sorted(asked.items())
+            for _ in range(n)]
+
+
+def held_profiles(running: Mapping[str, Counter[str]]) -> Counter[str]:
+    """GPU types held by the node's running jobs (from SlurmActions.running_gpu_jobs)."""
+    total: Counter[str] = Counter()
+    for types in running.values():
+        total.update(types)
+    return total
+
+
+def mark_busy(instances: Sequence[Instance], held: Counter[str], busy_placements: set[tuple[str, int]]
+              ) -> tuple[Instance, ...]:
+    """Instances flagged busy for the planner: a process in them, or a running job on their profile.
+
+    Conservative on purpose: Slurm's device index is not mapped back to a placement, so every instance of
+    a profile that some running job holds counts as busy (an untyped ``gpu`` job, ``*``, makes all busy).
+    """
+    everything = "*" in held
+    return tuple(Instance(i.profile, i.start, everything or i.profile in held or i.placement in busy_placements)
+                 for i in instances)
+
+
+def target_for(models: Mapping[int, GpuModel], current: Mapping[int, Sequence[Instance]],
+               wants: Sequence[Want]) -> tuple[Layout, list[str]]:
+    """Greedy over the node's GPUs: each GPU serves what it can of the remaining wants.
+
+    Returns the target (only GPUs whose layout changes) and one note per GPU plan. Wants a GPU cannot
+    serve without touching a busy instance are left for the next GPU.
+    """
+    remaining = list(wants)
+    target: Layout = {}
+    notes: list[str] = []
+    for gpu in sorted(current):
+        if not remaining:
+            break
+        model = models[gpu]
+        names = {p.name for p in model.mig_profiles}
+        mine = [w for w in remaining if w.profile in names]
+        if not mine:
+            continue
+        result: Plan = plan(model, current[gpu], [w.profile for w in mine])
+        served = {i for i in range(len(mine)) if i not in result.unmet}
+        if result.actions:
+            target[gpu] = tuple(Instance(i.profile, i.start) for i in result.final)
+            notes.append(f"GPU {gpu}: " + "; ".join(a.text() for a in result.actions))
+        taken = [mine[i] for i in served]
+        for want in taken:
+            remaining.remove(want)
+    return target, notes

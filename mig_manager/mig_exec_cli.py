@@ -1,0 +1,114 @@
+"""``gpushare mig apply`` and ``gpushare mig reconcile``: the node-side executor from the command line.
+
+Why two commands: ``apply`` changes a node (to an explicit layout, or to what pending jobs ask for);
+``reconcile`` only finishes or undoes an interrupted change and resumes a node left drained — it is what
+a boot script or a timer runs, and it is always safe. Both run as root on the node (they call the
+driver, rewrite gres.conf/slurm.conf and restart Slurm's daemons).
+
+Exit status: 0 applied, already in place, or nothing to do; 1 not done (busy past the timeout, rate
+limited, rolled back); ``reconcile`` exits 0 whenever it converged; 2 bad input; 3 an error left a run in progress — fix the cause, then
+``gpushare mig reconcile``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from gpushare.config import ConfigError, load_config
+from gres.errors import GpuError
+
+from mig_manager.fsm import MigSpace
+from mig_manager.journal import JournalError
+from mig_manager.layout import parse_layout
+from mig_manager.profiles import all_profiles
+from mig_manager.reshape import build_executor, node_name, reshape_for_demand, slurm_paths
+from slurm_plugins.slurm_client import SlurmClient, SlurmError
+
+_OK = {"applied", "already", "nothing"}
+
+
+class RunError(click.ClickException):
+    """A run stopped on an error; its journal keeps it for reconcile."""
+
+    exit_code = 3
+
+
+def _load(config: str | None):  # type: ignore[no-untyped-def]
+    try:
+        return load_config(config)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+def _targets(cfg, backend, items: tuple[str, ...]) -> dict:  # type: ignore[no-untyped-def]
+    """``GPU=LAYOUT`` items against each GPU's model (``0=3g.20gb@4,2g.10gb@2``)."""
+    out = {}
+    for item in items:
+        index_text, eq, layout = item.partition("=")
+        if not eq or not index_text.strip().isdigit():
+            raise click.BadParameter(f"{item!r}: expected GPU=LAYOUT, e.g. 0=3g.20gb@4,2g.10gb@0",
+                                     param_hint="'--target'")
+        index = int(index_text)
+        try:
+            model = cfg.gpu(backend.gpu(index).model or "")
+            out[index] = tuple(i for i in parse_layout(layout, MigSpace.of(model, all_profiles(model))))
+        except (ValueError, GpuError) as exc:
+            raise click.BadParameter(f"{item!r}: {exc}", param_hint="'--target'") from None
+        if any(i.busy for i in out[index]):
+            raise click.BadParameter(f"{item!r}: a target has no busy marks (*)", param_hint="'--target'")
+    return out
+
+
+def _report(result, notes: list[str], as_json: bool) -> None:  # type: ignore[no-untyped-def]
+    if as_json:
+        click.echo(json.dumps({"outcome": result.outcome, "detail": result.detail, "plan": notes}))
+        return
+    for note in notes:
+        click.echo(f"plan: {note}")
+    click.echo(f"{result.outcome}: {result.detail}")
+    if result.outcome not in _OK:
+        raise SystemExit(1)
+
+
+@click.command("apply")
+@click.option("--node", default=None, help="Slurm node name (default: [agent] node_name, $SLURMD_NODENAME, host).")
+@click.option("--target", "targets", multiple=True, metavar="GPU=LAYOUT",
+              help="Wanted layout of one GPU, e.g. 0=3g.20gb@4,2g.10gb@2,1g.5gb@1,1g.5gb@0; repeatable.")
+@click.option("--from-demand", is_flag=True, help="Reshape for what pending jobs ask for (squeue --json).")
+@click.option("--config", default=None, help="gpushare.toml (default: $GPUSHARE_CONFIG, /etc/slurm/gpushare.toml).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
+def apply_command(node: str | None, targets: tuple[str, ...], from_demand: bool, config: str | None,
+                  as_json: bool) -> None:
+    """Move this node's GPUs to a MIG layout: drain, wait, apply, regenerate GRES, restart, resume."""
+    if bool(targets) == from_demand:
+        raise click.UsageError("give --target GPU=LAYOUT (repeatable) or --from-demand, not both")
+    cfg = _load(config)
+    try:
+        executor = build_executor(cfg, node_name(cfg, node))
+        if from_demand:
+            result, notes = reshape_for_demand(cfg, executor, SlurmClient(slurm_paths(cfg)[0]))
+        else:
+            result, notes = executor.apply(_targets(cfg, executor.backend, targets)), []
+    except (GpuError, SlurmError, JournalError, OSError, RuntimeError, ValueError) as exc:
+        raise RunError(f"{exc}\nthe journal keeps the run; fix the cause, then run "
+                                   "gpushare mig reconcile") from None
+    _report(result, notes, as_json)
+
+
+@click.command("reconcile")
+@click.option("--node", default=None, help="Slurm node name (default: [agent] node_name, $SLURMD_NODENAME, host).")
+@click.option("--config", default=None, help="gpushare.toml (default: $GPUSHARE_CONFIG, /etc/slurm/gpushare.toml).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
+def reconcile_command(node: str | None, config: str | None, as_json: bool) -> None:
+    """Finish or roll back an interrupted repartition and resume the node if we drained it."""
+    cfg = _load(config)
+    try:
+        result = build_executor(cfg, node_name(cfg, node)).reconcile()
+    except (GpuError, SlurmError, JournalError, OSError, RuntimeError, ValueError) as exc:
+        raise RunError(f"{exc}\nrun gpushare mig reconcile again once the cause is fixed") from None
+    if as_json:
+        click.echo(json.dumps({"outcome": result.outcome, "detail": result.detail}))
+    else:
+        click.echo(f"{result.outcome}: {result.detail}")  # converged either way: exit 0

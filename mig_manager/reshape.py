@@ -1,0 +1,86 @@
+"""Wiring for one node: an executor built from the configuration, and "reshape for the pending jobs".
+
+Why a separate module: the executor, the demand signal and the Slurm actions are each testable alone;
+this is the only place that reads ``[mig]``, opens the device backend and decides which files and
+commands the real Slurm gets, so the CLI and the integration test build exactly the same thing.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Callable
+
+from gpushare.config import Config
+from gres import open_backend
+from gres.device import GpuBackend
+
+from mig_manager.demand import held_profiles, mark_busy, pending_wants, target_for
+from mig_manager.device_ops import busy_instance_ids, read_layout
+from mig_manager.executor import ExecSettings, Executor, Result
+from mig_manager.journal import JournalStore
+from mig_manager.slurm_actions import SlurmActions, SlurmNodeActions
+from slurm_plugins.slurm_client import SlurmClient
+
+
+def node_name(cfg: Config, explicit: str | None = None) -> str:
+    """``--node``, else ``[agent] node_name``, else $SLURMD_NODENAME, else the short host name."""
+    return explicit or cfg.agent.node_name or os.environ.get("SLURMD_NODENAME") or \
+        socket.gethostname().split(".")[0]
+
+
+def settings(cfg: Config) -> ExecSettings:
+    mig = cfg.mig
+    return ExecSettings(drain=mig.drain, wait=mig.wait, wait_timeout_s=mig.wait_timeout_s,
+                        verify_timeout_s=mig.verify_timeout_s, poll_s=mig.poll_s,
+                        max_per_hour=mig.max_reconfigurations_per_hour, dev_dir=mig.device_dir,
+                        cap_device_major=mig.cap_device_major)
+
+
+def slurm_paths(cfg: Config) -> tuple[Path, Path]:
+    conf = Path(cfg.mig.slurm_conf or os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf")
+    return conf, Path(cfg.mig.gres_conf) if cfg.mig.gres_conf else conf.with_name("gres.conf")
+
+
+def build_executor(cfg: Config, node: str, backend: GpuBackend | None = None,
+                   slurm: SlurmActions | None = None, restart: Callable[[str], None] | None = None,
+                   hook: Callable[[str], None] | None = None) -> Executor:
+    """The executor for ``node`` as configured; tests may pass their own backend, Slurm or restart."""
+    if backend is None:
+        backend = open_backend(cfg.agent.device_backend or None)
+    if slurm is None:
+        conf, gres = slurm_paths(cfg)
+        client = SlurmClient(conf)
+        slurm = (SlurmNodeActions(client, conf, gres, restart) if restart is not None else
+                 SlurmNodeActions.with_commands(client, conf, gres, list(cfg.mig.restart_commands)))
+    return Executor(node, backend, slurm, JournalStore(cfg.mig.journal_dir), settings(cfg), hook=hook)
+
+
+def demand_target(cfg: Config, executor: Executor, client: SlurmClient) -> tuple[dict, list[str]]:
+    """Target layout (changed GPUs only) serving the pending MIG jobs, and the planner's notes."""
+    backend = executor.backend
+    held = held_profiles(executor.slurm.running_gpu_jobs(executor.node))
+    current, models = {}, {}
+    for info in backend.gpus():
+        model = cfg.gpus.get(info.model or "")
+        if info.mig_current is not True or model is None or not model.mig_capable:
+            continue
+        busy = {(gi.profile_name, gi.placement.start) for gi in backend.gpu_instances(info.index)
+                if gi.id in busy_instance_ids(backend, info.index)}
+        current[info.index] = mark_busy(read_layout(backend, info.index), held, busy)
+        models[info.index] = model
+    profiles = {p.name for m in models.values() for p in m.mig_profiles}
+    wants = pending_wants(client.squeue_json(), profiles, cfg.mig.partitions)
+    if not wants:
+        return {}, ["no pending job asks for a MIG profile of this node"]
+    return target_for(models, current, wants)
+
+
+def reshape_for_demand(cfg: Config, executor: Executor, client: SlurmClient) -> tuple[Result, list[str]]:
+    """Reconcile any interrupted run, then reshape toward what pending jobs ask for (rate-limited)."""
+    executor.reconcile()
+    target, notes = demand_target(cfg, executor, client)
+    if not target:
+        return Result("nothing", notes[-1] if notes else "pending jobs are served by idle instances"), notes
+    return executor.apply(target), notes

@@ -1,0 +1,58 @@
+"""The demand signal: hostile-safe parsing of pending jobs and the target layout the planner derives."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from gpushare.gpus import BUILTIN_GPUS
+from mig_manager.demand import Want, mark_busy, mig_request, pending_wants, target_for
+from mig_manager.layout import Instance, format_layout
+
+A100 = BUILTIN_GPUS["a100-40gb"]
+PROFILES = [p.name for p in A100.mig_profiles]
+
+
+def job(jid: int, tres: str, state: str = "PENDING", priority: int = 100, partition: str = "gpu") -> dict:
+    return {"job_id": jid, "job_state": state, "tres_per_node": tres, "priority": priority,
+            "submit_time": 1000 + jid, "partition": partition}
+
+
+def test_mig_request_accepts_only_known_profiles_in_strict_syntax() -> None:
+    assert mig_request("gres:gpu:3g.20gb:1", PROFILES) == Counter({"3g.20gb": 1})
+    assert mig_request("gres:gpu:1g.5gb:2,gres:shard:4", PROFILES) == Counter({"1g.5gb": 2})
+    for hostile in ("gres:gpu:3g.20gb:1;rm -rf /", "gres:gpu:9g.99gb:1", "gres:gpu:3g.20gb:0",
+                    "gres:gpu:1g.5gb:999", "gres:gpu:1", "gres:gpu:3g.20gb:1\ngres:gpu:7g.40gb:1", "gpu:3G.20GB:1x", "x" * 10000):
+        assert sum(mig_request(hostile, PROFILES).values()) == 0, hostile
+
+
+def test_pending_wants_in_priority_then_age_order_and_filtered() -> None:
+    jobs = [job(1, "gres:gpu:1g.5gb:1"), job(2, "gres:gpu:3g.20gb:1", priority=500),
+            job(3, "gres:gpu:2g.10gb:1", state="RUNNING"), job(4, "gres:gpu:2g.10gb:1", partition="other"),
+            job(5, "gres:gpu:1g.5gb:2")]
+    wants = pending_wants(jobs, PROFILES, partitions=["gpu"])
+    assert wants == [Want("3g.20gb", "2"), Want("1g.5gb", "1"), Want("1g.5gb", "5"), Want("1g.5gb", "5")]
+    assert len(pending_wants(jobs, PROFILES)) == 5  # no partition filter: job 4 too
+
+
+def test_target_from_a_full_gpu_for_the_issue_mix() -> None:
+    wants = [Want(p, str(n)) for n, p in enumerate(["3g.20gb", "2g.10gb", "1g.5gb", "1g.5gb"])]
+    target, notes = target_for({0: A100}, {0: (Instance("7g.40gb", 0),)}, wants)
+    assert sorted(i.profile for i in target[0]) == ["1g.5gb", "1g.5gb", "2g.10gb", "3g.20gb"]
+    assert "destroy 7g.40gb@0" in notes[0]
+
+
+def test_busy_instances_are_kept_and_idle_matches_need_no_change() -> None:
+    current = mark_busy((Instance("4g.20gb", 0), Instance("3g.20gb", 4)), Counter({"4g.20gb": 1}), set())
+    assert [i.busy for i in current] == [True, False]
+    target, _ = target_for({0: A100}, {0: current}, [Want("2g.10gb", "1")])
+    assert format_layout(target[0]).startswith("4g.20gb@0,2g.10gb@4")
+    assert target_for({0: A100}, {0: current}, [Want("3g.20gb", "1")])[0] == {}  # reuse the idle 3g
+    target, _ = target_for({0: A100}, {0: current}, [Want("7g.40gb", "1")])
+    assert target == {}  # only by destroying the busy 4g: unmet, nothing planned
+
+
+def test_two_gpus_share_the_wants() -> None:
+    wants = [Want("4g.20gb", "1"), Want("4g.20gb", "2")]
+    full = (Instance("7g.40gb", 0),)
+    target, _ = target_for({0: A100, 1: A100}, {0: full, 1: full}, wants)
+    assert sorted(target) == [0, 1]
