@@ -92,7 +92,7 @@ end
 -- a node with a risky or warming GPU drops it and receives no new shared job until calm. Constraints
 -- with counts, brackets, parentheses or OR are left as they are rather than risk a rejected job.
 local function add_shared_feature(job_desc)
-	if SHARED_FEATURE == "" or string.find(SHARED_FEATURE, "@", 1, true) then
+	if SHARED_FEATURE == "" or string.find(SHARED_FEATURE, "[^%w_]") then -- unset, or never rendered
 		return
 	end
 	local current = job_desc.features
