@@ -1,0 +1,106 @@
+"""`gpushare status`, `gpushare report`, the [agent] config section and the generated Slurm lines."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import pytest
+
+from epilog.records import RecordLedger
+from epilog.report_cli import gpu_rows, job_rows, parse_since
+from gpushare.cli import main as gpushare_main
+from gpushare.config import ConfigError, parse_config
+from mig_manager.agent_api import ApiServer
+from mig_manager.agent_comment import RECORD_PREFIX
+from mig_manager.status_cli import render
+from slurm_plugins import decision
+
+GiB = 1 << 30
+
+
+def record(job, end, gpu="0", energy=100.0, share=40.0, ttfk=2.0):
+    return {"v": 1, "job": job, "restarts": 0, "node": "n1", "user": "alice", "caps": {"mode": "mps"},
+            "est_gib": 4.0, "start": end - 10, "end": end, "duration_s": 10.0, "ttfk_s": ttfk, "exit_code": 0,
+            "gpus": {gpu: {"energy_j": energy, "share_j": share, "active_s": 8.0, "peak_bytes": 3 * GiB}},
+            "series": {gpu: [[end - 10 + t, 5 * GiB, 3 * GiB, 0.4] for t in range(10)]}}
+
+
+def write_config(tmp_path, records_dir="", run_dir=""):
+    path = tmp_path / "gpushare.toml"
+    path.write_text(f'version = 1\n[agent]\nrecords_dir = "{records_dir or tmp_path / "rec"}"\n'
+                    f'run_dir = "{run_dir or tmp_path / "run"}"\n')
+    return path
+
+
+def test_report_table_json_and_plots(tmp_path, capsys):
+    ledger = RecordLedger(tmp_path / "rec")
+    ledger.put(record("11", 1000.0))
+    ledger.put(record("12", 2000.0, gpu="1", energy=50.0, share=50.0, ttfk=None))
+    config = write_config(tmp_path)
+    assert gpushare_main(["report", "--config", str(config), "--plot", str(tmp_path / "plots")]) == 0
+    out = capsys.readouterr().out
+    assert "11" in out and "12" in out and "mean TTFK" in out
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == ["energy.png", "job-11.0.png", "job-12.0.png"]
+    assert (tmp_path / "plots" / "job-11.0.png").read_bytes()[:4] == b"\x89PNG"
+    assert gpushare_main(["report", "--config", str(config), "--job", "11", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["jobs"][0]["peak_gib"] == 3.0 and data["records"][0]["job"] == "11"
+    assert gpushare_main(["report", "--config", str(config), "--job", "99"]) == 1
+    assert gpushare_main(["report", "--config", str(config), "--job", "../x"]) != 0
+
+
+def test_report_rows_and_since():
+    rows = job_rows([record("1", 100.0), record("2", 200.0, ttfk=4.0)])
+    assert [r["share_j"] for r in rows] == [40.0, 40.0]
+    assert gpu_rows([record("1", 100.0), record("2", 200.0, ttfk=4.0)]) == [
+        {"node": "n1", "gpu": 0, "jobs": 2, "active_s": 16.0, "share_j": 80.0, "mean_ttfk_s": 3.0}]
+    assert parse_since("2h", now=10_000.0) == 10_000.0 - 7200
+    assert parse_since("1970-01-01T01:00:00") == 3600.0
+    with pytest.raises(Exception):
+        parse_since("yesterday")
+
+
+def test_status_through_the_agent_socket(tmp_path, capsys):
+    config = write_config(tmp_path)
+    status = {"ok": True, "node_open": False, "now": 0.0, "jobs": [
+        {"job": "5", "gpus": [0], "mode": "mps", "ttfk_s": 1.5, "share_mj": {"0": 2000.0}, "peak_bytes": {"0": GiB}}],
+        "gpus": [{"index": 0, "memory_used": 2 * GiB, "memory_total": 40 * GiB, "jobs": ["5"], "risky": False,
+                  "warming": True, "error": None, "risk": {"smact": 0.5, "smocc": 0.1, "drama": float("nan")}}]}
+    assert "withheld" in render(status) and "warming" in render(status) and "N/A" in render(status)
+    assert gpushare_main(["status", "--config", str(config)]) == 1  # no agent: a clear message, exit 1
+    assert "gpushare-agent running" in capsys.readouterr().err
+    server = ApiServer(tmp_path / "run" / "agent" / "agent.sock", lambda req: status).start()
+    try:
+        assert gpushare_main(["status", "--config", str(config)]) == 0
+        assert "   0" in capsys.readouterr().out
+    finally:
+        server.stop()
+
+
+def test_agent_config_is_strict():
+    assert parse_config({}).agent.withhold == "none"
+    with pytest.raises(ConfigError, match="collocation"):
+        parse_config({"agent": {"collocation": "mps-any"}})
+    with pytest.raises(ConfigError, match="withhold_feature"):
+        parse_config({"agent": {"withhold_feature": "open;drain"}})
+    with pytest.raises(ConfigError, match="unknown key 'windows'"):
+        parse_config({"agent": {"windows": 3}})
+    assert RECORD_PREFIX == decision.RECORD_PREFIX
+
+
+def test_slurm_config_with_withholding(tmp_path, capsys):
+    path = tmp_path / "gpushare.toml"
+    path.write_text('version = 1\n[agent]\nwithhold = "feature"\n'
+                    '[[nodes]]\nnames = "g[1-2]"\ngpu = "a100-40gb"\ncount = 2\n')
+    assert gpushare_main(["slurm-config", "--config", str(path), "--install-lua", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "NodeName=g[1-2] Gres=gpu:a100-40gb:2,shard:80 Features=gpushare_open State=UNKNOWN" in out
+    assert "NodeName=gpushare-standby-gpu State=FUTURE Features=gpushare_open Gres=gpu:a100-40gb:2,shard:80" in out
+    assert "PartitionName=gpu Nodes=g[1-2],gpushare-standby-gpu State=UP" in out
+    lua = (tmp_path / "job_submit.lua").read_text()
+    assert 'local SHARED_FEATURE = "gpushare_open"' in lua
+    luac = shutil.which("luac5.1")
+    if luac:
+        subprocess.run([luac, "-p", str(tmp_path / "job_submit.lua")], check=True)
