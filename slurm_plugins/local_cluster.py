@@ -260,6 +260,19 @@ class LocalCluster:
                 continue
             break
 
+    def restart_slurm(self, node: str | None = None, timeout_s: float = 30.0) -> None:
+        """Restart slurmctld, then the slurmd of ``node`` (every node when None), and wait for answers.
+
+        What Slurm 22.05 needs before it offers a changed file-backed GRES count (a MIG repartition,
+        docs/mig.md): ``scontrol reconfigure`` keeps the old count.
+        """
+        self.stop_process("slurmctld")
+        self._spawn("slurmctld", ["slurmctld", "-D", "-i", "-f", str(self.conf)])
+        self._wait(self._controller_up, timeout_s, "slurmctld did not answer after a restart")
+        for name in (node,) if node else self.all_nodes:
+            self.stop_process(f"slurmd-{name}")
+            self._spawn(f"slurmd-{name}", ["slurmd", "-D", "-N", name, "-f", str(self.conf)])
+
     def stop(self) -> None:
         for name in [n for n in self.pids if n.startswith("slurmd-")] + ["slurmctld", "submitd", "munged"]:
             self.stop_process(name)

@@ -1,0 +1,124 @@
+"""On a real local Slurm 22.05 with a simulated A100: pending jobs reshape 7g.40gb into 3g+2g+1g+1g.
+
+The GPU is simulated (gres.sim_backend state file); Slurm, its daemons, gres.conf with MultipleFiles of
+character devices (``nvidia0`` 195:0 and ``nvidia-caps/nvidia-cap<M>`` 234:M) and the jobs are real. A
+hidden ``State=FUTURE`` node declares every profile type, so sbatch accepts a ``gpu:3g.20gb`` request
+while no real node has one yet (docs/mig.md, "Slurm setup").
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from gpushare.config import parse_config
+from gres.gres_conf import gres_conf_lines, node_gpus
+from gres.sim_backend import SimBackend
+from mig_manager.device_ops import create_instance
+from mig_manager.gres_files import ensure_cap_devices
+from mig_manager.journal import JournalStore, Op
+from mig_manager.reshape import build_executor, reshape_for_demand
+from mig_manager.slurm_actions import SlurmNodeActions, gpu_counts
+from slurm_plugins.local_cluster import LocalCluster
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+STANDBY = "gpu:1g.5gb:7,gpu:2g.10gb:3,gpu:3g.20gb:2,gpu:4g.20gb:1,gpu:7g.40gb:1"
+WANTED = ["3g.20gb", "2g.10gb", "1g.5gb", "1g.5gb"]
+
+
+class MigNodeCluster(LocalCluster):
+    """One node, one simulated A100-40GB in MIG mode, GRES generated from the simulated state."""
+
+    state_path: Path = Path()
+
+    def write_files(self) -> None:
+        super().write_files()
+        devices = self.device_dir("n1")
+        gpus = node_gpus(SimBackend.open(self.state_path))
+        ensure_cap_devices(devices, [m for g in gpus for s in g.mig or () for m in (s.gi_cap_minor, s.ci_cap_minor)],
+                           234)
+        (self.base / "etc" / "gres.conf").write_text(
+            "\n".join(gres_conf_lines(gpus, str(devices), node_name="n1")) + "\n")
+        text = self.conf.read_text().replace("GresTypes=gpu,shard", "GresTypes=gpu")
+        text = re.sub(r"(NodeName=n1 .*?) Gres=\S+", r"\1 Gres=gpu:7g.40gb:1", text)
+        text = text.replace("PartitionName=gpu Nodes=n1 ", "PartitionName=gpu Nodes=n1,mig-standby ")
+        text += (f"NodeName=mig-standby NodeHostname=localhost NodeAddr=127.0.0.1 Port={self.ports['n1'] + 1} "
+                 f"CPUs=2 RealMemory=4000 Gres={STANDBY} State=FUTURE\n")
+        self.conf.write_text(text)
+
+
+def test_pending_mig_jobs_reshape_the_node_and_run_on_their_profiles(tmp_path: Path) -> None:
+    from slurm_plugins.local_cluster import missing_requirements
+
+    if missing_requirements():
+        pytest.skip(f"real Slurm unavailable: {missing_requirements()}")
+    base = Path(__import__("tempfile").mkdtemp(prefix="gpushare-slurm-mig-", dir="/tmp"))
+    os.chmod(base, 0o755)
+    state = base / "gpus.json"
+    SimBackend.from_scenario({"version": 1, "name": "mig-node", "gpus": [{"model": "a100-40gb", "mig_mode": True}]},
+                             state)
+    sim = SimBackend.open(state)
+    create_instance(sim, Op("create", 0, "7g.40gb", 0))
+    cluster = MigNodeCluster(base, gpus_per_node=1, with_hook=False, with_submitd=False,
+                             bin_dir=os.path.dirname(__import__("sys").executable))
+    cluster.state_path = state
+    cluster.start()
+    try:
+        client = cluster.client
+        gres_now = lambda: SlurmNodeActions(client, cluster.conf, base / "etc" / "gres.conf",  # noqa: E731
+                                            lambda n: None).status("n1").gres
+        assert gpu_counts(gres_now()) == {"7g.40gb": 1}
+        jobs = {}
+        for n, profile in enumerate(WANTED):
+            job_id, _ = client.sbatch(f"--gres=gpu:{profile}:1", "-o", str(base / f"job{n}.out"), "--wrap",
+                                      "echo CVD=$CUDA_VISIBLE_DEVICES")
+            jobs[job_id] = (profile, base / f"job{n}.out")
+        time.sleep(1.5)
+        assert {j["job_state"] for j in client.squeue_json()} == {"PENDING"}
+
+        cfg = parse_config({"agent": {"device_backend": f"sim:{state}"}, "mig": {
+            "journal_dir": str(base / "journal"), "slurm_conf": str(cluster.conf),
+            "gres_conf": str(base / "etc" / "gres.conf"), "device_dir": str(cluster.device_dir("n1")),
+            "cap_device_major": 234, "poll_s": 0.2, "verify_timeout_s": 30, "wait_timeout_s": 30}})
+        executor = build_executor(cfg, "n1", restart=cluster.restart_slurm)
+        started = time.monotonic()
+        result, notes = reshape_for_demand(cfg, executor, client)
+        reshape_s = time.monotonic() - started
+        journal = JournalStore(base / "journal").load("n1")
+        assert result.outcome == "applied", (result, notes, journal.log)
+        assert sorted(gi.profile_name for gi in sim.gpu_instances(0)) == sorted(WANTED)
+        assert gpu_counts(gres_now()) == {"3g.20gb": 1, "2g.10gb": 1, "1g.5gb": 2}, gres_now()
+        assert "DRAIN" not in client.node_states()["n1"].upper()
+        assert reshape_s < 30
+        print(f"\nreshape took {reshape_s:.2f} s:", *journal.log, sep="\n  ")  # shown with pytest -s
+
+        # each job got the device Slurm lists for its profile: CUDA_VISIBLE_DEVICES=k is the k-th MIG
+        # line of n1 in gres.conf; its cap minor names the simulated MIG device, which has that profile.
+        lines = [line for line in (base / "etc" / "gres.conf").read_text().splitlines()
+                 if line.startswith("NodeName=n1 ")]
+        by_cap = {d.gi_cap_minor: d for d in sim.mig_devices(0)}
+        seen = set()
+        for job_id, (profile, out) in jobs.items():
+            record = cluster.wait_job(job_id, timeout_s=60)
+            assert record["JobState"] == "COMPLETED", record
+            index = int(re.search(r"CVD=(\d+)", out.read_text()).group(1))
+            line = lines[index]
+            assert f"Type={profile} " in line, (profile, line)
+            cap = int(re.search(r"nvidia-cap(\d+)", line).group(1))
+            assert by_cap[cap].profile_name == profile
+            seen.add(index)
+        assert seen == {0, 1, 2, 3}  # four jobs, four distinct instances
+
+        # assert-then-apply: nothing pending, nothing to do; the journal remembers one reshape
+        again, _ = reshape_for_demand(cfg, executor, client)
+        assert again.outcome == "nothing"
+        assert len(JournalStore(base / "journal").load("n1").history) == 1
+    finally:
+        cluster.stop()
+    import shutil
+
+    shutil.rmtree(base, ignore_errors=True)
