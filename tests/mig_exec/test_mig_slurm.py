@@ -8,8 +8,11 @@ while no real node has one yet (docs/mig.md, "Slurm setup").
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -64,7 +67,7 @@ def test_pending_mig_jobs_reshape_the_node_and_run_on_their_profiles(tmp_path: P
     sim = SimBackend.open(state)
     create_instance(sim, Op("create", 0, "7g.40gb", 0))
     cluster = MigNodeCluster(base, gpus_per_node=1, with_hook=False, with_submitd=False,
-                             bin_dir=os.path.dirname(__import__("sys").executable))
+                             bin_dir=os.path.dirname(sys.executable))
     cluster.state_path = state
     cluster.start()
     try:
@@ -84,9 +87,15 @@ def test_pending_mig_jobs_reshape_the_node_and_run_on_their_profiles(tmp_path: P
             "journal_dir": str(base / "journal"), "slurm_conf": str(cluster.conf),
             "gres_conf": str(base / "etc" / "gres.conf"), "device_dir": str(cluster.device_dir("n1")),
             "cap_device_major": 234, "poll_s": 0.2, "verify_timeout_s": 30, "wait_timeout_s": 30}})
-        executor = build_executor(cfg, "n1", restart=cluster.restart_slurm)
+        def crash(label: str) -> None:  # killed once the GPU changed but before Slurm knew
+            if label == "applied":
+                raise KeyboardInterrupt(label)
         started = time.monotonic()
-        result, notes = reshape_for_demand(cfg, executor, client)
+        with pytest.raises(KeyboardInterrupt):
+            reshape_for_demand(cfg, build_executor(cfg, "n1", restart=cluster.restart_slurm, hook=crash), client)
+        assert "DRAIN" in client.node_states()["n1"].upper() and gpu_counts(gres_now()) == {"7g.40gb": 1}
+        executor = build_executor(cfg, "n1", restart=cluster.restart_slurm)
+        result, notes = executor.reconcile(), []
         reshape_s = time.monotonic() - started
         journal = JournalStore(base / "journal").load("n1")
         assert result.outcome == "applied", (result, notes, journal.log)
@@ -113,9 +122,17 @@ def test_pending_mig_jobs_reshape_the_node_and_run_on_their_profiles(tmp_path: P
             seen.add(index)
         assert seen == {0, 1, 2, 3}  # four jobs, four distinct instances
 
-        # assert-then-apply: nothing pending, nothing to do; the journal remembers one reshape
-        again, _ = reshape_for_demand(cfg, executor, client)
-        assert again.outcome == "nothing"
+        # assert-then-apply through the CLI: nothing pending, nothing to do, no restart (it would fail)
+        toml = base / "etc" / "mig.toml"
+        toml.write_text(f'version = 1\n[agent]\ndevice_backend = "sim:{state}"\n[mig]\n'
+                        f'journal_dir = "{base / "journal"}"\nslurm_conf = "{cluster.conf}"\n'
+                        f'device_dir = "{cluster.device_dir("n1")}"\nrestart_commands = ["/bin/false"]\n')
+        gpushare = os.path.join(os.path.dirname(sys.executable), "gpushare")
+        for args in (["apply", "--from-demand"], ["reconcile"]):
+            proc = subprocess.run([gpushare, "mig", *args, "--node", "n1", "--config", str(toml), "--json"],
+                                  capture_output=True, text=True, env=cluster.env, timeout=60)
+            assert proc.returncode == 0, proc.stderr
+            assert json.loads(proc.stdout)["outcome"] == "nothing", proc.stdout
         assert len(JournalStore(base / "journal").load("n1").history) == 1
     finally:
         cluster.stop()
