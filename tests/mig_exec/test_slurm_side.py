@@ -1,0 +1,101 @@
+"""Slurm-side pieces of the executor without a cluster: file surgery, cap devices, scontrol/squeue parsing."""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from mig_manager.gres_files import (GresFileError, ensure_cap_devices, replace_gres_conf_lines,
+                                    replace_node_gres, rewrite_node_gres)
+from mig_manager.slurm_actions import SlurmNodeActions, gpu_counts
+
+SLURM_CONF = """ClusterName=x
+GresTypes=gpu
+NodeName=n1 NodeAddr=127.0.0.1 CPUs=2 Gres=gpu:7g.40gb:1 State=UNKNOWN
+NodeName=n10 NodeAddr=127.0.0.1 CPUs=2 Gres=gpu:a100:2 State=UNKNOWN
+PartitionName=gpu Nodes=n1,n10 Default=YES
+"""
+GRES_CONF = """# site comment
+NodeName=n10 Name=gpu Type=a100 File=/dev/nvidia[0-1]
+NodeName=n1 Name=gpu Type=7g.40gb MultipleFiles=/dev/nvidia0,/dev/nvidia-caps/nvidia-cap3
+"""
+NEW = ["NodeName=n1 Name=gpu Type=3g.20gb MultipleFiles=/dev/nvidia0,/dev/nvidia-caps/nvidia-cap12",
+       "NodeName=n1 Name=gpu Type=1g.5gb MultipleFiles=/dev/nvidia0,/dev/nvidia-caps/nvidia-cap21"]
+
+
+def test_only_this_nodes_lines_change() -> None:
+    out = replace_gres_conf_lines(GRES_CONF, "n1", NEW)
+    assert out.splitlines() == ["# site comment", GRES_CONF.splitlines()[1], *NEW]
+    conf = replace_node_gres(SLURM_CONF, "n1", "gpu:3g.20gb:1,gpu:1g.5gb:1")
+    assert "NodeName=n1 NodeAddr=127.0.0.1 CPUs=2 Gres=gpu:3g.20gb:1,gpu:1g.5gb:1 State=UNKNOWN" in conf
+    assert "NodeName=n10 NodeAddr=127.0.0.1 CPUs=2 Gres=gpu:a100:2" in conf  # n10 is not n1
+
+
+def test_refusals_name_the_fix() -> None:
+    with pytest.raises(GresFileError, match="no line of its own"):
+        replace_node_gres("NodeName=n[1-4] CPUs=2 Gres=gpu:1\n", "n1", "gpu:1g.5gb:1")
+    with pytest.raises(GresFileError, match="may also apply"):
+        replace_gres_conf_lines("Name=gpu Type=a100 File=/dev/nvidia0\n", "n1", NEW)
+    with pytest.raises(GresFileError, match="refusing"):
+        replace_node_gres(SLURM_CONF, "n1", "gpu:1 State=DOWN")
+    with pytest.raises(GresFileError):
+        replace_gres_conf_lines(GRES_CONF, "n1", ["NodeName=n2 Name=gpu"])
+
+
+def test_rewrite_is_atomic_and_reports_no_change_the_second_time(tmp_path: Path) -> None:
+    conf, gres = tmp_path / "slurm.conf", tmp_path / "gres.conf"
+    conf.write_text(SLURM_CONF)
+    gres.write_text(GRES_CONF)
+    assert rewrite_node_gres(conf, gres, "n1", NEW, "gpu:3g.20gb:1,gpu:1g.5gb:1")
+    assert not rewrite_node_gres(conf, gres, "n1", NEW, "gpu:3g.20gb:1,gpu:1g.5gb:1")
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mknod needs root")
+def test_cap_devices_are_character_devices_and_impostors_are_refused(tmp_path: Path) -> None:
+    made = ensure_cap_devices(tmp_path, [12, 13, 12], 234)
+    assert [p.name for p in made] == ["nvidia-cap12", "nvidia-cap13"]
+    st = (tmp_path / "nvidia-caps" / "nvidia-cap12").lstat()
+    assert stat.S_ISCHR(st.st_mode) and os.major(st.st_rdev) == 234 and os.minor(st.st_rdev) == 12
+    assert ensure_cap_devices(tmp_path, [12], 234) == []
+    (tmp_path / "nvidia-caps" / "nvidia-cap30").write_text("not a device")
+    with pytest.raises(GresFileError, match="not character device"):
+        ensure_cap_devices(tmp_path, [30], 234)
+
+
+class FakeClient:
+    def __init__(self, node_line: str, jobs: list[dict]) -> None:
+        self.node_line, self.jobs, self.calls = node_line, jobs, []
+
+    def run(self, tool: str, *args: str, **_: object) -> str:
+        self.calls.append((tool, *args))
+        if args[:2] == ("show", "node"):
+            return self.node_line
+        if args[:2] == ("show", "hostnames"):
+            return "n1\nn2\n"
+        return ""
+
+    def squeue_json(self) -> list[dict]:
+        return self.jobs
+
+
+def test_status_and_running_jobs_from_structured_fields() -> None:
+    line = ("NodeName=n1 Arch=x86_64 Gres=gpu:3g.20gb:1,gpu:1g.5gb:2 State=IDLE+DRAIN "
+            "Reason=gpushare-mig reshape ab12cd34 [root@2026-11-22T03:19:09]")
+    jobs = [{"job_id": 1, "job_state": "RUNNING", "nodes": "n1", "tres_per_node": "gres:gpu:1g.5gb:1"},
+            {"job_id": 2, "job_state": "RUNNING", "nodes": "n[1-2]", "tres_per_node": "gres:gpu:3g.20gb:1"},
+            {"job_id": 3, "job_state": "RUNNING", "nodes": "n1", "tres_per_node": "gres:gpu:1"},
+            {"job_id": 4, "job_state": "PENDING", "nodes": "", "tres_per_node": "gres:gpu:7g.40gb:1"},
+            {"job_id": 5, "job_state": "RUNNING", "nodes": "n11", "tres_per_node": "gres:gpu:7g.40gb:1"}]
+    actions = SlurmNodeActions(FakeClient(line, jobs), Path("/x"), Path("/y"), lambda n: None)  # type: ignore[arg-type]
+    status = actions.status("n1")
+    assert (status.drained, status.reason, status.invalid) == (True, "gpushare-mig reshape ab12cd34", False)
+    assert gpu_counts(status.gres) == {"3g.20gb": 1, "1g.5gb": 2}
+    assert actions.running_gpu_jobs("n1") == {"1": Counter({"1g.5gb": 1}), "2": Counter({"3g.20gb": 1}),
+                                              "3": Counter({"*": 1})}
+    with pytest.raises(ValueError):
+        actions.drain("n1", "x\nState=RESUME")
