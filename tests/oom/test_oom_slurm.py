@@ -10,52 +10,19 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 import time
-from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-from epilog.ledger import Ledger
 from gpushare.atomic import write_json_atomic
+from oom_slurm_util import JOB, ledger_of, oom_log, oom_settings, wait_final
 from slurm_plugins.estimate_source import cache_lookup
 from slurm_plugins.local_cluster import LocalCluster, missing_requirements
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow,
               pytest.mark.skipif(missing_requirements() is not None, reason=str(missing_requirements()))]
-
-JOB = """#!/bin/bash
-{python} - <<'EOF'
-import os, torch
-need_gib = {need}
-have = int(os.environ.get("SLURM_SHARDS_ON_NODE", "0"))
-print(f"restart={{os.environ.get('SLURM_RESTART_COUNT', '0')}} shards={{have}}", flush=True)
-if {fail_other}:
-    raise ValueError("labels and logits have different shapes")
-if need_gib > have:  # the caching allocator's message (c10/cuda/CUDACachingAllocator.cpp)
-    raise torch.OutOfMemoryError(
-        f"CUDA out of memory. Tried to allocate {{need_gib - have:.2f}} GiB. GPU 0 has a total capacity of "
-        f"40.00 GiB of which {{have:.2f}} GiB is free. Of the allocated memory 0.50 GiB is allocated by "
-        "PyTorch, and 0.10 GiB is reserved by PyTorch but unallocated.")
-print("training finished", flush=True)
-EOF
-"""
-
-
-def oom_settings(base: Path) -> str:
-    """The ``[oom]`` table a test cluster needs (the hook gets no SLURM_CONF from slurmctld), unless the
-    cluster's generated gpushare.toml already has one."""
-    if "[oom]" in LocalCluster(base=base)._toml_text():
-        return ""
-    return (f'[oom]\nledger_dir = "{base}/oom-ledger"\nslurm_conf = "{base}/etc/slurm.conf"\n'
-            f'log_file = "{base}/log/oom.log"\n')
-
-
-def ledger_of(cluster: LocalCluster) -> Ledger:
-    return Ledger(cluster.config().oom.ledger_dir)
-
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
@@ -76,31 +43,10 @@ def submit(cluster: LocalCluster, need: int, fail_other: bool = False, gres: str
     return job_id
 
 
-def wait_final(cluster: LocalCluster, job_id: int, restarts: int, timeout_s: float = 90) -> dict[str, str]:
-    """Until the job has run ``restarts`` times more and is in a final state again."""
-    deadline = time.monotonic() + timeout_s
-    fields: dict[str, str] = {}
-    while time.monotonic() < deadline:
-        fields = cluster.client.show_job(job_id)
-        if fields.get("JobState") in ("COMPLETED", "FAILED") and int(fields.get("Restarts", 0)) >= restarts:
-            time.sleep(0.5)  # let a pending EpilogSlurmctld decide (it would requeue from FAILED)
-            again = cluster.client.show_job(job_id)
-            if again.get("JobState") == fields.get("JobState") and again.get("Restarts") == fields.get("Restarts"):
-                return again
-        time.sleep(0.25)
-    raise AssertionError(f"job {job_id}: {fields.get('JobState')} restarts {fields.get('Restarts')}; "
-                         f"log: {_oom_log(cluster)}")
-
-
-def _oom_log(cluster: LocalCluster) -> str:
-    path = Path(cluster.config().oom.log_file or cluster.base / "log" / "oom.log")
-    return path.read_text()[-3000:] if path.exists() else "(no oom.log)"
-
-
 def test_oom_on_a_shard_is_requeued_once_on_the_whole_gpu_and_completes(cluster: LocalCluster) -> None:
     job_id = submit(cluster, need=20)
     fields = wait_final(cluster, job_id, restarts=1)
-    assert fields["JobState"] == "COMPLETED" and fields["Restarts"] == "1", _oom_log(cluster)
+    assert fields["JobState"] == "COMPLETED" and fields["Restarts"] == "1", oom_log(cluster)
     assert fields["TresPerNode"] == "gres:shard:40"  # all 40 shards of the 40 GiB GPU
     assert fields["Nice"] == "-10000"
     record = json.loads(fields["AdminComment"].removeprefix("gpushare:"))
@@ -181,66 +127,6 @@ def test_recovery_interrupted_by_a_controller_restart_is_finished(cluster: Local
     deadline = time.monotonic() + 60
     while ledger.get(str(job_id), 0)["state"] != "done" and time.monotonic() < deadline:
         time.sleep(0.25)
-    assert ledger.get(str(job_id), 0)["state"] == "done", _oom_log(cluster)
+    assert ledger.get(str(job_id), 0)["state"] == "done", oom_log(cluster)
     fields = cluster.client.show_job(job_id)
     assert fields["TresPerNode"] == "gres:shard:40" and fields["Priority"] != "0"
-
-
-class MigCluster(LocalCluster):
-    """The same local cluster with two MIG-typed GPUs (SLURM-FACTS: typed ``gpu`` GRES on character
-    devices) instead of shards: ``gpu:1g.10gb:1`` and ``gpu:2g.20gb:1`` of an A100-80GB."""
-
-    def write_files(self) -> None:
-        super().write_files()
-        devices = self.device_dir(self.node_names[0])
-        text = self.conf.read_text().replace("GresTypes=gpu,shard", "GresTypes=gpu")
-        self.conf.write_text(re.sub(r" Gres=\S+", " Gres=gpu:1g.10gb:1,gpu:2g.20gb:1", text))
-        (self.base / "etc" / "gres.conf").write_text(
-            f"NodeName=n1 Name=gpu Type=1g.10gb File={devices}/nvidia0\n"
-            f"NodeName=n1 Name=gpu Type=2g.20gb File={devices}/nvidia1\n")
-
-
-def test_mig_job_moves_to_the_next_larger_slice(tmp_path_factory: pytest.TempPathFactory) -> None:
-    base = tmp_path_factory.mktemp("oom-mig")
-    os.chmod(base, 0o755)
-    extra = oom_settings(base)
-    mig = MigCluster(base=base, gpu="a100-80gb", toml_extra=extra, with_hook=False, with_submitd=False)
-    mig.start()
-    try:
-        script = ("#!/bin/bash\necho \"restart=${SLURM_RESTART_COUNT:-0} gpu=$CUDA_VISIBLE_DEVICES\"\n"
-                  "if [ \"${SLURM_RESTART_COUNT:-0}\" = 0 ]; then\n"
-                  "  echo 'torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 12.00 GiB. GPU 0 has a "
-                  "total capacity of 9.50 GiB of which 0.20 GiB is free.' >&2\n  exit 1\nfi\n")
-        job_id, _ = mig.client.sbatch("--gres=gpu:1g.10gb:1", "-o", str(base / "mig-%j.out"),
-                                      "-e", str(base / "mig-%j.err"), script=script)
-        fields = wait_final(mig, job_id, restarts=1)
-        assert (fields["JobState"], fields["Restarts"], fields["TresPerNode"]) == \
-            ("COMPLETED", "1", "gres:gpu:2g.20gb:1"), _oom_log(mig)
-        assert "restart=1" in (base / f"mig-{job_id}.out").read_text()
-    finally:
-        mig.stop()
-
-
-def test_end_to_end_from_submission_sized_share_to_exclusive_rerun(
-        tmp_path_factory: pytest.TempPathFactory) -> None:
-    """The whole story with our job_submit hook: gpu:1 + '#GPUSHARE mem=2G' becomes shard:3 at submit,
-    the job runs out of GPU memory, and it is re-run once on all 40 shards with the record extended."""
-    base = tmp_path_factory.mktemp("oom-e2e")
-    os.chmod(base, 0o755)
-    extra = oom_settings(base)
-    full = LocalCluster(base=base, gpu="a100-40gb", toml_extra=extra)
-    full.start()
-    try:
-        script = "#!/bin/bash\n#GPUSHARE mem=2G\n" + JOB.format(python=sys.executable, need=20,
-                                                                 fail_other=False).partition("\n")[2]
-        job_id, said = full.client.sbatch("--gres=gpu:1", "-o", str(base / "e2e-%j.out"),
-                                          "-e", str(base / "e2e-%j.err"), script=script)
-        assert "shard:3" in said
-        fields = wait_final(full, job_id, restarts=1)
-        assert (fields["JobState"], fields["Restarts"], fields["TresPerNode"]) == \
-            ("COMPLETED", "1", "gres:shard:40"), _oom_log(full)
-        record = json.loads(fields["AdminComment"].removeprefix("gpushare:"))
-        assert record["decision"] == "shared" and record["oom"]["from"] == "gres:shard:3"
-        assert "restart=1 shards=40" in (base / f"e2e-{job_id}.out").read_text()
-    finally:
-        full.stop()

@@ -1,0 +1,61 @@
+"""Helpers shared by the real-Slurm OOM tests (test_oom_slurm*.py): the job, the [oom] settings a test
+cluster needs, and waiting for a job that may be requeued."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from epilog.ledger import Ledger
+from slurm_plugins.local_cluster import LocalCluster
+
+JOB = """#!/bin/bash
+{python} - <<'EOF'
+import os, torch
+need_gib = {need}
+have = int(os.environ.get("SLURM_SHARDS_ON_NODE", "0"))
+print(f"restart={{os.environ.get('SLURM_RESTART_COUNT', '0')}} shards={{have}}", flush=True)
+if {fail_other}:
+    raise ValueError("labels and logits have different shapes")
+if need_gib > have:  # the caching allocator's message (c10/cuda/CUDACachingAllocator.cpp)
+    raise torch.OutOfMemoryError(
+        f"CUDA out of memory. Tried to allocate {{need_gib - have:.2f}} GiB. GPU 0 has a total capacity of "
+        f"40.00 GiB of which {{have:.2f}} GiB is free. Of the allocated memory 0.50 GiB is allocated by "
+        "PyTorch, and 0.10 GiB is reserved by PyTorch but unallocated.")
+print("training finished", flush=True)
+EOF
+"""
+
+
+def oom_settings(base: Path) -> str:
+    """The ``[oom]`` table a test cluster needs (the hook gets no SLURM_CONF from slurmctld), unless the
+    cluster's generated gpushare.toml already has one."""
+    if "[oom]" in LocalCluster(base=base)._toml_text():
+        return ""
+    return (f'[oom]\nledger_dir = "{base}/oom-ledger"\nslurm_conf = "{base}/etc/slurm.conf"\n'
+            f'log_file = "{base}/log/oom.log"\n')
+
+
+def ledger_of(cluster: LocalCluster) -> Ledger:
+    return Ledger(cluster.config().oom.ledger_dir)
+
+
+def wait_final(cluster: LocalCluster, job_id: int, restarts: int, timeout_s: float = 90) -> dict[str, str]:
+    """Until the job has run ``restarts`` times more and is in a final state again."""
+    deadline = time.monotonic() + timeout_s
+    fields: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        fields = cluster.client.show_job(job_id)
+        if fields.get("JobState") in ("COMPLETED", "FAILED") and int(fields.get("Restarts", 0)) >= restarts:
+            time.sleep(0.5)  # let a pending EpilogSlurmctld decide (it would requeue from FAILED)
+            again = cluster.client.show_job(job_id)
+            if again.get("JobState") == fields.get("JobState") and again.get("Restarts") == fields.get("Restarts"):
+                return again
+        time.sleep(0.25)
+    raise AssertionError(f"job {job_id}: {fields.get('JobState')} restarts {fields.get('Restarts')}; "
+                         f"log: {oom_log(cluster)}")
+
+
+def oom_log(cluster: LocalCluster) -> str:
+    path = Path(cluster.config().oom.log_file or cluster.base / "log" / "oom.log")
+    return path.read_text()[-3000:] if path.exists() else "(no oom.log)"
