@@ -2,7 +2,7 @@
 
 The jobs run real Python with PyTorch: a job that needs more GPU memory than its shards raises PyTorch's
 own ``torch.OutOfMemoryError`` with the caching allocator's message format (there is no GPU here, so the
-failure is simulated on the CPU side, as issue 6 allows); our EpilogSlurmctld must requeue it once on
+failure is simulated on the CPU side); our EpilogSlurmctld must requeue it once on
 all the shards of its GPU, and the re-run must see them (SLURM_SHARDS_ON_NODE) and complete.
 """
 
