@@ -7,7 +7,10 @@ record leaving ``decision: estimating`` (the moment it is released), and report 
 ``held_s`` and the request it got. Jobs are measured one at a time so each time is one estimation's.
 
     sudo python benchmarks/async_estimation.py --user gpushare-test \\
-        [--estimator /path/to/gpu-estimate] [--examples forward_only,amp_train]
+        [--estimator /path/to/gpu-estimate] [--examples forward_only,amp_train] [--instant]
+
+``--instant`` swaps in a stand-in estimator that prints a fixed answer at once, leaving the path's own
+cost: polling, scheduling the estimation job on the CPU node, reading the result, resize and release.
 
 The user must exist and be able to execute the estimator (a virtual environment outside a private home).
 """
@@ -15,6 +18,7 @@ The user must exist and be able to execute the estimator (a virtual environment 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pwd
 import shutil
@@ -51,12 +55,23 @@ def wait_release(cluster: LocalCluster, job_id: int, timeout_s: float) -> tuple[
     raise TimeoutError(f"job {job_id} still held after {timeout_s:.0f} s")
 
 
+def estimator_elapsed(est: dict | None) -> float:
+    """gpu-estimate's own ``elapsed_s`` from the result the estimation job left (NaN when it failed)."""
+    try:
+        doc = json.loads((Path(est["standard_output"]).parent / "result.json").read_text())  # type: ignore[index]
+        return float(doc["elapsed_s"])
+    except (TypeError, KeyError, OSError, ValueError):
+        return float("nan")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--user", default="gpushare-test")
     parser.add_argument("--estimator", default=os.path.join(os.path.dirname(sys.executable), "gpu-estimate"))
     parser.add_argument("--examples", default=DEFAULT)
     parser.add_argument("--poll", type=float, default=1.0, help="[estimation] poll_s")
+    parser.add_argument("--instant", action="store_true",
+                        help="use a stand-in estimator that answers at once: the path's own overhead")
     args = parser.parse_args()
     problem = missing_requirements()
     if problem:
@@ -71,6 +86,12 @@ def main() -> int:
         shutil.copy(EXAMPLES / f"{name}.py", work / f"{name}.py")
     for path in [work, *work.iterdir()]:
         os.chown(path, account.pw_uid, account.pw_gid)
+    if args.instant:
+        stand_in = root / "instant-estimate"
+        stand_in.write_text('#!/bin/sh\necho \'{"elapsed_s": 0, "targets": [{"gpu": "a100-40gb", '
+                            '"peak_total_bytes": 3221225472}]}\'\n')
+        os.chmod(stand_in, 0o755)
+        args.estimator = str(stand_in)
     toml = (f'[estimation]\npartition = "cpu"\ncpus = 2\nmemory = "3500M"\ntime_limit_s = 600\n'
             f'poll_s = {args.poll}\nspool_dir = "{root / "spool"}"\ncommand = "{args.estimator}"\n')
     cluster = LocalCluster(root / "c", bin_dir=os.path.dirname(sys.executable), cpu_nodes=("c1",), toml_extra=toml)
@@ -81,8 +102,13 @@ def main() -> int:
             job_id, submitted = submit(cluster, args.user, work, name)
             record, released = wait_release(cluster, job_id, 900)
             rows.append((name, released - submitted, record))
-            print(f"{name:<22} {released - submitted:6.1f} s  held_s={record.get('held_s')}  "
-                  f"{record.get('decision')} {record.get('new')}  {record.get('why', '')[:60]}", flush=True)
+            est = cluster.client.job_json(record["est_job"]) if record.get("est_job") else None
+            run_s = (est["end_time"] - est["start_time"]) if est else float("nan")
+            queued_s = (est["start_time"] - est["submit_time"]) if est else float("nan")
+            print(f"{name:<22} {released - submitted:6.1f} s  (estimation job queued {queued_s:.0f} s, ran "
+                  f"{run_s:.0f} s; gpu-estimate's own elapsed_s {estimator_elapsed(est):.1f})  held_s="
+                  f"{record.get('held_s')}  {record.get('decision')} {record.get('new')}  "
+                  f"{record.get('why', '')[:60]}", flush=True)
     finally:
         cluster.stop()
     times = [seconds for _, seconds, _ in rows]

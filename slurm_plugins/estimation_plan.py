@@ -61,6 +61,7 @@ class EstimationJob:
     state: str
     for_job: int  # the held job it was submitted for (from its name)
     outcome: Estimate | str | None = None  # the estimate, or why there is none
+    ours: bool = True  # its output lies in our spool directory (a user may name a job like ours)
 
 
 @dataclass(frozen=True)
@@ -103,8 +104,10 @@ def plan(held: list[HeldJob], estimations: dict[int, EstimationJob], now: float,
     """Decide what to do with every held job this round (see the module docstring)."""
     actions: list[Action] = []
     counts = _Counts()
+    # Only estimation jobs a held job's record names count: records are root-written, job names are not.
+    named = {j.est_job for j in held if j.est_job is not None}
     for est in estimations.values():
-        if est.state in ACTIVE_STATES:
+        if est.state in ACTIVE_STATES and est.job_id in named:
             counts.per_user[est.user_id] = counts.per_user.get(est.user_id, 0) + 1
             counts.total += 1
     by_key: dict[str, int] = {}  # key -> est job already serving it
@@ -148,7 +151,7 @@ def plan(held: list[HeldJob], estimations: dict[int, EstimationJob], now: float,
         counts.per_user[job.user_id] = counts.per_user.get(job.user_id, 0) + 1
     held_ids = {j.job_id for j in held}
     for est in estimations.values():
-        if est.state in ACTIVE_STATES and est.job_id not in referenced and est.for_job not in held_ids:
+        if est.ours and est.state in ACTIVE_STATES and est.job_id not in referenced and est.for_job not in held_ids:
             actions.append(Cancel(est.job_id, f"job {est.for_job} no longer waits for it"))
     for action in actions:  # watchdog releases: stop their estimation unless another job still waits on it
         if isinstance(action, Release) and action.outcome == "fallback" and action.record.get("est_job"):

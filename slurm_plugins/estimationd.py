@@ -96,10 +96,12 @@ class EstimationService:
 
     def _estimation(self, job: dict[str, Any], for_job: int) -> EstimationJob:
         job_id, uid, state = int(job["job_id"]), int(job["user_id"]), str(job.get("job_state") or "")
+        stdout = str(job.get("standard_output") or "")
+        ours = Path(os.path.normpath(stdout)).parent.parent == Path(self.cfg.estimation.spool_dir).resolve()
         outcome: Estimate | str | None = None
-        if state == "COMPLETED" or state in ("FAILED", "TIMEOUT", "OUT_OF_MEMORY"):
-            outcome = self._outcome(job_id, uid, state, str(job.get("standard_output") or ""))
-        return EstimationJob(job_id, uid, state, for_job, outcome)
+        if ours and state in ("COMPLETED", "FAILED", "TIMEOUT", "OUT_OF_MEMORY"):
+            outcome = self._outcome(job_id, uid, state, stdout)
+        return EstimationJob(job_id, uid, state, for_job, outcome, ours)
 
     def _outcome(self, job_id: int, uid: int, state: str, stdout: str) -> Estimate | str | None:
         """The estimate an ended estimation job left in its spool directory, or why there is none."""

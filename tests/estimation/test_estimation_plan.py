@@ -153,3 +153,11 @@ def test_held_jobs_are_handled_oldest_first_and_finished_estimations_free_the_ca
     estimations = {10: est(10, 99, "COMPLETED"), 11: est(11, 98, "FAILED")}
     submits = [a.job.job_id for a in plan(jobs, estimations, 400.0, CFG) if isinstance(a, Submit)]
     assert submits == [1, 2]
+
+
+def test_jobs_merely_named_like_ours_neither_use_the_caps_nor_get_cancelled():
+    lookalikes = {20 + i: est(20 + i, 900 + i, uid=1000, outcome=None) for i in range(5)}
+    lookalikes = {k: EstimationJob(v.job_id, v.user_id, v.state, v.for_job, None, ours=False)
+                  for k, v in lookalikes.items()}
+    actions = plan([held(1), held(2, uid=2000)], lookalikes, 200.0, CFG)
+    assert [type(a) for a in actions] == [Submit, Submit]
