@@ -32,6 +32,7 @@ from mig_manager.agent_store import JobStore, check_job
 from mig_manager.agent_withhold import NodeFeature, node_open
 
 log = logging.getLogger("gpushare.agent")
+MAX_WARMING_S = 600.0  # CARMA's lesson: a job that never reaches its GPU must not pin it "warming" forever
 
 
 class Agent:
@@ -50,6 +51,7 @@ class Agent:
         self.slurm = slurm  # SlurmClient for AdminComment run summaries; None: off
         self._annotate: queue.Queue[dict[str, Any]] = queue.Queue()
         self._annotated: set[str] = set()
+        self._expired: set[str] = set()
         self._last_flush = clock()
         self._last_assert = -math.inf
         self.registry = registry
@@ -62,7 +64,7 @@ class Agent:
     def load(self) -> int:
         """Pick up every job in the store (after a restart); returns how many."""
         with self.lock:
-            entries = self.store.ensure().all()
+            entries = [e for e in self.store.ensure().all() if not e.get("closed")]  # closed: awaiting its Epilog
             for entry in entries:
                 self.sampler.track(entry)
                 self._ensure_mps(entry)
@@ -73,6 +75,7 @@ class Agent:
         with self.lock:
             now = self.clock()
             self.sampler.tick(now)
+            self._expire_warming(now)
             self._queue_annotations()
             if now - self._last_flush >= self.cfg.flush_every_s:
                 self.flush()
@@ -112,7 +115,9 @@ class Agent:
     def _withhold(self, now: float, force: bool = False) -> None:
         if self.feature is None:
             return
-        flags = [any(self.sampler.withheld(i, now)) for i in self.sampler.views]
+        # GPUs held by a whole-GPU job cannot receive a shared job anyway: they do not close the node
+        whole = {g for acc in self.sampler.jobs.values() if not acc.shared for g in acc.gpus}
+        flags = [any(self.sampler.withheld(i, now)) for i in self.sampler.views if i not in whole]
         want = node_open(flags, self.cfg.withhold_node_when)
         # assert-then-apply: scontrol only on a change, re-checked every 30 s (slurmd re-registration or an
         # admin may have reset the node's features)
@@ -124,16 +129,28 @@ class Agent:
                 return
             self.open, self._last_assert = want, now
 
-    def _ensure_mps(self, entry: dict[str, Any]) -> None:
+    def _ensure_mps(self, entry: dict[str, Any]) -> bool:
+        """Start the MPS daemon an MPS job needs; False when it cannot run (the job must not use MPS)."""
         if (entry.get("caps") or {}).get("mode") != "mps":
-            return
+            return True
         gpu = entry["gpus"][0]
         try:
             if not self.mps.running(gpu):
                 self.mps.start(gpu)
                 log.info("MPS control daemon started for GPU %d", gpu)
+            return True
         except GpuError as exc:
-            log.error("MPS for GPU %d: %s", gpu, exc)
+            log.error("MPS for GPU %d: %s; jobs there get the memory-fraction guard instead", gpu, exc)
+            return False
+
+    def _expire_warming(self, now: float) -> None:
+        """A shared job with no process after MAX_WARMING_S (hung, or not a GPU program) stops pinning its GPU."""
+        for acc in self.sampler.jobs.values():
+            if acc.shared and acc.kernel_at is None and now - acc.start > MAX_WARMING_S and acc.job not in self._expired:
+                self._expired.add(acc.job)
+                self.sampler.ttfk.job_ended(acc.job)
+                log.warning("job %s: no GPU process after %.0f s; its GPU is no longer held warming", acc.job,
+                            now - acc.start)
 
     def _stop_idle_mps(self, gpus: list[int]) -> None:
         for gpu in gpus:
@@ -150,14 +167,15 @@ class Agent:
         facts = clean_facts(raw)
         with self.lock:
             existing = self.store.get(facts["job"])
-            if existing is not None and existing.get("restarts") == facts["restarts"]:
+            if existing is not None and not existing.get("closed") and existing.get("restarts") == facts["restarts"]:
                 entry = existing  # a Prolog retried: idempotent
             else:
                 tenants = tenants_of(self.store.all(), facts["gpus"], facts["job"])
                 entry = build_entry(facts, self.cfg, self.backend, tenants, self.clock(), by="agent")
+                if not self._ensure_mps(entry):  # never hand out an MPS pipe (and CUDA_VISIBLE_DEVICES=0) in vain
+                    entry = build_entry(facts, self.cfg, self.backend, tenants, self.clock(), by="agent", mps_ok=False)
                 self.store.put(entry)
             self.sampler.track(entry)
-            self._ensure_mps(entry)
             self._withhold(self.clock())
             return entry
 
@@ -166,10 +184,11 @@ class Agent:
         job = check_job(job)
         with self.lock:
             acc = self.sampler.untrack(job)
-            entry = self.store.update(job, lambda e: {**e, **acc.fields()}) if acc else self.store.get(job)
+            entry = self.store.update(job, lambda e: {**e, **(acc.fields() if acc else {}), "closed": True})
             if acc:
                 self._stop_idle_mps(acc.gpus)
             self._annotated.discard(job)
+            self._expired.discard(job)
             self._withhold(self.clock())
             return entry
 

@@ -90,7 +90,7 @@ def build_entry(facts: dict[str, Any], cfg: Any, backend: Any, tenants: list[tup
 def tenants_of(entries: list[dict[str, Any]], gpus: list[int], job: str) -> list[tuple[int, str]]:
     """(uid, caps mode) of the other registered jobs sharing any of ``gpus``."""
     return [(int(e.get("uid", -1)), str((e.get("caps") or {}).get("mode", "none"))) for e in entries
-            if str(e.get("job")) != job and set(e.get("gpus", [])) & set(gpus)]
+            if str(e.get("job")) != job and not e.get("closed") and set(e.get("gpus", [])) & set(gpus)]
 
 
 def final_record(entry: dict[str, Any], backend: Any, end: float | None = None, closed_by: str = "agent",
@@ -104,7 +104,8 @@ def final_record(entry: dict[str, Any], backend: Any, end: float | None = None, 
         whole = None if start_mj is None or now_mj.get(gpu) is None or now_mj[gpu] < start_mj else now_mj[gpu] - start_mj
         share = (entry.get("share_mj") or {}).get(gpu)
         gpus[gpu] = {"energy_j": None if whole is None else round(whole / 1000.0, 3),
-                     "share_j": None if share is None else round(min(share, whole or share) / 1000.0, 3),
+                     "share_j": None if share is None else round((share if whole is None else min(share, whole))
+                                                                 / 1000.0, 3),
                      "active_s": round((entry.get("active_s") or {}).get(gpu, 0.0), 3),
                      "peak_bytes": (entry.get("peak_bytes") or {}).get(gpu)}
     kernel = entry.get("kernel_at")

@@ -55,6 +55,7 @@ class JobAcc:
     gpus: list[int]
     start: float
     mode: str = "none"
+    shared: bool = True
     kernel_at: float | None = None
     share_mj: dict[str, float] = field(default_factory=dict)
     active_s: dict[str, float] = field(default_factory=dict)
@@ -67,6 +68,7 @@ class JobAcc:
     def from_entry(cls, entry: dict[str, Any]) -> "JobAcc":
         return cls(job=str(entry["job"]), uid=int(entry.get("uid", -1)), gpus=[int(g) for g in entry.get("gpus", [])],
                    start=float(entry["start"]), mode=str((entry.get("caps") or {}).get("mode", "none")),
+                   shared=bool(entry.get("shared", True)),
                    kernel_at=entry.get("kernel_at"), share_mj=dict(entry.get("share_mj") or {}),
                    active_s=dict(entry.get("active_s") or {}), peak_bytes=dict(entry.get("peak_bytes") or {}),
                    series={k: list(v) for k, v in (entry.get("series") or {}).items()},
@@ -128,6 +130,8 @@ class Sampler:
     def track(self, entry: dict[str, Any]) -> JobAcc:
         acc = JobAcc.from_entry(entry)
         self.jobs[acc.job] = acc
+        if not acc.shared:  # a whole-GPU job: Slurm offers that GPU to nobody else, nothing to withhold
+            return acc
         for gpu in acc.gpus:
             self.ttfk.dispatched(gpu, acc.job, acc.start)
             if acc.kernel_at is not None:

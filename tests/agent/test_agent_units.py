@@ -90,6 +90,54 @@ def test_risky_gpu_by_carma_thresholds_and_metrics(tmp_path, clock):
     assert not agent.snapshot()["gpus"][1]["risky"] and feature.calls[-1] is True
 
 
+def test_whole_gpu_job_does_not_close_the_node(tmp_path, clock):
+    agent, sim, _, feature = make_agent(tmp_path, clock, pids={31: "9"})
+    agent.register(job("9", gpus=(1,), shared=False, est=None, margin=None, shards=None))
+    sim.start_process(1, 31, 30 * GiB, smact=0.95, smocc=0.7)
+    run(agent, clock, 8)
+    assert feature.calls and all(feature.calls)  # busy and warming, but nobody else can get that GPU
+    assert agent.sampler.jobs["9"].kernel_at is not None  # its TTFK is still recorded
+
+
+def test_no_mps_pipe_when_the_daemon_cannot_start(tmp_path, clock):
+    from gres import GpuError, NvmlCode
+
+    agent, sim, _, _ = make_agent(tmp_path, clock)
+
+    class BrokenMps:
+        def running(self, device):
+            return False
+
+        def start(self, device):
+            raise GpuError(NvmlCode.NOT_SUPPORTED, "nvidia-cuda-mps-control not found")
+
+    agent.mps = BrokenMps()
+    entry = agent.register(job("12"))
+    assert entry["caps"]["mode"] == "fraction" and "CUDA_MPS_PIPE_DIRECTORY" not in entry["env"]
+    assert "CUDA_VISIBLE_DEVICES" not in entry["env"]
+
+
+def test_job_without_any_gpu_process_stops_pinning_its_gpu(tmp_path, clock):
+    from mig_manager.agent import MAX_WARMING_S
+
+    agent, _, _, feature = make_agent(tmp_path, clock)
+    agent.register(job("13"))
+    run(agent, clock, 5)
+    assert feature.calls[-1] is False
+    clock.advance(MAX_WARMING_S)
+    run(agent, clock, 2)
+    assert feature.calls[-1] is True and "13" in agent.sampler.jobs  # still recorded, no longer withheld
+
+
+def test_closed_entries_are_not_reloaded_or_counted_as_tenants(tmp_path, clock):
+    agent, _, _, _ = make_agent(tmp_path, clock)
+    agent.register(job("14", uid=2000))
+    agent.close("14")  # Epilog crashed after this: the entry stays, marked closed
+    again, _, _, _ = make_agent(tmp_path, clock)
+    assert again.load() == 0
+    assert again.register(job("15", uid=1000))["caps"]["mode"] == "mps"
+
+
 def test_withhold_any_vs_all():
     assert node_open([False, False], "any") and not node_open([True, False], "any")
     assert node_open([True, False], "all") and not node_open([True, True], "all")
