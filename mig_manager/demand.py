@@ -120,6 +120,7 @@ def target_for(models: Mapping[int, GpuModel], current: Mapping[int, Sequence[In
         if result.actions:
             target[gpu] = tuple(Instance(i.profile, i.start) for i in result.final)
             notes.append(f"GPU {gpu}: " + "; ".join(a.text() for a in result.actions))
+        notes.extend(f"GPU {gpu}: {result.notes[i]}" for i in result.unmet)
         taken = [mine[i] for i in served]
         for want in taken:
             remaining.remove(want)

@@ -82,5 +82,6 @@ def reshape_for_demand(cfg: Config, executor: Executor, client: SlurmClient) -> 
     executor.reconcile()
     target, notes = demand_target(cfg, executor, client)
     if not target:
-        return Result("nothing", notes[-1] if notes else "pending jobs are served by idle instances"), notes
+        detail = "; ".join(notes) if notes else "idle instances already serve the pending jobs"
+        return Result("nothing", f"no change: {detail}"), notes
     return executor.apply(target), notes

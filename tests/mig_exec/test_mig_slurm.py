@@ -75,18 +75,29 @@ def test_pending_mig_jobs_reshape_the_node_and_run_on_their_profiles(tmp_path: P
         gres_now = lambda: SlurmNodeActions(client, cluster.conf, base / "etc" / "gres.conf",  # noqa: E731
                                             lambda n: None).status("n1").gres
         assert gpu_counts(gres_now()) == {"7g.40gb": 1}
+        # a job on the 7g.40gb: while it runs, demand plans nothing (never touch a busy instance)
+        blocker, _ = client.sbatch("--gres=gpu:7g.40gb:1", "-o", str(base / "blocker.out"), "--wrap", "sleep 3")
+        deadline = time.monotonic() + 20
+        while client.show_job(blocker)["JobState"] != "RUNNING" and time.monotonic() < deadline:
+            time.sleep(0.2)
         jobs = {}
         for n, profile in enumerate(WANTED):
             job_id, _ = client.sbatch(f"--gres=gpu:{profile}:1", "-o", str(base / f"job{n}.out"), "--wrap",
                                       "echo CVD=$CUDA_VISIBLE_DEVICES")
             jobs[job_id] = (profile, base / f"job{n}.out")
         time.sleep(1.5)
-        assert {j["job_state"] for j in client.squeue_json()} == {"PENDING"}
+        states = {str(j["job_id"]): j["job_state"] for j in client.squeue_json()}
+        assert states.pop(str(blocker)) == "RUNNING" and set(states.values()) == {"PENDING"}
 
         cfg = parse_config({"agent": {"device_backend": f"sim:{state}"}, "mig": {
             "journal_dir": str(base / "journal"), "slurm_conf": str(cluster.conf),
             "gres_conf": str(base / "etc" / "gres.conf"), "device_dir": str(cluster.device_dir("n1")),
             "cap_device_major": 234, "poll_s": 0.2, "verify_timeout_s": 30, "wait_timeout_s": 30}})
+        busy, _ = reshape_for_demand(cfg, build_executor(cfg, "n1", restart=cluster.restart_slurm), client)
+        assert busy.outcome == "nothing" and "busy 7g.40gb@0" in busy.detail, busy
+        assert "DRAIN" not in client.node_states()["n1"].upper()
+        assert cluster.wait_job(blocker, timeout_s=30)["JobState"] == "COMPLETED"
+
         def crash(label: str) -> None:  # killed once the GPU changed but before Slurm knew
             if label == "applied":
                 raise KeyboardInterrupt(label)
