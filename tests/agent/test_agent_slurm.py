@@ -46,14 +46,15 @@ def script(mem: str, args: str) -> str:
 def test_two_shared_jobs_on_one_gpu_get_their_caps(agent_cluster, tmp_path):
     cluster = agent_cluster()
     # same user (root): MPS for both, each capped at its own estimate + margin
-    a = submit(cluster, tmp_path, script("4G", "--mem-mib 3000 --seconds 3"), "--gres=gpu:1")
+    a = submit(cluster, tmp_path, script("4.5G", "--mem-mib 3000 --seconds 3"), "--gres=gpu:1")
     b = submit(cluster, tmp_path, script("10G", "--mem-mib 9000 --seconds 3"), "--gres=gpu:1")
     for job in (a, b):
         assert cluster.wait_job(job, 60)["JobState"] == "COMPLETED"
     env_a, env_b = job_env(tmp_path, a), job_env(tmp_path, b)
     assert env_a["SLURM_JOB_GPUS"] == env_b["SLURM_JOB_GPUS"]  # Slurm's first fit packs them on one GPU
     gpu = env_a["SLURM_JOB_GPUS"]
-    assert env_a["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=5120M"  # 4 GiB + 1 GiB minimum margin
+    # 4.5 GiB + 1 GiB minimum margin, from the submit record (its 6 shards would have said 6144M)
+    assert env_a["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=5632M"
     assert env_b["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=11264M"  # 10 GiB + 1 GiB
     for env in (env_a, env_b):
         assert env["CUDA_MPS_PIPE_DIRECTORY"].endswith(f"mps-{gpu}/pipe")
