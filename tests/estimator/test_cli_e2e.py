@@ -136,8 +136,9 @@ def test_autocast_lowers_the_peak(capsys):
 
 def test_script_output_only_with_verbose(capsys):
     script = str(EXAMPLES / "forward_only.py")
-    code, out, err = run(capsys, "--no-cache", script, "--batches", "1")
+    code, out, err = run(capsys, "--no-cache", "--progress", script, "--batches", "1")
     assert code == EXIT_OK and "batches predicted" not in out + err
+    assert "capturing on a100-80gb" in err  # --progress forces the progress line without a terminal
     code, out, err = run(capsys, "--no-cache", "--verbose", script, "--batches", "1")
     assert code == EXIT_OK and "1 batches predicted" in err
     assert "forward-only" in out and "a100-80gb" in out  # human report: default target from the config
