@@ -12,10 +12,10 @@ Exit codes (docs/estimator.md):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
-import time
 from importlib import metadata
 from pathlib import Path
 
@@ -88,8 +88,11 @@ def command(ctx: click.Context, gpus: tuple[str, ...], iterations: int | None, m
         limits=Limits(timeout_s=timeout or est.timeout_s, max_address_space=limit_bytes),
         plot=plot, snapshot=snapshot, cfg=cfg)
     show_progress = sys.stderr.isatty() if progress is None else progress
-    key = cache_mod.cache_key(script_bytes, request.args, dict(os.environ), _version("torch"), targets,
-                              {"mode": request.mode, "iterations": request.iterations})
+    # Settings that change the document: capture, the [policy] margins the recommendation uses, and this
+    # tool's version (a new estimator may estimate differently).
+    settings = {"mode": request.mode, "iterations": request.iterations, "policy": dataclasses.asdict(cfg.policy),
+                "tool": _version("slurm-gpushare")}
+    key = cache_mod.cache_key(script_bytes, request.args, dict(os.environ), _version("torch"), targets, settings)
     directory = Path(cache_dir) if cache_dir else cache_mod.default_cache_dir()
     doc = None
     if not no_cache and not plot and not snapshot:
