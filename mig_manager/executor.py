@@ -26,8 +26,7 @@ import logging
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Callable
 
 from gpushare.gpus import BUILTIN_GPUS
 from gres.device import GpuBackend
@@ -37,6 +36,7 @@ from gres.gres_conf import gres_conf_lines, node_gpus, node_gres
 from mig_manager.device_ops import (Layout, create_instance, destroy_instance, diff_ops, has_processes,
                                     read_layout)
 from mig_manager.gres_files import ensure_cap_devices
+from mig_manager.exec_settings import ExecSettings, Outcome, Result
 from mig_manager.fsm import MigSpace
 from mig_manager.journal import STEPS, Journal, JournalStore
 from mig_manager.layout import check_layout, format_layout
@@ -44,29 +44,6 @@ from mig_manager.profiles import all_profiles
 from mig_manager.slurm_actions import SlurmActions, gpu_counts
 
 log = logging.getLogger("gpushare.mig")
-Outcome = Literal["applied", "already", "rolled_back", "busy", "rate_limited", "nothing"]
-
-
-@dataclass(frozen=True)
-class ExecSettings:
-    """The ``[mig]`` settings the executor uses (see gpushare.config.MigSection)."""
-
-    drain: str = "node"  # "node": drain while reshaping; "none": rely on the busy checks alone
-    wait: str = "affected"  # "affected": wait for jobs on affected profiles; "node": for every GPU job
-    wait_timeout_s: float = 600.0
-    verify_timeout_s: float = 60.0
-    poll_s: float = 2.0
-    max_per_hour: int = 2
-    dev_dir: str = "/dev"
-    cap_device_major: int = 0  # >0: create missing nvidia-cap devices with this major (simulated nodes)
-    shards: bool = True  # shard lines for GPUs not in MIG mode
-    reason_prefix: str = "gpushare-mig"
-
-
-@dataclass(frozen=True)
-class Result:
-    outcome: Outcome
-    detail: str
 
 
 class Blocked(Exception):
@@ -86,10 +63,18 @@ class Executor:
     # --- entry points --------------------------------------------------------------------------
     def apply(self, target: Layout) -> Result:
         """Move the GPUs named in ``target`` to exactly those instances."""
+        with self.store.lock(self.node):
+            if self.store.load(self.node).phase == "running":
+                self._reconcile()
+            return self._apply(target)
+
+    def reconcile(self) -> Result:
+        """Finish or roll back an interrupted run; resume a node we left drained. Safe to run any time."""
+        with self.store.lock(self.node):
+            return self._reconcile()
+
+    def _apply(self, target: Layout) -> Result:
         journal = self.store.load(self.node)
-        if journal.phase == "running":
-            self.reconcile()
-            journal = self.store.load(self.node)
         for gpu, items in target.items():
             info = self.backend.gpu(gpu)
             if info.mig_current is not True:
@@ -117,8 +102,7 @@ class Executor:
         self._save(journal, "planned")
         return self._forward(journal)
 
-    def reconcile(self) -> Result:
-        """Finish or roll back an interrupted run; resume a node we left drained. Safe to run any time."""
+    def _reconcile(self) -> Result:
         journal = self.store.load(self.node)
         if journal.phase != "running":
             status = self.slurm.status(self.node)

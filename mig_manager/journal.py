@@ -12,8 +12,12 @@ Unknown keys and a different ``version`` are refused with a message naming the f
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -125,6 +129,25 @@ class JournalStore:
         if journal.node != node:
             raise JournalError(f"{path}: belongs to node {journal.node!r}, not {node!r}")
         return journal
+
+    @contextmanager
+    def lock(self, node: str) -> Iterator[None]:
+        """One run per node at a time (a timer and an admin's command must not interleave steps).
+
+        A non-blocking ``flock`` on ``<node>.lock``; the kernel drops it when the holder dies, even by
+        SIGKILL, so a crashed run never blocks ``reconcile``.
+        """
+        path = self.path(node).with_suffix(".lock")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise JournalError(f"another gpushare mig run holds {path}; let it finish") from None
+            yield
+        finally:
+            os.close(fd)
 
     def save(self, journal: Journal) -> None:
         journal.history = journal.history[-HISTORY_KEEP:]

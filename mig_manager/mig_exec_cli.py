@@ -6,8 +6,8 @@ a boot script or a timer runs, and it is always safe. Both run as root on the no
 driver, rewrite gres.conf/slurm.conf and restart Slurm's daemons).
 
 Exit status: 0 applied, already in place, or nothing to do; 1 not done (busy past the timeout, rate
-limited, rolled back); ``reconcile`` exits 0 whenever it converged; 2 bad input; 3 an error left a run in progress — fix the cause, then
-``gpushare mig reconcile``.
+limited, rolled back); ``reconcile`` exits 0 whenever it converged; 2 bad input; 3 an error left a run
+in progress — fix the cause, then ``gpushare mig reconcile``.
 """
 
 from __future__ import annotations

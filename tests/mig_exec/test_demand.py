@@ -21,7 +21,8 @@ def test_mig_request_accepts_only_known_profiles_in_strict_syntax() -> None:
     assert mig_request("gres:gpu:3g.20gb:1", PROFILES) == Counter({"3g.20gb": 1})
     assert mig_request("gres:gpu:1g.5gb:2,gres:shard:4", PROFILES) == Counter({"1g.5gb": 2})
     for hostile in ("gres:gpu:3g.20gb:1;rm -rf /", "gres:gpu:9g.99gb:1", "gres:gpu:3g.20gb:0",
-                    "gres:gpu:1g.5gb:999", "gres:gpu:1", "gres:gpu:3g.20gb:1\ngres:gpu:7g.40gb:1", "gpu:3G.20GB:1x", "x" * 10000):
+                    "gres:gpu:1g.5gb:999", "gres:gpu:1", "gres:gpu:3g.20gb:1\ngres:gpu:7g.40gb:1",
+                    "gpu:3G.20GB:1x", "x" * 10000):
         assert sum(mig_request(hostile, PROFILES).values()) == 0, hostile
 
 

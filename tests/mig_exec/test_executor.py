@@ -164,3 +164,13 @@ def test_journal_rejects_foreign_files(tmp_path: Path) -> None:
         js.load("n1")
     with pytest.raises(JournalError):
         js.path("../etc/passwd")
+
+
+def test_one_run_per_node_at_a_time(tmp_path: Path) -> None:
+    ex, _, _, _ = make(tmp_path)
+    with ex.store.lock(NODE):
+        with pytest.raises(JournalError, match="another gpushare mig run"):
+            ex.apply(TARGET)
+        with pytest.raises(JournalError, match="another gpushare mig run"):
+            ex.reconcile()
+    assert ex.apply(TARGET).outcome == "applied"
