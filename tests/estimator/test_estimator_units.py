@@ -124,3 +124,33 @@ def test_check_lifetimes_flags_gradient_freed_before_zero_grad():
     bad = _capture(rows, [("alloc", 0), ("free", 0)], [{"event": 2, "set_to_none": True}])
     assert check_lifetimes(good) == []
     assert check_lifetimes(bad)
+
+
+# -- meta-kernel cache --------------------------------------------------------------------------------
+def test_meta_cache_reuses_fresh_outputs_keeps_inplace_aliasing_and_never_caches_views_or_cpu():
+    import torch
+
+    from estimator_cli.meta_cache import MetaCache
+
+    ops = torch.ops.aten
+    cache = MetaCache()
+    calls = []
+
+    def runner(fn):
+        return lambda: (calls.append(1), fn())[1]
+
+    a, b = torch.empty(4, 8, device="meta"), torch.empty(8, 3, device="meta")
+    first = cache.call(ops.mm.default, (a, b), {}, runner(lambda: ops.mm.default(a, b)))
+    second = cache.call(ops.mm.default, (a, b), {}, runner(lambda: ops.mm.default(a, b)))
+    assert len(calls) == 1 and cache.hits == 1
+    assert (second.shape, second.stride(), second.dtype) == (first.shape, first.stride(), first.dtype)
+    assert second.untyped_storage().nbytes() == first.untyped_storage().nbytes() == 4 * 3 * 4
+    assert second.untyped_storage() is not first.untyped_storage()  # a fresh allocation, as on the GPU
+    cache.call(ops.add_.Tensor, (a, a), {}, runner(lambda: ops.add_.Tensor(a, a)))
+    assert cache.call(ops.add_.Tensor, (a, a), {}, runner(lambda: ops.add_.Tensor(a, a))) is a
+    calls.clear()
+    for _ in range(2):
+        cache.call(ops.t.default, (b,), {}, runner(lambda: ops.t.default(b)))  # a view: always runs
+        c = torch.ones(2)
+        cache.call(ops.mul.Tensor, (c, c), {}, runner(lambda: ops.mul.Tensor(c, c)))  # real CPU work
+    assert len(calls) == 4
