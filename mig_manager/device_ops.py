@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from dataclasses import replace
+
 from gres.device import GpuBackend, GpuInstance
+from gres.gres_conf import NodeGpu, node_gpus
 from gres.errors import GpuError, NvmlCode
 
 from mig_manager.journal import Op
@@ -108,3 +111,22 @@ def layout_counts(layout: Mapping[int, Iterable[Instance]]) -> dict[str, int]:
         for inst in items:
             counts[inst.profile] = counts.get(inst.profile, 0) + 1
     return counts
+
+
+def node_gpus_by_placement(backend: GpuBackend) -> list[NodeGpu]:
+    """``gres.gres_conf.node_gpus`` with each GPU's MIG devices in memory-slice order.
+
+    Why: Slurm numbers a node's ``gpu`` GRES in gres.conf line order (that number is the job's
+    CUDA_VISIBLE_DEVICES), and NVML lists MIG devices by GI id, which follows creation history. Ordering
+    by placement makes the numbering predictable (slice order) and keeps untouched instances below a
+    change at the same index across a reshape.
+    """
+    gpus = node_gpus(backend)
+    out = []
+    for info, gpu in zip(backend.gpus(), gpus):
+        if gpu.mig:
+            start = {d.gi_cap_minor: i.placement.start for i in backend.gpu_instances(info.index)
+                     for d in backend.mig_devices(info.index) if d.gpu_instance_id == i.id}
+            gpu = replace(gpu, mig=tuple(sorted(gpu.mig, key=lambda s: start.get(s.gi_cap_minor, 99))))
+        out.append(gpu)
+    return out

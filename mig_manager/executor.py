@@ -34,7 +34,7 @@ from gres.errors import GpuError
 from gres.gres_conf import gres_conf_lines, node_gpus, node_gres
 
 from mig_manager.device_ops import (Layout, create_instance, destroy_instance, diff_ops, has_processes,
-                                    read_layout)
+                                    node_gpus_by_placement, read_layout)
 from mig_manager.gres_files import ensure_cap_devices
 from mig_manager.exec_settings import ExecSettings, Outcome, Result
 from mig_manager.fsm import MigSpace
@@ -197,7 +197,7 @@ class Executor:
 
     def _write_files(self, journal: Journal) -> None:
         """This node's gres.conf lines and Gres= from the GPUs' actual state (not from the plan)."""
-        gpus = node_gpus(self.backend)
+        gpus = node_gpus_by_placement(self.backend)
         if self.settings.cap_device_major:
             minors = [m for g in gpus for s in (g.mig or ()) for m in (s.gi_cap_minor, s.ci_cap_minor)
                       if m is not None]

@@ -48,6 +48,9 @@ def test_apply_runs_the_choreography_in_order(tmp_path: Path) -> None:
     assert gpu_counts(slurm.ctld_gres) == WANT_COUNTS
     assert all(line.startswith(f"NodeName={NODE} Name=gpu Type=") and "MultipleFiles=" in line
                for line in slurm.lines) and len(slurm.lines) == 4
+    # lines (Slurm's device numbering) in memory-slice order, not in creation (GI id) order
+    assert [line.split("Type=")[1].split()[0] for line in slurm.lines] == \
+        ["2g.10gb", "1g.5gb", "1g.5gb", "3g.20gb"]
     journal = ex.store.load(NODE)
     assert (journal.phase, journal.step, len(journal.history)) == ("done", "resumed", 1)
     assert [op.text() for op in journal.ops][0] == "destroy 7g.40gb@0 on GPU 0"

@@ -120,6 +120,7 @@ def test_pending_mig_jobs_reshape_the_node_and_run_on_their_profiles(tmp_path: P
         # line of n1 in gres.conf; its cap minor names the simulated MIG device, which has that profile.
         lines = [line for line in (base / "etc" / "gres.conf").read_text().splitlines()
                  if line.startswith("NodeName=n1 ")]
+        assert [line.split("Type=")[1].split()[0] for line in lines] == ["1g.5gb", "1g.5gb", "2g.10gb", "3g.20gb"]
         by_cap = {d.gi_cap_minor: d for d in sim.mig_devices(0)}
         seen = set()
         for job_id, (profile, out) in jobs.items():
