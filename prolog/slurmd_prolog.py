@@ -42,6 +42,9 @@ def register(env: Mapping[str, str], cfg: Any, client: Any = None, backend: Any 
     job = job_from_env(env)
     if job is None:
         return None
+    if not socket_path(cfg).exists() and not Path(cfg.state_dir).is_dir():
+        log.debug("job %s: no agent deployed on this node (no socket, no state directory); nothing to do", job.job)
+        return None  # costs a job start no Slurm call on nodes without the agent
     js = None
     try:
         if client is None:

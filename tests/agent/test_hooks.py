@@ -81,6 +81,8 @@ def test_prolog_and_epilog_without_agent(tmp_path, clock):
     record = 'gpushare:{"v":1,"decision":"shared","est_gib":4.0,"margin_gib":1.0}'
     slurm = FakeSlurm({"tres_per_node": "gres:shard:5", "admin_comment": record, "exit_code": 256,
                        "job_state": "COMPLETED"})
+    assert register(ENV, cfg, client=slurm, backend=sim) is None  # no agent ever deployed here: nothing
+    (tmp_path / "state").mkdir()  # deployed (state directory exists), agent down right now
     exports = register(ENV, cfg, client=slurm, backend=sim)
     assert exports["GPUSHARE_CAPS_MODE"] == "fraction"  # no agent, no MPS daemon to vouch for
     assert exports["GPUSHARE_MEM_LIMIT_MIB"] == "5120"
