@@ -61,19 +61,19 @@ class Executor:
         self.hook = hook or (lambda label: None)
 
     # --- entry points --------------------------------------------------------------------------
-    def apply(self, target: Layout) -> Result:
-        """Move the GPUs named in ``target`` to exactly those instances."""
+    def apply(self, target: Layout, *, rate_limit: bool = True) -> Result:
+        """Move the GPUs named in ``target`` to exactly those instances (``rate_limit=False``: restores)."""
         with self.store.lock(self.node):
             if self.store.load(self.node).phase == "running":
                 self._reconcile()
-            return self._apply(target)
+            return self._apply(target, rate_limit)
 
     def reconcile(self) -> Result:
         """Finish or roll back an interrupted run; resume a node we left drained. Safe to run any time."""
         with self.store.lock(self.node):
             return self._reconcile()
 
-    def _apply(self, target: Layout) -> Result:
+    def _apply(self, target: Layout, rate_limit: bool) -> Result:
         journal = self.store.load(self.node)
         for gpu, items in target.items():
             info = self.backend.gpu(gpu)
@@ -89,7 +89,7 @@ class Executor:
         if not ops and gpu_counts(status.gres) == self._actual_counts() and not status.invalid:
             return Result("already", "layout in place and Slurm agrees")
         now = self.clock()
-        if ops and journal.recent(now) >= self.settings.max_per_hour:
+        if ops and rate_limit and journal.recent(now) >= self.settings.max_per_hour:
             return Result("rate_limited", f"{journal.recent(now)} reshapes of {self.node} in the last hour "
                           f"(max {self.settings.max_per_hour}, [mig] max_reconfigurations_per_hour)")
         run_id = uuid.uuid4().hex[:8]

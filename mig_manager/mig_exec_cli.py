@@ -1,8 +1,9 @@
 """``gpushare mig apply`` and ``gpushare mig reconcile``: the node-side executor from the command line.
 
 Why two commands: ``apply`` changes a node (to an explicit layout, or to what pending jobs ask for);
-``reconcile`` only finishes or undoes an interrupted change and resumes a node left drained — it is what
-a boot script or a timer runs, and it is always safe. Both run as root on the node (they call the
+``reconcile`` only finishes or undoes an interrupted change, resumes a node left drained and recreates
+the last applied layout on a GPU a reboot emptied — it is what a boot script or a timer runs (before
+slurmd starts, ideally), and it is always safe. Both run as root on the node (they call the
 driver, rewrite gres.conf/slurm.conf and restart Slurm's daemons).
 
 Exit status: 0 applied, already in place, or nothing to do; 1 not done (busy past the timeout, rate
@@ -23,7 +24,8 @@ from mig_manager.fsm import MigSpace
 from mig_manager.journal import JournalError
 from mig_manager.layout import parse_layout
 from mig_manager.profiles import all_profiles
-from mig_manager.reshape import build_executor, node_name, reshape_for_demand, slurm_paths
+from mig_manager.reshape import (build_executor, node_name, reshape_for_demand, restore_after_reset,
+                                 slurm_paths)
 from slurm_plugins.slurm_client import SlurmClient, SlurmError
 
 _OK = {"applied", "already", "nothing"}
@@ -102,10 +104,15 @@ def apply_command(node: str | None, targets: tuple[str, ...], from_demand: bool,
 @click.option("--config", default=None, help="gpushare.toml (default: $GPUSHARE_CONFIG, /etc/slurm/gpushare.toml).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
 def reconcile_command(node: str | None, config: str | None, as_json: bool) -> None:
-    """Finish or roll back an interrupted repartition and resume the node if we drained it."""
+    """Finish or roll back an interrupted repartition, resume the node if we drained it, and recreate the
+    last applied layout on a GPU that came back empty (reboot, GPU reset)."""
     cfg = _load(config)
     try:
-        result = build_executor(cfg, node_name(cfg, node)).reconcile()
+        executor = build_executor(cfg, node_name(cfg, node))
+        result = executor.reconcile()
+        restored = restore_after_reset(cfg, executor)
+        if restored is not None and result.outcome == "nothing":
+            result = restored
     except (GpuError, SlurmError, JournalError, OSError, RuntimeError, ValueError) as exc:
         raise RunError(f"{exc}\nrun gpushare mig reconcile again once the cause is fixed") from None
     if as_json:

@@ -19,6 +19,9 @@ from gres.device import GpuBackend
 from mig_manager.demand import held_profiles, mark_busy, pending_wants, target_for
 from mig_manager.device_ops import busy_instance_ids, read_layout
 from mig_manager.executor import ExecSettings, Executor, Result
+from mig_manager.fsm import MigSpace
+from mig_manager.layout import parse_layout
+from mig_manager.profiles import all_profiles
 from mig_manager.journal import JournalStore
 from mig_manager.slurm_actions import SlurmActions, SlurmNodeActions
 from slurm_plugins.slurm_client import SlurmClient
@@ -77,9 +80,32 @@ def demand_target(cfg: Config, executor: Executor, client: SlurmClient) -> tuple
     return target_for(models, current, wants)
 
 
+def restore_after_reset(cfg: Config, executor: Executor) -> Result | None:
+    """Recreate the last applied layout on GPUs that came back empty; None when there is nothing to do.
+
+    MIG instances do not survive a reboot or GPU reset (MIG-PROFILES.md), while gres.conf still lists
+    them and Slurm would hand jobs devices that are gone. Only a GPU with *no* instance is restored
+    (nothing can be busy on it, and a layout an admin changed by hand is left alone); the rate limit
+    does not apply, since this restores the configuration Slurm already has.
+    """
+    journal = executor.store.load(executor.node)
+    if journal.phase != "done":
+        return None
+    target = {}
+    for gpu_text, layout in journal.target.items():
+        info = executor.backend.gpu(int(gpu_text))
+        model = cfg.gpus.get(info.model or "")
+        if layout == "empty" or model is None or info.mig_current is not True or \
+                read_layout(executor.backend, info.index):
+            continue
+        target[info.index] = parse_layout(layout, MigSpace.of(model, all_profiles(model)))
+    return executor.apply(target, rate_limit=False) if target else None
+
+
 def reshape_for_demand(cfg: Config, executor: Executor, client: SlurmClient) -> tuple[Result, list[str]]:
-    """Reconcile any interrupted run, then reshape toward what pending jobs ask for (rate-limited)."""
+    """Reconcile any interrupted run and restore a reset GPU, then reshape for pending jobs (rate-limited)."""
     executor.reconcile()
+    restore_after_reset(cfg, executor)
     target, notes = demand_target(cfg, executor, client)
     if not target:
         detail = "; ".join(notes) if notes else "idle instances already serve the pending jobs"

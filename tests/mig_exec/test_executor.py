@@ -177,3 +177,20 @@ def test_one_run_per_node_at_a_time(tmp_path: Path) -> None:
         with pytest.raises(JournalError, match="another gpushare mig run"):
             ex.reconcile()
     assert ex.apply(TARGET).outcome == "applied"
+
+
+def test_a_gpu_emptied_by_a_reset_gets_its_last_layout_back_despite_the_rate_limit(tmp_path: Path) -> None:
+    from gpushare.config import parse_config
+    from mig_manager.reshape import restore_after_reset
+
+    ex, backend, slurm, _ = make(tmp_path, max_per_hour=1)
+    cfg = parse_config({})
+    assert restore_after_reset(cfg, ex) is None  # nothing applied yet
+    assert ex.apply(TARGET).outcome == "applied"
+    assert restore_after_reset(cfg, ex) is None  # in place
+    backend.reset_gpu(0)  # instances do not survive a reset
+    assert read_layout(backend, 0) == ()
+    result = restore_after_reset(cfg, ex)
+    assert result is not None and result.outcome == "applied", result
+    assert format_layout(read_layout(backend, 0)) == TARGET_TEXT
+    assert gpu_counts(slurm.ctld_gres) == WANT_COUNTS and not slurm.drained
