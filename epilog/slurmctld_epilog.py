@@ -171,9 +171,24 @@ def _setup_logging(cfg: Config | None) -> None:
         log.addHandler(handler)
 
 
+def slurm_conf_for(cfg: Config) -> str | None:
+    """Which slurm.conf scontrol should read: the hook gets no SLURM_CONF from slurmctld.
+
+    ``[oom] slurm_conf`` when set; else a ``slurm.conf`` beside the gpushare config file (both live in
+    /etc/slurm on a standard install, and in one directory for any cluster built around its own
+    slurm.conf); else /etc/slurm/slurm.conf; else scontrol's built-in default.
+    """
+    if cfg.oom.slurm_conf:
+        return cfg.oom.slurm_conf
+    candidates = [] if cfg.source.startswith("<") else [os.path.join(os.path.dirname(cfg.source), "slurm.conf")]
+    for path in [*candidates, "/etc/slurm/slurm.conf"]:
+        if os.path.isfile(path):
+            return path
+    return None
+
+
 def _client(cfg: Config) -> SlurmClient:
-    conf = cfg.oom.slurm_conf or ("/etc/slurm/slurm.conf" if os.path.exists("/etc/slurm/slurm.conf") else None)
-    return SlurmClient(conf_path=conf, bin_dir=cfg.oom.slurm_bin_dir or None)
+    return SlurmClient(conf_path=slurm_conf_for(cfg), bin_dir=cfg.oom.slurm_bin_dir or None)
 
 
 def run(env: Mapping[str, str], client: SlurmClient | None = None, cfg: Config | None = None,

@@ -27,13 +27,13 @@ EOF
 """
 
 
-def oom_settings(base: Path) -> str:
-    """The ``[oom]`` table a test cluster needs (the hook gets no SLURM_CONF from slurmctld), unless the
-    cluster's generated gpushare.toml already has one."""
-    if "[oom]" in LocalCluster(base=base)._toml_text():
+def oom_settings(directory: Path) -> str:
+    """The ``[oom]`` table for a test cluster: its ledger and log in ``directory`` (another cluster's job
+    ids must never meet this one's in a shared ledger). slurm.conf is found beside the cluster's
+    gpushare.toml. Empty when the cluster's generated config already has an ``[oom]`` table."""
+    if "[oom]" in LocalCluster(base=directory)._toml_text():
         return ""
-    return (f'[oom]\nledger_dir = "{base}/oom-ledger"\nslurm_conf = "{base}/etc/slurm.conf"\n'
-            f'log_file = "{base}/log/oom.log"\n')
+    return f'[oom]\nledger_dir = "{directory}/oom-ledger"\nlog_file = "{directory}/oom.log"\n'
 
 
 def ledger_of(cluster: LocalCluster) -> Ledger:

@@ -170,6 +170,15 @@ def test_a_good_job_creates_nothing(tmp_path: Path) -> None:
     assert not (tmp_path / "ledger").exists()
 
 
+def test_slurm_conf_is_found_beside_the_gpushare_config(tmp_path: Path) -> None:
+    (tmp_path / "gpushare.toml").write_text("[oom]\n")
+    (tmp_path / "slurm.conf").write_text("ClusterName=x\n")
+    cfg = parse_config({}, source=str(tmp_path / "gpushare.toml"))
+    assert hook.slurm_conf_for(cfg) == str(tmp_path / "slurm.conf")
+    explicit = parse_config({"oom": {"slurm_conf": "/opt/slurm/etc/slurm.conf"}}, source=str(tmp_path / "g.toml"))
+    assert hook.slurm_conf_for(explicit) == "/opt/slurm/etc/slurm.conf"
+
+
 def test_main_always_exits_0(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GPUSHARE_CONFIG", str(tmp_path / "missing.toml"))
     monkeypatch.setenv("SLURM_JOB_ID", "1")

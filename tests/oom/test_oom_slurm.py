@@ -12,7 +12,8 @@ import json
 import os
 import sys
 import time
-from typing import Iterator
+from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -24,15 +25,12 @@ from slurm_plugins.local_cluster import LocalCluster, missing_requirements
 pytestmark = [pytest.mark.slurm, pytest.mark.slow,
               pytest.mark.skipif(missing_requirements() is not None, reason=str(missing_requirements()))]
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    base = tmp_path_factory.mktemp("oom-slurm")
-    os.chmod(base, 0o755)
-    extra = oom_settings(base)
-    local = LocalCluster(base=base, gpu="a100-40gb", toml_extra=extra, with_hook=False, with_submitd=False)
-    local.start()
-    yield local
-    local.stop()
+@pytest.fixture
+def cluster(make_cluster: Callable[..., LocalCluster], tmp_path: Path) -> LocalCluster:
+    """A fresh cluster from the shared harness (tests/conftest.py) with our [oom] settings; no submit
+    hook, so the jobs keep exactly the shard requests they ask for."""
+    os.chmod(tmp_path, 0o755)
+    return make_cluster(gpu="a100-40gb", toml_extra=oom_settings(tmp_path), with_hook=False, with_submitd=False)
 
 
 def submit(cluster: LocalCluster, need: int, fail_other: bool = False, gres: str = "shard:4",

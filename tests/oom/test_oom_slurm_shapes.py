@@ -9,6 +9,8 @@ import json
 import os
 import re
 import sys
+from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -36,8 +38,8 @@ class MigCluster(LocalCluster):
 def test_mig_job_moves_to_the_next_larger_slice(tmp_path_factory: pytest.TempPathFactory) -> None:
     base = tmp_path_factory.mktemp("oom-mig")
     os.chmod(base, 0o755)
-    extra = oom_settings(base)
-    mig = MigCluster(base=base, gpu="a100-80gb", toml_extra=extra, with_hook=False, with_submitd=False)
+    mig = MigCluster(base=base, gpu="a100-80gb", toml_extra=oom_settings(base), with_hook=False,
+                     with_submitd=False)
     mig.start()
     try:
         script = ("#!/bin/bash\necho \"restart=${SLURM_RESTART_COUNT:-0} gpu=$CUDA_VISIBLE_DEVICES\"\n"
@@ -55,25 +57,20 @@ def test_mig_job_moves_to_the_next_larger_slice(tmp_path_factory: pytest.TempPat
 
 
 def test_end_to_end_from_submission_sized_share_to_exclusive_rerun(
-        tmp_path_factory: pytest.TempPathFactory) -> None:
+        make_cluster: Callable[..., LocalCluster], tmp_path: Path) -> None:
     """The whole story with our job_submit hook: gpu:1 + '#GPUSHARE mem=2G' becomes shard:3 at submit,
     the job runs out of GPU memory, and it is re-run once on all 40 shards with the record extended."""
-    base = tmp_path_factory.mktemp("oom-e2e")
-    os.chmod(base, 0o755)
-    extra = oom_settings(base)
-    full = LocalCluster(base=base, gpu="a100-40gb", toml_extra=extra)
-    full.start()
-    try:
-        script = "#!/bin/bash\n#GPUSHARE mem=2G\n" + JOB.format(python=sys.executable, need=20,
-                                                                 fail_other=False).partition("\n")[2]
-        job_id, said = full.client.sbatch("--gres=gpu:1", "-o", str(base / "e2e-%j.out"),
-                                          "-e", str(base / "e2e-%j.err"), script=script)
-        assert "shard:3" in said
-        fields = wait_final(full, job_id, restarts=1)
-        assert (fields["JobState"], fields["Restarts"], fields["TresPerNode"]) == \
-            ("COMPLETED", "1", "gres:shard:40"), oom_log(full)
-        record = json.loads(fields["AdminComment"].removeprefix("gpushare:"))
-        assert record["decision"] == "shared" and record["oom"]["from"] == "gres:shard:3"
-        assert "restart=1 shards=40" in (base / f"e2e-{job_id}.out").read_text()
-    finally:
-        full.stop()
+    os.chmod(tmp_path, 0o755)
+    full = make_cluster(gpu="a100-40gb", toml_extra=oom_settings(tmp_path))
+    base = full.base
+    script = "#!/bin/bash\n#GPUSHARE mem=2G\n" + JOB.format(python=sys.executable, need=20,
+                                                             fail_other=False).partition("\n")[2]
+    job_id, said = full.client.sbatch("--gres=gpu:1", "-o", str(base / "e2e-%j.out"),
+                                      "-e", str(base / "e2e-%j.err"), script=script)
+    assert "shard:3" in said
+    fields = wait_final(full, job_id, restarts=1)
+    assert (fields["JobState"], fields["Restarts"], fields["TresPerNode"]) == \
+        ("COMPLETED", "1", "gres:shard:40"), oom_log(full)
+    record = json.loads(fields["AdminComment"].removeprefix("gpushare:"))
+    assert record["decision"] == "shared" and record["oom"]["from"] == "gres:shard:3"
+    assert "restart=1 shards=40" in (base / f"e2e-{job_id}.out").read_text()
