@@ -159,7 +159,8 @@ class OomSection:
     read_timeout_s: float = _opt(10.0, _between(0.5, 300.0), "limit on reading one job log (slow file systems)")
     ledger_dir: str = _opt("/var/lib/gpushare/oom-ledger", None, "where recovery decisions are recorded")
     slurm_bin_dir: str = _opt("", None, "directory holding scontrol; empty: /usr/bin, /usr/local/bin, ...")
-    slurm_conf: str = _opt("", None, "slurm.conf for scontrol (the hook gets no SLURM_CONF); empty: built-in")
+    slurm_conf: str = _opt("", None, "slurm.conf for scontrol (the hook gets no SLURM_CONF); empty: the one "
+                                     "beside this file, else /etc/slurm/slurm.conf")
     log_file: str = _opt("", None, "epilog log; empty: standard error and syslog")
 
 
