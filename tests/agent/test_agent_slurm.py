@@ -62,6 +62,9 @@ def test_two_shared_jobs_on_one_gpu_get_their_caps(agent_cluster, tmp_path):
         assert env["GPUSHARE_CAPS_MODE"] == "mps"
     mps = cluster.backend().store.read()["mps"]
     assert gpu in mps  # the agent started that GPU's MPS control daemon (recorded by the sim backend)
+    from gpushare.cli import main as gpushare_main
+
+    assert gpushare_main(["status", "--config", str(cluster.gpushare_conf)]) == 0  # the real agent answers
 
 
 def test_records_have_plausible_ttfk_and_energy(agent_cluster, tmp_path):

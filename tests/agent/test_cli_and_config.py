@@ -104,3 +104,33 @@ def test_slurm_config_with_withholding(tmp_path, capsys):
     luac = shutil.which("luac5.1")
     if luac:
         subprocess.run([luac, "-p", str(tmp_path / "job_submit.lua")], check=True)
+
+
+def test_metrics_served_on_localhost(tmp_path, clock):
+    import socket
+    import urllib.request
+
+    from prometheus_client import CollectorRegistry
+
+    from gres.sim_backend import SimBackend
+    from mig_manager.agent import Agent
+    from mig_manager.agent_metrics import serve
+
+    sim = SimBackend.from_scenario({"version": 1, "gpus": [{"model": "a100-40gb"}]}, clock=clock)
+    registry = CollectorRegistry()
+    agent = Agent(parse_config({"agent": {"state_dir": str(tmp_path / "s"), "run_dir": str(tmp_path / "r")}}).agent,
+                  sim, clock=clock, registry=registry)
+    agent.tick()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = serve(registry, port)
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    finally:
+        server.shutdown()
+    from prometheus_client.parser import text_string_to_metric_families
+
+    samples = {(s.name, s.labels.get("gpu")): s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    assert samples[("gpushare_gpu_memory_total_bytes", "0")] == 40 * GiB
+    assert samples[("gpushare_gpu_risky", "0")] == 0.0
