@@ -20,6 +20,7 @@ import math
 import os
 import shlex
 import shutil
+import stat
 import sys
 import threading
 import time
@@ -56,6 +57,7 @@ class EstimationService:
         self.client = client or SlurmClient(cfg.oom.slurm_conf or None, cfg.oom.slurm_bin_dir or None)
         self.clock = clock
         self._scripts: dict[int, tuple[str, TrainingCommand | Any]] = {}  # job id -> (key, command)
+        self._ticks = 0
 
     # --- reading Slurm ----------------------------------------------------------------------------
     def snapshot(self) -> tuple[list[HeldJob], dict[int, EstimationJob]]:
@@ -120,11 +122,34 @@ class EstimationService:
             document = json.loads(read_user_file(str(directory / "result.json"), None, uid, limit))
             total, gpu = peak_total_from_json(document, cluster_gpu_names(self.cfg))
         except (EstimateUnavailable, ValueError) as exc:
-            return f"estimation job {job_id}: no usable result ({str(exc)[:80]})"
+            return f"estimation job {job_id}: no usable result ({str(exc).rsplit(': ', 1)[-1][:80]})"
         return Estimate(total, "async", f"gpu-estimate job {job_id} for {gpu}")
 
     # --- applying actions -------------------------------------------------------------------------
+    def prune_spool(self) -> None:
+        """Remove result directories older than twice the watchdog: their jobs are long released.
+
+        ``shutil.rmtree`` works on directory descriptors on Linux, so a user's symlinks inside their own
+        directory cannot redirect root's deletion elsewhere.
+        """
+        spool = Path(self.cfg.estimation.spool_dir)
+        cutoff = self.clock() - 2 * self.cfg.estimation.watchdog_s
+        try:
+            entries = list(spool.iterdir())
+        except OSError:
+            return
+        for entry in entries:
+            try:
+                info = entry.lstat()
+                if stat.S_ISDIR(info.st_mode) and info.st_mtime < cutoff:
+                    shutil.rmtree(entry)
+            except OSError as exc:
+                log.warning("spool %s not pruned: %s", entry, exc)
+
     def tick(self) -> list[Action]:
+        self._ticks += 1
+        if self._ticks % 100 == 1:
+            self.prune_spool()
         held, estimations = self.snapshot()
         actions = plan(held, estimations, self.clock(), self.cfg)
         for action in actions:
@@ -178,7 +203,7 @@ class EstimationService:
         command = job.command
         assert isinstance(command, TrainingCommand)
         est = self.cfg.estimation
-        spool = Path(est.spool_dir)
+        spool = Path(est.spool_dir).resolve()  # the same spelling _outcome() checks output paths against
         spool.mkdir(parents=True, exist_ok=True)
         os.chmod(spool, 0o711)  # users reach their own directory, cannot list the others
         directory = spool / f"{job.job_id}-{int(job.submit_time)}"
