@@ -49,7 +49,8 @@ def job_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for r in records:
         peaks = [g["peak_bytes"] for g in (r.get("gpus") or {}).values() if g.get("peak_bytes") is not None]
-        rows.append({"job": r.get("job"), "restarts": r.get("restarts", 0), "node": r.get("node"), "user": r.get("user"),
+        rows.append({"job": r.get("job"), "restarts": r.get("restarts", 0), "node": r.get("node"),
+                     "user": r.get("user"),
                      "gpus": sorted((r.get("gpus") or {}), key=int), "caps": (r.get("caps") or {}).get("mode"),
                      "est_gib": r.get("est_gib"), "duration_s": r.get("duration_s"), "ttfk_s": r.get("ttfk_s"),
                      "energy_j": _sum(r, "energy_j"), "share_j": _sum(r, "share_j"),
@@ -90,7 +91,8 @@ def render(jobs: list[dict[str, Any]], gpus: list[dict[str, Any]]) -> str:
         name = f"{j['job']}" + (f".{j['restarts']}" if j["restarts"] else "")
         lines.append(f"{name:>12} {str(j['node']):<8} {','.join(j['gpus']):<5} {str(j['caps']):<8} "
                      f"{_fmt(j['est_gib']):>7} {_fmt(j['peak_gib'], 2):>8} {_fmt(j['ttfk_s']):>7} "
-                     f"{_fmt(j['duration_s']):>7} {_fmt(j['energy_j']):>9} {_fmt(j['share_j']):>9} {_fmt(j['exit_code'])}")
+                     f"{_fmt(j['duration_s']):>7} {_fmt(j['energy_j']):>9} {_fmt(j['share_j']):>9} "
+                     f"{_fmt(j['exit_code'])}")
     lines += ["", f"{'node':<8} {'gpu':>3} {'jobs':>5} {'busy s':>8} {'share J':>10} {'mean TTFK s':>11}"]
     for g in gpus:
         lines.append(f"{str(g['node']):<8} {g['gpu']:>3} {g['jobs']:>5} {g['active_s']:>8.1f} {g['share_j']:>10.1f} "

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gres import GpuError, open_backend
-from mig_manager.agent_api import node_name, socket_path  # noqa: F401 - re-exported
+from mig_manager.agent_api import node_name
 from mig_manager.agent_jobs import build_entry, clean_facts, tenants_of
 from mig_manager.agent_sampler import Sampler, environ_job
 from mig_manager.agent_store import JobStore, check_job
@@ -146,7 +146,8 @@ class Agent:
     def _expire_warming(self, now: float) -> None:
         """A shared job with no process after MAX_WARMING_S (hung, or not a GPU program) stops pinning its GPU."""
         for acc in self.sampler.jobs.values():
-            if acc.shared and acc.kernel_at is None and now - acc.start > MAX_WARMING_S and acc.job not in self._expired:
+            stuck = acc.shared and acc.kernel_at is None and now - acc.start > MAX_WARMING_S
+            if stuck and acc.job not in self._expired:
                 self._expired.add(acc.job)
                 self.sampler.ttfk.job_ended(acc.job)
                 log.warning("job %s: no GPU process after %.0f s; its GPU is no longer held warming", acc.job,

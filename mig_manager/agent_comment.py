@@ -16,7 +16,8 @@ from typing import Any
 
 log = logging.getLogger("gpushare.agent")
 MAX_COMMENT = 900
-RECORD_PREFIX = "gpushare:"  # slurm_plugins.decision.RECORD_PREFIX (checked by a test), not imported: hooks start faster
+# slurm_plugins.decision.RECORD_PREFIX (a test checks they agree), not imported: hooks start faster
+RECORD_PREFIX = "gpushare:"
 
 
 def run_summary(record: dict[str, Any]) -> dict[str, Any]:

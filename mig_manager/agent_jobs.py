@@ -101,7 +101,8 @@ def final_record(entry: dict[str, Any], backend: Any, end: float | None = None, 
     gpus = {}
     for gpu in (str(g) for g in entry.get("gpus", [])):
         start_mj = (entry.get("start_energy_mj") or {}).get(gpu)
-        whole = None if start_mj is None or now_mj.get(gpu) is None or now_mj[gpu] < start_mj else now_mj[gpu] - start_mj
+        end_mj = now_mj.get(gpu)
+        whole = None if start_mj is None or end_mj is None or end_mj < start_mj else end_mj - start_mj
         share = (entry.get("share_mj") or {}).get(gpu)
         gpus[gpu] = {"energy_j": None if whole is None else round(whole / 1000.0, 3),
                      "share_j": None if share is None else round((share if whole is None else min(share, whole))

@@ -36,7 +36,7 @@ def write_caps(run_dir: str, job: str, env: dict[str, str]) -> None:
 
 def register(env: Mapping[str, str], cfg: Any, client: Any = None, backend: Any = None) -> dict[str, Any] | None:
     """Register the job of this Prolog; returns the exports written for it (None: not a GPU job)."""
-    from mig_manager.agent_api import AgentUnavailable, call, socket_path
+    from mig_manager.agent_api import call, socket_path
     from prolog.hook_env import job_from_env, slurm_facts
 
     job = job_from_env(env)

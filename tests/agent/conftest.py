@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -117,7 +116,8 @@ class AgentCluster(LocalCluster):
 
 
 @pytest.fixture
-def agent_cluster(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Callable[..., AgentCluster]]:
+def agent_cluster(tmp_path_factory: pytest.TempPathFactory,
+                  request: pytest.FixtureRequest) -> Iterator[Callable[..., AgentCluster]]:
     problem = missing_requirements()
     if problem:
         pytest.skip(f"real Slurm unavailable: {problem}")

@@ -22,8 +22,8 @@ SIMJOB = Path(__file__).with_name("simjob.py")
 
 def submit(cluster, out: Path, script: str, *args: str) -> int:
     os.chmod(out, 0o755)
-    job_id, _ = cluster.client.sbatch("-D", str(out), "-o", str(out / "job-%j.out"),
-                                      f"--export=ALL,GPUSHARE_TEST_OUT={out},GPUSHARE_CONFIG={cluster.gpushare_conf}", *args, script=script)
+    export = f"--export=ALL,GPUSHARE_TEST_OUT={out},GPUSHARE_CONFIG={cluster.gpushare_conf}"
+    job_id, _ = cluster.client.sbatch("-D", str(out), "-o", str(out / "job-%j.out"), export, *args, script=script)
     return job_id
 
 
