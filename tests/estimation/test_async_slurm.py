@@ -187,6 +187,32 @@ def test_fifty_jobs_at_once_all_released_within_caps(est_cluster, work, user):
     assert all(rows[i]["phase"] == "released" and rows[i]["result"].startswith("gres:shard:") for i in ids)
 
 
+def test_annotate_estimates_then_submits_with_the_estimate_attached(est_cluster, tmp_path):
+    estimator = os.path.join(os.path.dirname(sys.executable), "gpu-estimate")
+    if "--annotate" not in subprocess.run([estimator, "--help"], capture_output=True, text=True).stdout:
+        pytest.skip("this gpu-estimate has no --annotate option")
+    (tmp_path / "tiny_train.py").write_text(TINY_TRAIN)
+    (tmp_path / "train.sbatch").write_text("#!/bin/sh\n#SBATCH -J annotated\n#SBATCH --gres=gpu:1\n"
+                                           "true python tiny_train.py --batch-size 32\n" + SHARDS_PROBE)
+    env = dict(est_cluster.env, XDG_CACHE_HOME=str(tmp_path / "cache"))
+    argv = [estimator, "--annotate", "--gpu", "a100-40gb", "tiny_train.py", "--batch-size", "32", "--",
+            "-o", str(tmp_path / "job-%j.out"), "train.sbatch"]
+    runs = []
+    for _ in range(2):  # the second run hits gpu-estimate's cache
+        started = time.monotonic()
+        proc = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+        runs.append(time.monotonic() - started)
+        assert proc.returncode == 0, proc.stderr
+        job_id = int(proc.stdout.split()[-1])
+        assert "shard:2" in proc.stderr  # the hook's one-line message, through sbatch
+        done = est_cluster.wait_job(job_id)
+        record = parse_record(done["AdminComment"])
+        assert record["src"] == "directive:estimate" and done["TresPerNode"] == "gres:shard:2"
+        assert done["JobName"] == "annotated" and done["JobState"] == "COMPLETED"
+    assert "(cached)" in proc.stderr and runs[1] < runs[0]
+    assert (tmp_path / ".gpushare" / "train.sbatch.estimate.json").is_file()
+
+
 def test_watchdog_releases_a_job_held_too_long(est_cluster, work, user, helpers):
     """Last in the module: it tightens the limits through a configuration reload (SIGHUP)."""
     conf = est_cluster.gpushare_conf
