@@ -124,11 +124,11 @@ def agent_cluster(tmp_path_factory: pytest.TempPathFactory,
     made: list[AgentCluster] = []
 
     def _make(window_samples: int = 4, period_s: float = 0.25, extra: str = "", start_agent: bool = True,
-              scenario: dict[str, Any] | None = None) -> AgentCluster:
+              scenario: dict[str, Any] | None = None, withhold: str = "feature") -> AgentCluster:
         base = tmp_path_factory.mktemp("agent")
         os.chmod(base, 0o755)
         toml = (f'[agent]\nstate_dir = "{base}/agent-state"\nrecords_dir = "{base}/records"\n'
-                f'run_dir = "{base}/run-agent"\ndevice_backend = "sim:{base}/sim.json"\nwithhold = "feature"\n'
+                f'run_dir = "{base}/run-agent"\ndevice_backend = "sim:{base}/sim.json"\nwithhold = "{withhold}"\n'
                 f"metrics_port = 0\nwindow_samples = {window_samples}\nsample_period_s = {period_s}\n"
                 f'flush_every_s = 1.0\nlog_file = "{base}/log/agent.log"\n{extra}\n')
         SimBackend.from_scenario(scenario or two_gpus(), base / "sim.json")

@@ -67,6 +67,19 @@ def test_two_shared_jobs_on_one_gpu_get_their_caps(agent_cluster, tmp_path):
     assert gpushare_main(["status", "--config", str(cluster.gpushare_conf)]) == 0  # the real agent answers
 
 
+def test_job_beside_another_users_job_is_time_sliced_with_the_guard(agent_cluster, tmp_path):
+    cluster = agent_cluster(withhold="none")  # the fake tenants below never start a process
+    for gpu in (0, 1):  # another user's shared jobs, as their Prologs registered them
+        facts = {"job": str(910000 + gpu), "uid": 4321, "user": "bob", "gpus": [gpu], "shared": True,
+                 "est_gib": 2.0, "margin_gib": 1.0, "shards": 3}
+        assert call(cluster.agent_socket, {"op": "register", "job": facts})["ok"]
+    job = submit(cluster, tmp_path, script("4.5G", "--seconds 0.5"), "--gres=gpu:1")
+    assert cluster.wait_job(job, 60)["JobState"] == "COMPLETED"
+    env = job_env(tmp_path, job)
+    assert env["GPUSHARE_CAPS_MODE"] == "fraction" and env["GPUSHARE_MEMORY_FRACTION"] == "0.137"
+    assert "CUDA_MPS_PIPE_DIRECTORY" not in env and env["CUDA_VISIBLE_DEVICES"] == env["SLURM_JOB_GPUS"]
+
+
 def test_records_have_plausible_ttfk_and_energy(agent_cluster, tmp_path):
     cluster = agent_cluster()
     job = submit(cluster, tmp_path, script("6G", "--mem-mib 5000 --smact 0.5 --delay 1.5 --seconds 2.5"),
