@@ -9,25 +9,11 @@ runs on the cluster. Every patch is recorded and undone on exit (STYLE.md #9).
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import torch
 
-
-@dataclass(frozen=True)
-class PresentedGpu:
-    """What the script is told about "its" GPU."""
-
-    name: str  # e.g. "NVIDIA A100-SXM4-80GB"
-    total_memory: int  # bytes, as cudaGetDeviceProperties reports (MIG: the instance's memory)
-    major: int  # compute capability, e.g. 8 for sm_80
-    minor: int
-    multi_processor_count: int
-
-    @property
-    def bf16(self) -> bool:
-        return self.major >= 8  # bf16 tensor cores from Ampere (sm_80) on
+from estimator_cli.events import PresentedGpu  # noqa: F401 - re-exported for the capture side
 
 
 class _Props:

@@ -16,6 +16,21 @@ from typing import Any
 CAPTURE_VERSION = 1
 
 
+@dataclass(frozen=True)
+class PresentedGpu:
+    """What the script is told about "its" GPU (parent → child, as JSON; no torch needed to build it)."""
+
+    name: str  # e.g. "NVIDIA A100-SXM4-80GB"
+    total_memory: int  # bytes, as cudaGetDeviceProperties reports (MIG: the instance's memory)
+    major: int  # compute capability, e.g. 8 for sm_80
+    minor: int
+    multi_processor_count: int
+
+    @property
+    def bf16(self) -> bool:
+        return self.major >= 8  # bf16 tensor cores from Ampere (sm_80) on
+
+
 class Phase(str, Enum):
     FORWARD = "forward"
     BACKWARD = "backward"

@@ -17,7 +17,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from estimator_cli.cuda_api import PresentedGpu
+from estimator_cli.events import PresentedGpu
 from estimator_cli.events import Capture
 
 

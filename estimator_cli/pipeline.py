@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
-from estimator_cli.cuda_api import PresentedGpu
+from estimator_cli.events import PresentedGpu
 from estimator_cli.device_model import DeviceModel, device_for
 from estimator_cli.estimate import TargetEstimate, allocator_config, estimate_target, phase_per_event
 from estimator_cli.launcher import CaptureOutcome, Limits, run_capture
