@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -122,8 +123,13 @@ def command(ctx: click.Context, gpus: tuple[str, ...], iterations: int | None, m
     return EXIT_OK
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # so the launcher kills the script's process group on its way out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console entry point; returns the exit code (STYLE.md #12)."""
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # scancel / kill: never leave the script running
     try:
         code = command.main(args=argv, prog_name="gpu-estimate", standalone_mode=False)
     except click.exceptions.Abort:
@@ -139,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
 
             traceback.print_exc()
         return EXIT_INTERNAL
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return code if isinstance(code, int) else EXIT_OK
 
 

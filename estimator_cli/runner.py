@@ -42,6 +42,12 @@ def _error(exc: BaseException) -> dict[str, Any]:
     return {"type": type(exc).__name__, "message": str(exc)[:2000], "traceback": _traceback_tail(exc)}
 
 
+def _out_of_memory(exc: BaseException) -> bool:
+    """PyTorch's CPU allocator reports an exhausted address space as a RuntimeError, not MemoryError."""
+    text = str(exc)
+    return "can't allocate memory" in text or "DefaultCPUAllocator" in text
+
+
 def _needs_values(exc: BaseException) -> bool:
     """Fake mode's known limits: ops with data-dependent output shapes (nonzero, boolean masks, unique)
     have no meta implementation, and copying a meta tensor out needs its data."""
@@ -102,7 +108,9 @@ def main(argv: list[str] | None = None) -> int:
         except (ImportError, OSError, SyntaxError) as exc:
             result.update(status="script_error", error=_error(exc))
         except Exception as exc:  # the script's own failure, or fake mode's: the parent decides
-            if opts.mode == "fake" and _needs_values(exc):
+            if _out_of_memory(exc):
+                result.update(status="limit", error=_error(exc))
+            elif opts.mode == "fake" and _needs_values(exc):
                 result.update(status="data_dependent", error=_error(exc))
             else:
                 result.update(status="fake_error" if opts.mode == "fake" else "script_error", error=_error(exc))
