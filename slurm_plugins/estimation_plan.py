@@ -82,7 +82,7 @@ class Release:
     job_id: int
     tres_per_node: str | None  # None: leave the request as it is
     record: dict[str, Any]
-    outcome: str  # "estimated" or "fallback", for logs and the benchmark
+    outcome: str  # "estimated", "fallback", or "user" (already released by its user: record only)
 
 
 @dataclass(frozen=True)
@@ -100,9 +100,18 @@ class _Counts:
     total: int = 0
 
 
-def plan(held: list[HeldJob], estimations: dict[int, EstimationJob], now: float, cfg: Config) -> list[Action]:
-    """Decide what to do with every held job this round (see the module docstring)."""
-    actions: list[Action] = []
+def plan(held: list[HeldJob], estimations: dict[int, EstimationJob], now: float, cfg: Config,
+         started: tuple[HeldJob, ...] = ()) -> list[Action]:
+    """Decide what to do with every held job this round (see the module docstring).
+
+    ``started``: jobs whose record still says ``estimating`` but which left the queue (their user released
+    them by hand); their record is closed so ``scontrol show job`` tells the truth.
+    """
+    actions: list[Action] = [Release(job.job_id, None, dict(job.record, decision="exclusive",
+                                                            why="released by its user before the estimate; "
+                                                                "runs on every shard of a GPU",
+                                                            **_async_fields(job, now)), "user")
+                             for job in started]
     counts = _Counts()
     # Only estimation jobs a held job's record names count: records are root-written, job names are not.
     named = {j.est_job for j in held if j.est_job is not None}

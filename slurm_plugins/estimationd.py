@@ -60,9 +60,10 @@ class EstimationService:
         self._ticks = 0
 
     # --- reading Slurm ----------------------------------------------------------------------------
-    def snapshot(self) -> tuple[list[HeldJob], dict[int, EstimationJob]]:
+    def snapshot(self) -> tuple[list[HeldJob], dict[int, EstimationJob], tuple[HeldJob, ...]]:
         jobs = self.client.squeue_json()
         held: list[HeldJob] = []
+        started: list[HeldJob] = []
         estimations: dict[int, EstimationJob] = {}
         for job in jobs:
             name = str(job.get("name") or "")
@@ -70,12 +71,16 @@ class EstimationService:
                 estimations[int(job["job_id"])] = self._estimation(job, int(name[len(ESTIMATION_JOB_PREFIX):]))
                 continue
             record = parse_record(job.get("admin_comment"))
-            if job.get("job_state") != "PENDING" or not record or record.get("decision") != "estimating":
+            if not record or record.get("decision") != "estimating":
                 continue
-            held.append(self._held(job, record))
+            if job.get("job_state") == "PENDING":
+                held.append(self._held(job, record))
+            elif job.get("job_state") in ("RUNNING", "CONFIGURING"):  # released by hand: close the record
+                started.append(HeldJob(int(job["job_id"]), int(job["user_id"]), int(job["group_id"]),
+                                       float(job.get("submit_time") or 0), record))
         alive = {j.job_id for j in held}
         self._scripts = {k: v for k, v in self._scripts.items() if k in alive}
-        return held, estimations
+        return held, estimations, tuple(started)
 
     def _held(self, job: dict[str, Any], record: dict[str, Any]) -> HeldJob:
         job_id = int(job["job_id"])
@@ -150,8 +155,8 @@ class EstimationService:
         self._ticks += 1
         if self._ticks % 100 == 1:
             self.prune_spool()
-        held, estimations = self.snapshot()
-        actions = plan(held, estimations, self.clock(), self.cfg)
+        held, estimations, started = self.snapshot()
+        actions = plan(held, estimations, self.clock(), self.cfg, started)
         for action in actions:
             try:
                 self.apply(action)
@@ -187,7 +192,8 @@ class EstimationService:
             self.client.update_job(action.job_id, **fields)
         except SlurmError as exc:  # e.g. it started meanwhile: still never leave it held
             log.warning("job %s: update failed (%s); releasing it as it is", action.job_id, exc)
-        self.client.run("scontrol", "release", str(action.job_id), check=False)
+        if action.outcome != "user":
+            self.client.run("scontrol", "release", str(action.job_id), check=False)
         log.info("%s", json.dumps({"job": action.job_id, "released": action.outcome, "record": action.record}))
 
     def _release_after_error(self, job: HeldJob, why: str) -> None:

@@ -149,6 +149,21 @@ def test_cancelled_estimation_releases_the_job(est_cluster, work, user):
     assert est_cluster.wait_job(job_id)["JobState"] == "COMPLETED"
 
 
+def test_user_may_release_by_hand_and_the_record_says_so(est_cluster, work, user):
+    write(work, "train.py", "# FAKE_SLEEP\n", user)
+    job_id, _ = submit_as_user(est_cluster, work, STUBS + "python train.py\nsleep 4\n")
+    subprocess.run(["runuser", "-u", TEST_USER, "--", "scontrol", "release", str(job_id)], env=est_cluster.env,
+                   check=True)
+    final = wait_released(est_cluster, job_id, timeout_s=30)
+    assert final["decision"] == "exclusive" and "released by its user" in final["why"]
+    assert est_cluster.wait_job(job_id)["TresPerNode"] == "gres:shard:40"
+    deadline = time.monotonic() + 20
+    while any(j["name"] == f"{ESTIMATION_JOB_PREFIX}{job_id}" and j["job_state"] in ("PENDING", "RUNNING")
+              for j in estimation_jobs(est_cluster)):
+        assert time.monotonic() < deadline, "orphaned estimation job not cancelled"
+        time.sleep(0.3)
+
+
 def test_no_training_script_found_is_reported_not_held(est_cluster, work, user):
     job_id, stderr = submit_as_user(est_cluster, work, "./run_experiment.sh\n")
     assert "#GPUSHARE script=" in stderr

@@ -161,3 +161,11 @@ def test_jobs_merely_named_like_ours_neither_use_the_caps_nor_get_cancelled():
                   for k, v in lookalikes.items()}
     actions = plan([held(1), held(2, uid=2000)], lookalikes, 200.0, CFG)
     assert [type(a) for a in actions] == [Submit, Submit]
+
+
+def test_jobs_their_user_released_get_their_record_closed_and_estimation_cancelled():
+    actions = plan([], {10: est(10, 1)}, 160.0, CFG, started=(held(1, est_job=10),))
+    release, cancel = actions
+    assert release.outcome == "user" and release.tres_per_node is None
+    assert release.record["decision"] == "exclusive" and "released by its user" in release.record["why"]
+    assert cancel == Cancel(10, "job 1 no longer waits for it")
