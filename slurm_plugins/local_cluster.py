@@ -110,7 +110,9 @@ class LocalCluster:
         extra_submit = "".join(f"{key} = {json.dumps(value)}\n" for key, value in self.submit_settings.items())
         return (f"version = 1\n{self.toml_extra}\n[submit]\nsocket = \"{self.submitd_socket}\"\n"
                 f"cache_dir = \"{self.base / 'cache'}\"\nlog_file = \"{self.base / 'log' / 'submitd.log'}\"\n"
-                f"timeout_ms = 500\n{extra_submit}{nodes}")
+                f"timeout_ms = 500\n{extra_submit}"
+                f"\n[oom]\nledger_dir = \"{self.base / 'oom-ledger'}\"\nlog_file = \"{self.base / 'log' / 'oom.log'}\"\n"
+                f"{nodes}")
 
     def _toml_dict(self) -> dict:
         import tomllib
