@@ -134,3 +134,24 @@ def test_metrics_served_on_localhost(tmp_path, clock):
     samples = {(s.name, s.labels.get("gpu")): s.value for f in text_string_to_metric_families(text) for s in f.samples}
     assert samples[("gpushare_gpu_memory_total_bytes", "0")] == 40 * GiB
     assert samples[("gpushare_gpu_risky", "0")] == 0.0
+
+
+@pytest.mark.parametrize("current, expected", [
+    (None, "gpushare_open"), ("", "gpushare_open"), ("intel", "intel&gpushare_open"),
+    ("intel&gpushare_open", "intel&gpushare_open"), ("intel|amd", "intel|amd"), ("[a|b]", "[a|b]"),
+    ("big*2", "big*2")])
+def test_lua_adds_the_feature_only_to_simple_constraints(tmp_path, current, expected):
+    lua = shutil.which("lua5.1")
+    if not lua:
+        pytest.skip("lua5.1 not installed")
+    from slurm_plugins.slurm_config import render_lua
+
+    cfg = parse_config({"agent": {"withhold": "feature"}})
+    script = tmp_path / "job_submit.lua"  # the rendered shim, plus a handle on its local function
+    head, _, tail = render_lua(cfg).rpartition("\nreturn slurm.SUCCESS")
+    script.write_text(head + "\nfunction test_add(j) add_shared_feature(j) end\nreturn slurm.SUCCESS" + tail)
+    value = "nil" if current is None else json.dumps(current)
+    driver = ("slurm = {SUCCESS = 0, log_info = function() end, log_error = function() end}\n"
+              f'dofile("{script}")\nlocal job = {{features = {value}}}\ntest_add(job)\nio.write(job.features or "")\n')
+    out = subprocess.run([lua, "-"], input=driver, capture_output=True, text=True, check=True)
+    assert out.stdout == expected
