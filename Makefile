@@ -3,7 +3,10 @@
 #   make test   — install everything, run the whole test suite (unit + real-Slurm integration)
 VENV ?= .venv
 PY := $(VENV)/bin/python
-DEBS := slurmctld slurmd slurm-client munge lua-socket lua5.1
+# Debian's interpreter, not a per-user one (pyenv lives under /root): Slurm jobs and estimation jobs run
+# as ordinary users and must be able to execute the virtualenv's python and gpu-estimate.
+BASE_PYTHON ?= $(shell [ -x /usr/bin/python3 ] && echo /usr/bin/python3 || echo python3)
+DEBS := slurmctld slurmd slurm-client munge lua-socket lua5.1 python3-venv
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: setup system-packages demo test bench clean
@@ -20,7 +23,7 @@ system-packages:
 
 # torch is pinned first so the package's own `torch>=2.4` is already met by the CPU build.
 $(VENV)/.installed: pyproject.toml
-	python3 -m venv $(VENV)
+	$(BASE_PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[estimator,node,test]'
