@@ -18,6 +18,10 @@ from gpushare.atomic import write_json_atomic
 # Environment that changes what the GPU run allocates (allocator behaviour, cuBLAS workspace, lazy loading).
 RELEVANT_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CUBLAS_WORKSPACE_CONFIG",
                 "CUDA_MODULE_LOADING", "CUBLASLT_WORKSPACE_SIZE", "PYTORCH_NO_CUDA_MEMORY_CACHING")
+# Version of the estimate's model (orchestrator, device model). Bump it when the same capture would give a
+# different estimate, so entries made by an older model are not served as current. 2: cuDNN workspaces
+# from convolution geometry (estimator_cli/conv_workspace.py).
+MODEL_VERSION = 2
 
 
 def default_cache_dir() -> Path:
@@ -30,7 +34,8 @@ def cache_key(script_bytes: bytes, args: list[str], env: dict[str, str], torch_v
     h = hashlib.sha256()
     h.update(hashlib.sha256(script_bytes).digest())
     h.update(json.dumps({"args": args, "env": {k: env.get(k, "") for k in RELEVANT_ENV},
-                         "torch": torch_version, "targets": targets, "settings": settings},
+                         "torch": torch_version, "targets": targets, "settings": settings,
+                         "model": MODEL_VERSION},
                         sort_keys=True).encode())
     return h.hexdigest()
 

@@ -65,6 +65,44 @@ class Alloc:
     iteration: int
     op: str  # aten op or "" when unknown (profile mode)
     kind: str = ""  # Kind value; "" until classified
+    # Convolution geometry when a convolution op made this block (fake mode only), else None: see
+    # :class:`ConvGeometry`. The orchestrator needs it for cuDNN's workspace, which depends on the
+    # input and filter shapes, not only on the output's size.
+    conv: list[int] | None = None
+
+
+@dataclass(frozen=True)
+class ConvGeometry:
+    """A 2-D convolution as cuDNN sees it, per output block of a convolution op.
+
+    ``role``: 0 forward output (y), 1 grad_input (dx, backward data), 2 grad_weight (dw, backward
+    filter), 3 grad_bias (no cuDNN convolution call). Stored in :attr:`Alloc.conv` as a plain list so
+    the capture stays JSON.
+    """
+
+    role: int
+    n: int  # batch
+    c: int  # input channels
+    h: int  # input height
+    w: int  # input width
+    k: int  # output channels
+    r: int  # filter height
+    s: int  # filter width
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int]
+    groups: int
+    transposed: bool
+    itemsize: int  # bytes per element of the input
+
+    def to_list(self) -> list[int]:
+        return [self.role, self.n, self.c, self.h, self.w, self.k, self.r, self.s, *self.stride, *self.padding,
+                *self.dilation, self.groups, int(self.transposed), self.itemsize]
+
+    @classmethod
+    def from_list(cls, row: list[int]) -> "ConvGeometry":
+        (role, n, c, h, w, k, r, s, sh, sw, ph, pw, dh, dw, groups, transposed, itemsize) = row
+        return cls(role, n, c, h, w, k, r, s, (sh, sw), (ph, pw), (dh, dw), groups, bool(transposed), itemsize)
 
 
 @dataclass
@@ -84,7 +122,8 @@ class Capture:
         return {
             "version": self.version, "mode": self.mode, "steps": self.steps, "stopped": self.stopped,
             "events": [[op, i] for op, i in self.events],
-            "allocs": [[a.id, a.size, a.module, a.phase, a.iteration, a.op, a.kind] for a in self.allocs.values()],
+            "allocs": [[a.id, a.size, a.module, a.phase, a.iteration, a.op, a.kind]
+                       + ([a.conv] if a.conv is not None else []) for a in self.allocs.values()],
             "zero_grads": self.zero_grads, "item_placeholders": self.item_placeholders,
         }
 

@@ -21,7 +21,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
-from estimator_cli.events import DEFAULT_KIND, Alloc, Kind, Phase
+from estimator_cli.conv_workspace import geometries_for
+from estimator_cli.events import DEFAULT_KIND, Alloc, ConvGeometry, Kind, Phase
 from estimator_cli.meta_cache import MetaCache
 
 
@@ -61,7 +62,11 @@ class FakeRecorder(TorchDispatchMode):
             self.events.append(("free", alloc_id))
             self.live -= size
 
-    def _track(self, out: Any, op: str) -> None:
+    def _track(self, out: Any, op: str, geometries: list[ConvGeometry | None] | None = None) -> None:
+        conv_of: dict[int, ConvGeometry] = {}  # id(output tensor) -> geometry, for convolution ops
+        if geometries:
+            outs = out if isinstance(out, (list, tuple)) else (out,)
+            conv_of = {id(t): g for t, g in zip(outs, geometries) if isinstance(t, torch.Tensor) and g is not None}
         if isinstance(out, torch.Tensor):
             leaves: Any = (out,)
         elif isinstance(out, (list, tuple)):
@@ -81,7 +86,9 @@ class FakeRecorder(TorchDispatchMode):
             if not self.recording:
                 continue
             phase, iteration, module = self.context()
-            self.allocs[alloc_id] = Alloc(alloc_id, size, module, phase.value, iteration, op)
+            geometry = conv_of.get(id(t))
+            self.allocs[alloc_id] = Alloc(alloc_id, size, module, phase.value, iteration, op,
+                                          conv=geometry.to_list() if geometry is not None else None)
             self.events.append(("alloc", alloc_id))
             self.live += size
             self.peak = max(self.peak, self.live)
@@ -90,7 +97,7 @@ class FakeRecorder(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         out = self.cache.call(func, args, kwargs, lambda: func(*args, **kwargs))
-        self._track(out, func.__name__)
+        self._track(out, func.__name__, geometries_for(func.__name__, args) if self.recording else None)
         return out
 
     def finish(self) -> None:

@@ -11,22 +11,25 @@ What the GPU adds that the capture cannot see, from the device model:
   one for the thread running forward and one for the autograd engine's device thread that runs backward
   (``torch/csrc/autograd/engine.cpp`` runs CUDA backward on a per-device worker thread;
   ``aten/src/ATen/cuda/CublasHandlePool.cpp`` keys workspaces by (handle, stream) and handles are per thread).
-- cuDNN convolution workspaces: a temporary block around each convolution op, of
-  :data:`CUDNN_WORKSPACE_FRACTION` of the larger of its output (at most :data:`CUDNN_WORKSPACE_CAP`).
+- cuDNN convolution workspaces: a temporary block right after each output of a convolution op, released
+  at once (``Conv_v8.cpp``'s ``run_conv_plan`` allocates it through the caching allocator once the output
+  exists). Its size comes from the convolution's geometry (:mod:`estimator_cli.conv_workspace`); a
+  convolution captured without geometry (not 2-D) keeps the older proportional guess,
+  :data:`CUDNN_WORKSPACE_FRACTION` of the output, at most :data:`CUDNN_WORKSPACE_CAP`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from estimator_cli.events import Alloc, Capture, Kind, Phase
+from estimator_cli.conv_workspace import workspace_bytes
+from estimator_cli.events import Alloc, Capture, ConvGeometry, Kind, Phase
 
 # Ops whose GPU kernels are cuBLAS GEMMs (their output allocation marks the first use of a handle).
 GEMM_OPS = ("mm", "addmm", "bmm", "baddbmm", "addbmm", "_scaled_mm", "linear", "matmul", "addmv", "mv")
 CONV_OPS = ("convolution", "convolution_backward", "cudnn_convolution", "_convolution")
-# cuDNN's heuristic algorithms (benchmark off) for implicit-precomputed GEMM and the backward-filter
-# algorithms ask for a workspace of the order of the output tensor; assumed here, calibrated by nothing
-# yet, and capped like PyTorch's own search limit is by free memory.
+# Fallback for convolutions captured without geometry (not 2-D): a workspace of the order of the output
+# tensor; assumed, calibrated by nothing, and capped.
 CUDNN_WORKSPACE_FRACTION = 0.5
 CUDNN_WORKSPACE_CAP = 1 << 30
 WORKSPACE_KEY_BASE = -1_000_000  # keys below this are orchestrator-made blocks, never capture ids
@@ -76,14 +79,21 @@ def orchestrate(capture: Capture, cublas_workspace_bytes: int) -> Orchestrated:
             gemm_threads.add(thread)
             uses_cublas = True
             add_block(cublas_workspace_bytes, alloc, f"cuBLAS workspace ({thread} thread)", keep=True)
+        events.append(("alloc", alloc_id, alloc.size, 0))
         if base in CONV_OPS:
             uses_cudnn = True
-            size = min(int(alloc.size * CUDNN_WORKSPACE_FRACTION), CUDNN_WORKSPACE_CAP)
+            size = _cudnn_workspace(alloc)
             if size > 0:
                 add_block(size, alloc, "cuDNN workspace", keep=False)
-        events.append(("alloc", alloc_id, alloc.size, 0))
         events.extend(("free", key, 0, 0) for key in pending_frees)
     return Orchestrated(events, allocs, uses_cudnn, uses_cublas)
+
+
+def _cudnn_workspace(alloc: Alloc) -> int:
+    """Workspace of the cuDNN call that produced ``alloc`` (a convolution output or gradient)."""
+    if alloc.conv is not None:
+        return workspace_bytes(ConvGeometry.from_list(alloc.conv))
+    return min(int(alloc.size * CUDNN_WORKSPACE_FRACTION), CUDNN_WORKSPACE_CAP)
 
 
 def check_lifetimes(capture: Capture) -> list[str]:
