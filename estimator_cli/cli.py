@@ -55,15 +55,30 @@ def _version(dist: str) -> str:
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="gpushare.toml to read.")
 @click.option("--progress/--no-progress", default=None, help="Progress on stderr (default: when a terminal).")
 @click.option("-v", "--verbose", is_flag=True, help="Also show the script's own output.")
+@click.option("--annotate", is_flag=True,
+              help="Then submit with the estimate attached: SCRIPT ARGS -- [SBATCH OPTIONS] train.sbatch.")
+@click.option("--sbatch", "sbatch_file", type=click.Path(dir_okay=False, exists=True),
+              help="With --annotate: the batch script to submit (instead of '-- train.sbatch').")
 @click.argument("script", type=click.Path(dir_okay=False))
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def command(ctx: click.Context, gpus: tuple[str, ...], iterations: int | None, mode: str | None, as_json: bool,
             plot: str | None, snapshot: str | None, timeout: float | None, max_cpu_memory: str | None,
             no_cache: bool, cache_dir: str | None, config_path: str | None, progress: bool | None,
-            verbose: bool, script: str, script_args: tuple[str, ...]) -> int:
+            verbose: bool, annotate: bool, sbatch_file: str | None, script: str,
+            script_args: tuple[str, ...]) -> int:
     """Estimate the peak GPU memory of SCRIPT on each target GPU, without a GPU."""
     from estimator_cli.pipeline import Request, run  # torch-free until here: --help stays fast
+
+    submission = None
+    if annotate or sbatch_file:  # estimator_cli/annotate.py: the sbatch part is not the script's
+        from estimator_cli.annotate import AnnotateError, split_args
+
+        try:
+            submission = split_args(script_args, sbatch_file)
+        except AnnotateError as exc:
+            raise click.UsageError(str(exc)) from exc
+        script_args = tuple(submission.script_args)
 
     try:
         cfg = load_config(config_path)
@@ -114,6 +129,10 @@ def command(ctx: click.Context, gpus: tuple[str, ...], iterations: int | None, m
             click.echo("--- script output ---\n" + output.rstrip() + "\n--- end of script output ---", err=True)
         if not no_cache:
             cache_mod.store(directory, key, doc)
+    if submission is not None:
+        from estimator_cli.annotate import submit
+
+        return submit(doc, submission)
     if as_json:
         click.echo(json.dumps(doc, indent=2))
     else:
