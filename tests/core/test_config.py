@@ -75,3 +75,13 @@ def test_catalogue_targets():
     assert BUILTIN_GPUS["h100-80gb"].shards == 79
     with pytest.raises(ValueError, match="unknown GPU"):
         parse_target("k80")
+
+
+def test_configuration_reference_lists_every_setting():
+    from pathlib import Path
+
+    from gpushare.config import settings_table
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
+    missing = [env for _, env, _, _ in settings_table() if f"`{env}`" not in doc]
+    assert not missing, f"docs/configuration.md lacks {missing}; regenerate it from `gpushare config settings`"
