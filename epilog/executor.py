@@ -10,11 +10,17 @@ Measured on Slurm 22.05: while EpilogSlurmctld runs the job is COMPLETING; reque
 and release work then, but the 120 s requeue delay is applied only when completion finishes, and a nice
 set before release is reset by it. So ``boost`` comes last, from ``finish``, run in a detached process
 while the job is still completing. If that process is lost the job still starts after Slurm's delay.
+
+Also measured: when the job ends, slurmd revokes the job id's launch credentials up to that second
+(slurm_cred_revoke with slurmctld's end time), and a re-launch whose credential is created in the same
+second is refused ("Job N already killed, do not launch batch job") and the rerun fails at once. Slurm's
+own 120 s requeue delay hides this; our ``starttime=now`` must therefore wait for the next whole second.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import subprocess
 import sys
@@ -111,7 +117,7 @@ def apply_comment(client: SlurmClient, job_id: str, oom: dict[str, Any]) -> bool
 
 
 def finish(entry: dict[str, Any], client: SlurmClient, ledger: Ledger, wait_s: float = 120.0,
-           sleep: Callable[[float], None] = time.sleep) -> str:
+           sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.time) -> str:
     """Once the job has left COMPLETING: raise its priority and make it eligible now, then mark it done."""
     job_id = check_job_id(entry["job"])
     deadline = time.monotonic() + wait_s
@@ -121,6 +127,7 @@ def finish(entry: dict[str, Any], client: SlurmClient, ledger: Ledger, wait_s: f
         fields = client.show_job(job_id)
     state = fields.get("JobState", "").upper()
     if state == "PENDING":
+        wait_past_revocation(clock(), clock, sleep)
         updates: dict[str, Any] = {"starttime": "now"}  # else ineligible for 120 s after a requeue
         if entry.get("nice"):
             updates["nice"] = entry["nice"]
@@ -134,6 +141,16 @@ def finish(entry: dict[str, Any], client: SlurmClient, ledger: Ledger, wait_s: f
     ledger.append_history({"job": job_id, "restarts": entry["restarts"], "event": "requeued",
                            "gres": entry["new_gres"], "steps": steps})
     return f"requeue: {entry['reason']}"
+
+
+def wait_past_revocation(completed_at: float, clock: Callable[[], float],
+                         sleep: Callable[[float], None]) -> None:
+    """Sleep into the whole second after ``completed_at`` (when the job was seen to have finished
+    completing, so after slurmd revoked its credentials): a launch credential from that second on is
+    newer than the revocation. At most one second, and only for the first rerun of an OOM job."""
+    remaining = math.floor(completed_at) + 1.05 - clock()
+    if remaining > 0:
+        sleep(remaining)
 
 
 def spawn_finisher(job_id: str, restarts: int) -> None:

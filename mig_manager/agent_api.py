@@ -19,6 +19,7 @@ import socket
 import socketserver
 import struct
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -48,6 +49,9 @@ def peer_uid(sock: socket.socket) -> int:
 
 class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
+    # socketserver listens with a backlog of 5; an AF_UNIX connect beyond the backlog fails at once with
+    # EAGAIN (not a wait), and a node ending many jobs at once runs that many Epilogs together
+    request_queue_size = 256
     handler: Handler
     allowed_uids: frozenset[int]
 
@@ -122,13 +126,29 @@ class ApiServer:
         self.path.unlink(missing_ok=True)
 
 
+def _connect(sock: socket.socket, path: str, deadline: float) -> None:
+    """Connect within the deadline. A full listen backlog makes an AF_UNIX connect fail at once with
+    EAGAIN rather than wait, so that (and only that) is retried until the deadline."""
+    delay = 0.01
+    while True:
+        sock.settimeout(max(deadline - time.monotonic(), 0.001))
+        try:
+            sock.connect(path)
+            return
+        except BlockingIOError:
+            if time.monotonic() + delay >= deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.2)
+
+
 def call(path: str | os.PathLike[str], request: dict[str, Any], timeout_s: float = 3.0) -> dict[str, Any]:
     """One request to the agent; raises :class:`AgentUnavailable` on any transport problem."""
     data = (json.dumps(request, separators=(",", ":")) + "\n").encode()
+    deadline = time.monotonic() + timeout_s
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(timeout_s)
-            sock.connect(str(path))
+            _connect(sock, str(path), deadline)
             sock.sendall(data)
             chunks = []
             while True:

@@ -71,6 +71,7 @@ class _Handler(socketserver.StreamRequestHandler):
 class SubmitServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 256  # beyond the backlog an AF_UNIX connect fails at once (EAGAIN), not waits
 
     def __init__(self, socket_path: str, cfg: Config) -> None:
         self.cfg = cfg

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from epilog import slurmctld_epilog as hook
-from epilog.executor import resume_unfinished
+from epilog.executor import resume_unfinished, wait_past_revocation
 from epilog.ledger import Ledger
 from gpushare.config import parse_config
 from oom_fake_slurm import FakeSlurm
@@ -192,3 +192,18 @@ def test_main_always_exits_0(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("SLURM_JOB_ID", "1")
     monkeypatch.setenv("PATH", "")
     assert hook.main([]) == 0  # no scontrol anywhere useful
+
+
+@pytest.mark.parametrize("completed_at, now, expected_sleep", [
+    (100.2, 100.3, 0.75),  # same second as the revocation: sleep into the next one
+    (100.9, 100.95, 0.1),
+    (100.2, 101.5, None),  # already a later second: no wait
+])
+def test_boost_waits_for_the_second_after_slurmds_credential_revocation(completed_at, now, expected_sleep) -> None:  # type: ignore[no-untyped-def]
+    """slurmd refuses a re-launch whose credential is from the revocation's second; see executor.py."""
+    slept: list[float] = []
+    wait_past_revocation(completed_at, lambda: now, slept.append)
+    if expected_sleep is None:
+        assert slept == []
+    else:
+        assert slept == [pytest.approx(expected_sleep)]
