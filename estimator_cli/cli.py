@@ -51,6 +51,8 @@ def _version(dist: str) -> str:
 @click.option("--timeout", type=click.FloatRange(1, 86400), help="Wall-clock limit in seconds (default 300).")
 @click.option("--max-cpu-memory", metavar="SIZE", help="Address-space limit of the script, e.g. 16G.")
 @click.option("--no-cache", is_flag=True, help="Neither read nor write the estimate cache.")
+@click.option("--no-warm", is_flag=True,
+              help="Start the script in a fresh interpreter; use no warm worker and leave none behind.")
 @click.option("--cache-dir", type=click.Path(file_okay=False), help="Estimate cache (default ~/.cache/gpushare).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="gpushare.toml to read.")
 @click.option("--progress/--no-progress", default=None, help="Progress on stderr (default: when a terminal).")
@@ -64,7 +66,7 @@ def _version(dist: str) -> str:
 @click.pass_context
 def command(ctx: click.Context, gpus: tuple[str, ...], iterations: int | None, mode: str | None, as_json: bool,
             plot: str | None, snapshot: str | None, timeout: float | None, max_cpu_memory: str | None,
-            no_cache: bool, cache_dir: str | None, config_path: str | None, progress: bool | None,
+            no_cache: bool, no_warm: bool, cache_dir: str | None, config_path: str | None, progress: bool | None,
             verbose: bool, annotate: bool, sbatch_file: str | None, script: str,
             script_args: tuple[str, ...]) -> int:
     """Estimate the peak GPU memory of SCRIPT on each target GPU, without a GPU."""
@@ -101,7 +103,8 @@ def command(ctx: click.Context, gpus: tuple[str, ...], iterations: int | None, m
     request = Request(
         script=script, args=list(script_args), targets=targets, mode=mode or est.mode,
         iterations=iterations or est.iterations,
-        limits=Limits(timeout_s=timeout or est.timeout_s, max_address_space=limit_bytes),
+        limits=Limits(timeout_s=timeout or est.timeout_s, max_address_space=limit_bytes,
+                      warm_idle_s=0.0 if no_warm else est.warm_worker_idle_s),
         plot=plot, snapshot=snapshot, cfg=cfg)
     show_progress = sys.stderr.isatty() if progress is None else progress
     # Settings that change the document: capture, the [policy] margins the recommendation uses, and this
@@ -127,6 +130,8 @@ def command(ctx: click.Context, gpus: tuple[str, ...], iterations: int | None, m
             return _FAILURE_EXIT.get(exc.status, EXIT_INTERNAL)
         if verbose and output.strip():
             click.echo("--- script output ---\n" + output.rstrip() + "\n--- end of script output ---", err=True)
+        if verbose and doc.get("capture_process_note"):
+            click.echo(f"gpu-estimate: {doc['capture_process_note']}", err=True)
         if not no_cache:
             cache_mod.store(directory, key, doc)
     if submission is not None:

@@ -2,7 +2,8 @@
 
 The child (estimator_cli/runner.py) runs as the invoking user in its own session, so a timeout can kill
 the script and anything it started (process group). Its stdout/stderr go to files that the CLI shows
-only with ``--verbose``.
+only with ``--verbose``. The child is forked by the user's warm worker (estimator_cli/warm_worker.py)
+when ``Limits.warm_idle_s`` allows one, else started as a fresh interpreter ("cold"); both behave the same.
 """
 
 from __future__ import annotations
@@ -38,30 +39,58 @@ class CaptureOutcome:
     fallback_reason: str | None  # why fake mode was abandoned, when it was
     output: str  # the script's stdout+stderr (all attempts)
     attempts: list[dict[str, Any]] = field(default_factory=list)
+    process: str = "cold"  # "warm": forked by the warm worker; "cold": a fresh interpreter
+    process_note: str | None = None  # why the warm worker was not used, when it was wanted
 
 
 @dataclass
 class Limits:
     timeout_s: float
     max_address_space: int  # bytes; 0 = unlimited
+    warm_idle_s: float = 0.0  # >0: use (or start) a warm worker that lingers this long; 0: always cold
+
+
+class _Started:
+    """Which kind of child a capture got, and why not warm (reported with --verbose)."""
+
+    def __init__(self) -> None:
+        self.process = "cold"
+        self.note: str | None = None
+
+
+def _start(runner_args: list[str], env: dict[str, str], log: str, log_handle: Any, limits: Limits,
+           deadline: float, started: _Started, on_progress: Callable[[str], None] | None) -> Any:
+    if limits.warm_idle_s > 0:
+        from estimator_cli.warm_worker import WarmChild, WarmUnavailable, ensure_worker
+
+        try:
+            if on_progress is not None:
+                on_progress("connecting to the warm worker")
+            path = ensure_worker(limits.warm_idle_s, max(1.0, deadline - time.monotonic()))
+            child = WarmChild(path, runner_args, env, os.getcwd(), log)
+            started.process = "warm"
+            return child
+        except (WarmUnavailable, OSError, ValueError, subprocess.SubprocessError) as exc:
+            started.note = f"warm worker not used: {exc}"
+    return subprocess.Popen([sys.executable, "-m", "estimator_cli.runner", *runner_args], stdin=subprocess.DEVNULL,
+                            stdout=log_handle, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 
 def _run_child(mode: str, script: str, args: list[str], steps: int, gpu: PresentedGpu, limits: Limits,
-               deadline: float, on_progress: Callable[[str], None] | None) -> tuple[dict[str, Any], str]:
+               deadline: float, on_progress: Callable[[str], None] | None,
+               started: _Started) -> tuple[dict[str, Any], str]:
     with tempfile.TemporaryDirectory(prefix="gpu-estimate-") as tmp:
         out, status, log = (os.path.join(tmp, n) for n in ("result.json", "status", "output.log"))
-        cmd = [sys.executable, "-m", "estimator_cli.runner", "--mode", mode, "--steps", str(steps),
-               "--out", out, "--status", status, "--max-address-space", str(limits.max_address_space),
-               "--gpu", json.dumps(asdict(gpu)), script, "--", *args]
+        runner_args = ["--mode", mode, "--steps", str(steps), "--out", out, "--status", status,
+                       "--max-address-space", str(limits.max_address_space), "--gpu", json.dumps(asdict(gpu)),
+                       script, "--", *args]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         with open(log, "wb") as log_handle:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log_handle, stderr=subprocess.STDOUT,
-                                    env=env, start_new_session=True)
+            proc = _start(runner_args, env, log, log_handle, limits, deadline, started, on_progress)
             try:
                 while proc.poll() is None:
                     if time.monotonic() > deadline:
-                        os.killpg(proc.pid, signal.SIGKILL)
-                        proc.wait()
+                        _kill(proc)
                         raise CaptureFailed("timeout", f"the script did not reach {steps} optimizer steps within "
                                             f"the time limit (raise it with --timeout)", output=_read(log))
                     if on_progress is not None and os.path.exists(status):
@@ -69,8 +98,7 @@ def _run_child(mode: str, script: str, args: list[str], steps: int, gpu: Present
                     time.sleep(0.05)
             except BaseException:
                 if proc.poll() is None:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+                    _kill(proc)
                 raise
         output = _read(log)
         if not os.path.exists(out):
@@ -82,6 +110,19 @@ def _run_child(mode: str, script: str, args: list[str], steps: int, gpu: Present
                                 "before the estimate was taken", traceback_tail=output[-3000:], output=output)
         with open(out, encoding="utf-8") as handle:
             return json.load(handle), output
+
+
+def _kill(proc: Any) -> None:
+    """Kill the child's process group (the script and whatever it started), then reap it. A warm child
+    may not have made its own group yet in its first instant: then the child alone."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        try:
+            os.kill(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
 
 
 def _read(path: str) -> str:
@@ -100,13 +141,15 @@ def run_capture(script: str, args: list[str], mode: str, steps: int, gpu: Presen
     outputs: list[str] = []
     attempts: list[dict[str, Any]] = []
     fallback: str | None = None
+    started = _Started()
     for attempt in order:
-        result, output = _run_child(attempt, script, args, steps, gpu, limits, deadline, on_progress)
+        result, output = _run_child(attempt, script, args, steps, gpu, limits, deadline, on_progress, started)
         outputs.append(output)
         status, error = result["status"], result.get("error") or {}
         attempts.append({"mode": attempt, "status": status, "error": error.get("message")})
         if status == "ok":
-            return CaptureOutcome(Capture.from_json(result["capture"]), attempt, fallback, "".join(outputs), attempts)
+            return CaptureOutcome(Capture.from_json(result["capture"]), attempt, fallback, "".join(outputs), attempts,
+                                  started.process, started.note)
         if status == "limit":
             raise CaptureFailed("limit", f"the script ran out of memory in {attempt} mode ({error.get('message')}); "
                                 "raise --max-cpu-memory", error.get("traceback", ""), "".join(outputs))

@@ -61,17 +61,20 @@ def _tensor_key(t: torch.Tensor) -> Any:
     return (tuple(t.shape), t.stride(), t.dtype, t.storage_offset())
 
 
-def _value_key(v: Any) -> Any:
+def _value_key(v: Any, floats: bool = True) -> Any:
     """Hashable description of one argument, or None when the op must run (non-meta tensor, odd type).
+    ``floats=False``: a float counts by its type only (see ``MetaCache.call``).
 
     Hand-rolled rather than ``tree_flatten``: this runs for every op and pytree is the slower part.
     """
     if isinstance(v, torch.Tensor):
         return _tensor_key(v)
+    if not floats and type(v) is float:
+        return float
     if isinstance(v, _SCALARS):
         return (type(v), v)
     if isinstance(v, (list, tuple)):
-        parts = [_value_key(x) for x in v]
+        parts = [_value_key(x, floats) for x in v]
         return None if any(p is None for p in parts) else (type(v), tuple(parts))
     return None
 
@@ -112,8 +115,12 @@ class MetaCache:
             self._kinds[func] = kind
         if kind[0] == "skip":
             return run()
-        arg_key = _value_key(args)
-        kw_key = _value_key(tuple(kwargs.items())) if kwargs else ()
+        # An in-place op's outputs are its inputs, whatever its float operands (Adam's bias-corrected step
+        # sizes change every step): those count by type only, so steps 2 and 3 hit the cache. A fresh
+        # op's output shape can depend on a float (arange, interpolate's scale factor): exact values.
+        floats = kind[0] != "inplace"
+        arg_key = _value_key(args, floats)
+        kw_key = _value_key(tuple(kwargs.items()), floats) if kwargs else ()
         if arg_key is None or kw_key is None:
             return run()
         key = (func, arg_key, kw_key)

@@ -7,6 +7,7 @@ older GPUs get one capture each; all targets of a class share it.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 import time
@@ -54,7 +55,7 @@ def run(request: Request, key: str, show_progress: bool, tool_version: str) -> t
     progress = Progress(show_progress)
     devices = [device_for(t, request.cfg.gpus) for t in request.targets]
     captures: dict[bool, CaptureOutcome] = {}
-    remaining = Limits(request.limits.timeout_s, request.limits.max_address_space)
+    remaining = dataclasses.replace(request.limits)
     try:
         for device in devices:
             group = _arch_class(device)
@@ -86,6 +87,9 @@ def run(request: Request, key: str, show_progress: bool, tool_version: str) -> t
         item_placeholders=first.capture.item_placeholders, elapsed_s=time.monotonic() - start,
         torch_version=_torch_version(), cache_key=key,
         allocator_config=os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""), tool_version=tool_version)
+    doc["capture_process"] = first.process
+    if first.process_note:
+        doc["capture_process_note"] = first.process_note
     output = "".join(c.output for c in captures.values())
     return doc, output
 

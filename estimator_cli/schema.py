@@ -47,6 +47,7 @@ class ReportJson(TypedDict):
     stopped: bool  # True: stopped after `iterations` steps; False: the script ended by itself
     item_placeholders: int  # `.item()` calls answered with a placeholder that reached only logging
     elapsed_s: float  # wall-clock seconds for the estimate (capture + simulation), excluding cache hits
+    capture_process: str  # "warm": forked by the user's warm worker; "cold": a fresh interpreter
     cached: bool  # served from the estimate cache
     torch_version: str
     cache_key: str  # sha256 hex of script bytes, args, relevant env, torch version, targets, settings

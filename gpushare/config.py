@@ -134,6 +134,9 @@ class EstimatorSection:
     mode: str = _opt("auto", _one_of("auto", "fake", "profile"), "capture mode")
     timeout_s: float = _opt(300.0, _between(1.0, 86400.0), "wall-clock limit of one estimate")
     max_cpu_memory: str = _opt("16G", None, "address-space limit of the captured script")
+    warm_worker_idle_s: float = _opt(600.0, _between(0.0, 86400.0),
+                                     "a per-user worker with torch imported forks each capture and exits "
+                                     "after this long unused; 0: every estimate starts a fresh interpreter")
 
 
 def _regex_list(values: Any) -> str | None:

@@ -231,7 +231,7 @@ class EstimationService:
     def wrapper(self, job: HeldJob, command: TrainingCommand, directory: Path) -> str:
         est = self.cfg.estimation
         estimator = est.command or os.path.join(os.path.dirname(sys.executable), "gpu-estimate")
-        argv = [estimator, "--json", "--no-progress", "--timeout", f"{max(10.0, est.time_limit_s - 30):g}",
+        argv = [estimator, "--json", "--no-progress", "--no-warm", "--timeout", f"{max(10.0, est.time_limit_s - 30):g}",
                 "--max-cpu-memory", self.cfg.estimator.max_cpu_memory]
         for gpu in cluster_gpu_names(self.cfg):
             argv += ["--gpu", gpu]

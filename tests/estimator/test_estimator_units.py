@@ -157,3 +157,48 @@ def test_meta_cache_reuses_fresh_outputs_keeps_inplace_aliasing_and_never_caches
         c = torch.ones(2)
         cache.call(ops.mul.Tensor, (c, c), {}, runner(lambda: ops.mul.Tensor(c, c)))  # real CPU work
     assert len(calls) == 4
+
+
+def test_meta_cache_ignores_float_operands_of_inplace_ops_only():
+    """Adam's step sizes change every step; an in-place op's outputs are its inputs whatever they are.
+    A fresh op's shape can depend on a float (arange), so there the value stays in the key."""
+    import torch
+
+    from estimator_cli.meta_cache import MetaCache
+
+    ops = torch.ops.aten
+    cache = MetaCache()
+    a = torch.empty(4, 8, device="meta")
+    for alpha in (0.1, 0.2, 0.3):
+        assert cache.call(ops.add_.Scalar, (a, alpha), {}, lambda: ops.add_.Scalar(a, alpha)) is a
+    assert cache.hits == 2
+    short = cache.call(ops.arange.start_step, (0.0, 1.5, 0.5), {"device": torch.device("meta")},
+                       lambda: ops.arange.start_step(0.0, 1.5, 0.5, device="meta"))
+    long = cache.call(ops.arange.start_step, (0.0, 2.5, 0.5), {"device": torch.device("meta")},
+                      lambda: ops.arange.start_step(0.0, 2.5, 0.5, device="meta"))
+    assert (short.shape[0], long.shape[0]) == (3, 5)
+
+
+def test_fake_mode_skips_random_initial_values_of_parameters_only():
+    """Drawing parameters' initial values is most of a big model's construction time on a CPU and the
+    values never reach the (meta) GPU side; any other tensor is still filled for real."""
+    import torch
+
+    from estimator_cli.device_mode import CudaPresenter
+
+    presenter = CudaPresenter("meta", 8)
+    with presenter:
+        torch.manual_seed(0)
+        linear = torch.nn.Linear(64, 64)  # reset_parameters: kaiming_uniform_ and uniform_ by keyword
+        emb = torch.nn.Embedding(10, 4)
+        emb.weight.data.normal_(0.0, 0.02)  # Hugging Face's _init_weights style, through .data
+        torch.nn.init.trunc_normal_(linear.weight, std=0.02)  # uniform_ then erfinv_ on the tensor
+        data = torch.empty(1000).uniform_(1.0, 2.0)  # not a parameter: real values
+        moved = linear.cuda()
+    assert presenter.skipped_init_fills >= 5
+    assert float(data.min()) >= 1.0 and float(data.max()) <= 2.0 and float(data.std()) > 0.1
+    assert moved.weight.is_meta and moved.weight.shape == (64, 64)
+    plain = CudaPresenter("cpu", 8)  # profile mode runs everything for real
+    with plain:
+        real = torch.nn.Linear(64, 64)
+    assert plain.skipped_init_fills == 0 and float(real.weight.detach().abs().sum()) > 0
