@@ -65,6 +65,13 @@ def main() -> int:
     parser.add_argument("--rows", default="", help="only rows whose label contains this text")
     opts = parser.parse_args()
     sys.path.insert(0, os.path.dirname(HERE))
+    from estimator_cli.warm_worker import private_runtime
+
+    with private_runtime("gpushare-bench-runtime-"):  # gpu-estimate's warm worker: ours, stopped at the end
+        return _table(opts)
+
+
+def _table(opts: argparse.Namespace) -> int:
     from estimator_cli.recommend import margin_for
     from gpushare.config import load_config
 

@@ -2,13 +2,16 @@
 
 Scripts: ``examples/resnet50_train.py`` (ResNet-50, Adam) and ``examples/gpt2_train.py --preset gpt2-small
 --seq-len 1024`` (GPT-2 small, AdamW), 3 optimizer steps, batch 32 and 256, target a100-80gb, no cache.
-Fake mode is run ``--repeats`` times and the median reported; profile mode runs once per case with the
-given time and memory limits (real CPU execution: it may not finish, which is then reported as such).
-Wall time is that of the whole ``gpu-estimate`` process (interpreter and torch import included);
-``elapsed_s`` is the estimator's own figure (child start to report); CPU is the user+system seconds the
-process and its child consumed (``getrusage(RUSAGE_CHILDREN)``), which a loaded machine inflates less.
+Fake mode is run ``--repeats`` times each way and the median reported: *cold* (``--no-warm``: a fresh
+interpreter imports torch for every estimate) and *warm* (the capture is forked by the user's warm
+worker, estimator_cli/warm_worker.py; one unmeasured run starts it first). Profile mode runs once per
+case, cold, with the given time and memory limits (real CPU execution: it may not finish, which is then
+reported as such). Wall time is that of the whole ``gpu-estimate`` process; CPU (cold only) is the
+user+system seconds the process and its child consumed (``getrusage(RUSAGE_CHILDREN)``), which a loaded
+machine inflates less; a warm child is the worker's, not ours, so it has no CPU column. The warm
+worker lives in a private runtime directory and is stopped at the end.
 
-    python benchmarks/estimator_speed.py [--repeats 3] [--profile-timeout 300]
+    python benchmarks/estimator_speed.py [--repeats 5] [--profile-timeout 300]
 """
 
 from __future__ import annotations
@@ -34,10 +37,10 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def one_run(script: str, args: list[str], mode: str, timeout: float, memory: str
+def one_run(script: str, args: list[str], mode: str, timeout: float, memory: str, warm: bool = False
             ) -> tuple[float, dict | None, str, float]:
     cmd = [sys.executable, "-m", "estimator_cli.cli", "--json", "--no-cache", "--mode", mode, "--gpu", "a100-80gb",
-           "--timeout", str(timeout), "--max-cpu-memory", memory, script, *args]
+           "--timeout", str(timeout), "--max-cpu-memory", memory, *([] if warm else ["--no-warm"]), script, *args]
     start, cpu = time.monotonic(), _children_cpu()
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=ROOT)
     wall, cpu = time.monotonic() - start, _children_cpu() - cpu
@@ -48,38 +51,49 @@ def one_run(script: str, args: list[str], mode: str, timeout: float, memory: str
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--profile-timeout", type=float, default=300.0)
     parser.add_argument("--profile-memory", default="16G")
     parser.add_argument("--batches", default="32,256")
     opts = parser.parse_args()
+    sys.path.insert(0, ROOT)
+    from estimator_cli.warm_worker import private_runtime
+
+    with private_runtime("gpushare-bench-runtime-"):  # a worker of our own, whatever the user has running
+        return _table(opts)
+
+
+def _table(opts: argparse.Namespace) -> int:
     print(f"cpus: {os.cpu_count()}  load average at start: {os.getloadavg()[0]:.1f}")
-    print(f"{'case':<12} {'batch':>5} {'fake wall':>10} {'fake CPU':>9} {'elapsed_s':>10} {'profile wall':>13} "
-          f"{'profile CPU':>12} {'ratio wall/CPU':>15}  peak reserved fake/profile")
+    print(f"{'case':<12} {'batch':>5} {'cold wall':>10} {'cold CPU':>9} {'warm wall':>10} {'warm elapsed':>13} "
+          f"{'profile wall':>13} {'profile CPU':>12} {'profile/warm':>13}  peak reserved cold/warm/profile")
     for name, script, extra in CASES:
         for batch in (int(b) for b in opts.batches.split(",")):
             args = [*extra, "--batch-size", str(batch)]
-            fakes = [one_run(script, args, "fake", 600, "16G") for _ in range(opts.repeats)]
-            walls = [w for w, doc, _, _ in fakes if doc]
-            cpus = [c for _, doc, _, c in fakes if doc]
-            docs = [doc for _, doc, _, _ in fakes if doc]
-            if not docs:
-                print(f"{name:<12} {batch:>5} fake failed: {fakes[0][2]}")
+            colds = [one_run(script, args, "fake", 600, "16G") for _ in range(opts.repeats)]
+            one_run(script, args, "fake", 600, "16G", warm=True)  # starts the worker when there is none
+            warms = [one_run(script, args, "fake", 600, "16G", warm=True) for _ in range(opts.repeats)]
+            cold_docs = [doc for _, doc, _, _ in colds if doc]
+            warm_docs = [doc for _, doc, _, _ in warms if doc and doc["capture_process"] == "warm"]
+            if not cold_docs or not warm_docs:
+                print(f"{name:<12} {batch:>5} fake failed: {colds[0][2] or warms[0][2] or 'worker not used'}")
                 continue
-            fake_wall, fake_cpu = statistics.median(walls), statistics.median(cpus)
-            fake_elapsed = statistics.median(d["elapsed_s"] for d in docs)
+            cold_wall = statistics.median(w for w, doc, _, _ in colds if doc)
+            cold_cpu = statistics.median(c for _, doc, _, c in colds if doc)
+            warm_wall = statistics.median(w for w, doc, _, _ in warms if doc)
+            warm_elapsed = statistics.median(d["elapsed_s"] for d in warm_docs)
             p_wall, p_doc, p_err, p_cpu = one_run(script, args, "profile", opts.profile_timeout, opts.profile_memory)
-            fake_peak = docs[0]["targets"][0]["peak_reserved_bytes"] / 2**30
+            peaks = [d["targets"][0]["peak_reserved_bytes"] / 2**30 for d in (cold_docs[0], warm_docs[0])]
             if p_doc:
-                ratio = f"{p_wall / fake_wall:5.1f}x/{p_cpu / fake_cpu:4.1f}x"
+                ratio = f"{p_wall / warm_wall:11.1f}x"
                 prof = f"{p_wall:11.1f} s {p_cpu:10.1f} s"
-                peaks = f"{fake_peak:.2f} / {p_doc['targets'][0]['peak_reserved_bytes'] / 2**30:.2f} GiB"
+                peaks.append(p_doc["targets"][0]["peak_reserved_bytes"] / 2**30)
             else:
-                ratio = f">{p_wall / fake_wall:4.1f}x/>{p_cpu / fake_cpu:3.1f}x" if "exit 4" in p_err else "n/a"
+                ratio = f">{p_wall / warm_wall:10.1f}x" if "exit 4" in p_err else "n/a"
                 prof = f"{'(' + p_err[:26] + ')':>26}"
-                peaks = f"{fake_peak:.2f} GiB / —"
-            print(f"{name:<12} {batch:>5} {fake_wall:>8.1f} s {fake_cpu:>7.1f} s {fake_elapsed:>8.1f} s {prof} "
-                  f"{ratio:>15}  {peaks}", flush=True)
+            print(f"{name:<12} {batch:>5} {cold_wall:>8.1f} s {cold_cpu:>7.1f} s {warm_wall:>8.1f} s "
+                  f"{warm_elapsed:>11.1f} s {prof} {ratio:>13}  {' / '.join(f'{x:.2f}' for x in peaks)} GiB",
+                  flush=True)
     print(f"load average at end: {os.getloadavg()[0]:.1f}")
     return 0
 

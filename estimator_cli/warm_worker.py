@@ -27,19 +27,22 @@ process group if the caller goes away.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import hashlib
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 PROTOCOL = 1
 _IMPORT_ENV_PREFIXES = ("TORCH", "PYTORCH", "OMP_", "MKL_", "KMP_", "CUDA", "NVIDIA", "GOMP", "ATEN")
@@ -131,6 +134,25 @@ def _hello(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return reply if reply and reply.get("ok") and reply.get("protocol") == PROTOCOL else None
+
+
+@contextlib.contextmanager
+def private_runtime(prefix: str = "gpushare-runtime-") -> Iterator[Path]:
+    """Run with ``XDG_RUNTIME_DIR`` at a fresh private directory, and stop the workers started there on
+    the way out: tests and benchmarks get workers of their own and leave none behind."""
+    runtime = Path(tempfile.mkdtemp(prefix=prefix))
+    saved = os.environ.get("XDG_RUNTIME_DIR")
+    os.environ["XDG_RUNTIME_DIR"] = str(runtime)
+    try:
+        yield runtime / "gpushare"
+    finally:
+        if (runtime / "gpushare").is_dir():
+            stop_workers(runtime / "gpushare")
+        if saved is None:
+            os.environ.pop("XDG_RUNTIME_DIR", None)
+        else:
+            os.environ["XDG_RUNTIME_DIR"] = saved
+        shutil.rmtree(runtime, ignore_errors=True)
 
 
 def stop_workers(directory: Path) -> int:

@@ -57,21 +57,10 @@ def _dump_logs(cluster: LocalCluster) -> None:
 def private_warm_workers() -> Iterator[Path]:
     """gpu-estimate's warm workers (estimator_cli/warm_worker.py) of this session live in a runtime dir of
     its own and are stopped at its end, so none outlives the tests or meets a developer's own."""
-    runtime = Path(tempfile.mkdtemp(prefix="gpushare-test-runtime-"))
-    saved = os.environ.get("XDG_RUNTIME_DIR")
-    os.environ["XDG_RUNTIME_DIR"] = str(runtime)
-    try:
-        yield runtime / "gpushare"
-    finally:
-        from estimator_cli.warm_worker import stop_workers
+    from estimator_cli.warm_worker import private_runtime
 
-        if (runtime / "gpushare").is_dir():
-            stop_workers(runtime / "gpushare")
-        if saved is None:
-            os.environ.pop("XDG_RUNTIME_DIR", None)
-        else:
-            os.environ["XDG_RUNTIME_DIR"] = saved
-        shutil.rmtree(runtime, ignore_errors=True)
+    with private_runtime("gpushare-test-runtime-") as directory:
+        yield directory
 
 
 @pytest.fixture(scope="session")
