@@ -108,10 +108,19 @@ class SubmitServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
 
 def serve(socket_path: str, cfg: Config, config_path: str | None) -> int:
     server = SubmitServer(socket_path, cfg)
+    stop_estimation = threading.Event()
+
+    def _start_estimation_if_needed(current: Config) -> None:
+        # held jobs need the thread that releases them; once started it stays (jobs held before a
+        # switch away from async must still be released)
+        if current.policy.without_estimate == "async" and server.estimation is None:
+            server.estimation, _ = start_thread(current, stop_estimation)
 
     def _reload(signum: int, frame: object) -> None:
         try:
-            server.reload(load_config(config_path))
+            new = load_config(config_path)
+            server.reload(new)
+            _start_estimation_if_needed(new)
             log.warning("configuration reloaded")
         except ConfigError as exc:
             log.error("configuration not reloaded: %s", exc)
@@ -122,9 +131,7 @@ def serve(socket_path: str, cfg: Config, config_path: str | None) -> int:
     signal.signal(signal.SIGHUP, _reload)
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    stop_estimation = threading.Event()
-    if cfg.policy.without_estimate == "async":  # held jobs need the thread that releases them
-        server.estimation, _ = start_thread(cfg, stop_estimation)
+    _start_estimation_if_needed(cfg)
     log.warning("listening on %s", socket_path)
     try:
         server.serve_forever(poll_interval=0.2)
