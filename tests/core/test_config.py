@@ -22,6 +22,24 @@ def test_example_config_is_valid():
     assert cfg.nodes and cfg.policy.shared == "shard"
 
 
+def test_commented_examples_in_the_example_config_are_real_settings():
+    """Every commented-out table and key in etc/gpushare.toml, uncommented, is accepted: the example
+    cannot drift from the settings it documents."""
+    import re
+    import tomllib
+    from pathlib import Path
+
+    from gpushare.config import parse_config
+
+    text = (Path(__file__).resolve().parents[2] / "etc" / "gpushare.toml").read_text()
+    uncommented = re.sub(r"^# (\[|[a-z_]+ = )", r"\1", text, flags=re.M)
+    assert uncommented != text
+    data = tomllib.loads(uncommented)
+    assert {"estimation", "oom", "agent", "mig"} <= set(data)
+    data["policy"]["without_estimate"] = "async"  # the example says to pair [estimation] with it
+    parse_config(data)
+
+
 @pytest.mark.parametrize("text, needle", [
     ("[policy]\nmargn_fraction = 0.2", "[policy]: unknown key 'margn_fraction'"),
     ("[policy]\nmargin_fraction = 2.0", "[policy].margin_fraction: must be between 0.0 and 1.0"),
