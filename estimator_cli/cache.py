@@ -1,5 +1,10 @@
 """The estimate cache: same script bytes, arguments, environment, torch and targets → same estimate.
 
+What the script reads besides its own bytes counts too: an argument naming a regular file (``--config
+cfg.yaml``, ``--config=cfg.yaml``; up to ``MAX_ARG_FILE_BYTES``) enters the key with its contents, and
+the modules the script imported from its own project (``dependencies`` in the document, found by the
+child, estimator_cli/runner.py) are re-hashed on every hit — a changed or missing one is a miss.
+
 Users' default is ``$XDG_CACHE_HOME/gpushare/estimates`` (``~/.cache/gpushare/estimates``); the cluster's
 asynchronous path points ``--cache-dir`` at ``[submit] cache_dir`` (gpushare/config.py). Entries are
 written atomically (gpushare/atomic.py), so a reader never sees half a file.
@@ -24,6 +29,33 @@ RELEVANT_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CUBLAS_WORKSPA
 MODEL_VERSION = 2
 
 
+MAX_ARG_FILE_BYTES = 4 << 20
+
+
+def file_digest(path: str) -> str | None:
+    try:
+        with open(path, "rb") as handle:
+            return hashlib.file_digest(handle, "sha256").hexdigest()
+    except OSError:
+        return None
+
+
+def _argument_files(args: list[str]) -> dict[str, str]:
+    """sha256 of every argument (or ``--opt=value`` value) that names a regular file of modest size."""
+    found: dict[str, str] = {}
+    for arg in args:
+        for candidate in {arg, arg.partition("=")[2]} - {""}:
+            try:
+                info = os.stat(candidate)
+            except (OSError, ValueError):
+                continue
+            if os.path.isfile(candidate) and info.st_size <= MAX_ARG_FILE_BYTES:
+                digest = file_digest(candidate)
+                if digest is not None:
+                    found[candidate] = digest
+    return found
+
+
 def default_cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "gpushare" / "estimates"
@@ -33,7 +65,8 @@ def cache_key(script_bytes: bytes, args: list[str], env: dict[str, str], torch_v
               targets: list[str], settings: dict[str, Any]) -> str:
     h = hashlib.sha256()
     h.update(hashlib.sha256(script_bytes).digest())
-    h.update(json.dumps({"args": args, "env": {k: env.get(k, "") for k in RELEVANT_ENV},
+    h.update(json.dumps({"args": args, "arg_files": _argument_files(args),
+                         "env": {k: env.get(k, "") for k in RELEVANT_ENV},
                          "torch": torch_version, "targets": targets, "settings": settings,
                          "model": MODEL_VERSION},
                         sort_keys=True).encode())
@@ -46,7 +79,12 @@ def load(cache_dir: Path, key: str) -> dict[str, Any] | None:
             doc = json.load(handle)
     except (OSError, ValueError):
         return None
-    return doc if isinstance(doc, dict) and doc.get("cache_key") == key else None
+    if not isinstance(doc, dict) or doc.get("cache_key") != key:
+        return None
+    for dep in doc.get("dependencies") or []:  # the script's own modules, as they were when estimated
+        if not isinstance(dep, dict) or file_digest(str(dep.get("path"))) != dep.get("sha256"):
+            return None
+    return doc
 
 
 def store(cache_dir: Path, key: str, doc: dict[str, Any]) -> None:

@@ -41,6 +41,7 @@ class CaptureOutcome:
     attempts: list[dict[str, Any]] = field(default_factory=list)
     process: str = "cold"  # "warm": forked by the warm worker; "cold": a fresh interpreter
     process_note: str | None = None  # why the warm worker was not used, when it was wanted
+    local_modules: list[str] = field(default_factory=list)  # the script's own imported modules
 
 
 @dataclass
@@ -149,7 +150,7 @@ def run_capture(script: str, args: list[str], mode: str, steps: int, gpu: Presen
         attempts.append({"mode": attempt, "status": status, "error": error.get("message")})
         if status == "ok":
             return CaptureOutcome(Capture.from_json(result["capture"]), attempt, fallback, "".join(outputs), attempts,
-                                  started.process, started.note)
+                                  started.process, started.note, list(result.get("local_modules") or []))
         if status == "limit":
             raise CaptureFailed("limit", f"the script ran out of memory in {attempt} mode ({error.get('message')}); "
                                 "raise --max-cpu-memory", error.get("traceback", ""), "".join(outputs))

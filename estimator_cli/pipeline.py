@@ -88,10 +88,24 @@ def run(request: Request, key: str, show_progress: bool, tool_version: str) -> t
         torch_version=_torch_version(), cache_key=key,
         allocator_config=os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""), tool_version=tool_version)
     doc["capture_process"] = first.process
+    doc["dependencies"] = dependencies(first.local_modules)
     if first.process_note:
         doc["capture_process_note"] = first.process_note
     output = "".join(c.output for c in captures.values())
     return doc, output
+
+
+def dependencies(paths: list[str]) -> list[dict[str, str]]:
+    """``[{path, sha256}]`` of the script's own modules, so a cached estimate is not served after one of
+    them changed (estimator_cli/cache.py); an unreadable one is left out (it cannot be checked)."""
+    from estimator_cli.cache import file_digest
+
+    found = []
+    for path in paths:
+        digest = file_digest(path)
+        if digest is not None:
+            found.append({"path": path, "sha256": digest})
+    return found
 
 
 def write_plot_for(path: str, est: TargetEstimate, script: str) -> None:

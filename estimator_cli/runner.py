@@ -55,6 +55,37 @@ def _needs_values(exc: BaseException) -> bool:
     return isinstance(exc, NotImplementedError) or "meta tensor" in text.lower() or "data-dependent" in text
 
 
+MAX_LOCAL_MODULES = 1000
+
+
+def local_modules(script: str, already: set[str]) -> list[str]:
+    """Source files of the modules the script imported (not in ``already``, the modules loaded before it
+    ran) from outside the installation — its own project, PYTHONPATH: the cache must notice when one of
+    them changes (estimator_cli/cache.py)."""
+    import site
+    import sysconfig
+
+    roots = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix,
+                                           *site.getsitepackages(), site.getusersitepackages(),
+                                           *sysconfig.get_paths().values(), _OWN_DIRS[0],
+                                           os.path.join(os.path.dirname(_OWN_DIRS[0]), "gpushare"))}
+    roots = {r + os.sep for r in roots if r and r != os.sep}
+    found = {os.path.realpath(script)}
+    for name, module in list(sys.modules.items()):
+        if name in already:
+            continue
+        path = getattr(module, "__file__", None)
+        if not isinstance(path, str) or not path.endswith(".py"):
+            continue
+        real = os.path.realpath(path)
+        if not any(real.startswith(r) for r in roots) and os.path.isfile(real):
+            found.add(real)
+        if len(found) > MAX_LOCAL_MODULES:
+            break
+    found.discard(os.path.realpath(script))  # the script's own bytes are in the cache key already
+    return sorted(found)
+
+
 def _set_limits(max_address_space: int) -> None:
     if max_address_space > 0:
         soft, hard = resource.getrlimit(resource.RLIMIT_AS)
@@ -91,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
 
         run = ScriptRun(opts.script, args, opts.steps, PresentedGpu(**json.loads(opts.gpu)),
                         _status_writer(opts.status, opts.steps))
+        loaded_before = set(sys.modules)
         try:
             if opts.mode == "fake":
                 capture = capture_fake(run)
@@ -98,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
                 with tempfile.TemporaryDirectory(prefix="gpu-estimate-trace-") as tmp:
                     capture = capture_profile(run, tmp)
             result["capture"] = capture.to_json()
+            result["local_modules"] = local_modules(opts.script, loaded_before)
         except DataDependent as exc:
             result.update(status="data_dependent", error=_error(exc))
         except MemoryError as exc:

@@ -48,6 +48,7 @@ class ReportJson(TypedDict):
     item_placeholders: int  # `.item()` calls answered with a placeholder that reached only logging
     elapsed_s: float  # wall-clock seconds for the estimate (capture + simulation), excluding cache hits
     capture_process: str  # "warm": forked by the user's warm worker; "cold": a fresh interpreter
+    dependencies: list[dict[str, str]]  # [{path, sha256}] of modules the script imported from its project
     cached: bool  # served from the estimate cache
     torch_version: str
     cache_key: str  # sha256 hex of script bytes, args, relevant env, torch version, targets, settings

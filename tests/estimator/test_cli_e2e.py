@@ -94,6 +94,47 @@ def test_cache_hit_returns_the_same_estimate(capsys, tmp_path):
     assert list(tmp_path.glob("*.json")) == [tmp_path / f"{first['cache_key']}.json"]
 
 
+def test_cache_notices_the_scripts_own_modules_and_file_arguments(capsys, tmp_path):
+    """A cached estimate is not served after a module the script imports from its project, or a file
+    named by an argument, changed: both change what the GPU run would allocate."""
+    project, cache = tmp_path / "project", tmp_path / "cache"
+    project.mkdir()
+    (project / "mymodel.py").write_text("import torch\nWIDTH = 64\n"
+                                        "def build():\n    return torch.nn.Linear(WIDTH, WIDTH)\n")
+    (project / "cfg.json").write_text('{"batch": 8}')
+    script = project / "train.py"
+    script.write_text(textwrap.dedent("""
+        import argparse, json, torch
+        from mymodel import WIDTH, build
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--config")
+        batch = json.load(open(parser.parse_args().config))["batch"]
+        model = build().cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(4):
+            model(torch.randn(batch, WIDTH, device="cuda")).sum().backward()
+            opt.step()
+    """))
+
+    def estimate() -> dict:
+        code, out, err = run(capsys, "--json", "--cache-dir", str(cache), str(script),
+                             f"--config={project / 'cfg.json'}")
+        assert code == EXIT_OK, err
+        return json.loads(out)
+
+    first = estimate()
+    assert [d["path"] for d in first["dependencies"]] == [str(project / "mymodel.py")]
+    assert estimate()["cached"] is True
+    (project / "mymodel.py").write_text((project / "mymodel.py").read_text().replace("64", "4096"))
+    wider = estimate()
+    assert wider["cached"] is False
+    assert wider["targets"][0]["peak_allocated_bytes"] > first["targets"][0]["peak_allocated_bytes"]
+    assert estimate()["cached"] is True
+    (project / "cfg.json").write_text('{"batch": 4096}')
+    bigger = estimate()
+    assert bigger["cached"] is False and bigger["cache_key"] != wider["cache_key"]
+
+
 def test_forward_only_script_gives_forward_peak(capsys):
     doc = run_json(capsys, str(EXAMPLES / "forward_only.py"))
     assert doc["iterations"] == 0 and doc["stopped"] is False
