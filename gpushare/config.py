@@ -234,6 +234,8 @@ class NodeGroup:
     cpus: int = _opt(0, _between(0, 100000), "CPUs= for slurm.conf (0: leave out)")
     real_memory_mb: int = _opt(0, _between(0, 1 << 30), "RealMemory= for slurm.conf (0: leave out)")
     partition: str = _opt("gpu", None, "partition the nodes go in")
+    mig: bool = _opt(False, None, "GPUs partitioned by gpushare mig: slurm-config declares every MIG "
+                                  "profile on a hidden FUTURE node so typed requests are accepted")
 
 
 @dataclass

@@ -40,3 +40,34 @@ def test_config_without_nodes_is_a_clear_error(tmp_path, capsys):
     path.write_text("version = 1\n")
     assert gpushare_main(["slurm-config", "--config", str(path)]) == 1
     assert "no [[nodes]] tables" in capsys.readouterr().err
+
+
+def test_mig_nodes_get_lines_of_their_own_and_a_standby_node_declaring_every_profile(tmp_path, capsys):
+    """The MIG executor rewrites one node's lines, so a MIG group is written node by node; and 22.05
+    refuses --gres=gpu:3g.20gb:1 unless some node declares the type (docs/mig.md)."""
+    path = tmp_path / "gpushare.toml"
+    path.write_text('[[nodes]]\nnames = "gpu[01-02]"\ngpu = "a100-40gb"\ncount = 4\n'
+                    '[[nodes]]\nnames = "mig[08-10]"\ngpu = "a100-40gb"\ncount = 2\nmig = true\ncpus = 64\n')
+    assert gpushare_main(["slurm-config", "--config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "NodeName=gpu[01-02] Gres=gpu:a100-40gb:4,shard:160 State=UNKNOWN" in out  # untouched
+    for node in ("mig08", "mig09", "mig10"):
+        assert f"NodeName={node} Gres=gpu:a100-40gb:2,shard:80 CPUs=64 State=UNKNOWN" in out
+        assert f"NodeName={node} Name=gpu Type=a100-40gb File=/dev/nvidia[0-1]" in out
+    # the most instances of each profile one node could hold: 7 × 1g.5gb per GPU, 2 GPUs
+    assert ("NodeName=gpushare-mig-standby-gpu State=FUTURE Gres=gpu:1g.5gb:14,gpu:1g.10gb:8,gpu:2g.10gb:6,"
+            "gpu:3g.20gb:4,gpu:4g.20gb:2,gpu:7g.40gb:2 CPUs=64 RealMemory=4194304") in out
+    assert "PartitionName=gpu Nodes=gpu[01-02],mig[08-10],gpushare-mig-standby-gpu State=UP" in out
+
+
+@pytest.mark.parametrize("text, needle", [
+    ('names = "a"\ngpu = "l40s-48gb"\nmig = true', "l40s-48gb has no MIG"),
+    ('names = "m[1-2][3]"\ngpu = "a100-40gb"\nmig = true', "list the nodes one by one"),
+    ('names = "m[5-2]"\ngpu = "a100-40gb"\nmig = true', "bad range '5-2'"),
+])
+def test_bad_mig_node_groups_are_one_line_errors_before_any_output(tmp_path, capsys, text, needle):
+    path = tmp_path / "gpushare.toml"
+    path.write_text(f"[[nodes]]\n{text}\n")
+    assert gpushare_main(["slurm-config", "--config", str(path)]) == 1
+    out, err = capsys.readouterr()
+    assert needle in err and out == ""
