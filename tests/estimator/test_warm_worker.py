@@ -145,35 +145,34 @@ def test_fingerprint_follows_what_import_torch_reads_only():
         assert warm_worker.fingerprint({**base, key: value}) != same, key
 
 
-def test_an_idle_worker_exits_and_removes_its_socket(tmp_path):
+def _start_worker(tmp_path: Path, idle_s: float) -> tuple[subprocess.Popen, Path]:
+    """A worker on a socket of the test's own, once it answers."""
     runtime = tmp_path / "rt"
-    runtime.mkdir(mode=0o700)
+    runtime.mkdir(mode=0o700, exist_ok=True)
     sock = runtime / "estimate-test.sock"
     proc = subprocess.Popen([sys.executable, "-m", "estimator_cli.warm_worker", "--socket", str(sock),
-                             "--idle", "1"])
+                             "--idle", str(idle_s)])
     deadline = time.monotonic() + 60
     while warm_worker._hello(sock) is None and time.monotonic() < deadline:
         assert proc.poll() is None, "worker died while starting"
         time.sleep(0.1)
+    return proc, sock
+
+
+def test_an_idle_worker_exits_and_removes_its_socket(tmp_path):
+    proc, sock = _start_worker(tmp_path, 1)
     assert warm_worker._hello(sock)["pid"] == proc.pid
     assert proc.wait(30) == 0
     assert not sock.exists()
 
 
 def test_a_second_worker_for_the_same_socket_steps_aside(tmp_path):
-    runtime = tmp_path / "rt"
-    runtime.mkdir(mode=0o700)
-    sock = runtime / "estimate-test.sock"
-    first = subprocess.Popen([sys.executable, "-m", "estimator_cli.warm_worker", "--socket", str(sock),
-                              "--idle", "60"])
+    first, sock = _start_worker(tmp_path, 60)
     try:
-        deadline = time.monotonic() + 60
-        while warm_worker._hello(sock) is None and time.monotonic() < deadline:
-            time.sleep(0.1)
         second = subprocess.run([sys.executable, "-m", "estimator_cli.warm_worker", "--socket", str(sock),
                                  "--idle", "60"], timeout=30)
         assert second.returncode == 0 and warm_worker._hello(sock)["pid"] == first.pid
-        assert warm_worker.stop_workers(runtime) == 1
+        assert warm_worker.stop_workers(sock.parent) == 1
         assert first.wait(10) == 0 and not sock.exists()
     finally:
         if first.poll() is None:
