@@ -177,27 +177,29 @@ def ensure_worker(idle_s: float, wait_s: float) -> Path:
     path = socket_path()
     if _hello(path):
         return path
-    subprocess.run([sys.executable, "-m", "estimator_cli.warm_worker", "--socket", str(path),
-                    "--idle", f"{idle_s:g}", "--daemonize"], stdin=subprocess.DEVNULL,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False, cwd="/", timeout=30)
     deadline = time.monotonic() + wait_s
     lock = path.with_suffix(".lock")
-    while time.monotonic() < deadline:
-        if _hello(path):
-            return path
-        if not _locked(lock):  # the worker we started is gone (e.g. torch failed to import)
+    for _ in range(2):  # a second start covers a worker that was exiting (idle) as we started ours
+        subprocess.run([sys.executable, "-m", "estimator_cli.warm_worker", "--socket", str(path),
+                        "--idle", f"{idle_s:g}", "--daemonize"], stdin=subprocess.DEVNULL,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False, cwd="/", timeout=60)
+        # the start returns once a worker holds the lock: ours, or one that was there already
+        while time.monotonic() < deadline:
             if _hello(path):
                 return path
-            raise WarmUnavailable("the warm worker exited while starting")
-        time.sleep(0.05)
-    raise WarmUnavailable(f"no warm worker answered within {wait_s:.0f} s")
+            if not _locked(lock):
+                break  # no worker holds it any more: start again (once)
+            time.sleep(0.05)
+        else:
+            raise WarmUnavailable(f"no warm worker answered within {wait_s:.0f} s")
+    raise WarmUnavailable("the warm worker exited while starting")
 
 
 def _locked(lock: Path) -> bool:
     try:
         fd = os.open(lock, os.O_RDONLY)
     except OSError:
-        return True  # not created yet: the worker is still starting
+        return False
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except OSError:
@@ -364,13 +366,15 @@ def _handle(conn: socket.socket, inherited: tuple[int, ...]) -> None:
 _WORKER_PID = [0]
 
 
-def serve(path: Path, idle_s: float) -> int:
+def serve(path: Path, idle_s: float, ready_fd: int | None = None) -> int:
     _WORKER_PID[0] = os.getpid()
     lock_fd = os.open(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
+        _say_ready(ready_fd)
         return 0  # another worker for this environment is starting or serving
+    _say_ready(ready_fd)
     import importlib
 
     for name in _PRELOAD:  # what every capture child would import first
@@ -408,16 +412,33 @@ def serve(path: Path, idle_s: float) -> int:
     return 0
 
 
-def _daemonize() -> None:
-    """Detach from the starting gpu-estimate (its session, terminal and streams)."""
+def _daemonize() -> int:
+    """Detach from the starting gpu-estimate (its session, terminal and streams). The starting process
+    exits only once the worker holds its lock (or has seen another worker's), so the caller never
+    mistakes a lock file left by an earlier, idle-exited worker for one that died while starting.
+    Returns the pipe end on which the worker says so."""
+    ready_read, ready_write = os.pipe()
     if os.fork() > 0:
+        os.close(ready_write)
+        select.select([ready_read], [], [], 30.0)
         os._exit(0)
+    os.close(ready_read)
     os.setsid()
     if os.fork() > 0:
         os._exit(0)
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
+    return ready_write
+
+
+def _say_ready(fd: int | None) -> None:
+    if fd is not None:
+        try:
+            os.write(fd, b"1")
+            os.close(fd)
+        except OSError:
+            pass
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -426,12 +447,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle", type=float, default=600.0)
     parser.add_argument("--daemonize", action="store_true")
     opts = parser.parse_args(argv)
-    if opts.daemonize:
-        _daemonize()
+    ready_fd = _daemonize() if opts.daemonize else None
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, _terminate)
     try:
-        return serve(opts.socket, max(1.0, opts.idle))
+        return serve(opts.socket, max(1.0, opts.idle), ready_fd)
     except _Terminated:
         return 0
 

@@ -177,3 +177,19 @@ def test_a_second_worker_for_the_same_socket_steps_aside(tmp_path):
     finally:
         if first.poll() is None:
             first.kill()
+
+
+def test_a_worker_that_went_idle_is_replaced_and_used_at_once(capsys):
+    """The lock file outlives an idle worker; the next estimate must start a new one and use it, not
+    mistake the free lock for a worker that died while starting."""
+    args = [str(EXAMPLES / "forward_only.py")]
+    estimate(capsys, *args)
+    directory = warm_worker.runtime_dir()
+    old = warm_worker._hello(warm_worker.socket_path())
+    assert old and warm_worker.stop_workers(directory) >= 1  # others: tests with another environment
+    deadline = time.monotonic() + 10
+    while not _pid_gone(old["pid"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert list(directory.glob("estimate-*.lock"))  # what the next start must not be fooled by
+    doc = estimate(capsys, *args)
+    assert doc["capture_process"] == "warm", doc.get("capture_process_note")
