@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from gpushare.atomic import write_json_atomic
+from gpushare.atomic import read_json_object, write_json_atomic
 
 LEDGER_VERSION = 1
 FINAL_STATES = ("done", "stay_failed", "gone")
@@ -139,16 +139,7 @@ class Ledger:
 
     @staticmethod
     def _load(path: Path) -> dict[str, Any] | None:
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return None
-        with os.fdopen(fd, "rb") as handle:
-            try:
-                data = json.loads(handle.read(1 << 20))
-            except ValueError:
-                return None
-        return data if isinstance(data, dict) else None
+        return read_json_object(path, 1 << 20)
 
     # --- history ----------------------------------------------------------------------------------
     def append_history(self, event: dict[str, Any]) -> None:

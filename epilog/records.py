@@ -22,14 +22,13 @@ Record format (``v`` 1; J, bytes, seconds; produced by ``mig_manager.agent_jobs.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
 from typing import Any, Iterator
 
 from epilog.ledger import Ledger
-from gpushare.atomic import write_json_atomic
+from gpushare.atomic import read_json_object, write_json_atomic
 
 _NAME_RE = re.compile(r"^(\d{1,10}(?:_\d{1,10})?)\.(\d{1,7})\.json$")
 
@@ -88,12 +87,6 @@ class RecordLedger:
     @staticmethod
     def _load(path: Path) -> dict[str, Any] | None:
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            return read_json_object(path, 16 << 20)
         except OSError:
             return None
-        with os.fdopen(fd, "rb") as handle:
-            try:
-                data = json.loads(handle.read(16 << 20))
-            except ValueError:
-                return None
-        return data if isinstance(data, dict) else None

@@ -44,3 +44,21 @@ def write_text_atomic(path: str | os.PathLike[str], text: str, mode: int = 0o644
 
 def write_json_atomic(path: str | os.PathLike[str], obj: Any, mode: int = 0o644) -> None:
     write_bytes_atomic(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8"), mode)
+
+
+def read_json_object(path: str | os.PathLike[str], max_bytes: int) -> dict[str, Any] | None:
+    """The JSON object a state file holds, read without following a symlink and at most ``max_bytes``.
+
+    None when the file is missing, or is not (or no longer) a JSON object; other errors (a symlink put
+    in its place, permissions) are raised for the caller to judge.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        try:
+            data = json.loads(handle.read(max_bytes))
+        except ValueError:
+            return None
+    return data if isinstance(data, dict) else None

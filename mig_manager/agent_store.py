@@ -40,7 +40,7 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from gpushare.atomic import write_json_atomic
+from gpushare.atomic import read_json_object, write_json_atomic
 
 STORE_VERSION = 1
 _JOB_RE = re.compile(r"^\d{1,10}(?:_\d{1,10})?$")
@@ -81,16 +81,7 @@ class JobStore:
             os.close(fd)
 
     def get(self, job: str) -> dict[str, Any] | None:
-        try:
-            fd = os.open(self._path(job, ".json"), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return None
-        with os.fdopen(fd, "rb") as handle:
-            try:
-                data = json.loads(handle.read(8 << 20))
-            except ValueError:
-                return None
-        return data if isinstance(data, dict) else None
+        return read_json_object(self._path(job, ".json"), 8 << 20)
 
     def put(self, entry: dict[str, Any], durable: bool = True) -> dict[str, Any]:
         """Write an entry whole; callers that read first must hold :meth:`locked`.

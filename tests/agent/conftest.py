@@ -1,5 +1,5 @@
-"""Fixtures for the node-agent tests: a fake clock, simulated GPUs, and a real local Slurm whose
-Prolog/TaskProlog/Epilog and node agent all use one simulated GPU state file.
+"""Fixtures for the node-agent tests (the fake ``clock`` is in tests/conftest.py): simulated GPUs, and
+a real local Slurm whose Prolog/TaskProlog/Epilog and node agent all use one simulated GPU state file.
 
 ``agent_cluster(**kw)`` starts a LocalCluster (n1, 2 × a100-40gb) configured for the agent: nodes carry the
 withholding feature plus the hidden FUTURE standby node that ``gpushare slurm-config`` generates, the
@@ -28,27 +28,9 @@ BIN_DIR = os.path.dirname(sys.executable)
 FEATURE = "gpushare_open"
 
 
-class FakeClock:
-    """An injectable clock (STYLE #11): tests advance it instead of sleeping."""
-
-    def __init__(self, start: float = 1_000_000.0) -> None:
-        self.t = start
-
-    def __call__(self) -> float:
-        return self.t
-
-    def advance(self, seconds: float) -> None:
-        self.t += seconds
-
-
 def two_gpus(**gpu: Any) -> dict[str, Any]:
     return {"version": 1, "name": "agent-test", "processes": [],
             "gpus": [{"model": "a100-40gb", **gpu}, {"model": "a100-40gb", **gpu}]}
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
 
 
 class AgentCluster(LocalCluster):

@@ -1,27 +1,16 @@
-"""Fixtures for the device-interface tests: a fake clock, scenarios, and backends to run contracts on."""
+"""Fixtures for the device-interface tests: scenarios, and backends to run contracts on (the fake
+``clock`` is in tests/conftest.py)."""
 
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from gres.errors import GpuError
 from gres.sim_backend import SimBackend
-
-
-class FakeClock:
-    """An injectable clock (STYLE #11): tests advance it instead of sleeping."""
-
-    def __init__(self, start: float = 1_000_000.0) -> None:
-        self.t = start
-
-    def __call__(self) -> float:
-        return self.t
-
-    def advance(self, seconds: float) -> None:
-        self.t += seconds
 
 
 BASIC = {
@@ -39,18 +28,13 @@ BASIC = {
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-def sim(clock: FakeClock) -> SimBackend:
+def sim(clock: Callable[[], float]) -> SimBackend:
     """An in-memory simulated node: an A100-40GB (MIG capable, MIG off) and a busy L40S."""
     return SimBackend.from_scenario(BASIC, clock=clock)
 
 
 @pytest.fixture
-def mig_sim(clock: FakeClock) -> SimBackend:
+def mig_sim(clock: Callable[[], float]) -> SimBackend:
     """One A100-40GB already in MIG mode and idle."""
     return SimBackend.from_scenario({"version": 1, "gpus": [{"model": "a100-40gb", "mig_mode": True}]}, clock=clock)
 
@@ -78,7 +62,7 @@ def _nvml_over(sim: SimBackend):
 
 
 @pytest.fixture(params=["sim", "sim-file", "nvml-over-sim", "nvml"])
-def backend(request, clock: FakeClock, tmp_path):
+def backend(request, clock: Callable[[], float], tmp_path):
     """The same contract tests run on every backend; NVML is skipped where there is no driver."""
     if request.param == "sim":
         yield SimBackend.from_scenario(BASIC, clock=clock)
@@ -94,7 +78,7 @@ def backend(request, clock: FakeClock, tmp_path):
 
 
 @pytest.fixture(params=["sim", "nvml-over-sim"])
-def mig_backend(request, clock: FakeClock):
+def mig_backend(request, clock: Callable[[], float]):
     """An A100-40GB in MIG mode, idle, behind either backend (MIG tests never touch a real GPU)."""
     sim = SimBackend.from_scenario({"version": 1, "gpus": [{"model": "a100-40gb", "mig_mode": True}]}, clock=clock)
     return sim if request.param == "sim" else _nvml_over(sim)
