@@ -51,16 +51,10 @@ class Limits:
     warm_idle_s: float = 0.0  # >0: use (or start) a warm worker that lingers this long; 0: always cold
 
 
-class _Started:
-    """Which kind of child a capture got, and why not warm (reported with --verbose)."""
-
-    def __init__(self) -> None:
-        self.process = "cold"
-        self.note: str | None = None
-
-
 def _start(runner_args: list[str], env: dict[str, str], log: str, log_handle: Any, limits: Limits,
-           deadline: float, started: _Started, on_progress: Callable[[str], None] | None) -> Any:
+           deadline: float, on_progress: Callable[[str], None] | None) -> tuple[Any, str, str | None]:
+    """The child, which kind it is ("warm" or "cold"), and why not warm when a warm one was wanted."""
+    note = None
     if limits.warm_idle_s > 0:
         from estimator_cli.warm_worker import WarmChild, WarmUnavailable, ensure_worker
 
@@ -68,18 +62,18 @@ def _start(runner_args: list[str], env: dict[str, str], log: str, log_handle: An
             if on_progress is not None:
                 on_progress("connecting to the warm worker")
             path = ensure_worker(limits.warm_idle_s, max(1.0, deadline - time.monotonic()))
-            child = WarmChild(path, runner_args, env, os.getcwd(), log)
-            started.process = "warm"
-            return child
+            return WarmChild(path, runner_args, env, os.getcwd(), log), "warm", None
         except (WarmUnavailable, OSError, ValueError, subprocess.SubprocessError) as exc:
-            started.note = f"warm worker not used: {exc}"
-    return subprocess.Popen([sys.executable, "-m", "estimator_cli.runner", *runner_args], stdin=subprocess.DEVNULL,
+            note = f"warm worker not used: {exc}"
+    proc = subprocess.Popen([sys.executable, "-m", "estimator_cli.runner", *runner_args], stdin=subprocess.DEVNULL,
                             stdout=log_handle, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    return proc, "cold", note
 
 
 def _run_child(mode: str, script: str, args: list[str], steps: int, gpu: PresentedGpu, limits: Limits,
-               deadline: float, on_progress: Callable[[str], None] | None,
-               started: _Started) -> tuple[dict[str, Any], str]:
+               deadline: float, on_progress: Callable[[str], None] | None
+               ) -> tuple[dict[str, Any], str, str, str | None]:
+    """The child's result document and output, with the kind of child (see ``_start``)."""
     with tempfile.TemporaryDirectory(prefix="gpu-estimate-") as tmp:
         out, status, log = (os.path.join(tmp, n) for n in ("result.json", "status", "output.log"))
         runner_args = ["--mode", mode, "--steps", str(steps), "--out", out, "--status", status,
@@ -87,7 +81,7 @@ def _run_child(mode: str, script: str, args: list[str], steps: int, gpu: Present
                        script, "--", *args]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         with open(log, "wb") as log_handle:
-            proc = _start(runner_args, env, log, log_handle, limits, deadline, started, on_progress)
+            proc, process, note = _start(runner_args, env, log, log_handle, limits, deadline, on_progress)
             try:
                 while proc.poll() is None:
                     if time.monotonic() > deadline:
@@ -110,7 +104,7 @@ def _run_child(mode: str, script: str, args: list[str], steps: int, gpu: Present
             raise CaptureFailed("script_error", f"the script ended the process (exit status {proc.returncode}) "
                                 "before the estimate was taken", traceback_tail=output[-3000:], output=output)
         with open(out, encoding="utf-8") as handle:
-            return json.load(handle), output
+            return json.load(handle), output, process, note
 
 
 def _kill(proc: Any) -> None:
@@ -142,15 +136,14 @@ def run_capture(script: str, args: list[str], mode: str, steps: int, gpu: Presen
     outputs: list[str] = []
     attempts: list[dict[str, Any]] = []
     fallback: str | None = None
-    started = _Started()
     for attempt in order:
-        result, output = _run_child(attempt, script, args, steps, gpu, limits, deadline, on_progress, started)
+        result, output, process, note = _run_child(attempt, script, args, steps, gpu, limits, deadline, on_progress)
         outputs.append(output)
         status, error = result["status"], result.get("error") or {}
         attempts.append({"mode": attempt, "status": status, "error": error.get("message")})
         if status == "ok":
             return CaptureOutcome(Capture.from_json(result["capture"]), attempt, fallback, "".join(outputs), attempts,
-                                  started.process, started.note, list(result.get("local_modules") or []))
+                                  process, note, list(result.get("local_modules") or []))
         if status == "limit":
             raise CaptureFailed("limit", f"the script ran out of memory in {attempt} mode ({error.get('message')}); "
                                 "raise --max-cpu-memory", error.get("traceback", ""), "".join(outputs))

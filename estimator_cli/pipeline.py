@@ -86,11 +86,9 @@ def run(request: Request, key: str, show_progress: bool, tool_version: str) -> t
         requested_iterations=request.iterations, stopped=first.capture.stopped,
         item_placeholders=first.capture.item_placeholders, elapsed_s=time.monotonic() - start,
         torch_version=_torch_version(), cache_key=key,
-        allocator_config=os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""), tool_version=tool_version)
-    doc["capture_process"] = first.process
-    doc["dependencies"] = dependencies(first.local_modules)
-    if first.process_note:
-        doc["capture_process_note"] = first.process_note
+        allocator_config=os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""), tool_version=tool_version,
+        capture_process=first.process, capture_process_note=first.process_note,
+        dependencies=dependencies(first.local_modules))
     output = "".join(c.output for c in captures.values())
     return doc, output
 

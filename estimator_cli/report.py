@@ -35,15 +35,20 @@ def target_json(est: TargetEstimate) -> TargetJson:
 def build_document(*, estimates: list[TargetEstimate], script: str, args: list[str], mode: str,
                    requested_mode: str, fallback_reason: str | None, iterations: int, requested_iterations: int,
                    stopped: bool, item_placeholders: int, elapsed_s: float, torch_version: str, cache_key: str,
-                   allocator_config: str, tool_version: str) -> dict[str, Any]:
-    return {
+                   allocator_config: str, tool_version: str, capture_process: str,
+                   capture_process_note: str | None, dependencies: list[dict[str, str]]) -> dict[str, Any]:
+    doc: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION, "tool_version": tool_version, "script": script, "args": args,
         "mode": mode, "requested_mode": requested_mode, "fallback_reason": fallback_reason,
         "iterations": iterations, "requested_iterations": requested_iterations, "stopped": stopped,
         "item_placeholders": item_placeholders, "elapsed_s": round(elapsed_s, 3), "cached": False,
         "torch_version": torch_version, "cache_key": cache_key, "allocator_config": allocator_config,
-        "targets": [target_json(e) for e in estimates],
+        "targets": [target_json(e) for e in estimates], "capture_process": capture_process,
+        "dependencies": dependencies,
     }
+    if capture_process_note:
+        doc["capture_process_note"] = capture_process_note  # why not warm; shown with --verbose
+    return doc
 
 
 def _gib(n: int) -> str:
