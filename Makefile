@@ -30,7 +30,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: setup
-	$(PY) -m gpushare.demo
+	$(PY) -m devcluster.demo
 
 test: setup
 	$(PY) -m pytest -q

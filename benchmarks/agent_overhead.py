@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 
 from gpushare.config import parse_config
-from gres.sim_backend import SimBackend
-from mig_manager.agent import Agent
+from gpushare.gres.sim_backend import SimBackend
+from gpushare.agent.daemon import Agent
 
 GPUS, JOBS_PER_GPU = 8, 2
 

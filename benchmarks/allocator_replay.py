@@ -19,7 +19,7 @@ import random
 import statistics
 import time
 
-from estimator_cli.allocator import AllocatorConfig, replay
+from gpushare.estimator_cli.allocator import AllocatorConfig, replay
 
 KiB = 1 << 10
 MiB = 1 << 20

@@ -29,8 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from slurm_plugins.decision import parse_record
-from slurm_plugins.local_cluster import LocalCluster, missing_requirements
+from gpushare.slurm_plugins.decision import parse_record
+from devcluster.local_cluster import LocalCluster, missing_requirements
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 DEFAULT = "forward_only,zero_grad_placement,grad_accum_train,amp_train,gpt2_train,resnet50_train,data_dependent,crash"

@@ -19,12 +19,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpushare.gpus import BUILTIN_GPUS  # noqa: E402
-from simulator import report, trace  # noqa: E402
-from simulator.cli import THROUGHPUTS_NAME, TRACE_NAME, data_dir  # noqa: E402
-from simulator.engine import SimConfig, Simulation  # noqa: E402
-from simulator.interference import Interference  # noqa: E402
-from simulator.mig import run_mix  # noqa: E402
-from simulator.workload import UTIL_CLASSES  # noqa: E402
+from gpushare.simulator import report, trace  # noqa: E402
+from gpushare.simulator.cli import THROUGHPUTS_NAME, TRACE_NAME, data_dir  # noqa: E402
+from gpushare.simulator.engine import SimConfig, Simulation  # noqa: E402
+from gpushare.simulator.interference import Interference  # noqa: E402
+from gpushare.simulator.mig import run_mix  # noqa: E402
+from gpushare.simulator.workload import UTIL_CLASSES  # noqa: E402
 
 RUNS = [  # (policy, estimator, label)
     ("exclusive", "none", "Exclusive"),

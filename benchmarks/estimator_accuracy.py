@@ -50,7 +50,7 @@ ROWS = [
 
 
 def estimate(args: list[str], mode: str, gpu: str) -> dict:
-    cmd = [sys.executable, "-m", "estimator_cli.cli", "--json", "--no-cache", "--mode", mode, "--gpu", gpu,
+    cmd = [sys.executable, "-m", "gpushare.estimator_cli.cli", "--json", "--no-cache", "--mode", mode, "--gpu", gpu,
            WORKLOAD, *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
@@ -65,14 +65,14 @@ def main() -> int:
     parser.add_argument("--rows", default="", help="only rows whose label contains this text")
     opts = parser.parse_args()
     sys.path.insert(0, os.path.dirname(HERE))
-    from estimator_cli.warm_worker import private_runtime
+    from gpushare.estimator_cli.warm_worker import private_runtime
 
     with private_runtime("gpushare-bench-runtime-"):  # gpu-estimate's warm worker: ours, stopped at the end
         return _table(opts)
 
 
 def _table(opts: argparse.Namespace) -> int:
-    from estimator_cli.recommend import margin_for
+    from gpushare.estimator_cli.recommend import margin_for
     from gpushare.config import load_config
 
     policy = load_config().policy

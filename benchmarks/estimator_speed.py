@@ -39,7 +39,7 @@ def _children_cpu() -> float:
 
 def one_run(script: str, args: list[str], mode: str, timeout: float, memory: str, warm: bool = False
             ) -> tuple[float, dict | None, str, float]:
-    cmd = [sys.executable, "-m", "estimator_cli.cli", "--json", "--no-cache", "--mode", mode, "--gpu", "a100-80gb",
+    cmd = [sys.executable, "-m", "gpushare.estimator_cli.cli", "--json", "--no-cache", "--mode", mode, "--gpu", "a100-80gb",
            "--timeout", str(timeout), "--max-cpu-memory", memory, *([] if warm else ["--no-warm"]), script, *args]
     start, cpu = time.monotonic(), _children_cpu()
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=ROOT)
@@ -57,7 +57,7 @@ def main() -> int:
     parser.add_argument("--batches", default="32,256")
     opts = parser.parse_args()
     sys.path.insert(0, ROOT)
-    from estimator_cli.warm_worker import private_runtime
+    from gpushare.estimator_cli.warm_worker import private_runtime
 
     with private_runtime("gpushare-bench-runtime-"):  # a worker of our own, whatever the user has running
         return _table(opts)

@@ -18,8 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from slurm_plugins.local_cluster import LocalCluster, missing_requirements
-from slurm_plugins.protocol import encode_request
+from devcluster.local_cluster import LocalCluster, missing_requirements
+from gpushare.slurm_plugins.protocol import encode_request
 
 SCRIPT = "#!/bin/bash\n#GPUSHARE mem=6G\nsrun python train.py\n"
 

@@ -1,4 +1,4 @@
-"""Carrying out a recovery decision in Slurm, one recorded step at a time (see epilog.ledger).
+"""Carrying out a recovery decision in Slurm, one recorded step at a time (see gpushare.epilog.ledger).
 
 Steps of a requeue, in order: ``requeuehold`` (Slurm counts Restarts, the job keeps its id), ``gres``
 (all shards of the GPU, or the larger MIG type), ``comment`` (our admin-comment record, so the user sees it
@@ -27,9 +27,9 @@ import sys
 import time
 from typing import Any, Callable
 
-from epilog.ledger import Ledger
-from epilog.recovery import merge_oom_comment
-from slurm_plugins.slurm_client import SlurmClient, SlurmError, check_job_id
+from gpushare.epilog.ledger import Ledger
+from gpushare.epilog.recovery import merge_oom_comment
+from gpushare.slurm.client import SlurmClient, SlurmError, check_job_id
 
 log = logging.getLogger("gpushare.epilog")
 _ENDED_STATES = ("FAILED", "COMPLETING", "COMPLETED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
@@ -159,7 +159,7 @@ def spawn_finisher(job_id: str, restarts: int) -> None:
     if "GPUSHARE_CONFIG" in os.environ:
         env["GPUSHARE_CONFIG"] = os.environ["GPUSHARE_CONFIG"]
     key = f"{check_job_id(job_id)}.{int(restarts)}"
-    subprocess.Popen([sys.executable, "-m", "epilog.slurmctld_epilog", "--finish", key],
+    subprocess.Popen([sys.executable, "-m", "gpushare.epilog.slurmctld_epilog", "--finish", key],
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                      start_new_session=True, close_fds=True, env=env, cwd="/")
 

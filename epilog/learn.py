@@ -27,8 +27,8 @@ from typing import Any
 from gpushare.atomic import write_json_atomic
 from gpushare.config import Config
 from gpushare.gpus import GiB
-from slurm_plugins.estimate_source import script_cache_key
-from slurm_plugins.gres_request import parse_gres
+from gpushare.slurm_plugins.estimate_source import script_cache_key
+from gpushare.slurm.gres_request import parse_gres
 
 LEARN_FACTOR = 1.5
 MAX_DOC_BYTES = 1 << 20

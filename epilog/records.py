@@ -4,11 +4,11 @@ Why this shape: the slurmd Epilog of every job on a node writes here, up to hund
 array ends. Each run of a job (job id + restart count) gets its own file, written whole with
 ``gpushare.atomic`` (temp file + fsync + rename), so concurrent epilogs never touch the same file and a
 crash leaves the old file or the new one. An append-only ``history.jsonl`` (one line per record, one
-``write`` under an exclusive ``flock``: the OOM ledger's mechanism, reused from ``epilog.ledger``) gives
+``write`` under an exclusive ``flock``: the OOM ledger's mechanism, reused from ``gpushare.epilog.ledger``) gives
 ``gpushare report --since`` a cheap time index. Records are readable by everyone (0644): they hold what
 ``squeue``/``sacct`` already show plus energy and memory figures.
 
-Record format (``v`` 1; J, bytes, seconds; produced by ``mig_manager.agent_jobs.final_record``)::
+Record format (``v`` 1; J, bytes, seconds; produced by ``gpushare.agent.jobs.final_record``)::
 
     v, job, restarts, node, uid, user, shared, est_gib, margin_gib, shards
     caps: {mode, mem_limit_mib, thread_percentage, fraction, reason}
@@ -27,7 +27,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterator
 
-from epilog.ledger import Ledger
+from gpushare.epilog.ledger import Ledger
 from gpushare.atomic import read_json_object, write_json_atomic
 
 _NAME_RE = re.compile(r"^(\d{1,10}(?:_\d{1,10})?)\.(\d{1,7})\.json$")

@@ -18,11 +18,11 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from epilog.oom_detect import OomVerdict
+from gpushare.epilog.oom_detect import OomVerdict
 from gpushare.config import Config
 from gpushare.gpus import MigProfile
-from slurm_plugins.decision import RECORD_PREFIX, parse_record
-from slurm_plugins.gres_request import GresItem, format_gres, parse_gres
+from gpushare.slurm_plugins.decision import RECORD_PREFIX, parse_record
+from gpushare.slurm.gres_request import GresItem, format_gres, parse_gres
 
 # EpilogSlurmctld sees the job while it is still COMPLETING; the exit status then tells failure apart.
 RECOVERABLE_STATES = ("FAILED", "COMPLETING", "")
@@ -241,7 +241,7 @@ def merge_oom_comment(existing: str | None, oom: dict[str, Any]) -> str | None:
     else's (not ``gpushare:``), which is never overwritten.
 
     Why merge at write time: the node agent and Epilog also write this comment (read-modify-write), so
-    we keep their keys and re-apply ours once the job has finished completing (epilog.executor.finish).
+    we keep their keys and re-apply ours once the job has finished completing (gpushare.epilog.executor.finish).
     The entry holds no text from the job, so scontrol's ``Key=Value`` output stays parseable.
     """
     if existing and not existing.startswith(RECORD_PREFIX):

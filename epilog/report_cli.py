@@ -2,7 +2,7 @@
 
 Why from the ledger and not from Slurm: AdminComment can only be updated while a job runs (22.05), so
 energy, peak memory and exit status exist in full only in the records the Epilog writes
-(``epilog.records``). Run it on the GPU node (or on a copy of its records directory).
+(``gpushare.epilog.records``). Run it on the GPU node (or on a copy of its records directory).
 
 ``--since`` takes a duration back from now (``90m``, ``12h``, ``7d``) or an ISO date/time (UTC).
 ``--plot DIR`` writes ``job-<id>.<restarts>.png`` (GPU memory, the job's own memory and SMACT over time,
@@ -163,7 +163,7 @@ def plot(records: list[dict[str, Any]], directory: Path) -> list[Path]:
 def command(config_path: str | None, records_dir: str | None, job_id: str | None, since: str | None,
             as_json: bool, plot_dir: str | None) -> int:
     """Per-job TTFK, energy and peak memory, and per-GPU totals, from this node's records."""
-    from epilog.records import RecordLedger
+    from gpushare.epilog.records import RecordLedger
     from gpushare.config import ConfigError, load_config
 
     if records_dir is None:

@@ -2,8 +2,8 @@
 
 slurmctld runs it as SlurmUser (often root) after every job, with the job's facts in the environment,
 no PATH and no SLURM_CONF. It asks ``scontrol show job`` for the rest, reads the job's log tails as the
-job's user (epilog.oom_detect), decides (epilog.recovery) and carries the decision out step by step, recording
-each step in the ledger (epilog.ledger) so that a second run, or a run after a crash, finishes the same
+job's user (gpushare.epilog.oom_detect), decides (gpushare.epilog.recovery) and carries the decision out step by step, recording
+each step in the ledger (gpushare.epilog.ledger) so that a second run, or a run after a crash, finishes the same
 recovery instead of starting another one.
 
 Fail-safe (STYLE #10): every problem of ours is logged loudly and the exit status is always 0; a failed
@@ -19,14 +19,14 @@ import re
 import sys
 from typing import Any, Callable, Mapping
 
-from epilog.executor import execute, finish, resume_unfinished, spawn_finisher
-from epilog.ledger import FINAL_STATES, Ledger
-from epilog.oom_detect import OomVerdict, TailError, append_note, classify, compile_patterns, read_tail
-from epilog.learn import learn_from_oom
-from epilog.recovery import RECOVERABLE_STATES, Action, JobFacts, decide, whole_gpu_shards
+from gpushare.epilog.executor import execute, finish, resume_unfinished, spawn_finisher
+from gpushare.epilog.ledger import FINAL_STATES, Ledger
+from gpushare.epilog.oom_detect import OomVerdict, TailError, append_note, classify, compile_patterns, read_tail
+from gpushare.epilog.learn import learn_from_oom
+from gpushare.epilog.recovery import RECOVERABLE_STATES, Action, JobFacts, decide, whole_gpu_shards
 from gpushare.config import Config, load_config
 from gpushare.gpus import GiB
-from slurm_plugins.slurm_client import SlurmClient, SlurmError, check_job_id
+from gpushare.slurm.client import SlurmClient, SlurmError, check_job_id
 
 log = logging.getLogger("gpushare.epilog")
 
@@ -110,7 +110,7 @@ def handle(job_id: str, env: Mapping[str, str], client: SlurmClient, cfg: Config
 
 
 def _learn(job: JobFacts, cfg: Config, client: SlurmClient) -> None:
-    """Raise the cached estimate of this batch script (epilog.learn); never fatal."""
+    """Raise the cached estimate of this batch script (gpushare.epilog.learn); never fatal."""
     try:
         script = client.run("scontrol", "write", "batch_script", check_job_id(job.job_id), "-")
         path = learn_from_oom(cfg, script, job.job_id, job.tres_per_node, whole_gpu_shards(cfg, job.node) * GiB)

@@ -3,7 +3,7 @@
 It closes the job's record: asks the agent to stop tracking the job (its final first-kernel time,
 attributed energy, peak memory and timeline come back), adds the whole-device energy delta from the
 counters and the exit status Slurm reports while the job is completing, writes the record to the durable
-ledger (``epilog.records``) and, where the job still has no foreign admin comment, into its AdminComment
+ledger (``gpushare.epilog.records``) and, where the job still has no foreign admin comment, into its AdminComment
 (``scontrol update`` works while the job is COMPLETING, not after; SLURM-FACTS.md). Without the agent it
 builds the same record from the store entry the Prolog wrote (no TTFK or share then: nobody watched).
 
@@ -26,20 +26,20 @@ class _NoEnergy:
     """Stands in for a device backend that cannot be opened: every counter reads N/A."""
 
     def energy_mj(self, index: int) -> float:
-        from gres import NA
+        from gpushare.gres import NA
 
         return NA
 
 
 def close_job(env: Mapping[str, str], cfg: Any, client: Any = None, backend: Any = None) -> dict[str, Any] | None:
     """Close this Epilog's job; returns the record written (None: not a GPU job we registered)."""
-    from epilog.records import RecordLedger
-    from mig_manager.agent_comment import annotate
-    from mig_manager.agent_api import call, node_name, socket_path
-    from mig_manager.agent_jobs import final_record
-    from mig_manager.agent_store import JobStore
-    from prolog.hook_env import job_from_env
-    from prolog.slurmd_prolog import caps_path
+    from gpushare.epilog.records import RecordLedger
+    from gpushare.agent.comment import annotate
+    from gpushare.agent.api import call, node_name, socket_path
+    from gpushare.agent.jobs import final_record
+    from gpushare.agent.store import JobStore
+    from gpushare.prolog.hook_env import job_from_env
+    from gpushare.prolog.slurmd_prolog import caps_path
 
     job = job_from_env(env)
     if job is None:
@@ -58,7 +58,7 @@ def close_job(env: Mapping[str, str], cfg: Any, client: Any = None, backend: Any
         return None
     if backend is None:
         try:
-            from gres import open_backend
+            from gpushare.gres import open_backend
 
             backend = open_backend(cfg.device_backend or None)
         except Exception as exc:  # noqa: BLE001
@@ -84,7 +84,7 @@ def close_job(env: Mapping[str, str], cfg: Any, client: Any = None, backend: Any
 def _slurm_json(env: Mapping[str, str], cfg: Any, client: Any, job: str) -> tuple[dict[str, Any] | None, Any]:
     try:
         if client is None:
-            from slurm_plugins.slurm_client import SlurmClient
+            from gpushare.slurm.client import SlurmClient
 
             client = SlurmClient(cfg.slurm_conf or env.get("SLURM_CONF") or None)
         return client.job_json(job), client
@@ -96,7 +96,7 @@ def _slurm_json(env: Mapping[str, str], cfg: Any, client: Any, job: str) -> tupl
 def main(argv: list[str] | None = None) -> int:
     try:
         from gpushare.config import load_config
-        from mig_manager.agent_cli import setup_logging
+        from gpushare.agent.cli import setup_logging
 
         cfg = load_config().agent
         setup_logging(cfg.log_file)

@@ -24,7 +24,7 @@ Configuration parsing follows ``c10/core/AllocatorConfig.{h,cpp}`` (``Accelerato
 ``c10/cuda/CUDAAllocatorConfig.cpp``.
 
 Layout: this module holds the simulator's core (:class:`CachingAllocatorSim`: statistics, ``malloc``,
-``free``) and re-exports the rest, so ``from estimator_cli.allocator import ...`` covers everything:
+``free``) and re-exports the rest, so ``from gpushare.estimator_cli.allocator import ...`` covers everything:
 ``allocator_config`` (``PYTORCH_CUDA_ALLOC_CONF``, constants, rounding), ``allocator_blocks`` (blocks, pools,
 expandable segments), ``allocator_release`` (empty_cache, the OOM retry path, garbage collection),
 ``allocator_expandable`` (the expandable-segment paths), ``allocator_snapshot`` (``_snapshot()`` export) and
@@ -36,7 +36,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from typing import Any
 
-from estimator_cli.allocator_blocks import (
+from gpushare.estimator_cli.allocator_blocks import (
     _ADDRESS_GAP,
     _BASE_ADDRESS,
     _MASK,
@@ -46,7 +46,7 @@ from estimator_cli.allocator_blocks import (
     _ExpandableSegment,
     _Pool,
 )
-from estimator_cli.allocator_config import (  # noqa: F401 - constants and helpers are re-exported
+from gpushare.estimator_cli.allocator_config import (  # noqa: F401 - constants and helpers are re-exported
     _IGNORED_KEYS,
     _LOG2_1MIB,
     K_LARGE_BUFFER,
@@ -66,10 +66,10 @@ from estimator_cli.allocator_config import (  # noqa: F401 - constants and helpe
     round_size,
     roundup_power2_next_division,
 )
-from estimator_cli.allocator_expandable import _ExpandableSegmentsMixin
-from estimator_cli.allocator_release import _CacheReleaseMixin
-from estimator_cli.allocator_replay import ReplayResult, replay, replay_many
-from estimator_cli.allocator_snapshot import _SnapshotMixin
+from gpushare.estimator_cli.allocator_expandable import _ExpandableSegmentsMixin
+from gpushare.estimator_cli.allocator_release import _CacheReleaseMixin
+from gpushare.estimator_cli.allocator_replay import ReplayResult, replay, replay_many
+from gpushare.estimator_cli.allocator_snapshot import _SnapshotMixin
 
 
 class SimulatedOOM(RuntimeError):

@@ -1,14 +1,14 @@
 """Blocks, block pools and expandable segments: the data structures of the caching-allocator model.
 
 ``_Block``, ``_Pool`` and ``_ExpandableSegment`` follow ``Block``, ``BlockPool`` and ``ExpandableSegment``
-of ``c10/cuda/CUDACachingAllocator.cpp``; :class:`estimator_cli.allocator.CachingAllocatorSim` owns them.
+of ``c10/cuda/CUDACachingAllocator.cpp``; :class:`gpushare.estimator_cli.allocator.CachingAllocatorSim` owns them.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left, insort
 
-from estimator_cli.allocator_config import K_SMALL_BUFFER
+from gpushare.estimator_cli.allocator_config import K_SMALL_BUFFER
 
 # Key layout of the free-block sets: one int per block, ordered like BlockComparatorSize
 # (stream, size, address). 56 bits per field keep the comparison a plain int compare.

@@ -1,7 +1,7 @@
 """Allocator settings: ``PYTORCH_CUDA_ALLOC_CONF`` / ``PYTORCH_ALLOC_CONF`` parsing and the size rules.
 
 The constants, :class:`AllocatorConfig` and the rounding helpers the caching-allocator model
-(:mod:`estimator_cli.allocator`) is built on. Parsing follows ``c10/core/AllocatorConfig.{h,cpp}``
+(:mod:`gpushare.estimator_cli.allocator`) is built on. Parsing follows ``c10/core/AllocatorConfig.{h,cpp}``
 (``AcceleratorAllocatorConfig``) and ``c10/cuda/CUDAAllocatorConfig.cpp``; the rounding helpers follow the
 functions of the same name in ``c10/cuda/CUDACachingAllocator.cpp``.
 """

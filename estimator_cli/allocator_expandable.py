@@ -2,7 +2,7 @@
 
 The ``find_expandable_block`` / ``map_block`` / ``try_allocate_expandable_block`` / ``unmap_block`` /
 ``release_expandable_segment`` parts of ``DeviceCachingAllocator`` (``c10/cuda/CUDACachingAllocator.cpp``),
-as a mixin of :class:`estimator_cli.allocator.CachingAllocatorSim`: the methods use the simulator's pools,
+as a mixin of :class:`gpushare.estimator_cli.allocator.CachingAllocatorSim`: the methods use the simulator's pools,
 statistics and trace.
 """
 
@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from bisect import bisect_left
 
-from estimator_cli.allocator_blocks import _ADDRESS_GAP, _SHIFT, _Block, _ExpandableSegment, _Pool
-from estimator_cli.allocator_config import K_SMALL_BUFFER
+from gpushare.estimator_cli.allocator_blocks import _ADDRESS_GAP, _SHIFT, _Block, _ExpandableSegment, _Pool
+from gpushare.estimator_cli.allocator_config import K_SMALL_BUFFER
 
 
 class _ExpandableSegmentsMixin:
-    """Expandable-segment paths; part of :class:`~estimator_cli.allocator.CachingAllocatorSim`."""
+    """Expandable-segment paths; part of :class:`~gpushare.estimator_cli.allocator.CachingAllocatorSim`."""
 
     def _page_size(self, pool: _Pool) -> int:
         return K_SMALL_BUFFER if pool.small else self.config.large_segment_size

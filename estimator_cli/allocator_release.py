@@ -1,7 +1,7 @@
 """Giving cached memory back to the driver: ``empty_cache``, the OOM retry path and the garbage collector.
 
 The ``release_*`` and ``garbage_collect_cached_blocks`` parts of ``DeviceCachingAllocator``
-(``c10/cuda/CUDACachingAllocator.cpp``), as a mixin of :class:`estimator_cli.allocator.CachingAllocatorSim`:
+(``c10/cuda/CUDACachingAllocator.cpp``), as a mixin of :class:`gpushare.estimator_cli.allocator.CachingAllocatorSim`:
 the methods use the simulator's pools, statistics and trace.
 """
 
@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from bisect import bisect_left
 
-from estimator_cli.allocator_blocks import _SHIFT, _STREAM_SHIFT, _Block, _Pool
+from gpushare.estimator_cli.allocator_blocks import _SHIFT, _STREAM_SHIFT, _Block, _Pool
 
 
 class _CacheReleaseMixin:
-    """Releasing cached segments and pages; part of :class:`~estimator_cli.allocator.CachingAllocatorSim`."""
+    """Releasing cached segments and pages; part of :class:`~gpushare.estimator_cli.allocator.CachingAllocatorSim`."""
 
     def empty_cache(self) -> None:
         """emptyCache -> release_cached_blocks: return every unsplit cached segment (and free pages)."""

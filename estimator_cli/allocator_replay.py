@@ -1,6 +1,6 @@
 """Replay of a captured allocation sequence through the caching-allocator model.
 
-:func:`replay` drives one :class:`estimator_cli.allocator.CachingAllocatorSim` over ``alloc`` / ``free`` /
+:func:`replay` drives one :class:`gpushare.estimator_cli.allocator.CachingAllocatorSim` over ``alloc`` / ``free`` /
 ``empty_cache`` events and reports peaks and timelines; :func:`replay_many` shares that work across targets.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
-from estimator_cli.allocator_config import AllocatorConfig
+from gpushare.estimator_cli.allocator_config import AllocatorConfig
 
 try:  # numpy is only used to hand back compact timelines
     import numpy as _np
@@ -58,8 +58,8 @@ def replay(
     ``("empty_cache", 0, 0, 0)`` events call ``torch.cuda.empty_cache()``. With ``keep_trace`` the result
     carries a ``_snapshot()``-format dict with the full action trace.
     """
-    # Imported here, not at the top: estimator_cli.allocator re-exports this module's names.
-    from estimator_cli.allocator import CachingAllocatorSim, SimulatedOOM
+    # Imported here, not at the top: gpushare.estimator_cli.allocator re-exports this module's names.
+    from gpushare.estimator_cli.allocator import CachingAllocatorSim, SimulatedOOM
 
     sim = CachingAllocatorSim(
         capacity_bytes, config, reserved_elsewhere, memory_fraction=memory_fraction, keep_trace=keep_trace

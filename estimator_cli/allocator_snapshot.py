@@ -1,7 +1,7 @@
 """The simulator's state as ``torch.cuda.memory._snapshot()`` reports it, renderable by ``_memory_viz``.
 
 Follows ``DeviceCachingAllocator::snapshot`` (``c10/cuda/CUDACachingAllocator.cpp``), as a mixin of
-:class:`estimator_cli.allocator.CachingAllocatorSim`.
+:class:`gpushare.estimator_cli.allocator.CachingAllocatorSim`.
 """
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from __future__ import annotations
 from bisect import bisect_left
 from typing import Any
 
-from estimator_cli.allocator_blocks import _Block
+from gpushare.estimator_cli.allocator_blocks import _Block
 
 
 class _SnapshotMixin:
-    """``snapshot()``; part of :class:`~estimator_cli.allocator.CachingAllocatorSim`."""
+    """``snapshot()``; part of :class:`~gpushare.estimator_cli.allocator.CachingAllocatorSim`."""
 
     def _all_blocks(self) -> list[_Block]:
         blocks = list(self._live.values())

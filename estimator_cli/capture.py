@@ -15,13 +15,13 @@ from typing import Callable, Iterator
 
 import torch
 
-from estimator_cli.cuda_api import PresentedGpu, presented_cuda
-from estimator_cli.device_mode import CudaPresenter
-from estimator_cli.events import Capture, Phase
-from estimator_cli.fake_capture import FakeRecorder
-from estimator_cli.lazy_dynamo import lazy_dynamo
-from estimator_cli.phases import PhaseTracker, StopCapture
-from estimator_cli.torch_patches import gpu_path_patches
+from gpushare.estimator_cli.cuda_api import PresentedGpu, presented_cuda
+from gpushare.estimator_cli.device_mode import CudaPresenter
+from gpushare.estimator_cli.events import Capture, Phase
+from gpushare.estimator_cli.fake_capture import FakeRecorder
+from gpushare.estimator_cli.lazy_dynamo import lazy_dynamo
+from gpushare.estimator_cli.phases import PhaseTracker, StopCapture
+from gpushare.estimator_cli.torch_patches import gpu_path_patches
 
 
 @dataclass
@@ -87,7 +87,7 @@ def capture_fake(run: ScriptRun) -> Capture:
 
 def capture_profile(run: ScriptRun, trace_dir: str) -> Capture:
     """Profile mode: real CPU execution under ``torch.profiler`` (xMem's method)."""
-    from estimator_cli.profile_capture import ProfileRecorder, build_capture
+    from gpushare.estimator_cli.profile_capture import ProfileRecorder, build_capture
 
     recorder = ProfileRecorder()
     tracker = PhaseTracker(recorder, run.steps, run.on_step)

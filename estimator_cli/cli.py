@@ -22,8 +22,8 @@ from pathlib import Path
 
 import click
 
-from estimator_cli import cache as cache_mod
-from estimator_cli.launcher import CaptureFailed, Limits
+from gpushare.estimator_cli import cache as cache_mod
+from gpushare.estimator_cli.launcher import CaptureFailed, Limits
 from gpushare.config import ConfigError, load_config, parse_size
 
 EXIT_OK, EXIT_INTERNAL, EXIT_USAGE, EXIT_SCRIPT, EXIT_LIMIT, EXIT_UNSUPPORTED = 0, 1, 2, 3, 4, 5
@@ -70,11 +70,11 @@ def command(ctx: click.Context, gpus: tuple[str, ...], iterations: int | None, m
             verbose: bool, annotate: bool, sbatch_file: str | None, script: str,
             script_args: tuple[str, ...]) -> int:
     """Estimate the peak GPU memory of SCRIPT on each target GPU, without a GPU."""
-    from estimator_cli.pipeline import Request, run  # torch-free until here: --help stays fast
+    from gpushare.estimator_cli.pipeline import Request, run  # torch-free until here: --help stays fast
 
     submission = None
     if annotate or sbatch_file:  # estimator_cli/annotate.py: the sbatch part is not the script's
-        from estimator_cli.annotate import AnnotateError, split_args
+        from gpushare.estimator_cli.annotate import AnnotateError, split_args
 
         try:
             submission = split_args(script_args, sbatch_file)
@@ -89,7 +89,7 @@ def command(ctx: click.Context, gpus: tuple[str, ...], iterations: int | None, m
     est = cfg.estimator
     targets = list(gpus) or [str(g) for g in est.gpus]
     try:
-        from estimator_cli.device_model import device_for
+        from gpushare.estimator_cli.device_model import device_for
 
         for t in targets:
             device_for(t, cfg.gpus)
@@ -135,13 +135,13 @@ def command(ctx: click.Context, gpus: tuple[str, ...], iterations: int | None, m
         if not no_cache:
             cache_mod.store(directory, key, doc)
     if submission is not None:
-        from estimator_cli.annotate import submit
+        from gpushare.estimator_cli.annotate import submit
 
         return submit(doc, submission)
     if as_json:
         click.echo(json.dumps(doc, indent=2))
     else:
-        from estimator_cli.report import render_text
+        from gpushare.estimator_cli.report import render_text
 
         click.echo(render_text(doc))
     return EXIT_OK

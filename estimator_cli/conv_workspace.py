@@ -51,7 +51,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from estimator_cli.events import ConvGeometry
+from gpushare.estimator_cli.events import ConvGeometry
 
 # cuDNN API reference, cudnnConvolutionForward supported configurations: the untiled FFT needs the padded
 # feature map to be at most 256 in each dimension; FFT_TILING needs a filter of at most 32 in each.

@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from estimator_cli.events import PresentedGpu  # noqa: F401 - re-exported for the capture side
+from gpushare.estimator_cli.events import PresentedGpu  # noqa: F401 - re-exported for the capture side
 
 
 class _Props:

@@ -34,8 +34,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakIdKeyDictionary
 
-from estimator_cli import cuda_paths
-from estimator_cli.placeholders import is_tainted, placeholder, refuse
+from gpushare.estimator_cli import cuda_paths
+from gpushare.estimator_cli.placeholders import is_tainted, placeholder, refuse
 
 _T = torch.Tensor
 _DEVICE_GET = _T.device

@@ -11,11 +11,11 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from estimator_cli.allocator import AllocatorConfig, ReplayResult, replay
-from estimator_cli.device_model import DeviceModel, device_for
-from estimator_cli.events import Capture
-from estimator_cli.orchestrate import Orchestrated, orchestrate
-from estimator_cli.recommend import Recommendation, recommend
+from gpushare.estimator_cli.allocator import AllocatorConfig, ReplayResult, replay
+from gpushare.estimator_cli.device_model import DeviceModel, device_for
+from gpushare.estimator_cli.events import Capture
+from gpushare.estimator_cli.orchestrate import Orchestrated, orchestrate
+from gpushare.estimator_cli.recommend import Recommendation, recommend
 from gpushare.config import Config
 
 TOP_N = 8

@@ -21,9 +21,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
-from estimator_cli.conv_workspace import geometries_for
-from estimator_cli.events import DEFAULT_KIND, Alloc, ConvGeometry, Kind, Phase
-from estimator_cli.meta_cache import MetaCache
+from gpushare.estimator_cli.conv_workspace import geometries_for
+from gpushare.estimator_cli.events import DEFAULT_KIND, Alloc, ConvGeometry, Kind, Phase
+from gpushare.estimator_cli.meta_cache import MetaCache
 
 
 class FakeRecorder(TorchDispatchMode):

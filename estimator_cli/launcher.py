@@ -18,8 +18,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from estimator_cli.events import PresentedGpu
-from estimator_cli.events import Capture
+from gpushare.estimator_cli.events import PresentedGpu
+from gpushare.estimator_cli.events import Capture
 
 
 class CaptureFailed(Exception):
@@ -56,7 +56,7 @@ def _start(runner_args: list[str], env: dict[str, str], log: str, log_handle: An
     """The child, which kind it is ("warm" or "cold"), and why not warm when a warm one was wanted."""
     note = None
     if limits.warm_idle_s > 0:
-        from estimator_cli.warm_worker import WarmChild, WarmUnavailable, ensure_worker
+        from gpushare.estimator_cli.warm_worker import WarmChild, WarmUnavailable, ensure_worker
 
         try:
             if on_progress is not None:
@@ -65,7 +65,7 @@ def _start(runner_args: list[str], env: dict[str, str], log: str, log_handle: An
             return WarmChild(path, runner_args, env, os.getcwd(), log), "warm", None
         except (WarmUnavailable, OSError, ValueError, subprocess.SubprocessError) as exc:
             note = f"warm worker not used: {exc}"
-    proc = subprocess.Popen([sys.executable, "-m", "estimator_cli.runner", *runner_args], stdin=subprocess.DEVNULL,
+    proc = subprocess.Popen([sys.executable, "-m", "gpushare.estimator_cli.runner", *runner_args], stdin=subprocess.DEVNULL,
                             stdout=log_handle, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     return proc, "cold", note
 

@@ -13,7 +13,7 @@ What the GPU adds that the capture cannot see, from the device model:
   ``aten/src/ATen/cuda/CublasHandlePool.cpp`` keys workspaces by (handle, stream) and handles are per thread).
 - cuDNN convolution workspaces: a temporary block right after each output of a convolution op, released
   at once (``Conv_v8.cpp``'s ``run_conv_plan`` allocates it through the caching allocator once the output
-  exists). Its size comes from the convolution's geometry (:mod:`estimator_cli.conv_workspace`); a
+  exists). Its size comes from the convolution's geometry (:mod:`gpushare.estimator_cli.conv_workspace`); a
   convolution captured without geometry (not 2-D) keeps the older proportional guess,
   :data:`CUDNN_WORKSPACE_FRACTION` of the output, at most :data:`CUDNN_WORKSPACE_CAP`.
 """
@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from estimator_cli.conv_workspace import workspace_bytes
-from estimator_cli.events import Alloc, Capture, ConvGeometry, Kind, Phase
+from gpushare.estimator_cli.conv_workspace import workspace_bytes
+from gpushare.estimator_cli.events import Alloc, Capture, ConvGeometry, Kind, Phase
 
 # Ops whose GPU kernels are cuBLAS GEMMs (their output allocation marks the first use of a handle).
 GEMM_OPS = ("mm", "addmm", "bmm", "baddbmm", "addbmm", "_scaled_mm", "linear", "matmul", "addmv", "mv")

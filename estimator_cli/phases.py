@@ -23,7 +23,7 @@ from torch.nn.modules import module as module_mod
 from torch.optim import optimizer as optimizer_mod
 from torch.utils.weak import WeakIdKeyDictionary
 
-from estimator_cli.events import Kind, Phase
+from gpushare.estimator_cli.events import Kind, Phase
 
 
 class StopCapture(BaseException):

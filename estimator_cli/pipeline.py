@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
-from estimator_cli.events import PresentedGpu
-from estimator_cli.device_model import DeviceModel, device_for
-from estimator_cli.estimate import TargetEstimate, allocator_config, estimate_target, phase_per_event
-from estimator_cli.launcher import CaptureOutcome, Limits, run_capture
-from estimator_cli.progress import Progress
-from estimator_cli.report import build_document
+from gpushare.estimator_cli.events import PresentedGpu
+from gpushare.estimator_cli.device_model import DeviceModel, device_for
+from gpushare.estimator_cli.estimate import TargetEstimate, allocator_config, estimate_target, phase_per_event
+from gpushare.estimator_cli.launcher import CaptureOutcome, Limits, run_capture
+from gpushare.estimator_cli.progress import Progress
+from gpushare.estimator_cli.report import build_document
 from gpushare.config import Config
 
 
@@ -96,7 +96,7 @@ def run(request: Request, key: str, show_progress: bool, tool_version: str) -> t
 def dependencies(paths: list[str]) -> list[dict[str, str]]:
     """``[{path, sha256}]`` of the script's own modules, so a cached estimate is not served after one of
     them changed (estimator_cli/cache.py); an unreadable one is left out (it cannot be checked)."""
-    from estimator_cli.cache import file_digest
+    from gpushare.estimator_cli.cache import file_digest
 
     found = []
     for path in paths:
@@ -107,7 +107,7 @@ def dependencies(paths: list[str]) -> list[dict[str, str]]:
 
 
 def write_plot_for(path: str, est: TargetEstimate, script: str) -> None:
-    from estimator_cli.plot import write_plot
+    from gpushare.estimator_cli.plot import write_plot
 
     allocated, reserved = est.replay.timeline
     write_plot(path, list(allocated), list(reserved), phase_per_event(est.orchestrated)[: len(allocated)],

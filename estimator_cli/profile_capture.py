@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from estimator_cli.events import DEFAULT_KIND, Alloc, Capture, Kind, Phase
-from estimator_cli.phases import PhaseTracker
+from gpushare.estimator_cli.events import DEFAULT_KIND, Alloc, Capture, Kind, Phase
+from gpushare.estimator_cli.phases import PhaseTracker
 
 _GPU_PHASES = {Phase.FORWARD.value, Phase.BACKWARD.value, Phase.OPTIMIZER.value, Phase.ZERO_GRAD.value}
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from estimator_cli.estimate import OTHER_DRIVER_BYTES, TargetEstimate
-from estimator_cli.schema import SCHEMA_VERSION, TargetJson
+from gpushare.estimator_cli.estimate import OTHER_DRIVER_BYTES, TargetEstimate
+from gpushare.estimator_cli.schema import SCHEMA_VERSION, TargetJson
 
 GiB = 1 << 30
 MiB = 1 << 20

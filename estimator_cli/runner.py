@@ -1,4 +1,4 @@
-"""Child-process entry point: ``python -m estimator_cli.runner --out RESULT.json ... -- SCRIPT ARGS``.
+"""Child-process entry point: ``python -m gpushare.estimator_cli.runner --out RESULT.json ... -- SCRIPT ARGS``.
 
 Why a separate process: the script runs with process-wide patches, may leak memory, loop, or call
 ``os._exit``; limits (address space via ``setrlimit``) must not apply to the parent; and a crash must not
@@ -102,7 +102,7 @@ def _status_writer(path: str | None, steps: int) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="estimator_cli.runner")
+    parser = argparse.ArgumentParser(prog="gpushare.estimator_cli.runner")
     parser.add_argument("--mode", choices=("fake", "profile"), required=True)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--out", required=True)
@@ -116,9 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {"status": "ok", "capture": None, "error": None}
     try:
         _set_limits(opts.max_address_space)
-        from estimator_cli.capture import ScriptRun, capture_fake, capture_profile
-        from estimator_cli.cuda_api import PresentedGpu
-        from estimator_cli.placeholders import DataDependent
+        from gpushare.estimator_cli.capture import ScriptRun, capture_fake, capture_profile
+        from gpushare.estimator_cli.cuda_api import PresentedGpu
+        from gpushare.estimator_cli.placeholders import DataDependent
 
         run = ScriptRun(opts.script, args, opts.steps, PresentedGpu(**json.loads(opts.gpu)),
                         _status_writer(opts.status, opts.steps))

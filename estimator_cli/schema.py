@@ -28,7 +28,7 @@ class TargetJson(TypedDict):
     fits: bool  # peak_total_bytes <= capacity_bytes and the replay did not OOM
     oom: bool  # the allocator replay ran out of memory (even after freeing cached blocks)
     share_of_gpu: float  # peak_total_bytes / capacity_bytes
-    recommendation: dict[str, Any]  # estimator_cli.recommend.Recommendation fields
+    recommendation: dict[str, Any]  # gpushare.estimator_cli.recommend.Recommendation fields
     top_modules: list[Named]
     by_phase: list[Named]
     by_kind: list[Named]

@@ -50,7 +50,7 @@ _IMPORT_ENV_KEYS = ("PYTHONPATH", "PYTHONHOME", "PYTHONNOUSERSITE", "PYTHONSAFEP
                     "LD_LIBRARY_PATH", "LD_PRELOAD", "HOME", "VIRTUAL_ENV")
 _PRELOAD = ("torch", "torch.optim", "torch.utils.data", "torch._refs", "torch._prims", "torch._decomp",
             "torch._meta_registrations", "torch.fx.experimental.symbolic_shapes", "torch.nn.functional",
-            "estimator_cli.runner", "estimator_cli.capture", "estimator_cli.profile_capture")
+            "gpushare.estimator_cli.runner", "gpushare.estimator_cli.capture", "gpushare.estimator_cli.profile_capture")
 
 
 class WarmUnavailable(Exception):
@@ -180,7 +180,7 @@ def ensure_worker(idle_s: float, wait_s: float) -> Path:
     deadline = time.monotonic() + wait_s
     lock = path.with_suffix(".lock")
     for _ in range(2):  # a second start covers a worker that was exiting (idle) as we started ours
-        subprocess.run([sys.executable, "-m", "estimator_cli.warm_worker", "--socket", str(path),
+        subprocess.run([sys.executable, "-m", "gpushare.estimator_cli.warm_worker", "--socket", str(path),
                         "--idle", f"{idle_s:g}", "--daemonize"], stdin=subprocess.DEVNULL,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False, cwd="/", timeout=60)
         # the start returns once a worker holds the lock: ours, or one that was there already
@@ -281,7 +281,7 @@ def _run_child(request: dict[str, Any]) -> None:
         import random
 
         random.seed()  # forked children would otherwise share the worker's Python RNG state
-        from estimator_cli import runner
+        from gpushare.estimator_cli import runner
 
         code = runner.main([str(a) for a in request["argv"]])
     except BaseException as exc:  # noqa: BLE001 - whatever happens, say it where the caller reads it
@@ -442,7 +442,7 @@ def _say_ready(fd: int | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="estimator_cli.warm_worker")
+    parser = argparse.ArgumentParser(prog="gpushare.estimator_cli.warm_worker")
     parser.add_argument("--socket", required=True, type=Path)
     parser.add_argument("--idle", type=float, default=600.0)
     parser.add_argument("--daemonize", action="store_true")

@@ -14,13 +14,13 @@ import click
 
 # subcommand name -> "module:attribute" of a click command. Other parts register here.
 SUBCOMMANDS: dict[str, str] = {
-    "slurm-config": "slurm_plugins.slurm_config:command",
+    "slurm-config": "gpushare.slurm_plugins.slurm_config:command",
     "config": "gpushare.config_cli:command",
-    "mig": "mig_manager.mig_cli:command",
-    "simulate": "simulator.cli:command",
-    "report": "epilog.report_cli:command",
-    "status": "mig_manager.status_cli:command",
-    "estimates": "slurm_plugins.estimates_cli:command",
+    "mig": "gpushare.mig_manager.mig_cli:command",
+    "simulate": "gpushare.simulator.cli:command",
+    "report": "gpushare.epilog.report_cli:command",
+    "status": "gpushare.agent.status_cli:command",
+    "estimates": "gpushare.slurm_plugins.estimates_cli:command",
 }
 
 

@@ -2,7 +2,7 @@
 
 API (small on purpose; details in docs/device-interface.md):
 
-    from gres import open_backend, NA, GpuError, NvmlCode
+    from gpushare.gres import open_backend, NA, GpuError, NvmlCode
     dev = open_backend()            # "nvml" or "sim:<state.json>"; default from $GPUSHARE_DEVICE_BACKEND
 
     inventory   dev.gpu_count(), dev.gpus(), dev.gpu(i) -> GpuInfo(index, uuid, name, model, total_bytes,
@@ -19,13 +19,13 @@ API (small on purpose; details in docs/device-interface.md):
                 dev.mig_devices(i) -> [MigDevice(uuid "MIG-…", gi/ci ids, profile, gi/ci cap minors)]
     MPS         dev.mps(run_dir) -> MpsControl: start/stop/running(device),
                 set_default_pinned_mem_limit(device, mib), set_default_active_thread_percentage(device, pct);
-                gres.mps.job_env(pipe_dir, device, mem_limit_mib, thread_percentage) -> env for TaskProlog
-    gres.conf   gres.gres_conf.node_gpus(dev) -> [NodeGpu]; gres_conf_lines(gpus, dev_dir); node_gres(gpus)
+                gpushare.gres.mps.job_env(pipe_dir, device, mem_limit_mib, thread_percentage) -> env for TaskProlog
+    gres.conf   gpushare.gres.gres_conf.node_gpus(dev) -> [NodeGpu]; gres_conf_lines(gpus, dev_dir); node_gres(gpus)
 
 Units: bytes, watts, millijoules (since driver load), fractions 0..1. Unsupported metrics are ``NA``
 (NaN-like, prints ``N/A``); faults raise ``GpuError`` whose ``.code`` is NVML's (``NvmlCode.IN_USE``…).
-Simulated backend: ``gres.sim_backend.SimBackend.from_scenario(scenario, state_path=None, clock=…)`` or
-``SimBackend.open(state_path)``; scenario control (``gres.sim_control``): ``start_process``,
+Simulated backend: ``gpushare.gres.sim_backend.SimBackend.from_scenario(scenario, state_path=None, clock=…)`` or
+``SimBackend.open(state_path)``; scenario control (``gpushare.gres.sim_control``): ``start_process``,
 ``update_process``, ``end_process``, ``set_knobs``, ``inject_error``, ``now``.
 
 Modules: device (records, Protocol, cap minors), na, errors, nvml_query (the NVML choke point),
@@ -33,11 +33,11 @@ nvml_backend, dcgm (SMACT/SMOCC/DRAMA for it), sim_backend, sim_control, sim_mig
 sim_scenario (scenario files), sim_state (state file + locking), mps, gres_conf, factory.
 """
 
-from gres.device import (ComputeInstance, GiProfile, GpuBackend, GpuInfo, GpuInstance, MemoryInfo, MigDevice,
+from gpushare.gres.device import (ComputeInstance, GiProfile, GpuBackend, GpuInfo, GpuInstance, MemoryInfo, MigDevice,
                          Placement, ProcessInfo, Utilization)
-from gres.errors import GpuError, NvmlCode
-from gres.factory import open_backend
-from gres.na import NA, is_na
+from gpushare.gres.errors import GpuError, NvmlCode
+from gpushare.gres.factory import open_backend
+from gpushare.gres.na import NA, is_na
 
 __all__ = [
     "NA", "is_na", "GpuError", "NvmlCode", "open_backend", "GpuBackend", "GpuInfo", "MemoryInfo",

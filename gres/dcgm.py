@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from gres.na import NA
+from gpushare.gres.na import NA
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """The device interface: what every node-side part may ask of a GPU, as plain records and one Protocol.
 
 Why a Protocol with two implementations (STYLE #3): the agent, the MIG executor and the simulator are
-written once against :class:`GpuBackend`; ``gres.nvml_backend`` answers from the driver and
-``gres.sim_backend`` from a scenario with NVML's own semantics and error codes, so the same code is
+written once against :class:`GpuBackend`; ``gpushare.gres.nvml_backend`` answers from the driver and
+``gpushare.gres.sim_backend`` from a scenario with NVML's own semantics and error codes, so the same code is
 tested here without a GPU and runs unchanged on a node.
 
 Conventions for every method:
@@ -10,8 +10,8 @@ Conventions for every method:
   ``(gpu index, GI id)`` and compute instances by ``(gpu index, GI id, CI id)``, as NVML does.
 - Units: memory in bytes, power in watts (float), energy in millijoules (int, NVML's unit
   and origin: since the driver was loaded), utilisation as fractions 0..1.
-- A metric the GPU does not support is :data:`gres.na.NA`; a real fault raises
-  :class:`gres.errors.GpuError` with NVML's code.
+- A metric the GPU does not support is :data:`gpushare.gres.na.NA`; a real fault raises
+  :class:`gpushare.gres.errors.GpuError` with NVML's code.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
-from gres.na import NaType
+from gpushare.gres.na import NaType
 
 if TYPE_CHECKING:
-    from gres.mps import MpsControl
+    from gpushare.gres.mps import MpsControl
 
 Number = int | NaType
 Fraction = float | NaType

@@ -11,7 +11,7 @@ import os
 import time
 from typing import Callable
 
-from gres.device import GpuBackend
+from gpushare.gres.device import GpuBackend
 
 ENV_VAR = "GPUSHARE_DEVICE_BACKEND"
 DEFAULT_SPEC = "nvml"
@@ -26,12 +26,12 @@ def open_backend(spec: str | None = None, clock: Callable[[], float] = time.time
     raw = spec if spec is not None else os.environ.get(ENV_VAR, DEFAULT_SPEC)
     kind, _, arg = raw.strip().partition(":")
     if kind == "nvml" and not arg:
-        from gres.dcgm import dcgm_source
-        from gres.nvml_backend import NvmlBackend
+        from gpushare.gres.dcgm import dcgm_source
+        from gpushare.gres.nvml_backend import NvmlBackend
 
         return NvmlBackend(dcgm=dcgm_source())  # DCGM fields when its bindings are installed
     if kind == "sim" and arg:
-        from gres.sim_backend import SimBackend
+        from gpushare.gres.sim_backend import SimBackend
 
         return SimBackend.open(arg, clock=clock)
     source = "device backend" if spec is not None else ENV_VAR

@@ -20,7 +20,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from gpushare.gpus import BUILTIN_GPUS, GiB, GpuModel
-from gres.device import GpuBackend
+from gpushare.gres.device import GpuBackend
 
 _TYPE_OK = re.compile(r"^[A-Za-z0-9_.+-]+$")
 

@@ -20,10 +20,10 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
-from gres.errors import GpuError, NvmlCode
+from gpushare.gres.errors import GpuError, NvmlCode
 
 if TYPE_CHECKING:
-    from gres.sim_backend import SimBackend
+    from gpushare.gres.sim_backend import SimBackend
 
 MPS_CONTROL = "nvidia-cuda-mps-control"
 Runner = Callable[[list[str], dict[str, str], "str | None"], "subprocess.CompletedProcess[str]"]

@@ -4,7 +4,7 @@ Why a value and not an exception (STYLE #1, after nvitop's ``NA``): the agent, t
 simulator read dozens of metrics per GPU per second, and many GPUs lack some of them (no power sensor on a
 GeForce card, no per-process memory under some drivers, no energy counter before Volta). If each missing
 metric raised, every caller would need a branch; with ``NA`` they compute as usual and get NaN, and a
-report prints ``N/A``. Only real faults (a lost GPU, a bad argument) raise :class:`gres.errors.GpuError`.
+report prints ``N/A``. Only real faults (a lost GPU, a bad argument) raise :class:`gpushare.gres.errors.GpuError`.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
-"""The real backend: :class:`gres.device.GpuBackend` on nvidia-ml-py (``import pynvml``).
+"""The real backend: :class:`gpushare.gres.device.GpuBackend` on nvidia-ml-py (``import pynvml``).
 
-Why this shape: every NVML call goes through :class:`gres.nvml_query.Nvml` (lazy init, shutdown at exit,
+Why this shape: every NVML call goes through :class:`gpushare.gres.nvml_query.Nvml` (lazy init, shutdown at exit,
 versioned-function fallback, NOT_SUPPORTED → ``NA``), so this module only translates NVML structs into our
 records. It imports without a GPU, a driver or even pynvml installed; the first call raises
 ``GpuError(…, "NVML not available: <reason>")``.
 
 Utilisation: NVML has no SM activity/occupancy/DRAM activity; DCGM does (fields 1002 SMACT, 1003 SMOCC,
-1005 DRAMA). Pass ``dcgm=`` a callable ``index -> (smact, smocc, drama) | None`` (``gres.dcgm.dcgm_source()``
+1005 DRAMA). Pass ``dcgm=`` a callable ``index -> (smact, smocc, drama) | None`` (``gpushare.gres.dcgm.dcgm_source()``
 wraps DCGM's ``DcgmReader``) and samples say ``source="dcgm"``; without it, or while it answers None, they
 come from ``nvmlDeviceGetUtilizationRates`` with ``source="nvml"``.
 """
@@ -20,12 +20,12 @@ from types import ModuleType
 from typing import Any, Callable
 
 from gpushare.gpus import BUILTIN_GPUS, GpuModel, MiB
-from gres.device import (ComputeInstance, GiProfile, GpuInfo, GpuInstance, MemoryInfo, MigDevice, Placement,
+from gpushare.gres.device import (ComputeInstance, GiProfile, GpuInfo, GpuInstance, MemoryInfo, MigDevice, Placement,
                          ProcessInfo, Utilization, ci_cap_minor, gi_cap_minor)
-from gres.errors import GpuError, NvmlCode
-from gres.mps import DaemonMps
-from gres.na import NA
-from gres.nvml_query import RAISE, Nvml
+from gpushare.gres.errors import GpuError, NvmlCode
+from gpushare.gres.mps import DaemonMps
+from gpushare.gres.na import NA
+from gpushare.gres.nvml_query import RAISE, Nvml
 
 GI_PROFILE_COUNT = 0x12  # NVML_GPU_INSTANCE_PROFILE_COUNT (nvml.h, R570)
 CI_PROFILE_BY_SLICES = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}  # NVML_COMPUTE_INSTANCE_PROFILE_*

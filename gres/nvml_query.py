@@ -19,8 +19,8 @@ import threading
 from types import ModuleType
 from typing import Any, Callable
 
-from gres.errors import GpuError, NvmlCode
-from gres.na import NA
+from gpushare.gres.errors import GpuError, NvmlCode
+from gpushare.gres.na import NA
 
 log = logging.getLogger(__name__)
 

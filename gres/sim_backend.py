@@ -3,13 +3,13 @@
 Why: the agent, the MIG executor and the trace simulator must be testable — and demonstrable on a Slurm
 test cluster — without a GPU, and the fake must fail the way the driver does or the tests prove nothing
 (STYLE #3). Models, memory, MIG profiles, ids and placements come from ``gpushare.gpus`` (never copied);
-the timeline, power and knobs from the scenario (``gres.sim_scenario``); MIG rules from ``gres.sim_mig``;
-energy from ``gres.sim_timeline``. State lives in memory or in a shared JSON file (``gres.sim_state``).
+the timeline, power and knobs from the scenario (``gpushare.gres.sim_scenario``); MIG rules from ``gpushare.gres.sim_mig``;
+energy from ``gpushare.gres.sim_timeline``. State lives in memory or in a shared JSON file (``gpushare.gres.sim_state``).
 
 Time is ``clock() - epoch`` with ``clock`` injected (STYLE #11): tests pass a fake clock and advance it;
 separate processes sharing a state file use the default wall clock so they agree on "now".
 
-CLI: ``python -m gres.sim_backend init SCENARIO.toml STATE.json [--force]`` writes a fresh state file.
+CLI: ``python -m gpushare.gres.sim_backend init SCENARIO.toml STATE.json [--force]`` writes a fresh state file.
 """
 
 from __future__ import annotations
@@ -21,15 +21,15 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gpushare.gpus import BUILTIN_GPUS, GpuModel, MiB
-from gres import sim_mig, sim_timeline as tl
-from gres.device import (ComputeInstance, GiProfile, GpuInfo, GpuInstance, MemoryInfo, MigDevice, Placement,
+from gpushare.gres import sim_mig, sim_timeline as tl
+from gpushare.gres.device import (ComputeInstance, GiProfile, GpuInfo, GpuInstance, MemoryInfo, MigDevice, Placement,
                          ProcessInfo, Utilization, ci_cap_minor, gi_cap_minor)
-from gres.errors import GpuError, NvmlCode
-from gres.mps import SimMps
-from gres.na import NA
-from gres.sim_control import SimControl
-from gres.sim_scenario import load_scenario, validate_scenario
-from gres.sim_state import FileStore, MemoryStore
+from gpushare.gres.errors import GpuError, NvmlCode
+from gpushare.gres.mps import SimMps
+from gpushare.gres.na import NA
+from gpushare.gres.sim_control import SimControl
+from gpushare.gres.sim_scenario import load_scenario, validate_scenario
+from gpushare.gres.sim_state import FileStore, MemoryStore
 
 _NS = uuidlib.UUID("6f1c9a52-7d1e-4c55-9a43-51a2d6b0c0de")
 _NOT_SUPPORTED = object()  # internal marker: the metric reads as NA
@@ -55,7 +55,7 @@ def initial_state(scenario: dict[str, Any], epoch: float) -> dict[str, Any]:
 
 
 class SimBackend(SimControl):
-    """:class:`gres.device.GpuBackend` over a simulated state. Extra sim-only methods are marked."""
+    """:class:`gpushare.gres.device.GpuBackend` over a simulated state. Extra sim-only methods are marked."""
 
     name = "sim"
 
@@ -271,7 +271,7 @@ class SimBackend(SimControl):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gres.sim_backend", description="Simulated GPU state files.")
+    parser = argparse.ArgumentParser(prog="python -m gpushare.gres.sim_backend", description="Simulated GPU state files.")
     sub = parser.add_subparsers(dest="cmd", required=True)
     init = sub.add_parser("init", help="write a fresh state file from a scenario")
     init.add_argument("scenario")

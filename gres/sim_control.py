@@ -4,7 +4,7 @@ inject NVML errors while a simulation runs.
 Why separate from the backend proper: these calls are not part of the device interface (a real GPU has no
 ``start_process``); the trace simulator and tests use them to drive what the interface then reports.
 Every change is a timeline entry stamped with the simulated time, so the energy counter stays an exact
-integral (``gres.sim_timeline``). Mixed into :class:`gres.sim_backend.SimBackend`.
+integral (``gpushare.gres.sim_timeline``). Mixed into :class:`gpushare.gres.sim_backend.SimBackend`.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from gpushare.gpus import MiB
-from gres import sim_timeline as tl
-from gres.errors import GpuError, NvmlCode
-from gres.sim_scenario import METRICS
+from gpushare.gres import sim_timeline as tl
+from gpushare.gres.errors import GpuError, NvmlCode
+from gpushare.gres.sim_scenario import METRICS
 
 
 class SimControl:
@@ -30,7 +30,7 @@ class SimControl:
             self._check(state, g, None)
             t = self._t(state)
             if gi is not None:  # a process can only run in an existing instance that has a compute instance
-                from gres.sim_mig import find_gi, require_mig
+                from gpushare.gres.sim_mig import find_gi, require_mig
 
                 require_mig(g, f"start pid {pid} in GI {gi}")
                 if not find_gi(g, gi)["cis"]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpushare.gpus import GpuModel, MigProfile
-from gres.errors import GpuError, NvmlCode
+from gpushare.gres.errors import GpuError, NvmlCode
 
 # compute slices -> NVML_COMPUTE_INSTANCE_PROFILE_* index (nvml.h)
 CI_PROFILE_BY_SLICES = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4, 8: 5, 6: 6}

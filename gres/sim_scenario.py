@@ -5,7 +5,7 @@ silently ignored (``lost_at`` for ``lost_at_s``) would make a test pass for the 
 one line naming the file and the key path, e.g. ``s.toml: gpus[1].modle: unknown key (known: …)``.
 
 The normalised scenario is a plain JSON-able dict; it is also the static half of the state file
-(``gres.sim_state``), so every process that opens the state sees the same GPUs and timeline.
+(``gpushare.gres.sim_state``), so every process that opens the state sees the same GPUs and timeline.
 Format: see ``docs/device-interface.md`` ("Scenario file").
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gpushare.gpus import BUILTIN_GPUS, GpuModel
-from gres.errors import NvmlCode
+from gpushare.gres.errors import NvmlCode
 
 SCENARIO_VERSION = 1
 METRICS = ("memory", "processes", "utilization", "power", "energy", "mig")

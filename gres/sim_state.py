@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Iterator, Protocol
 
 from gpushare.atomic import write_json_atomic
-from gres.errors import GpuError, NvmlCode
+from gpushare.gres.errors import GpuError, NvmlCode
 
 STATE_VERSION = 1
 
@@ -75,7 +75,7 @@ class FileStore:
         except FileNotFoundError:
             raise GpuError(NvmlCode.DRIVER_NOT_LOADED,
                            f"simulated GPU state {self.path} does not exist (create it with "
-                           f"'python -m gres.sim_backend init SCENARIO {self.path}')") from None
+                           f"'python -m gpushare.gres.sim_backend init SCENARIO {self.path}')") from None
         except ValueError as exc:
             raise GpuError(NvmlCode.CORRUPTED_INFOROM, f"simulated GPU state {self.path} is not JSON: {exc}") from exc
         if state.get("state_version") != STATE_VERSION:

@@ -21,9 +21,9 @@ from typing import Any
 
 from gpushare.gpus import GpuModel
 
-from mig_manager.device_ops import Layout
-from mig_manager.layout import Instance
-from mig_manager.planner import Plan, plan
+from gpushare.mig_manager.device_ops import Layout
+from gpushare.mig_manager.layout import Instance
+from gpushare.mig_manager.planner import Plan, plan
 
 _ITEM_RE = re.compile(r"^(?:gres[:/])?gpu:([A-Za-z0-9_.+-]{1,40}):([0-9]{1,3})\Z")
 MAX_PER_JOB = 7  # no GPU holds more instances than this; a larger count cannot be one node's MIG demand

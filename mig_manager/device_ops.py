@@ -4,7 +4,7 @@ Why idempotent: the executor may be killed between a driver call and the journal
 Each operation therefore first asserts whether its effect is already there (STYLE #4) — a destroy whose
 instance is gone, a create whose instance exists — and only then calls the driver. A half-done destroy
 (compute instance gone, GPU instance left) or create (GPU instance without its compute instance) is
-finished the same way. Everything goes through :class:`gres.device.GpuBackend`, with explicit placements.
+finished the same way. Everything goes through :class:`gpushare.gres.device.GpuBackend`, with explicit placements.
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from collections.abc import Iterable, Mapping
 
 from dataclasses import replace
 
-from gres.device import GpuBackend, GpuInstance
-from gres.gres_conf import NodeGpu, node_gpus
-from gres.errors import GpuError, NvmlCode
+from gpushare.gres.device import GpuBackend, GpuInstance
+from gpushare.gres.gres_conf import NodeGpu, node_gpus
+from gpushare.gres.errors import GpuError, NvmlCode
 
-from mig_manager.journal import Op
-from mig_manager.layout import Instance
+from gpushare.mig_manager.journal import Op
+from gpushare.mig_manager.layout import Instance
 
 Layout = dict[int, tuple[Instance, ...]]  # GPU index -> instances
 
@@ -114,7 +114,7 @@ def layout_counts(layout: Mapping[int, Iterable[Instance]]) -> dict[str, int]:
 
 
 def node_gpus_by_placement(backend: GpuBackend) -> list[NodeGpu]:
-    """``gres.gres_conf.node_gpus`` with each GPU's MIG devices in memory-slice order.
+    """``gpushare.gres.gres_conf.node_gpus`` with each GPU's MIG devices in memory-slice order.
 
     Why: Slurm numbers a node's ``gpu`` GRES in gres.conf line order (that number is the job's
     CUDA_VISIBLE_DEVICES), and NVML lists MIG devices by GI id, which follows creation history. Ordering

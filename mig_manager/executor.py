@@ -1,7 +1,7 @@
 """The node-side MIG executor: move a node's GPUs to a target layout without touching a busy instance.
 
 Slurm cannot repartition MIG (DESIGN §5), so the executor does what sites do by hand, one journaled step
-at a time (``mig_manager.journal.STEPS``):
+at a time (``gpushare.mig_manager.journal.STEPS``):
 
   planned       journal written: layout before, target, the destroy/create ops, the drain Reason
   drained       node drained with a Reason naming the run (``[mig] drain = "node"``; "none" skips it)
@@ -29,19 +29,19 @@ from collections import Counter
 from typing import Callable
 
 from gpushare.gpus import BUILTIN_GPUS
-from gres.device import GpuBackend
-from gres.errors import GpuError
-from gres.gres_conf import gres_conf_lines, node_gpus, node_gres
+from gpushare.gres.device import GpuBackend
+from gpushare.gres.errors import GpuError
+from gpushare.gres.gres_conf import gres_conf_lines, node_gpus, node_gres
 
-from mig_manager.device_ops import (Layout, create_instance, destroy_instance, diff_ops, has_processes,
+from gpushare.mig_manager.device_ops import (Layout, create_instance, destroy_instance, diff_ops, has_processes,
                                     node_gpus_by_placement, read_layout)
-from mig_manager.gres_files import ensure_cap_devices
-from mig_manager.exec_settings import ExecSettings, Outcome, Result
-from mig_manager.fsm import MigSpace
-from mig_manager.journal import STEPS, Journal, JournalStore
-from mig_manager.layout import check_layout, format_layout
-from mig_manager.profiles import all_profiles
-from mig_manager.slurm_actions import SlurmActions, gpu_counts
+from gpushare.mig_manager.gres_files import ensure_cap_devices
+from gpushare.mig_manager.exec_settings import ExecSettings, Outcome, Result
+from gpushare.mig_manager.fsm import MigSpace
+from gpushare.mig_manager.journal import STEPS, Journal, JournalStore
+from gpushare.mig_manager.layout import check_layout, format_layout
+from gpushare.mig_manager.profiles import all_profiles
+from gpushare.mig_manager.slurm_actions import SlurmActions, gpu_counts
 
 log = logging.getLogger("gpushare.mig")
 

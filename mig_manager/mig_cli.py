@@ -14,10 +14,10 @@ import click
 
 from gpushare.gpus import GpuModel, parse_target
 
-from mig_manager.fsm import FsmTable, MigSpace, fsm_table
-from mig_manager.layout import Instance, format_layout, parse_layout
-from mig_manager.planner import describe, plan, plan_profile_set
-from mig_manager.profiles import all_profiles, select_profiles
+from gpushare.mig_manager.fsm import FsmTable, MigSpace, fsm_table
+from gpushare.mig_manager.layout import Instance, format_layout, parse_layout
+from gpushare.mig_manager.planner import describe, plan, plan_profile_set
+from gpushare.mig_manager.profiles import all_profiles, select_profiles
 
 
 def _model(gpu: str) -> GpuModel:
@@ -154,8 +154,8 @@ def plan_command(gpu: str, current: str, wants: tuple[str, ...], busy: tuple[str
 
 
 def _register_executor_commands() -> None:
-    """``apply`` and ``reconcile`` (node side, mig_manager.mig_exec_cli) join the pure commands above."""
-    from mig_manager.mig_exec_cli import apply_command, reconcile_command
+    """``apply`` and ``reconcile`` (node side, gpushare.mig_manager.mig_exec_cli) join the pure commands above."""
+    from gpushare.mig_manager.mig_exec_cli import apply_command, reconcile_command
 
     command.add_command(apply_command)
     command.add_command(reconcile_command)

@@ -18,15 +18,15 @@ import json
 import click
 
 from gpushare.config import ConfigError, load_config
-from gres.errors import GpuError
+from gpushare.gres.errors import GpuError
 
-from mig_manager.fsm import MigSpace
-from mig_manager.journal import JournalError
-from mig_manager.layout import parse_layout
-from mig_manager.profiles import all_profiles
-from mig_manager.reshape import (build_executor, node_name, reshape_for_demand, restore_after_reset,
+from gpushare.mig_manager.fsm import MigSpace
+from gpushare.mig_manager.journal import JournalError
+from gpushare.mig_manager.layout import parse_layout
+from gpushare.mig_manager.profiles import all_profiles
+from gpushare.mig_manager.reshape import (build_executor, node_name, reshape_for_demand, restore_after_reset,
                                  slurm_paths)
-from slurm_plugins.slurm_client import SlurmClient, SlurmError
+from gpushare.slurm.client import SlurmClient, SlurmError
 
 _OK = {"applied", "already", "nothing"}
 

@@ -13,18 +13,18 @@ from pathlib import Path
 from typing import Callable
 
 from gpushare.config import Config
-from gres import open_backend
-from gres.device import GpuBackend
+from gpushare.gres import open_backend
+from gpushare.gres.device import GpuBackend
 
-from mig_manager.demand import held_profiles, mark_busy, pending_wants, target_for
-from mig_manager.device_ops import busy_instance_ids, read_layout
-from mig_manager.executor import ExecSettings, Executor, Result
-from mig_manager.fsm import MigSpace
-from mig_manager.layout import parse_layout
-from mig_manager.profiles import all_profiles
-from mig_manager.journal import JournalStore
-from mig_manager.slurm_actions import SlurmActions, SlurmNodeActions
-from slurm_plugins.slurm_client import SlurmClient
+from gpushare.mig_manager.demand import held_profiles, mark_busy, pending_wants, target_for
+from gpushare.mig_manager.device_ops import busy_instance_ids, read_layout
+from gpushare.mig_manager.executor import ExecSettings, Executor, Result
+from gpushare.mig_manager.fsm import MigSpace
+from gpushare.mig_manager.layout import parse_layout
+from gpushare.mig_manager.profiles import all_profiles
+from gpushare.mig_manager.journal import JournalStore
+from gpushare.mig_manager.slurm_actions import SlurmActions, SlurmNodeActions
+from gpushare.slurm.client import SlurmClient
 
 
 def node_name(cfg: Config, explicit: str | None = None) -> str:

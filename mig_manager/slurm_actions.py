@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol
 
-from mig_manager.gres_files import rewrite_node_gres
-from slurm_plugins.slurm_client import SlurmClient, SlurmError, parse_scontrol_record
+from gpushare.mig_manager.gres_files import rewrite_node_gres
+from gpushare.slurm.client import SlurmClient, SlurmError, parse_scontrol_record
 
 log = logging.getLogger("gpushare.mig")
 _GRES_ITEM_RE = re.compile(r"^(?:gres[:/])?gpu:([A-Za-z0-9_.+-]{1,40}):(\d{1,4})(?:\(.*\))?$")

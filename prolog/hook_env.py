@@ -57,7 +57,7 @@ def shards_of(tres: str | None) -> int | None:
 
 def slurm_facts(job: HookJob, slurm_json: dict[str, Any] | None) -> dict[str, Any]:
     """Registration facts for the agent from the hook's job and Slurm's JSON record of it (may be None)."""
-    from slurm_plugins.decision import parse_record  # only the Prolog needs it: keeps the Epilog's start short
+    from gpushare.slurm_plugins.decision import parse_record  # only the Prolog needs it: keeps the Epilog's start short
 
     js = slurm_json or {}
     tres = js.get("tres_per_node") if isinstance(js.get("tres_per_node"), str) else None

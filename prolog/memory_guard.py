@@ -4,7 +4,7 @@ The TaskProlog exports ``GPUSHARE_MEMORY_FRACTION`` (estimate + margin over the 
 has no environment variable for a per-process memory fraction, so a job opts in with one line at the top
 of its script::
 
-    import prolog.memory_guard; prolog.memory_guard.apply()
+    import gpushare.prolog.memory_guard; gpushare.prolog.memory_guard.apply()
 
 which calls ``torch.cuda.set_per_process_memory_fraction`` on every visible device: PyTorch's caching
 allocator then raises its usual OOM error when the job outgrows its share, instead of taking memory

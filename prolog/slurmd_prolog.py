@@ -2,7 +2,7 @@
 
 It registers a GPU job with the node agent (GPUs, estimate, caps, start energy counters) and leaves the
 job's caps where the TaskProlog, which runs as the user, can read them. When the agent is down it writes
-the same registration itself (``mig_manager.agent_jobs``: same entry, memory-fraction caps only since no
+the same registration itself (``gpushare.agent.jobs``: same entry, memory-fraction caps only since no
 MPS daemon can be vouched for), so a job started during an agent restart still gets its energy record.
 
 A failing Prolog drains the node (SLURM-FACTS.md), so this entry point catches everything and exits 0:
@@ -36,8 +36,8 @@ def write_caps(run_dir: str, job: str, env: dict[str, str]) -> None:
 
 def register(env: Mapping[str, str], cfg: Any, client: Any = None, backend: Any = None) -> dict[str, Any] | None:
     """Register the job of this Prolog; returns the exports written for it (None: not a GPU job)."""
-    from mig_manager.agent_api import call, socket_path
-    from prolog.hook_env import job_from_env, slurm_facts
+    from gpushare.agent.api import call, socket_path
+    from gpushare.prolog.hook_env import job_from_env, slurm_facts
 
     job = job_from_env(env)
     if job is None:
@@ -48,7 +48,7 @@ def register(env: Mapping[str, str], cfg: Any, client: Any = None, backend: Any 
     js = None
     try:
         if client is None:
-            from slurm_plugins.slurm_client import SlurmClient
+            from gpushare.slurm.client import SlurmClient
 
             client = SlurmClient(cfg.slurm_conf or env.get("SLURM_CONF") or None)
         js = client.job_json(job.job)
@@ -69,9 +69,9 @@ def register(env: Mapping[str, str], cfg: Any, client: Any = None, backend: Any 
 
 
 def _register_locally(facts: dict[str, Any], cfg: Any, backend: Any) -> dict[str, str]:
-    from gres import open_backend
-    from mig_manager.agent_jobs import build_entry, clean_facts, tenants_of
-    from mig_manager.agent_store import JobStore
+    from gpushare.gres import open_backend
+    from gpushare.agent.jobs import build_entry, clean_facts, tenants_of
+    from gpushare.agent.store import JobStore
 
     clean = clean_facts(facts)
     backend = backend or open_backend(cfg.device_backend or None)
@@ -86,7 +86,7 @@ def _register_locally(facts: dict[str, Any], cfg: Any, backend: Any) -> dict[str
 def main(argv: list[str] | None = None) -> int:
     try:
         from gpushare.config import load_config
-        from mig_manager.agent_cli import setup_logging
+        from gpushare.agent.cli import setup_logging
 
         cfg = load_config().agent
         setup_logging(cfg.log_file)

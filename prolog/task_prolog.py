@@ -21,8 +21,8 @@ _JOB_RE = re.compile(r"^\d{1,10}$")
 
 def exports(env: Mapping[str, str], run_dir: str) -> list[str]:
     """The ``export`` lines for this task's job (empty when it has no caps file)."""
-    from mig_manager.agent_caps import EXPORTABLE
-    from prolog.slurmd_prolog import caps_path
+    from gpushare.agent.caps import EXPORTABLE
+    from gpushare.prolog.slurmd_prolog import caps_path
 
     job = env.get("SLURM_JOB_ID", "")
     if not _JOB_RE.match(job):

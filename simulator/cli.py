@@ -12,11 +12,11 @@ from pathlib import Path
 import click
 
 from gpushare.gpus import BUILTIN_GPUS, parse_target
-from mig_manager.policies import POLICIES, make_policy
-from simulator import estimators, report
-from simulator.engine import SimConfig, Simulation
-from simulator.interference import MODES
-from simulator.trace import TraceError, read
+from gpushare.simulator.policies import POLICIES, make_policy
+from gpushare.simulator import estimators, report
+from gpushare.simulator.engine import SimConfig, Simulation
+from gpushare.simulator.interference import MODES
+from gpushare.simulator.trace import TraceError, read
 
 TRACE_NAME = "philly_trace_60_tasks.csv"
 THROUGHPUTS_NAME = "gavel_simulation_throughputs.json"
@@ -81,7 +81,7 @@ def command(trace_path: str | None, nodes: int, gpus_per_node: int, gpu: str, po
     sim = Simulation(jobs, config).run()
     click.echo(report.to_json(sim) if as_json else report.to_text(report.summarise(sim)))
     if plot_dir:
-        from simulator import plots  # matplotlib only when asked for
+        from gpushare.simulator import plots  # matplotlib only when asked for
 
         for written in plots.write(sim, Path(plot_dir)):
             if not as_json:
@@ -91,7 +91,7 @@ def command(trace_path: str | None, nodes: int, gpus_per_node: int, gpu: str, po
 def _mig(jobs, gpu: str, gpus: int, policy: str, as_json: bool) -> None:
     import json
 
-    from simulator.mig import run_mix
+    from gpushare.simulator.mig import run_mix
 
     model, profile = parse_target(gpu)
     if profile is not None or not model.mig_capable:

@@ -1,6 +1,6 @@
 """Simulated GPUs for the trace simulator, on the project's simulated device backend.
 
-Why the backend (``gres.sim_backend.SimBackend``): it is the device interface the node agent reads
+Why the backend (``gpushare.gres.sim_backend.SimBackend``): it is the device interface the node agent reads
 (memory, per-process memory, DCGM utilisation, power, the total-energy counter) with NVML's semantics,
 so the numbers the policies see and the energy reported come from the same code the agent and the
 epilog use, not from a second model. The simulator drives it like a workload would — a process per job
@@ -10,7 +10,7 @@ ends — on a virtual clock (the simulation's ``now``).
 What stays here: Slurm's view (shards, exclusive holders), the job → process map, and a step history of
 what the backend reported at each change, from which the 1 Hz telemetry window is sampled on demand
 (with small seeded noise, so scores near a threshold jitter as a real DCGM series does) instead of
-ticking every second. Aggregation and power are the backend's (``gres.sim_timeline``): per-process
+ticking every second. Aggregation and power are the backend's (``gpushare.gres.sim_timeline``): per-process
 SMACT/SMOCC/DRAMA add up, capped at 1; power = idle + (max − idle)·min(1, ΣSMACT). Idle/max per model
 below are datasheet TDPs and typical idle draws (an assumption where no datasheet gives idle).
 """
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpushare.gpus import GiB, MiB, GpuModel
-from gres.sim_backend import SimBackend
+from gpushare.gres.sim_backend import SimBackend
 
 CONTEXT_GIB = 0.5
 NOISE_SIGMA = 0.02

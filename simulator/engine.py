@@ -2,8 +2,8 @@
 
 Why event-driven: between arrivals, first kernels and completions nothing changes, so a 4-hour trace
 takes thousands of steps, not millions of seconds. The policy objects are the agent's own
-(``mig_manager.policies``), fed with the same inputs the agent builds from NVML: free memory,
-CARMA's risk verdict over a 1 Hz 30-sample window (``mig_manager.risk``) and the TTFK table.
+(``gpushare.simulator.policies``), fed with the same inputs the agent builds from NVML: free memory,
+CARMA's risk verdict over a 1 Hz 30-sample window (``gpushare.agent.risk``) and the TTFK table.
 
 Life of a job: queued → dispatched (CUDA context only, no progress) → first kernel after its TTFK: memory
 grows to its peak; if the GPU's memory is now over capacity the *new* job dies with an OOM (CARMA §2.5:
@@ -21,13 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpushare.gpus import GiB, capacity_bytes, parse_target
-from mig_manager import risk
-from mig_manager.policies import GpuState, JobRequest, make_policy
-from simulator import estimators
-from simulator.device import CONTEXT_GIB, SimCluster
-from simulator.interference import Interference
-from simulator.trace import JobSpec
-from simulator.workload import UTIL_CLASSES
+from gpushare.agent import risk
+from gpushare.simulator.policies import GpuState, JobRequest, make_policy
+from gpushare.simulator import estimators
+from gpushare.simulator.device import CONTEXT_GIB, SimCluster
+from gpushare.simulator.interference import Interference
+from gpushare.simulator.trace import JobSpec
+from gpushare.simulator.workload import UTIL_CLASSES
 
 
 @dataclass
@@ -42,7 +42,7 @@ class SimConfig:
     poll_s: float = 5.0
     window_s: float = risk.WINDOW_SAMPLES * risk.SAMPLE_PERIOD_S
     throughputs: Path | None = None
-    interference: str = "gavel"  # or "share" (simulator.interference)
+    interference: str = "gavel"  # or "share" (gpushare.simulator.interference)
 
 
 @dataclass

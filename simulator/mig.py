@@ -1,8 +1,8 @@
 """MIG mixes in the style of MIGM §5.2: a batch on MIG via the planner's Scheme A and B vs whole GPUs.
 
 Why a separate driver: MIG jobs do not share SMs, so there is no interference or risk to model; what
-matters is the tightest profile (``mig_manager.profiles``), the planner's reconfigurations and how much
-slower a job runs on a fraction of the GPU. The schemes themselves (``mig_manager.schemes``) are the
+matters is the tightest profile (``gpushare.mig_manager.profiles``), the planner's reconfigurations and how much
+slower a job runs on a fraction of the GPU. The schemes themselves (``gpushare.mig_manager.schemes``) are the
 ones the node agent uses; this module only prepares their jobs and scores their results.
 
 Slowdown on a slice: a job whose solo SMACT on the whole GPU is ``a`` needs ``a`` of the SMs; on a
@@ -17,11 +17,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpushare.gpus import GiB, GpuModel
-from mig_manager import schemes
-from mig_manager.profiles import tightest_profile
-from simulator.device import POWER_W
-from simulator.trace import JobSpec
-from simulator.workload import UTIL_CLASSES
+from gpushare.mig_manager import schemes
+from gpushare.mig_manager.profiles import tightest_profile
+from gpushare.simulator.device import POWER_W
+from gpushare.simulator.trace import JobSpec
+from gpushare.simulator.workload import UTIL_CLASSES
 
 MARGIN_FRACTION, MARGIN_MIN = 0.10, GiB  # gpushare's default sizing margin
 
@@ -39,7 +39,7 @@ def _energy(model: GpuModel, intervals: Sequence[tuple[int, float, float, float]
         cuts = sorted({0.0, end, *(i[1] for i in mine), *(i[2] for i in mine)})
         for a, b in zip(cuts, cuts[1:]):
             load = min(1.0, sum(i[3] for i in mine if i[1] <= a and i[2] >= b))
-            total += (lo + (hi - lo) * load) * (b - a)  # gres.sim_timeline's power model
+            total += (lo + (hi - lo) * load) * (b - a)  # gpushare.gres.sim_timeline's power model
     return total
 
 

@@ -4,7 +4,7 @@ Export on the cluster (``-X``: one line per job allocation, not per step)::
 
     sacct -X --parsable2 --starttime 2026-11-01 --endtime 2026-11-08 \\
           --format=JobID,Submit,Start,End,AllocTRES,State > jobs.txt
-    python -m simulator.sacct jobs.txt > trace.csv
+    python -m gpushare.simulator.sacct jobs.txt > trace.csv
     gpushare simulate --trace trace.csv --policy magm
 
 Why these fields: Submit gives the arrival, End − Start the run time on the GPUs it had (which already
@@ -21,7 +21,7 @@ import re
 import sys
 from datetime import datetime
 
-from simulator.trace import TraceError
+from gpushare.simulator.trace import TraceError
 
 _TRES = re.compile(r"gres/(gpu|shard)(?::[^=,]+)?=(\d+)")
 _REQUIRED = ("Submit", "Start", "End", "AllocTRES")
@@ -72,7 +72,7 @@ def convert(text: str, name: str = "<sacct>", mem_gib: float = 8.0, util: str = 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m simulator.sacct", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m gpushare.simulator.sacct", description=__doc__.splitlines()[0])
     parser.add_argument("export", help="sacct --parsable2 output, or - for stdin")
     parser.add_argument("--mem-gib", type=float, default=8.0, help="peak memory for jobs without shards")
     parser.add_argument("--util", choices=("light", "medium", "heavy"), default="medium")

@@ -8,7 +8,7 @@ Two formats, told apart by the first non-comment line (a header means the rich f
 * **Rich CSV**: a header naming columns; ``submit_s`` is required (seconds from the trace start), the
   rest optional: ``job_id``, ``gpus`` (1), ``model`` and ``batch`` (a row of the workload table),
   ``duration_s`` and ``mem_gib`` (required when no model is given; override the table otherwise),
-  ``util`` (light|medium|heavy, default medium), ``ttfk_s``. ``simulator.sacct`` writes this format.
+  ``util`` (light|medium|heavy, default medium), ``ttfk_s``. ``gpushare.simulator.sacct`` writes this format.
 
 Every bad line is reported as one ``TraceError`` naming the file and line number.
 """
@@ -21,7 +21,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from simulator import workload
+from gpushare.simulator import workload
 
 TTFK_RANGE_S = {"light": (8.0, 20.0), "medium": (15.0, 45.0), "heavy": (30.0, 90.0)}  # our assumption
 RICH_COLUMNS = ("job_id", "submit_s", "gpus", "model", "batch", "duration_s", "mem_gib", "util", "ttfk_s")

@@ -17,9 +17,9 @@ from typing import Any
 
 from gpushare.config import Config
 from gpushare.gpus import GiB
-from slurm_plugins.directives import Directives
-from slurm_plugins.gres_request import GresItem, format_gres, parse_gres
-from slurm_plugins.script_discovery import NotFound, describe, find_training_command
+from gpushare.slurm_plugins.directives import Directives
+from gpushare.slurm.gres_request import GresItem, format_gres, parse_gres
+from gpushare.slurm_plugins.script_discovery import NotFound, describe, find_training_command
 
 RECORD_PREFIX = "gpushare:"
 RECORD_VERSION = 1

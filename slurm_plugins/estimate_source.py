@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from gpushare.config import Config
-from slurm_plugins.decision import Estimate
-from slurm_plugins.directives import MAX_GPU_MEMORY, Directives
+from gpushare.slurm_plugins.decision import Estimate
+from gpushare.slurm_plugins.directives import MAX_GPU_MEMORY, Directives
 
 
 class EstimateUnavailable(ValueError):

@@ -13,9 +13,9 @@ from typing import Any
 
 import click
 
-from slurm_plugins.decision import parse_record
-from slurm_plugins.estimation_plan import ESTIMATION_JOB_PREFIX
-from slurm_plugins.slurm_client import SlurmClient, SlurmError
+from gpushare.slurm_plugins.decision import parse_record
+from gpushare.slurm_plugins.estimation_plan import ESTIMATION_JOB_PREFIX
+from gpushare.slurm.client import SlurmClient, SlurmError
 
 
 def collect(jobs: list[dict[str, Any]], now: float, user: str | None = None) -> list[dict[str, Any]]:

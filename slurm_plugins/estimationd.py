@@ -30,13 +30,13 @@ from typing import Any
 
 from gpushare.config import Config, parse_size
 from gpushare.gpus import MiB
-from slurm_plugins.decision import Estimate, parse_record
-from slurm_plugins.directives import parse_directives
-from slurm_plugins.estimate_source import EstimateUnavailable, peak_total_from_json, read_user_file
-from slurm_plugins.estimation_plan import (ESTIMATION_JOB_PREFIX, Action, Attach, Cancel, EstimationJob, HeldJob,
+from gpushare.slurm_plugins.decision import Estimate, parse_record
+from gpushare.slurm_plugins.directives import parse_directives
+from gpushare.slurm_plugins.estimate_source import EstimateUnavailable, peak_total_from_json, read_user_file
+from gpushare.slurm_plugins.estimation_plan import (ESTIMATION_JOB_PREFIX, Action, Attach, Cancel, EstimationJob, HeldJob,
                                            Release, Submit, plan)
-from slurm_plugins.script_discovery import TrainingCommand, find_training_command
-from slurm_plugins.slurm_client import SlurmClient, SlurmError
+from gpushare.slurm_plugins.script_discovery import TrainingCommand, find_training_command
+from gpushare.slurm.client import SlurmClient, SlurmError
 
 log = logging.getLogger("gpushare.estimationd")
 _EXIT_REASONS = {2: "gpu-estimate usage error", 3: "the training script failed under gpu-estimate",
@@ -197,7 +197,7 @@ class EstimationService:
         log.info("%s", json.dumps({"job": action.job_id, "released": action.outcome, "record": action.record}))
 
     def _release_after_error(self, job: HeldJob, why: str) -> None:
-        from slurm_plugins.estimation_plan import fallback
+        from gpushare.slurm_plugins.estimation_plan import fallback
 
         try:
             self.release(fallback(job, why, self.clock(), self.cfg))
@@ -259,7 +259,7 @@ class EstimationService:
 
 
 def _comment(record: dict[str, Any]) -> str:
-    from slurm_plugins.decision import Decision
+    from gpushare.slurm_plugins.decision import Decision
 
     return Decision(action="accept", record=record).admin_comment
 

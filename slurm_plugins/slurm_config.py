@@ -17,7 +17,7 @@ import click
 
 from gpushare.atomic import write_text_atomic
 from gpushare.config import Config, ConfigError, NodeGroup, load_config
-from gres.gres_conf import NodeGpu, gres_conf_lines, node_gres
+from gpushare.gres.gres_conf import NodeGpu, gres_conf_lines, node_gres
 
 HOOK_ENTRY_POINTS = {
     "Prolog": "gpushare-prolog",
@@ -109,7 +109,7 @@ def render_slurm_conf(cfg: Config, hook_dir: str) -> str:
     for group in cfg.nodes:
         partitions.setdefault(group.partition, []).append(group.names)
     if shared_feature(cfg):  # keeps shared submissions valid while every node is withheld (docs/agent.md)
-        from mig_manager.agent_withhold import STANDBY_PREFIX, standby_node_line
+        from gpushare.agent.withhold import STANDBY_PREFIX, standby_node_line
 
         for name, members in partitions.items():
             group = max((g for g in cfg.nodes if g.partition == name), key=lambda g: cfg.gpu(g.gpu).shards)

@@ -22,11 +22,11 @@ from pathlib import Path
 import click
 
 from gpushare.config import Config, ConfigError, load_config
-from slurm_plugins.decision import Decision, SubmitRequest, decide
-from slurm_plugins.directives import parse_directives
-from slurm_plugins.estimate_source import EstimateUnavailable, find_estimate
-from slurm_plugins.estimationd import EstimationService, start_thread
-from slurm_plugins.protocol import ProtocolError, decode_request, encode_reply
+from gpushare.slurm_plugins.decision import Decision, SubmitRequest, decide
+from gpushare.slurm_plugins.directives import parse_directives
+from gpushare.slurm_plugins.estimate_source import EstimateUnavailable, find_estimate
+from gpushare.slurm_plugins.estimationd import EstimationService, start_thread
+from gpushare.slurm_plugins.protocol import ProtocolError, decode_request, encode_reply
 
 log = logging.getLogger("gpushare.submitd")
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_plugins.local_cluster import LocalCluster, missing_requirements
+from devcluster.local_cluster import LocalCluster, missing_requirements
 
 BIN_DIR = os.path.dirname(sys.executable)
 
@@ -75,7 +75,7 @@ def clock() -> FakeClock:
 def private_warm_workers() -> Iterator[Path]:
     """gpu-estimate's warm workers (estimator_cli/warm_worker.py) of this session live in a runtime dir of
     its own and are stopped at its end, so none outlives the tests or meets a developer's own."""
-    from estimator_cli.warm_worker import private_runtime
+    from gpushare.estimator_cli.warm_worker import private_runtime
 
     with private_runtime("gpushare-test-runtime-") as directory:
         yield directory

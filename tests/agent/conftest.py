@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from gres.sim_backend import SimBackend
-from mig_manager.agent_api import AgentUnavailable, call
-from mig_manager.agent_withhold import STANDBY_PREFIX, NodeFeature, standby_node_line
-from slurm_plugins.local_cluster import LocalCluster, missing_requirements
+from gpushare.gres.sim_backend import SimBackend
+from gpushare.agent.api import AgentUnavailable, call
+from gpushare.agent.withhold import STANDBY_PREFIX, NodeFeature, standby_node_line
+from devcluster.local_cluster import LocalCluster, missing_requirements
 
 BIN_DIR = os.path.dirname(sys.executable)
 FEATURE = "gpushare_open"

@@ -13,7 +13,7 @@ import os
 import time
 
 from gpushare.config import load_config
-from gres import open_backend
+from gpushare.gres import open_backend
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from mig_manager.agent_api import AgentUnavailable, ApiServer, call
+from gpushare.agent.api import AgentUnavailable, ApiServer, call
 
 
 def _full_listener(path: Path) -> tuple[socket.socket, list[socket.socket]]:

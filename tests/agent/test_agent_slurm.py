@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from epilog.records import RecordLedger
-from mig_manager.agent_api import call
-from mig_manager.agent_store import JobStore
-from slurm_plugins.decision import parse_record
+from gpushare.epilog.records import RecordLedger
+from gpushare.agent.api import call
+from gpushare.agent.store import JobStore
+from gpushare.slurm_plugins.decision import parse_record
 
 pytestmark = pytest.mark.slurm
 SIMJOB = Path(__file__).with_name("simjob.py")

@@ -8,11 +8,11 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gpushare.config import parse_config
-from gres.sim_backend import SimBackend
-from mig_manager.agent import Agent
-from mig_manager.agent_caps import decide_caps, need_mib, task_env
-from mig_manager.agent_jobs import clean_facts, final_record
-from mig_manager.agent_withhold import node_open
+from gpushare.gres.sim_backend import SimBackend
+from gpushare.agent.daemon import Agent
+from gpushare.agent.caps import decide_caps, need_mib, task_env
+from gpushare.agent.jobs import clean_facts, final_record
+from gpushare.agent.withhold import node_open
 
 GiB = 1 << 30
 SCENARIO = {"version": 1, "name": "unit", "processes": [],
@@ -100,7 +100,7 @@ def test_whole_gpu_job_does_not_close_the_node(tmp_path, clock):
 
 
 def test_no_mps_pipe_when_the_daemon_cannot_start(tmp_path, clock):
-    from gres import GpuError, NvmlCode
+    from gpushare.gres import GpuError, NvmlCode
 
     agent, sim, _, _ = make_agent(tmp_path, clock)
 
@@ -118,7 +118,7 @@ def test_no_mps_pipe_when_the_daemon_cannot_start(tmp_path, clock):
 
 
 def test_job_without_any_gpu_process_stops_pinning_its_gpu(tmp_path, clock):
-    from mig_manager.agent import MAX_WARMING_S
+    from gpushare.agent.daemon import MAX_WARMING_S
 
     agent, _, _, feature = make_agent(tmp_path, clock)
     agent.register(job("13"))

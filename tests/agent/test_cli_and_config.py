@@ -8,14 +8,14 @@ import subprocess
 
 import pytest
 
-from epilog.records import RecordLedger
-from epilog.report_cli import gpu_rows, job_rows, parse_since
+from gpushare.epilog.records import RecordLedger
+from gpushare.epilog.report_cli import gpu_rows, job_rows, parse_since
 from gpushare.cli import main as gpushare_main
 from gpushare.config import ConfigError, parse_config
-from mig_manager.agent_api import ApiServer
-from mig_manager.agent_comment import RECORD_PREFIX
-from mig_manager.status_cli import render
-from slurm_plugins import decision
+from gpushare.agent.api import ApiServer
+from gpushare.agent.comment import RECORD_PREFIX
+from gpushare.agent.status_cli import render
+from gpushare.slurm_plugins import decision
 
 GiB = 1 << 30
 
@@ -112,9 +112,9 @@ def test_metrics_served_on_localhost(tmp_path, clock):
 
     from prometheus_client import CollectorRegistry
 
-    from gres.sim_backend import SimBackend
-    from mig_manager.agent import Agent
-    from mig_manager.agent_metrics import serve
+    from gpushare.gres.sim_backend import SimBackend
+    from gpushare.agent.daemon import Agent
+    from gpushare.agent.metrics import serve
 
     sim = SimBackend.from_scenario({"version": 1, "gpus": [{"model": "a100-40gb"}]}, clock=clock)
     registry = CollectorRegistry()
@@ -144,7 +144,7 @@ def test_lua_adds_the_feature_only_to_simple_constraints(tmp_path, current, expe
     lua = shutil.which("lua5.1")
     if not lua:
         pytest.skip("lua5.1 not installed")
-    from slurm_plugins.slurm_config import render_lua
+    from gpushare.slurm_plugins.slurm_config import render_lua
 
     cfg = parse_config({"agent": {"withhold": "feature"}})
     script = tmp_path / "job_submit.lua"  # the rendered shim, plus a handle on its local function

@@ -8,16 +8,16 @@ import os
 
 import pytest
 
-from epilog.records import RecordLedger
-from epilog.slurmd_epilog import close_job
+from gpushare.epilog.records import RecordLedger
+from gpushare.epilog.slurmd_epilog import close_job
 from gpushare.config import parse_config
-from gres.sim_backend import SimBackend
-from mig_manager.agent_api import AgentUnavailable, ApiServer, call
-from mig_manager.agent_comment import comment_with_run
-from mig_manager.agent_store import JobStore
-from prolog import task_prolog
-from prolog.hook_env import job_from_env, shards_of, slurm_facts
-from prolog.slurmd_prolog import register, write_caps
+from gpushare.gres.sim_backend import SimBackend
+from gpushare.agent.api import AgentUnavailable, ApiServer, call
+from gpushare.agent.comment import comment_with_run
+from gpushare.agent.store import JobStore
+from gpushare.prolog import task_prolog
+from gpushare.prolog.hook_env import job_from_env, shards_of, slurm_facts
+from gpushare.prolog.slurmd_prolog import register, write_caps
 
 GiB = 1 << 30
 SCENARIO = {"version": 1, "name": "hooks", "processes": [], "gpus": [{"model": "a100-40gb"}, {"model": "a100-40gb"}]}

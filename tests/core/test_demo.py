@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from slurm_plugins.local_cluster import missing_requirements
+from devcluster.local_cluster import missing_requirements
 
 pytestmark = pytest.mark.slurm
 
@@ -16,7 +16,7 @@ def test_demo_runs_end_to_end():
     problem = missing_requirements()
     if problem:
         pytest.skip(problem)
-    result = subprocess.run([sys.executable, "-m", "gpushare.demo"], capture_output=True, text=True, timeout=600)
+    result = subprocess.run([sys.executable, "-m", "devcluster.demo"], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     out = result.stdout
     assert "TresPerNode=gres:shard:" in out and "decision=shared" in out

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from types import SimpleNamespace
 
-from slurm_plugins.local_cluster import LocalCluster, missing_requirements
+from devcluster.local_cluster import LocalCluster, missing_requirements
 
 BIN_DIR = os.path.dirname(sys.executable)
 TEST_USER = "gpushare-test"

@@ -7,13 +7,13 @@ import subprocess
 
 import pytest
 
-from estimator_cli.annotate import AnnotateError, annotate_script, split_args, submit
+from gpushare.estimator_cli.annotate import AnnotateError, annotate_script, split_args, submit
 from gpushare.config import parse_config
 from gpushare.gpus import GiB
-from slurm_plugins.decision import SubmitRequest, decide
-from slurm_plugins.directives import parse_directives
-from slurm_plugins.estimate_source import find_estimate
-from slurm_plugins.estimates_cli import collect, render
+from gpushare.slurm_plugins.decision import SubmitRequest, decide
+from gpushare.slurm_plugins.directives import parse_directives
+from gpushare.slurm_plugins.estimate_source import find_estimate
+from gpushare.slurm_plugins.estimates_cli import collect, render
 
 DOC = {"schema_version": 1, "cached": False,
        "targets": [{"gpu": "a100-40gb", "peak_total_bytes": int(2.5 * GiB)}]}

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from slurm_plugins.decision import parse_record
-from slurm_plugins.estimation_plan import ESTIMATION_JOB_PREFIX
-from slurm_plugins.local_cluster import LocalCluster
+from gpushare.slurm_plugins.decision import parse_record
+from gpushare.slurm_plugins.estimation_plan import ESTIMATION_JOB_PREFIX
+from devcluster.local_cluster import LocalCluster
 
 TEST_USER = "gpushare-test"  # created by conftest.ensure_user
 

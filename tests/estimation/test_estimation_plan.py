@@ -6,11 +6,11 @@ import pytest
 
 from gpushare.config import ConfigError, parse_config
 from gpushare.gpus import GiB
-from slurm_plugins.decision import Estimate, SubmitRequest, decide, parse_record
-from slurm_plugins.directives import parse_directives
-from slurm_plugins.estimation_plan import Attach, Cancel, EstimationJob, HeldJob, Release, Submit, plan
-from slurm_plugins.protocol import encode_reply
-from slurm_plugins.script_discovery import NotFound, TrainingCommand
+from gpushare.slurm_plugins.decision import Estimate, SubmitRequest, decide, parse_record
+from gpushare.slurm_plugins.directives import parse_directives
+from gpushare.slurm_plugins.estimation_plan import Attach, Cancel, EstimationJob, HeldJob, Release, Submit, plan
+from gpushare.slurm_plugins.protocol import encode_reply
+from gpushare.slurm_plugins.script_discovery import NotFound, TrainingCommand
 
 NODES = [{"names": "n1", "gpu": "a100-40gb", "count": 2}]
 

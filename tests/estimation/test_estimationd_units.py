@@ -8,9 +8,9 @@ import time
 from pathlib import Path
 
 from gpushare.config import parse_config
-from slurm_plugins.estimation_plan import HeldJob
-from slurm_plugins.estimationd import EstimationService
-from slurm_plugins.script_discovery import TrainingCommand
+from gpushare.slurm_plugins.estimation_plan import HeldJob
+from gpushare.slurm_plugins.estimationd import EstimationService
+from gpushare.slurm_plugins.script_discovery import TrainingCommand
 
 
 class FakeClient:

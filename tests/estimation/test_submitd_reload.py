@@ -30,7 +30,7 @@ def test_reload_to_async_starts_the_estimation_thread(tmp_path: Path) -> None:
     config, log, sock = tmp_path / "gpushare.toml", tmp_path / "submitd.log", tmp_path / "submitd.sock"
     _config(config, tmp_path, "recover")
     with open(log, "wb") as handle:
-        proc = subprocess.Popen([sys.executable, "-m", "slurm_plugins.submitd", "--config", str(config),
+        proc = subprocess.Popen([sys.executable, "-m", "gpushare.slurm_plugins.submitd", "--config", str(config),
                                  "--socket", str(sock)], stdout=handle, stderr=subprocess.STDOUT,
                                 env={**os.environ, "PATH": "/usr/bin:/bin"})
     try:

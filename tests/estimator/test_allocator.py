@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from estimator_cli.allocator import (
+from gpushare.estimator_cli.allocator import (
     AllocatorConfig,
     CachingAllocatorSim,
     SimulatedOOM,

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from estimator_cli.cli import EXIT_LIMIT, EXIT_OK, EXIT_SCRIPT, EXIT_UNSUPPORTED, EXIT_USAGE, main
-from estimator_cli.schema import SCHEMA_VERSION, validate
+from gpushare.estimator_cli.cli import EXIT_LIMIT, EXIT_OK, EXIT_SCRIPT, EXIT_UNSUPPORTED, EXIT_USAGE, main
+from gpushare.estimator_cli.schema import SCHEMA_VERSION, validate
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -218,8 +218,8 @@ def test_lifetimes_in_the_capture(tmp_path):
     import subprocess
     import sys
 
-    from estimator_cli.events import Capture, Kind
-    from estimator_cli.orchestrate import check_lifetimes
+    from gpushare.estimator_cli.events import Capture, Kind
+    from gpushare.estimator_cli.orchestrate import check_lifetimes
 
     script = tmp_path / "lifetimes.py"
     script.write_text(textwrap.dedent("""
@@ -236,7 +236,7 @@ def test_lifetimes_in_the_capture(tmp_path):
     captures = {}
     for how in ("none", "zero"):
         out = tmp_path / f"{how}.json"
-        subprocess.run([sys.executable, "-m", "estimator_cli.runner", "--mode", "fake", "--out", str(out),
+        subprocess.run([sys.executable, "-m", "gpushare.estimator_cli.runner", "--mode", "fake", "--out", str(out),
                         "--gpu", gpu, str(script), "--", how], check=True, capture_output=True)
         result = json.loads(out.read_text())
         assert result["status"] == "ok", result

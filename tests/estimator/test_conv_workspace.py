@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from estimator_cli.conv_workspace import fft_eligible, geometries_for, workspace_bytes
-from estimator_cli.events import Alloc, Capture, ConvGeometry
-from estimator_cli.orchestrate import orchestrate
+from gpushare.estimator_cli.conv_workspace import fft_eligible, geometries_for, workspace_bytes
+from gpushare.estimator_cli.events import Alloc, Capture, ConvGeometry
+from gpushare.estimator_cli.orchestrate import orchestrate
 
 
 def _geometry(role: int = 0, n: int = 8, c: int = 64, hw: int = 56, k: int = 64, rs: int = 3, stride: int = 1,

@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from estimator_cli.allocator import CachingAllocatorSim
-from estimator_cli.device_model import (
+from gpushare.estimator_cli.allocator import CachingAllocatorSim
+from gpushare.estimator_cli.device_model import (
     CUBLAS_WORKSPACE_DEFAULT,
     CUBLAS_WORKSPACE_LARGE,
     context_bytes_for,

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from estimator_cli import cache
-from estimator_cli.events import Alloc, Capture, Kind
-from estimator_cli.orchestrate import WORKSPACE_KEY_BASE, check_lifetimes, orchestrate
-from estimator_cli.placeholders import DataDependent, placeholder
-from estimator_cli.recommend import recommend, tightest_mig
-from estimator_cli.schema import validate
+from gpushare.estimator_cli import cache
+from gpushare.estimator_cli.events import Alloc, Capture, Kind
+from gpushare.estimator_cli.orchestrate import WORKSPACE_KEY_BASE, check_lifetimes, orchestrate
+from gpushare.estimator_cli.placeholders import DataDependent, placeholder
+from gpushare.estimator_cli.recommend import recommend, tightest_mig
+from gpushare.estimator_cli.schema import validate
 from gpushare.config import PolicySection
 from gpushare.gpus import BUILTIN_GPUS, GiB, parse_target
 
@@ -133,7 +133,7 @@ def test_check_lifetimes_flags_gradient_freed_before_zero_grad():
 def test_meta_cache_reuses_fresh_outputs_keeps_inplace_aliasing_and_never_caches_views_or_cpu():
     import torch
 
-    from estimator_cli.meta_cache import MetaCache
+    from gpushare.estimator_cli.meta_cache import MetaCache
 
     ops = torch.ops.aten
     cache = MetaCache()
@@ -164,7 +164,7 @@ def test_meta_cache_ignores_float_operands_of_inplace_ops_only():
     A fresh op's shape can depend on a float (arange), so there the value stays in the key."""
     import torch
 
-    from estimator_cli.meta_cache import MetaCache
+    from gpushare.estimator_cli.meta_cache import MetaCache
 
     ops = torch.ops.aten
     cache = MetaCache()
@@ -184,7 +184,7 @@ def test_fake_mode_skips_random_initial_values_of_parameters_only():
     values never reach the (meta) GPU side; any other tensor is still filled for real."""
     import torch
 
-    from estimator_cli.device_mode import CudaPresenter
+    from gpushare.estimator_cli.device_mode import CudaPresenter
 
     presenter = CudaPresenter("meta", 8)
     with presenter:

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from estimator_cli import warm_worker
-from estimator_cli.cli import EXIT_LIMIT, EXIT_OK, main
+from gpushare.estimator_cli import warm_worker
+from gpushare.estimator_cli.cli import EXIT_LIMIT, EXIT_OK, main
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -101,9 +101,9 @@ def test_a_killed_caller_takes_its_script_with_it(tmp_path):
         open({str(pids)!r}, "w").write(str(os.getpid()))
         time.sleep(300)
     """))
-    command = [sys.executable, "-m", "estimator_cli.cli", "--no-cache", "--timeout", "200", str(script)]
+    command = [sys.executable, "-m", "gpushare.estimator_cli.cli", "--no-cache", "--timeout", "200", str(script)]
     env = dict(os.environ)
-    subprocess.run([sys.executable, "-m", "estimator_cli.cli", "--no-cache", str(EXAMPLES / "forward_only.py")],
+    subprocess.run([sys.executable, "-m", "gpushare.estimator_cli.cli", "--no-cache", str(EXAMPLES / "forward_only.py")],
                    env=env, capture_output=True, check=True)  # the worker for this environment is up
     caller = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
@@ -150,7 +150,7 @@ def _start_worker(tmp_path: Path, idle_s: float) -> tuple[subprocess.Popen, Path
     runtime = tmp_path / "rt"
     runtime.mkdir(mode=0o700, exist_ok=True)
     sock = runtime / "estimate-test.sock"
-    proc = subprocess.Popen([sys.executable, "-m", "estimator_cli.warm_worker", "--socket", str(sock),
+    proc = subprocess.Popen([sys.executable, "-m", "gpushare.estimator_cli.warm_worker", "--socket", str(sock),
                              "--idle", str(idle_s)])
     deadline = time.monotonic() + 60
     while warm_worker._hello(sock) is None and time.monotonic() < deadline:
@@ -169,7 +169,7 @@ def test_an_idle_worker_exits_and_removes_its_socket(tmp_path):
 def test_a_second_worker_for_the_same_socket_steps_aside(tmp_path):
     first, sock = _start_worker(tmp_path, 60)
     try:
-        second = subprocess.run([sys.executable, "-m", "estimator_cli.warm_worker", "--socket", str(sock),
+        second = subprocess.run([sys.executable, "-m", "gpushare.estimator_cli.warm_worker", "--socket", str(sock),
                                  "--idle", "60"], timeout=30)
         assert second.returncode == 0 and warm_worker._hello(sock)["pid"] == first.pid
         assert warm_worker.stop_workers(sock.parent) == 1

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gres.errors import GpuError
-from gres.sim_backend import SimBackend
+from gpushare.gres.errors import GpuError
+from gpushare.gres.sim_backend import SimBackend
 
 
 BASIC = {
@@ -40,7 +40,7 @@ def mig_sim(clock: Callable[[], float]) -> SimBackend:
 
 
 def _nvml_or_skip():
-    from gres.nvml_backend import NvmlBackend
+    from gpushare.gres.nvml_backend import NvmlBackend
 
     backend = NvmlBackend()
     try:
@@ -53,7 +53,7 @@ def _nvml_or_skip():
 
 def _nvml_over(sim: SimBackend):
     """NvmlBackend on a fake pynvml that answers from ``sim`` (see nvml_over_sim.py)."""
-    from gres.nvml_backend import NvmlBackend
+    from gpushare.gres.nvml_backend import NvmlBackend
 
     spec = importlib.util.spec_from_file_location("nvml_over_sim", Path(__file__).with_name("nvml_over_sim.py"))
     module = importlib.util.module_from_spec(spec)

@@ -9,8 +9,8 @@ from typing import Any
 
 import pynvml  # only for its ctypes structs; nothing here touches a driver
 
-from gres.errors import GpuError
-from gres.sim_mig import CI_PROFILE_BY_SLICES
+from gpushare.gres.errors import GpuError
+from gpushare.gres.sim_mig import CI_PROFILE_BY_SLICES
 
 
 class NVMLError(Exception):

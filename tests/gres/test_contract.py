@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from gres import NA, GpuBackend, GpuError, NvmlCode, is_na
+from gpushare.gres import NA, GpuBackend, GpuError, NvmlCode, is_na
 
 
 def test_is_a_gpu_backend(backend):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import types
 
-from gres import NA
-from gres.dcgm import DRAMA, SMACT, SMOCC, DcgmSource, dcgm_source
-from gres.nvml_backend import NvmlBackend
+from gpushare.gres import NA
+from gpushare.gres.dcgm import DRAMA, SMACT, SMOCC, DcgmSource, dcgm_source
+from gpushare.gres.nvml_backend import NvmlBackend
 
 
 class FakeReader:
@@ -48,7 +48,7 @@ def test_dcgm_down_falls_back_to_nvml(clock):
 def test_no_bindings_means_no_source(monkeypatch):
     import sys
 
-    import gres.dcgm as dcgm
+    import gpushare.gres.dcgm as dcgm
 
     monkeypatch.setattr(dcgm, "BINDING_DIRS", ())
     monkeypatch.setitem(sys.modules, "DcgmReader", None)  # import fails as without the package

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gres.factory import ENV_VAR, open_backend
-from gres.nvml_backend import NvmlBackend
-from gres.sim_backend import SimBackend
+from gpushare.gres.factory import ENV_VAR, open_backend
+from gpushare.gres.nvml_backend import NvmlBackend
+from gpushare.gres.sim_backend import SimBackend
 
 
 def test_nvml_by_default(monkeypatch):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from gpushare.gpus import BUILTIN_GPUS
-from gres.gres_conf import (MigSlot, NodeGpu, device_files, gres_conf_lines, gres_types, node_gpus, node_gres)
-from gres.sim_backend import SimBackend
+from gpushare.gres.gres_conf import (MigSlot, NodeGpu, device_files, gres_conf_lines, gres_types, node_gpus, node_gres)
+from gpushare.gres.sim_backend import SimBackend
 
 
 def test_device_files_ranges():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gres import GpuError, NvmlCode
+from gpushare.gres import GpuError, NvmlCode
 
 P1G, P2G, P3G, P7G = 19, 14, 9, 0
 

@@ -6,8 +6,8 @@ import subprocess
 
 import pytest
 
-from gres import GpuError, NvmlCode
-from gres.mps import DaemonMps, job_env, mps_dirs
+from gpushare.gres import GpuError, NvmlCode
+from gpushare.gres.mps import DaemonMps, job_env, mps_dirs
 
 
 def test_job_env():

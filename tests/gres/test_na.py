@@ -6,7 +6,7 @@ import json
 import math
 import pickle
 
-from gres.na import NA, is_na, or_default
+from gpushare.gres.na import NA, is_na, or_default
 
 
 def test_behaves_like_nan_in_arithmetic():

@@ -9,9 +9,9 @@ import types
 
 import pytest
 
-from gres import NA, GpuError, NvmlCode
-from gres.nvml_backend import NvmlBackend, match_model, read_mig_minors
-from gres.nvml_query import RAISE, Nvml
+from gpushare.gres import NA, GpuError, NvmlCode
+from gpushare.gres.nvml_backend import NvmlBackend, match_model, read_mig_minors
+from gpushare.gres.nvml_query import RAISE, Nvml
 
 
 class FakeNVMLError(Exception):
@@ -38,7 +38,7 @@ def raiser(code: int):
 
 
 def test_import_and_construct_without_driver():
-    code = "import gres.nvml_backend as m; b = m.NvmlBackend(); print('ok')"
+    code = "import gpushare.gres.nvml_backend as m; b = m.NvmlBackend(); print('ok')"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert out.stdout.strip() == "ok", out.stderr
 
@@ -91,7 +91,7 @@ def test_versioned_fallback_v3_to_v2_to_plain():
 
 def test_missing_function_logged_once(caplog):
     nv = Nvml(fake_module())
-    with caplog.at_level(logging.WARNING, logger="gres.nvml_query"):
+    with caplog.at_level(logging.WARNING, logger="gpushare.gres.nvml_query"):
         assert nv.query("nvmlDeviceGetTotalEnergyConsumption", "h") is NA
         assert nv.query("nvmlDeviceGetTotalEnergyConsumption", "h") is NA
     assert len([r for r in caplog.records if "nvmlDeviceGetTotalEnergyConsumption" in r.message]) == 1

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from gres.sim_backend import SimBackend, main
-from gres.sim_scenario import ScenarioError, load_scenario, validate_scenario
+from gpushare.gres.sim_backend import SimBackend, main
+from gpushare.gres.sim_scenario import ScenarioError, load_scenario, validate_scenario
 
 TOML = """
 version = 1

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings, strategies as st
 
 from gpushare.gpus import BUILTIN_GPUS
-from gres import GpuError, NvmlCode
-from gres.sim_backend import SimBackend
+from gpushare.gres import GpuError, NvmlCode
+from gpushare.gres.sim_backend import SimBackend
 
 MODELS = ["a100-40gb", "a30-24gb", "h100-80gb"]
 op = st.tuples(st.sampled_from(["gi", "ci", "dci", "dgi"]), st.integers(0, 25), st.integers(0, 8))

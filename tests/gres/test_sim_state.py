@@ -7,8 +7,8 @@ import multiprocessing
 
 import pytest
 
-from gres import GpuError, NvmlCode
-from gres.sim_backend import SimBackend
+from gpushare.gres import GpuError, NvmlCode
+from gpushare.gres.sim_backend import SimBackend
 
 SCENARIO = {"version": 1, "gpus": [{"model": "a100-40gb", "mig_mode": True}, {"model": "h100-80gb"}]}
 WORKERS, PER_WORKER = 4, 15
@@ -68,7 +68,7 @@ def test_failed_operation_writes_nothing(tmp_path):
 
 
 def test_missing_or_corrupt_state_is_a_clear_error(tmp_path):
-    with pytest.raises(GpuError, match="does not exist .*gres.sim_backend init"):
+    with pytest.raises(GpuError, match="does not exist .*gpushare.gres.sim_backend init"):
         SimBackend.open(tmp_path / "nope.json")
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from gres import NA, GpuError, NvmlCode
-from gres.sim_backend import SimBackend
+from gpushare.gres import NA, GpuError, NvmlCode
+from gpushare.gres.sim_backend import SimBackend
 
 MiB = 1 << 20
 

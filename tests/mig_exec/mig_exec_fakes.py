@@ -1,6 +1,6 @@
 """Test doubles for the executor: an in-memory Slurm for one node and a simulated MIG GPU.
 
-The fake Slurm behaves like the measured 22.05 (mig_manager.slurm_actions): written files change
+The fake Slurm behaves like the measured 22.05 (gpushare.mig_manager.slurm_actions): written files change
 nothing until ``restart``; a drain survives restarts; the Reason is kept verbatim.
 """
 
@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from gres.sim_backend import SimBackend
-from mig_manager.device_ops import create_instance
-from mig_manager.journal import JournalStore, Op
-from mig_manager.slurm_actions import NodeStatus
+from gpushare.gres.sim_backend import SimBackend
+from gpushare.mig_manager.device_ops import create_instance
+from gpushare.mig_manager.journal import JournalStore, Op
+from gpushare.mig_manager.slurm_actions import NodeStatus
 
 NODE = "n1"
 

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 
 from gpushare.gpus import GiB
-from gres.gres_conf import node_gpus, node_gres
-from gres.sim_backend import SimBackend
-from mig_manager.device_ops import busy_instance_ids, read_layout
-from mig_manager.executor import ExecSettings, Executor
-from mig_manager.layout import Instance, format_layout
-from mig_manager.slurm_actions import gpu_counts
+from gpushare.gres.gres_conf import node_gpus, node_gres
+from gpushare.gres.sim_backend import SimBackend
+from gpushare.mig_manager.device_ops import busy_instance_ids, read_layout
+from gpushare.mig_manager.executor import ExecSettings, Executor
+from gpushare.mig_manager.layout import Instance, format_layout
+from gpushare.mig_manager.slurm_actions import gpu_counts
 from mig_exec_fakes import NODE, FakeSlurm, FileSlurm, sim_gpu, store
 
 BEFORE = [("4g.20gb", 0), ("3g.20gb", 4)]
@@ -141,8 +141,8 @@ def test_sigkill_between_every_pair_of_steps(tmp_path: Path) -> None:
     runner = Path(__file__).with_name("kill_runner.py")
     probe = tmp_path / "probe"
     probe.mkdir()
-    from mig_manager.device_ops import create_instance
-    from mig_manager.journal import Op
+    from gpushare.mig_manager.device_ops import create_instance
+    from gpushare.mig_manager.journal import Op
 
     def fresh(case: Path) -> None:
         SimBackend.from_scenario({"version": 1, "gpus": [{"model": "a100-40gb", "mig_mode": True}]},

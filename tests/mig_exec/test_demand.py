@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import Counter
 
 from gpushare.gpus import BUILTIN_GPUS
-from mig_manager.demand import Want, mark_busy, mig_request, pending_wants, target_for
-from mig_manager.layout import Instance, format_layout
+from gpushare.mig_manager.demand import Want, mark_busy, mig_request, pending_wants, target_for
+from gpushare.mig_manager.layout import Instance, format_layout
 
 A100 = BUILTIN_GPUS["a100-40gb"]
 PROFILES = [p.name for p in A100.mig_profiles]

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from gres.sim_backend import SimBackend
-from mig_manager.mig_cli import command
+from gpushare.gres.sim_backend import SimBackend
+from gpushare.mig_manager.mig_cli import command
 
 
 def config(tmp_path: Path) -> Path:

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 
 from gpushare.gpus import GiB
-from mig_manager.device_ops import read_layout
-from mig_manager.executor import ExecSettings, Executor
-from mig_manager.journal import JournalError, JournalStore
-from mig_manager.layout import Instance, format_layout
-from mig_manager.slurm_actions import gpu_counts
+from gpushare.mig_manager.device_ops import read_layout
+from gpushare.mig_manager.executor import ExecSettings, Executor
+from gpushare.mig_manager.journal import JournalError, JournalStore
+from gpushare.mig_manager.layout import Instance, format_layout
+from gpushare.mig_manager.slurm_actions import gpu_counts
 from mig_exec_fakes import NODE, FakeSlurm, sim_gpu, store
 
 TARGET = {0: (Instance("2g.10gb", 0), Instance("1g.5gb", 2), Instance("1g.5gb", 3), Instance("3g.20gb", 4))}
@@ -181,7 +181,7 @@ def test_one_run_per_node_at_a_time(tmp_path: Path) -> None:
 
 def test_a_gpu_emptied_by_a_reset_gets_its_last_layout_back_despite_the_rate_limit(tmp_path: Path) -> None:
     from gpushare.config import parse_config
-    from mig_manager.reshape import restore_after_reset
+    from gpushare.mig_manager.reshape import restore_after_reset
 
     ex, backend, slurm, _ = make(tmp_path, max_per_hour=1)
     cfg = parse_config({})

@@ -1,6 +1,6 @@
 """On a real local Slurm 22.05 with a simulated A100: pending jobs reshape 7g.40gb into 3g+2g+1g+1g.
 
-The GPU is simulated (gres.sim_backend state file); Slurm, its daemons, gres.conf with MultipleFiles of
+The GPU is simulated (gpushare.gres.sim_backend state file); Slurm, its daemons, gres.conf with MultipleFiles of
 character devices (``nvidia0`` 195:0 and ``nvidia-caps/nvidia-cap<M>`` 234:M) and the jobs are real. A
 hidden ``State=FUTURE`` node declares every profile type, so sbatch accepts a ``gpu:3g.20gb`` request
 while no real node has one yet (docs/mig.md, "Slurm setup").
@@ -19,14 +19,14 @@ from pathlib import Path
 import pytest
 
 from gpushare.config import parse_config
-from gres.gres_conf import gres_conf_lines, node_gpus
-from gres.sim_backend import SimBackend
-from mig_manager.device_ops import create_instance
-from mig_manager.gres_files import ensure_cap_devices
-from mig_manager.journal import JournalStore, Op
-from mig_manager.reshape import build_executor, reshape_for_demand
-from mig_manager.slurm_actions import SlurmNodeActions, gpu_counts
-from slurm_plugins.local_cluster import LocalCluster
+from gpushare.gres.gres_conf import gres_conf_lines, node_gpus
+from gpushare.gres.sim_backend import SimBackend
+from gpushare.mig_manager.device_ops import create_instance
+from gpushare.mig_manager.gres_files import ensure_cap_devices
+from gpushare.mig_manager.journal import JournalStore, Op
+from gpushare.mig_manager.reshape import build_executor, reshape_for_demand
+from gpushare.mig_manager.slurm_actions import SlurmNodeActions, gpu_counts
+from devcluster.local_cluster import LocalCluster
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 STANDBY = "gpu:1g.5gb:7,gpu:2g.10gb:3,gpu:3g.20gb:2,gpu:4g.20gb:1,gpu:7g.40gb:1"
@@ -55,7 +55,7 @@ class MigNodeCluster(LocalCluster):
 
 
 def test_pending_mig_jobs_reshape_the_node_and_run_on_their_profiles(tmp_path: Path) -> None:
-    from slurm_plugins.local_cluster import missing_requirements
+    from devcluster.local_cluster import missing_requirements
 
     if missing_requirements():
         pytest.skip(f"real Slurm unavailable: {missing_requirements()}")

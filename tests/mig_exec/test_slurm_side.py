@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from mig_manager.gres_files import (GresFileError, ensure_cap_devices, replace_gres_conf_lines,
+from gpushare.mig_manager.gres_files import (GresFileError, ensure_cap_devices, replace_gres_conf_lines,
                                     replace_node_gres, rewrite_node_gres)
-from mig_manager.slurm_actions import SlurmNodeActions, gpu_counts
+from gpushare.mig_manager.slurm_actions import SlurmNodeActions, gpu_counts
 
 SLURM_CONF = """ClusterName=x
 GresTypes=gpu

@@ -12,7 +12,7 @@ import fcntl
 import os
 from typing import Any
 
-from slurm_plugins.slurm_client import SlurmError
+from gpushare.slurm.client import SlurmError
 
 SHOW_JOB = {  # `scontrol show job -o --details` of a shard job inside EpilogSlurmctld, captured here
     "JobId": "1", "JobName": "sbatch", "UserId": "root(0)", "GroupId": "root(0)", "Priority": "4294901759",

@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from epilog.ledger import Ledger
-from slurm_plugins.local_cluster import LocalCluster
+from gpushare.epilog.ledger import Ledger
+from devcluster.local_cluster import LocalCluster
 
 JOB = """#!/bin/bash
 {python} - <<'EOF'

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from epilog import slurmctld_epilog as hook
-from epilog.executor import resume_unfinished, wait_past_revocation
-from epilog.ledger import Ledger
+from gpushare.epilog import slurmctld_epilog as hook
+from gpushare.epilog.executor import resume_unfinished, wait_past_revocation
+from gpushare.epilog.ledger import Ledger
 from gpushare.config import parse_config
 from oom_fake_slurm import FakeSlurm
-from slurm_plugins.slurm_client import SlurmError
+from gpushare.slurm.client import SlurmError
 
 ENV = {"SLURM_JOB_ID": "1", "SLURM_JOB_UID": str(os.geteuid()), "SLURM_JOB_GID": str(os.getegid())}
 OOM_TEXT = "Traceback...\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has ...\n"

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from epilog.learn import failed_size_bytes, learn_from_oom, learned_document
+from gpushare.epilog.learn import failed_size_bytes, learn_from_oom, learned_document
 from gpushare.config import parse_config
 from gpushare.gpus import GiB
-from slurm_plugins.estimate_source import cache_lookup
+from gpushare.slurm_plugins.estimate_source import cache_lookup
 
 SCRIPT = "#!/bin/bash\n#SBATCH --gres=gpu:1\npython train.py --batch-size 64\n"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from epilog.ledger import Ledger, LedgerError, entry_key
+from gpushare.epilog.ledger import Ledger, LedgerError, entry_key
 
 
 def _entry(job: str, restarts: int = 0, **extra: object) -> dict:

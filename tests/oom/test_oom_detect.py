@@ -14,7 +14,7 @@ from typing import Iterator
 
 import pytest
 
-from epilog.oom_detect import (BUILTIN_PATTERNS, TailError, append_note, classify, compile_patterns, find_oom,
+from gpushare.epilog.oom_detect import (BUILTIN_PATTERNS, TailError, append_note, classify, compile_patterns, find_oom,
                                read_tail)
 
 MESSAGES = Path(__file__).parent / "messages"

@@ -19,8 +19,8 @@ import pytest
 
 from gpushare.atomic import write_json_atomic
 from oom_slurm_util import JOB, ledger_of, oom_log, oom_settings, wait_final
-from slurm_plugins.estimate_source import cache_lookup
-from slurm_plugins.local_cluster import LocalCluster, missing_requirements
+from gpushare.slurm_plugins.estimate_source import cache_lookup
+from devcluster.local_cluster import LocalCluster, missing_requirements
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow,
               pytest.mark.skipif(missing_requirements() is not None, reason=str(missing_requirements()))]

@@ -15,7 +15,7 @@ from typing import Callable
 import pytest
 
 from oom_slurm_util import JOB, oom_log, oom_settings, wait_final
-from slurm_plugins.local_cluster import LocalCluster, missing_requirements
+from devcluster.local_cluster import LocalCluster, missing_requirements
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow,
               pytest.mark.skipif(missing_requirements() is not None, reason=str(missing_requirements()))]

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from epilog.oom_detect import OomVerdict
-from epilog.recovery import (JobFacts, decide, expand_hostlist, merge_oom_comment, next_mig_profile,
+from gpushare.epilog.oom_detect import OomVerdict
+from gpushare.epilog.recovery import (JobFacts, decide, expand_hostlist, merge_oom_comment, next_mig_profile,
                              whole_gpu_shards)
 from oom_fake_slurm import SHOW_JOB
 from gpushare.config import parse_config

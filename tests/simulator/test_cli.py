@@ -6,9 +6,9 @@ import pytest
 from click.testing import CliRunner
 
 from gpushare.gpus import BUILTIN_GPUS
-from simulator import sacct, trace
-from simulator.cli import command, data_dir
-from simulator.mig import run_mix
+from gpushare.simulator import sacct, trace
+from gpushare.simulator.cli import command, data_dir
+from gpushare.simulator.mig import run_mix
 
 DATA = data_dir(None)
 needs_data = pytest.mark.skipif(not (DATA / "philly_trace_60_tasks.csv").exists(), reason="shared/data not present")

@@ -2,9 +2,9 @@
 
 import pytest
 
-from simulator.engine import SimConfig, Simulation
-from simulator.interference import Interference
-from simulator.trace import parse
+from gpushare.simulator.engine import SimConfig, Simulation
+from gpushare.simulator.interference import Interference
+from gpushare.simulator.trace import parse
 
 
 def run(text, policy="magm", estimator="oracle", gpus=1, recovery=True, mode="share"):

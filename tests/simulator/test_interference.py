@@ -2,8 +2,8 @@
 
 import pytest
 
-from simulator.cli import data_dir
-from simulator.interference import Interference
+from gpushare.simulator.cli import data_dir
+from gpushare.simulator.interference import Interference
 
 GAVEL = data_dir(None) / "gavel_simulation_throughputs.json"
 TABLE = {"v100": {"('A', 1)": {"null": 10.0, "('B', 1)": [4.0, 3.0], "('C', 1)": [0.0, 0.0]}}}

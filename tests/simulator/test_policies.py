@@ -1,9 +1,9 @@
-"""Each placement policy on small hand-checked GPU snapshots (mig_manager.policies)."""
+"""Each placement policy on small hand-checked GPU snapshots (gpushare.simulator.policies)."""
 
 import pytest
 
 from gpushare.gpus import GiB
-from mig_manager.policies import GpuState, JobRequest, make_policy
+from gpushare.simulator.policies import GpuState, JobRequest, make_policy
 
 TOTAL = 40 * GiB
 

@@ -1,4 +1,4 @@
-"""CARMA risk score numbers and TTFK windows (mig_manager.risk)."""
+"""CARMA risk score numbers and TTFK windows (gpushare.agent.risk)."""
 
 import math
 import random
@@ -6,7 +6,7 @@ import random
 import numpy as np
 import pytest
 
-from mig_manager import risk
+from gpushare.agent import risk
 
 
 def test_constant_window_scores_its_value():

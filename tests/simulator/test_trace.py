@@ -2,7 +2,7 @@
 
 import pytest
 
-from simulator import trace, workload
+from gpushare.simulator import trace, workload
 
 
 def test_philly_arrivals_are_cumulative_and_mapped():

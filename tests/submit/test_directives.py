@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from gpushare.gpus import GiB, MiB
-from slurm_plugins.directives import parse_directives
-from slurm_plugins.gres_request import GresItem, format_gres, parse_gres
+from gpushare.slurm_plugins.directives import parse_directives
+from gpushare.slurm.gres_request import GresItem, format_gres, parse_gres
 
 
 @pytest.mark.parametrize("text, size", [

@@ -7,9 +7,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpushare.config import parse_config
-from slurm_plugins.decision import parse_record
-from slurm_plugins.protocol import ProtocolError, decode_reply, decode_request, encode_reply, encode_request
-from slurm_plugins.submitd import SubmitServer, handle_submit
+from gpushare.slurm_plugins.decision import parse_record
+from gpushare.slurm_plugins.protocol import ProtocolError, decode_reply, decode_request, encode_reply, encode_request
+from gpushare.slurm_plugins.submitd import SubmitServer, handle_submit
 
 CFG = parse_config({"submit": {"cache_dir": "/nonexistent"}, "nodes": [{"names": "n1", "gpu": "a100-80gb"}]})
 

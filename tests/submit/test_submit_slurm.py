@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from gpushare.gpus import GiB
-from slurm_plugins.decision import parse_record
-from slurm_plugins.local_cluster import LocalCluster
+from gpushare.slurm_plugins.decision import parse_record
+from devcluster.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.slurm
 

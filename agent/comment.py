@@ -16,7 +16,7 @@ from typing import Any
 
 log = logging.getLogger("gpushare.agent")
 MAX_COMMENT = 900
-# slurm_plugins.decision.RECORD_PREFIX (a test checks they agree), not imported: hooks start faster
+# gpushare.slurm_plugins.decision.RECORD_PREFIX (a test checks they agree), not imported: hooks start faster
 RECORD_PREFIX = "gpushare:"
 
 
@@ -36,7 +36,7 @@ def run_summary(record: dict[str, Any]) -> dict[str, Any]:
 
 def comment_with_run(existing: str | None, record: dict[str, Any]) -> str | None:
     """The new AdminComment, or None when the job carries someone else's comment (left alone)."""
-    from slurm_plugins.decision import parse_record
+    from gpushare.slurm_plugins.decision import parse_record
 
     if existing and not existing.startswith(RECORD_PREFIX):
         return None

@@ -34,7 +34,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def run_agent(argv: list[str], agent_cls: type, open_backend: Callable[[str | None], Any]) -> int:
     from gpushare.config import ConfigError, load_config
-    from gres import GpuError
+    from gpushare.gres import GpuError
 
     args = parse_args(argv)
     try:
@@ -54,14 +54,14 @@ def run_agent(argv: list[str], agent_cls: type, open_backend: Callable[[str | No
         log.error("device backend %s unusable: %s (set [agent] device_backend or GPUSHARE_DEVICE_BACKEND)",
                   spec or "default", exc)
         return 2
-    from mig_manager.agent_api import node_name, socket_path
+    from gpushare.agent.api import node_name, socket_path
 
-    from slurm_plugins.slurm_client import SlurmClient
+    from gpushare.slurm.client import SlurmClient
 
     slurm = SlurmClient(agent_cfg.slurm_conf or None)
     feature = None
     if agent_cfg.withhold == "feature":
-        from mig_manager.agent_withhold import NodeFeature
+        from gpushare.agent.withhold import NodeFeature
 
         feature = NodeFeature(slurm, node_name(agent_cfg), agent_cfg.withhold_feature)
     registry = None
@@ -74,7 +74,7 @@ def run_agent(argv: list[str], agent_cls: type, open_backend: Callable[[str | No
                       slurm=slurm if agent_cfg.admin_comment == "yes" else None)
     agent.load()
     if registry is not None:
-        from mig_manager.agent_metrics import serve
+        from gpushare.agent.metrics import serve
 
         try:
             metrics_server = serve(registry, agent_cfg.metrics_port)
@@ -97,6 +97,6 @@ def run_agent(argv: list[str], agent_cls: type, open_backend: Callable[[str | No
 
 
 def agent_cls_api(path: Any, handler: Callable[[dict], dict]) -> Any:
-    from mig_manager.agent_api import ApiServer
+    from gpushare.agent.api import ApiServer
 
     return ApiServer(path, handler).start()

@@ -149,7 +149,10 @@ def call(path: str | os.PathLike[str], request: dict[str, Any], timeout_s: float
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             _connect(sock, str(path), deadline)
-            sock.sendall(data)
+            try:
+                sock.sendall(data)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the server answered (a refusal) and closed before reading: its reply is still there
             chunks = []
             while True:
                 chunk = sock.recv(65536)

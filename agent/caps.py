@@ -16,7 +16,7 @@ user's jobs leave. So:
 ``none``                     no caps at all (only Slurm's shard accounting).
 
 The memory-fraction guard is ``GPUSHARE_MEMORY_FRACTION`` (need / GPU memory), honoured by PyTorch jobs
-that call ``prolog.memory_guard.apply()`` (it calls ``torch.cuda.set_per_process_memory_fraction``). It is
+that call ``gpushare.prolog.memory_guard.apply()`` (it calls ``torch.cuda.set_per_process_memory_fraction``). It is
 soft: other frameworks and non-PyTorch allocations ignore it.
 
 An MPS client sees devices *through its server*: our per-GPU daemon is started with
@@ -31,7 +31,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from gres.mps import job_env
+from gpushare.gres.mps import job_env
 
 MiB = 1 << 20
 GiB = 1 << 30

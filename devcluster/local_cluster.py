@@ -24,9 +24,9 @@ from pathlib import Path
 
 from gpushare.atomic import write_text_atomic
 from gpushare.config import Config, parse_config
-from slurm_plugins.slurm_client import SlurmClient
-from gres.gres_conf import gres_conf_lines, node_gres
-from slurm_plugins.slurm_config import HOOK_ENTRY_POINTS, group_gpus, render_lua
+from gpushare.slurm.client import SlurmClient
+from gpushare.gres.gres_conf import gres_conf_lines, node_gres
+from gpushare.slurm_plugins.slurm_config import HOOK_ENTRY_POINTS, group_gpus, render_lua
 
 REQUIRED_BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "sinfo")
 

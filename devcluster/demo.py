@@ -13,8 +13,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from slurm_plugins.decision import parse_record
-from slurm_plugins.local_cluster import LocalCluster, missing_requirements
+from gpushare.slurm_plugins.decision import parse_record
+from devcluster.local_cluster import LocalCluster, missing_requirements
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

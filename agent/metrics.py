@@ -17,7 +17,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
 if TYPE_CHECKING:
-    from mig_manager.agent import Agent
+    from gpushare.agent.daemon import Agent
 
 
 class AgentCollector(Collector):

@@ -13,10 +13,10 @@ import re
 import time
 from typing import Any
 
-from gres import GpuError, is_na
-from gres.mps import mps_dirs
-from mig_manager.agent_caps import Caps, decide_caps, need_mib, task_env
-from mig_manager.agent_store import check_job
+from gpushare.gres import GpuError, is_na
+from gpushare.gres.mps import mps_dirs
+from gpushare.agent.caps import Caps, decide_caps, need_mib, task_env
+from gpushare.agent.store import check_job
 
 log = logging.getLogger("gpushare.agent")
 _USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@-]{0,63}$")

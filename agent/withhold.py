@@ -29,7 +29,7 @@ import logging
 import re
 from typing import Iterable
 
-from slurm_plugins.slurm_client import SlurmClient, SlurmError, parse_scontrol_record
+from gpushare.slurm.client import SlurmClient, SlurmError, parse_scontrol_record
 
 log = logging.getLogger("gpushare.agent")
 _NODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")

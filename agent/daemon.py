@@ -8,7 +8,7 @@ simulated backend, and the integration tests run the very same object as a daemo
 Threads: the sampling loop and the API threads share one lock; each API request and each tick holds it
 briefly (a tick of 8 GPUs takes well under a millisecond of work plus the backend's reads).
 
-Restart: jobs come back from the store (``mig_manager.agent_store``), windows refill from NVML within
+Restart: jobs come back from the store (``gpushare.agent.store``), windows refill from NVML within
 one window; accumulators lose at most ``flush_every_s`` of attributed energy (whole-device energy comes
 from the counters and is never lost).
 """
@@ -24,12 +24,12 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from gres import GpuError, open_backend
-from mig_manager.agent_api import node_name
-from mig_manager.agent_jobs import build_entry, clean_facts, tenants_of
-from mig_manager.agent_sampler import Sampler, environ_job
-from mig_manager.agent_store import JobStore, check_job
-from mig_manager.agent_withhold import NodeFeature, node_open
+from gpushare.gres import GpuError, open_backend
+from gpushare.agent.api import node_name
+from gpushare.agent.jobs import build_entry, clean_facts, tenants_of
+from gpushare.agent.sampler import Sampler, environ_job
+from gpushare.agent.store import JobStore, check_job
+from gpushare.agent.withhold import NodeFeature, node_open
 
 log = logging.getLogger("gpushare.agent")
 MAX_WARMING_S = 600.0  # CARMA's lesson: a job that never reaches its GPU must not pin it "warming" forever
@@ -56,7 +56,7 @@ class Agent:
         self._last_assert = -math.inf
         self.registry = registry
         if registry is not None:
-            from mig_manager.agent_metrics import register
+            from gpushare.agent.metrics import register
 
             register(self, registry)
 
@@ -101,7 +101,7 @@ class Agent:
 
     def annotate_pending(self, block_s: float = 0.0) -> int:
         """Write queued run summaries to Slurm (off the sampling lock); returns how many were tried."""
-        from mig_manager.agent_comment import annotate
+        from gpushare.agent.comment import annotate
 
         done = 0
         while True:
@@ -255,7 +255,7 @@ class Agent:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from mig_manager.agent_cli import run_agent
+    from gpushare.agent.cli import run_agent
 
     return run_agent(argv if argv is not None else sys.argv[1:], Agent, open_backend)
 

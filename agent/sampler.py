@@ -1,7 +1,7 @@
 """The agent's sampling step: one pass over every GPU through the device interface, no process spawned.
 
 Each ``tick(now)`` reads memory, running processes, utilisation and the energy counter of every GPU,
-feeds CARMA's risk window (``mig_manager.risk.MetricWindow``), the TTFK table (``risk.TtfkTable``) and
+feeds CARMA's risk window (``gpushare.agent.risk.MetricWindow``), the TTFK table (``risk.TtfkTable``) and
 the per-job accumulators. The clock value comes from the caller and the backend is injected (STYLE #11),
 so tests drive it with a fake clock and the simulated backend.
 
@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from gres import GpuError, is_na
-from mig_manager.risk import MetricWindow, RiskAssessment, Thresholds, TtfkTable
+from gpushare.gres import GpuError, is_na
+from gpushare.agent.risk import MetricWindow, RiskAssessment, Thresholds, TtfkTable
 
 log = logging.getLogger("gpushare.agent")
 SERIES_POINTS = 600  # per job and GPU; halved (every other point dropped) when full

@@ -1,0 +1,1 @@
+"""The node agent: telemetry, risk and TTFK, MPS caps, withholding, local API, metrics (gpushare.agent)."""
