@@ -10,14 +10,15 @@ overwritten, and the result stays within the submit record's length limit.
 
 from __future__ import annotations
 
-import json
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from gpushare.slurm import record as record_format
+
+if TYPE_CHECKING:
+    from gpushare.slurm.jobs import Job
 
 log = logging.getLogger("gpushare.agent")
-MAX_COMMENT = 900
-# gpushare.slurm_plugins.decision.RECORD_PREFIX (a test checks they agree), not imported: hooks start faster
-RECORD_PREFIX = "gpushare:"
 
 
 def run_summary(record: dict[str, Any]) -> dict[str, Any]:
@@ -36,30 +37,19 @@ def run_summary(record: dict[str, Any]) -> dict[str, Any]:
 
 def comment_with_run(existing: str | None, record: dict[str, Any]) -> str | None:
     """The new AdminComment, or None when the job carries someone else's comment (left alone)."""
-    from gpushare.slurm_plugins.decision import parse_record
-
-    if existing and not existing.startswith(RECORD_PREFIX):
-        return None
-    base = parse_record(existing) or {"v": 1}
-    base["run"] = run_summary(record)
-    text = RECORD_PREFIX + json.dumps(base, separators=(",", ":"), sort_keys=True)
-    if len(text) > MAX_COMMENT:
-        base["why"] = str(base.get("why", ""))[:80]
-        base.pop("detail", None)
-        text = RECORD_PREFIX + json.dumps(base, separators=(",", ":"), sort_keys=True)
-    return text if len(text) <= MAX_COMMENT else None
+    return record_format.merge(existing, run=run_summary(record))
 
 
-def annotate(client: Any, job: str, record: dict[str, Any], js: dict[str, Any] | None = None) -> bool:
+def annotate(client: Any, job: str, record: dict[str, Any], slurm_job: Job | None = None) -> bool:
     """Write ``record``'s run summary into the job's AdminComment; True when Slurm took it."""
     try:
-        js = js if js is not None else client.job_json(job)
+        slurm_job = slurm_job if slurm_job is not None else client.job(job)
     except Exception as exc:  # noqa: BLE001 - Slurm unreachable: the ledger still gets the record
         log.warning("job %s: Slurm record unavailable (%s); AdminComment not updated", job, exc)
         return False
-    if js is None:
+    if slurm_job is None:
         return False
-    existing = js.get("admin_comment") if isinstance(js.get("admin_comment"), str) else None
+    existing = slurm_job.admin_comment or None
     text = comment_with_run(existing, record)
     if text is None:
         log.info("job %s: AdminComment holds a foreign comment or would overflow; left unchanged", job)

@@ -29,6 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from gpushare.slurm.jobs import Job, number
 from gpushare.slurm_plugins.decision import parse_record
 from devcluster.local_cluster import LocalCluster, missing_requirements
 
@@ -47,18 +48,18 @@ def submit(cluster: LocalCluster, user: str, work: Path, name: str) -> tuple[int
 def wait_release(cluster: LocalCluster, job_id: int, timeout_s: float) -> tuple[dict, float]:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        job = cluster.client.job_json(job_id) or {}
-        record = parse_record(job.get("admin_comment")) or {}
+        job = cluster.client.job(job_id)
+        record = parse_record(job.admin_comment if job else None) or {}
         if record.get("decision") != "estimating":
             return record, time.monotonic()
         time.sleep(0.2)
     raise TimeoutError(f"job {job_id} still held after {timeout_s:.0f} s")
 
 
-def estimator_elapsed(est: dict | None) -> float:
+def estimator_elapsed(est: Job | None) -> float:
     """gpu-estimate's own ``elapsed_s`` from the result the estimation job left (NaN when it failed)."""
     try:
-        doc = json.loads((Path(est["standard_output"]).parent / "result.json").read_text())  # type: ignore[index]
+        doc = json.loads((Path(est.std_out).parent / "result.json").read_text())  # type: ignore[union-attr]
         return float(doc["elapsed_s"])
     except (TypeError, KeyError, OSError, ValueError):
         return float("nan")
@@ -102,9 +103,10 @@ def main() -> int:
             job_id, submitted = submit(cluster, args.user, work, name)
             record, released = wait_release(cluster, job_id, 900)
             rows.append((name, released - submitted, record))
-            est = cluster.client.job_json(record["est_job"]) if record.get("est_job") else None
-            run_s = (est["end_time"] - est["start_time"]) if est else float("nan")
-            queued_s = (est["start_time"] - est["submit_time"]) if est else float("nan")
+            est = cluster.client.job(record["est_job"]) if record.get("est_job") else None
+            times = {k: number(est.raw.get(k)) or 0 for k in ("end_time", "start_time", "submit_time")} if est else {}
+            run_s = (times["end_time"] - times["start_time"]) if est else float("nan")
+            queued_s = (times["start_time"] - times["submit_time"]) if est else float("nan")
             print(f"{name:<22} {released - submitted:6.1f} s  (estimation job queued {queued_s:.0f} s, ran "
                   f"{run_s:.0f} s; gpu-estimate's own elapsed_s {estimator_elapsed(est):.1f})  held_s="
                   f"{record.get('held_s')}  {record.get('decision')} {record.get('new')}  "

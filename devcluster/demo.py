@@ -35,8 +35,8 @@ def banner(text: str) -> None:
 
 def show_job(cluster: LocalCluster, job_id: int, work: Path) -> None:
     record = cluster.wait_job(job_id)
-    ours = parse_record(record.get("AdminComment")) or {}
-    print(f"JobState={record['JobState']}  TresPerNode={record.get('TresPerNode')}")
+    ours = parse_record(record.admin_comment) or {}
+    print(f"JobState={record.state}  TresPerNode={record.tres_per_node}")
     estimate = f" estimate={ours['est_gib']} GiB ({ours.get('src')})" if "est_gib" in ours else ""
     print(f"AdminComment: decision={ours.get('decision')}{estimate} {ours.get('old')} -> "
           f"{ours.get('new', ours.get('old'))}: {ours.get('why')}")

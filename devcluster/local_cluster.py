@@ -25,6 +25,7 @@ from pathlib import Path
 from gpushare.atomic import write_text_atomic
 from gpushare.config import Config, parse_config
 from gpushare.slurm.client import SlurmClient
+from gpushare.slurm.jobs import ENDED_STATES, Job
 from gpushare.gres.gres_conf import gres_conf_lines, node_gres
 from gpushare.slurm_plugins.slurm_config import HOOK_ENTRY_POINTS, group_gpus, render_lua
 
@@ -301,17 +302,16 @@ class LocalCluster:
             time.sleep(0.2)
         raise ClusterError(f"{message} within {timeout_s:.0f} s; logs in {self.base / 'log'}")
 
-    def wait_job(self, job_id: int, timeout_s: float = 60.0) -> dict[str, str]:
-        """Poll until the job is in a final state; returns its scontrol record."""
-        final = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL"}
+    def wait_job(self, job_id: int | str, timeout_s: float = 60.0) -> Job:
+        """Poll until the job is in a final state (flags such as COMPLETING gone); returns its record."""
         deadline = time.monotonic() + timeout_s
-        record: dict[str, str] = {}
+        job: Job | None = None
         while time.monotonic() < deadline:
-            record = self.client.show_job(job_id)
-            if record.get("JobState") in final:
-                return record
+            job = self.client.job(job_id)
+            if job is not None and job.state in ENDED_STATES and not job.completing:
+                return job
             time.sleep(0.2)
-        raise ClusterError(f"job {job_id} not finished in {timeout_s:.0f} s (state {record.get('JobState')})")
+        raise ClusterError(f"job {job_id} not finished in {timeout_s:.0f} s (state {job.states if job else None})")
 
 
 def _alive(pid: int) -> bool:

@@ -29,11 +29,11 @@ from typing import Any, Callable
 
 from gpushare.epilog.ledger import Ledger
 from gpushare.epilog.recovery import merge_oom_comment
-from gpushare.slurm.client import SlurmClient, SlurmError, check_job_id
+from gpushare.slurm.client import JobGone, SlurmClient, SlurmError, check_job_id
+from gpushare.slurm.gres_request import plain_gres
+from gpushare.slurm.jobs import ENDED_STATES
 
 log = logging.getLogger("gpushare.epilog")
-_ENDED_STATES = ("FAILED", "COMPLETING", "COMPLETED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
-                 "BOOT_FAIL", "DEADLINE", "PREEMPTED")
 
 
 def execute(entry: dict[str, Any], client: SlurmClient, ledger: Ledger,
@@ -48,12 +48,11 @@ def execute(entry: dict[str, Any], client: SlurmClient, ledger: Ledger,
         entry.update(ledger.put({**entry, **extra, "steps": steps}))
 
     if "requeuehold" not in steps:
-        fields = client.show_job(job_id)
-        restarts = int(fields.get("Restarts", "0") or 0)
-        state = fields.get("JobState", "").upper()
-        if restarts > int(entry["restarts"]) or state == "PENDING":
-            log.info("job %s: already requeued (state %s, restarts %s)", job_id, state, restarts)
-        elif state in _ENDED_STATES:
+        job = client.require_job(job_id)
+        state = job.state
+        if job.restarts > int(entry["restarts"]) or job.pending:
+            log.info("job %s: already requeued (state %s, restarts %s)", job_id, state, job.restarts)
+        elif state in ENDED_STATES or job.completing:
             try:
                 client.requeue_hold(job_id)
             except SlurmError as exc:  # e.g. "presently disabled": nothing was changed, the job stays failed
@@ -66,7 +65,7 @@ def execute(entry: dict[str, Any], client: SlurmClient, ledger: Ledger,
         mark("requeuehold")
     if "gres" not in steps and "gres-refused" not in steps:
         try:
-            client.update_job(job_id, gres=entry["new_gres"])
+            client.update_job(job_id, gres=plain_gres(entry["new_gres"]))
             mark("gres")
         except SlurmError as exc:  # release anyway: a held job helps nobody
             log.error("job %s: GRES change to %s refused: %s; releasing unchanged", job_id, entry["new_gres"], exc)
@@ -78,26 +77,21 @@ def execute(entry: dict[str, Any], client: SlurmClient, ledger: Ledger,
         try:
             client.release(job_id)
         except SlurmError:
-            if client.show_job(job_id).get("Priority") == "0":  # still held: a real failure
+            if client.require_job(job_id).priority == 0:  # still held: a real failure
                 raise
             log.info("job %s: already released", job_id)  # we died between release and recording it
         mark("release", state="requeued")
     if "boost" in steps:
         return f"requeue: {entry['reason']}"
-    if finish_later is not None and client.show_job(job_id).get("JobState", "").upper() == "COMPLETING":
+    if finish_later is not None and client.require_job(job_id).completing:
         finish_later(job_id, int(entry["restarts"]))
         return f"requeue: {entry['reason']} (priority and start time follow when completion ends)"
     return finish(entry, client, ledger, wait_s=0)
 
 
 def current_comment(client: SlurmClient, job_id: str) -> str | None:
-    """The job's AdminComment from squeue's JSON (structured), else from scontrol's text."""
-    getter = getattr(client, "job_json", None)
-    if getter is not None:
-        js = getter(job_id)
-        if isinstance(js, dict) and isinstance(js.get("admin_comment"), str):
-            return js["admin_comment"] or None
-    return client.show_job(job_id).get("AdminComment") or None
+    """The job's AdminComment from Slurm's structured record."""
+    return client.require_job(job_id).admin_comment or None
 
 
 def apply_comment(client: SlurmClient, job_id: str, oom: dict[str, Any]) -> bool:
@@ -121,18 +115,18 @@ def finish(entry: dict[str, Any], client: SlurmClient, ledger: Ledger, wait_s: f
     """Once the job has left COMPLETING: raise its priority and make it eligible now, then mark it done."""
     job_id = check_job_id(entry["job"])
     deadline = time.monotonic() + wait_s
-    fields = client.show_job(job_id)
-    while fields.get("JobState", "").upper() == "COMPLETING" and time.monotonic() < deadline:
+    job = client.require_job(job_id)
+    while job.completing and time.monotonic() < deadline:
         sleep(0.5)
-        fields = client.show_job(job_id)
-    state = fields.get("JobState", "").upper()
-    if state == "PENDING":
+        job = client.require_job(job_id)
+    state = job.state
+    if job.pending:
         wait_past_revocation(clock(), clock, sleep)
         updates: dict[str, Any] = {"starttime": "now"}  # else ineligible for 120 s after a requeue
         if entry.get("nice"):
             updates["nice"] = entry["nice"]
         client.update_job(job_id, **updates)
-    elif state == "COMPLETING":
+    elif job.completing:
         return f"requeue: job {job_id} still completing after {wait_s:.0f} s; eligible after Slurm's delay"
     if entry.get("oom") and state in ("PENDING", "RUNNING"):
         apply_comment(client, job_id, entry["oom"])  # again: the node Epilog may have rewritten it meanwhile
@@ -175,7 +169,7 @@ def resume_unfinished(client: SlurmClient, ledger: Ledger, skip: str = "", min_a
                     log.warning("job %s: finishing an interrupted recovery", entry["job"])
                     execute(ledger.get(entry["job"], int(entry["restarts"])) or entry, client, ledger)
         except SlurmError as exc:
-            if "Invalid job id" in str(exc):  # purged from slurmctld (MinJobAge): nothing left to finish
+            if isinstance(exc, JobGone) or "Invalid job id" in str(exc):  # purged from slurmctld (MinJobAge): nothing left to finish
                 ledger.put({**entry, "state": "gone", "error": str(exc)[:300]})
             log.error("job %s: interrupted recovery still failing: %s", entry.get("job"), exc)
         except (OSError, ValueError) as exc:

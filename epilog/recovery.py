@@ -13,7 +13,6 @@ unbound it.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -21,7 +20,10 @@ from typing import Any, Mapping
 from gpushare.epilog.oom_detect import OomVerdict
 from gpushare.config import Config
 from gpushare.gpus import MigProfile
-from gpushare.slurm_plugins.decision import RECORD_PREFIX, parse_record
+from gpushare.slurm import record as record_format
+from gpushare.slurm.record import parse as parse_record
+from gpushare.slurm.jobs import Job, log_paths
+from gpushare.slurm.hostlist import expand_hostlist, first_host
 from gpushare.slurm.gres_request import GresItem, format_gres, parse_gres
 
 # EpilogSlurmctld sees the job while it is still COMPLETING; the exit status then tells failure apart.
@@ -58,50 +60,35 @@ class JobFacts:
     requeue_allowed: bool = True  # False for --no-requeue jobs: Slurm refuses requeuehold for them
 
     @classmethod
-    def from_slurm(cls, fields: Mapping[str, str], env: Mapping[str, str],
-                   structured: Mapping[str, Any] | None = None) -> "JobFacts":
-        """Combine the three views of a job, each used only where it can be trusted.
+    def from_job(cls, job: Job | None, env: Mapping[str, str]) -> "JobFacts":
+        """Combine the two views of a job, each used where it can be trusted.
 
         ``env`` is set by slurmctld itself (uid, gid, exit status, restart count, nodes): trusted.
-        ``structured`` is squeue's JSON for the job: trusted structure (state, GRES, admin comment).
-        ``fields`` is parsed ``scontrol show job -o`` text, where a job name or comment can imitate a
-        later ``Key=`` (measured: ``-J 'a UserId=root(0)'`` is printed verbatim), so identity never
-        comes from it; it supplies the log paths (Slurm expands ``%j`` there, not in the environment),
-        which is safe because logs are only ever opened with the job owner's credentials.
+        ``job`` is Slurm's structured record (gpushare.slurm.jobs.Job, from JSON on every release): state,
+        GRES, admin comment, log paths. Text of ``scontrol show job`` is never read here: a job name or
+        (26.05) the submit line can imitate its fields. None when Slurm no longer knows the job.
         """
-        js = structured or {}
         exit_pair = _exit_pair(env.get("SLURM_JOB_EXIT_CODE2"))
         if exit_pair is None and env.get("SLURM_JOB_EXIT_CODE"):  # raw wait status
             raw = _int(env.get("SLURM_JOB_EXIT_CODE"), 0)
             exit_pair = (raw >> 8 & 0xFF, raw & 0x7F)
-        if exit_pair is None and isinstance(js.get("exit_code"), int):
-            exit_pair = (js["exit_code"] >> 8 & 0xFF, js["exit_code"] & 0x7F)
-        exit_pair = exit_pair or _exit_pair(fields.get("ExitCode")) or (0, 0)
-        node = env.get("SLURM_JOB_NODELIST") or str(js.get("batch_host") or js.get("nodes") or "") \
-            or fields.get("BatchHost") or fields.get("NodeList") or ""
-        work_dir = fields.get("WorkDir") or env.get("SLURM_JOB_WORK_DIR") or ""
-        paths: list[str] = []
-        for key in ("StdErr", "StdOut"):
-            path = fields.get(key) or ""
-            if path and not path.startswith("/") and work_dir.startswith("/"):
-                path = f"{work_dir.rstrip('/')}/{path}"
-            if path.startswith("/") and path not in paths and path != "/dev/null":
-                paths.append(path)
-        tres = str(js["tres_per_node"]) if "tres_per_node" in js else fields.get("TresPerNode", "")
-        state = str(js["job_state"]) if js.get("job_state") else fields.get("JobState", "")
-        restarts = env.get("SLURM_JOB_RESTART_COUNT") or js.get("restart_cnt") or fields.get("Restarts")
+        if exit_pair is None and job is not None and job.exit_status is not None:
+            exit_pair = (job.exit_status, job.exit_signal or 0)
+        exit_pair = exit_pair or (0, 0)
+        node = first_host(env.get("SLURM_JOB_NODELIST") or (job.batch_host or job.nodes if job else ""))
+        restarts = env.get("SLURM_JOB_RESTART_COUNT")
         return cls(
-            job_id=env.get("SLURM_JOB_ID") or str(js.get("job_id") or fields.get("JobId") or ""),
-            state=state.upper(),
+            job_id=env.get("SLURM_JOB_ID") or (job.job_id if job else ""),
+            state=job.state if job else "",
             exit_code=exit_pair[0], exit_signal=exit_pair[1],
-            restarts=_int(restarts, 0),
-            tres_per_node="" if tres == "(null)" else tres,
-            node=_first_host(node),
-            uid=_owner(env.get("SLURM_JOB_UID"), js.get("user_id")),
-            gid=_owner(env.get("SLURM_JOB_GID"), js.get("group_id")),
-            log_paths=tuple(paths),
-            record=parse_record(str(js["admin_comment"]) if "admin_comment" in js else fields.get("AdminComment")),
-            requeue_allowed=js["requeue"] if isinstance(js.get("requeue"), bool) else fields.get("Requeue") != "0",
+            restarts=_int(restarts, job.restarts if job else 0),
+            tres_per_node=job.tres_per_node if job else "",
+            node=node,
+            uid=_owner(env.get("SLURM_JOB_UID"), job.user_id if job else None),
+            gid=_owner(env.get("SLURM_JOB_GID"), job.group_id if job else None),
+            log_paths=log_paths(job, node) if job else (),
+            record=parse_record(job.admin_comment) if job else None,
+            requeue_allowed=job.requeue is not False if job else True,
         )
 
 
@@ -127,31 +114,6 @@ class Action:
 
 
 # --- hostlists and GPU sizes ------------------------------------------------------------------------
-
-
-def expand_hostlist(expr: str, limit: int = 100000) -> list[str]:
-    """``gpu[01-03,07],cpu1`` → names (one bracket group per name, as site configs use)."""
-    names: list[str] = []
-    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,]*", expr):
-        match = re.match(r"^([^\[]*)\[([^\]]*)\](.*)$", part)
-        if not match:
-            names.append(part)
-            continue
-        prefix, ranges, suffix = match.groups()
-        for item in ranges.split(","):
-            low, _, high = item.partition("-")
-            if not low.isdigit() or (high and not high.isdigit()):
-                continue
-            for number in range(int(low), int(high or low) + 1):
-                names.append(f"{prefix}{str(number).zfill(len(low))}{suffix}")
-                if len(names) >= limit:
-                    return names
-    return names
-
-
-def _first_host(expr: str) -> str:
-    names = expand_hostlist(expr, limit=1)
-    return names[0] if names else ""
 
 
 def whole_gpu_shards(cfg: Config, node: str) -> int:
@@ -214,13 +176,13 @@ def _bigger_request(job: JobFacts, cfg: Config, mig_available: set[str] | None) 
             whole = whole_gpu_shards(cfg, job.node)
             if whole <= item.count:
                 return None, f"it already had all {item.count} shards of a GPU"
-            new_items.append(GresItem("shard", item.type, whole))
+            new_items.append(item.replaced("shard", item.type, whole))
             changed.append(f"shard:{item.count} -> shard:{whole}")
         elif item.name == "gpu" and is_mig_type(cfg, item.type):
             bigger = next_mig_profile(cfg, str(item.type), mig_available, node_model(cfg, job.node))
             if bigger is None:
                 return None, f"no larger MIG profile than {item.type} is available"
-            new_items.append(GresItem("gpu", bigger.name, item.count))
+            new_items.append(item.replaced("gpu", bigger.name, item.count))
             changed.append(f"gpu:{item.type} -> gpu:{bigger.name}")
         elif item.name == "gpu":
             return None, f"it already had whole GPUs ({item.format()}); it needs more memory than one GPU"
@@ -233,9 +195,6 @@ def _bigger_request(job: JobFacts, cfg: Config, mig_available: set[str] | None) 
     return format_gres(new_items), ", ".join(changed)
 
 
-MAX_COMMENT = 900  # as the submit and agent writers: ``scontrol show job`` stays readable
-
-
 def merge_oom_comment(existing: str | None, oom: dict[str, Any]) -> str | None:
     """``existing`` AdminComment with our ``oom`` entry merged in; None when the comment is someone
     else's (not ``gpushare:``), which is never overwritten.
@@ -244,16 +203,7 @@ def merge_oom_comment(existing: str | None, oom: dict[str, Any]) -> str | None:
     we keep their keys and re-apply ours once the job has finished completing (gpushare.epilog.executor.finish).
     The entry holds no text from the job, so scontrol's ``Key=Value`` output stays parseable.
     """
-    if existing and not existing.startswith(RECORD_PREFIX):
-        return None
-    record = parse_record(existing) or {"v": 1}
-    record["oom"] = oom
-    text = RECORD_PREFIX + json.dumps(record, separators=(",", ":"), sort_keys=True)
-    if len(text) > MAX_COMMENT:
-        record.pop("detail", None)
-        record["why"] = str(record.get("why", ""))[:80]
-        text = RECORD_PREFIX + json.dumps(record, separators=(",", ":"), sort_keys=True)
-    return text if len(text) <= MAX_COMMENT else None
+    return record_format.merge(existing, oom=oom)
 
 
 def decide(job: JobFacts, verdict: OomVerdict, cfg: Config, retries_used: int,

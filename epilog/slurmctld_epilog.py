@@ -1,7 +1,7 @@
 """``gpushare-epilog-slurmctld``: the EpilogSlurmctld that recovers jobs killed by GPU out-of-memory.
 
 slurmctld runs it as SlurmUser (often root) after every job, with the job's facts in the environment,
-no PATH and no SLURM_CONF. It asks ``scontrol show job`` for the rest, reads the job's log tails as the
+no PATH and no SLURM_CONF. It asks Slurm for the job's structured record for the rest, reads the job's log tails as the
 job's user (gpushare.epilog.oom_detect), decides (gpushare.epilog.recovery) and carries the decision out step by step, recording
 each step in the ledger (gpushare.epilog.ledger) so that a second run, or a run after a crash, finishes the same
 recovery instead of starting another one.
@@ -27,6 +27,7 @@ from gpushare.epilog.recovery import RECOVERABLE_STATES, Action, JobFacts, decid
 from gpushare.config import Config, load_config
 from gpushare.gpus import GiB
 from gpushare.slurm.client import SlurmClient, SlurmError, check_job_id
+from gpushare.slurm.jobs import Job
 
 log = logging.getLogger("gpushare.epilog")
 
@@ -60,7 +61,7 @@ def _succeeded(env: Mapping[str, str]) -> bool:
     """Exit 0 and no signal, by slurmctld's own SLURM_JOB_EXIT_CODE2 (False when it is absent)."""
     if not env.get("SLURM_JOB_EXIT_CODE2"):
         return False
-    quick = JobFacts.from_slurm({}, env)
+    quick = JobFacts.from_job(None, env)
     return quick.exit_code == 0 and quick.exit_signal == 0
 
 
@@ -69,7 +70,7 @@ def handle(job_id: str, env: Mapping[str, str], client: SlurmClient, cfg: Config
     """Decide and act for one job; returns what happened (for the log and tests)."""
     if _succeeded(env):
         return "none: exited 0"  # the common case costs no Slurm call at all
-    job = JobFacts.from_slurm(client.show_job(job_id), env, _structured(client, job_id))
+    job = JobFacts.from_job(_job(client, job_id), env)
     log.info("job %s: state %s exit %s:%s restarts %s gres %r node %s", job.job_id, job.state, job.exit_code,
              job.exit_signal, job.restarts, job.tres_per_node, job.node)
     if job.exit_code == 0 and job.exit_signal == 0:
@@ -120,15 +121,12 @@ def _learn(job: JobFacts, cfg: Config, client: SlurmClient) -> None:
         log.warning("job %s: could not update the estimate cache: %s", job.job_id, exc)
 
 
-def _structured(client: SlurmClient, job_id: str) -> dict[str, Any] | None:
-    """squeue's JSON for the job when the client offers it (identity and state there are not spoofable)."""
-    getter = getattr(client, "job_json", None)
-    if getter is None:
-        return None
+def _job(client: SlurmClient, job_id: str) -> Job | None:
+    """Slurm's structured record of the job; None (facts then come from the environment) if unreadable."""
     try:
-        return getter(job_id)
+        return client.job(job_id)
     except (SlurmError, OSError, ValueError) as exc:
-        log.warning("job %s: squeue --json unavailable (%s); using scontrol text and the environment", job_id, exc)
+        log.warning("job %s: Slurm's job record unavailable (%s); using the hook's environment", job_id, exc)
         return None
 
 

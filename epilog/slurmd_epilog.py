@@ -17,7 +17,10 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
+
+if TYPE_CHECKING:
+    from gpushare.slurm.jobs import Job
 
 log = logging.getLogger("gpushare.epilog")
 
@@ -65,29 +68,28 @@ def close_job(env: Mapping[str, str], cfg: Any, client: Any = None, backend: Any
             log.error("job %s: device backend unavailable (%s); energy left empty", job.job, exc)
             backend = _NoEnergy()
     record = final_record(entry, backend, closed_by=closed_by, node=node_name(cfg))
-    js, client = _slurm_json(env, cfg, client, job.job)
-    status, state = (js or {}).get("exit_code"), (js or {}).get("job_state")
-    ok = isinstance(status, int) and not isinstance(status, bool) and status >= 0
-    record["exit_code"] = (status >> 8) & 0xFF if ok else None  # squeue reports the wait(2) status
-    record["exit_signal"] = status & 0x7F if ok else None
-    record["state"] = state if isinstance(state, str) and state.isalpha() else None
+    slurm_job, client = _slurm_job(env, cfg, client, job.job)
+    record["exit_code"] = slurm_job.exit_status if slurm_job else None
+    record["exit_signal"] = slurm_job.exit_signal if slurm_job else None
+    state = slurm_job.state if slurm_job else ""
+    record["state"] = state if state.replace("_", "").isalpha() else None
     RecordLedger(cfg.records_dir).put(record)
     log.info("job %s: record written (ttfk %s s, energy %s)", job.job, record["ttfk_s"],
              {g: v.get("energy_j") for g, v in record["gpus"].items()})
-    if cfg.admin_comment == "yes" and js is not None:
-        annotate(client, job.job, record, js)
+    if cfg.admin_comment == "yes" and slurm_job is not None:
+        annotate(client, job.job, record, slurm_job)
     store.delete(job.job)
     caps_path(cfg.run_dir, job.job).unlink(missing_ok=True)
     return record
 
 
-def _slurm_json(env: Mapping[str, str], cfg: Any, client: Any, job: str) -> tuple[dict[str, Any] | None, Any]:
+def _slurm_job(env: Mapping[str, str], cfg: Any, client: Any, job: str) -> tuple[Job | None, Any]:
     try:
         if client is None:
             from gpushare.slurm.client import SlurmClient
 
             client = SlurmClient(cfg.slurm_conf or env.get("SLURM_CONF") or None)
-        return client.job_json(job), client
+        return client.job(job), client
     except Exception as exc:  # noqa: BLE001
         log.warning("job %s: Slurm record unavailable (%s); exit status and AdminComment skipped", job, exc)
         return None, client

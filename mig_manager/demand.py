@@ -6,9 +6,11 @@ jobs' own requests (``tres_per_node`` in ``squeue --json``) say which profiles a
 (MIGM §4.2) says which idle instances to destroy and where to create, and the executor applies it.
 
 Job fields are written by users and read here by a root daemon, so they are treated as hostile: only
-``job_state``, ``partition``, ``priority``, ``submit_time``, ``job_id`` and ``tres_per_node`` are read; a
-GRES item must match a strict pattern and name a profile of this node's GPU model; counts are capped.
-22.05 ignores squeue's filters with ``--json``, so filtering happens here.
+the structured state, reason, partition, priority, submit time, id and GRES requests of each
+:class:`~gpushare.slurm.jobs.Job` are read; a GRES item must match a strict pattern and name a profile of
+this node's GPU model; counts are capped. Only jobs waiting for resources count: a held job
+(``JobHeldUser``, priority 0) or one waiting on a dependency or a begin time would otherwise let any user
+force reshapes that nobody runs on.
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from gpushare.gpus import GpuModel
+from gpushare.slurm.jobs import Job
 
 from gpushare.mig_manager.device_ops import Layout
 from gpushare.mig_manager.layout import Instance
@@ -51,27 +53,28 @@ def mig_request(tres_per_node: str, profiles: Iterable[str]) -> Counter[str]:
     return out
 
 
-def _partitions(job: Mapping[str, Any]) -> set[str]:
-    return {p for p in str(job.get("partition") or "").split(",") if p}
+# state_reason values of a job that waits only for resources (anything else, held or blocked, is no demand)
+_WAITING_FOR_RESOURCES = ("None", "Resources", "Priority", "ReqNodeNotAvail", "Nodes_required_for_job")
 
 
-def pending_wants(jobs: Iterable[Mapping[str, Any]], profiles: Iterable[str],
-                  partitions: Sequence[str] = ()) -> list[Want]:
-    """Wanted instances from pending jobs, highest priority (then oldest) first."""
+def waits_for_resources(job: Job) -> bool:
+    return job.pending and not job.held and job.reason.startswith(_WAITING_FOR_RESOURCES)
+
+
+def pending_wants(jobs: Iterable[Job], profiles: Iterable[str], partitions: Sequence[str] = ()) -> list[Want]:
+    """Wanted instances from jobs waiting for resources, highest priority (then oldest) first."""
     names = tuple(profiles)
     rows = []
     for job in jobs:
-        if str(job.get("job_state", "")).upper() != "PENDING":
+        if not waits_for_resources(job):
             continue
-        if partitions and not (_partitions(job) & set(partitions)):
+        if partitions and not ({p for p in job.partition.split(",") if p} & set(partitions)):
             continue
-        asked = mig_request(str(job.get("tres_per_node") or ""), names)
+        asked = mig_request(job.tres_per_node, names)
         if not asked:
             continue
-        priority = job.get("priority")
-        submit = job.get("submit_time")
-        key = (-(priority if isinstance(priority, int) else 0), submit if isinstance(submit, int) else 0)
-        rows.append((key, str(job.get("job_id", "?"))[:20], asked))
+        key = (-(job.priority or 0), job.submit_time or 0)
+        rows.append((key, job.job_id[:20], asked))
     rows.sort(key=lambda r: r[0])
     return [Want(name, job_id) for _, job_id, asked in rows for name, n in sorted(asked.items())
             for _ in range(n)]

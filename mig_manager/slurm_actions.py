@@ -124,21 +124,25 @@ class SlurmNodeActions:
         self.client.run("scontrol", "update", f"nodename={node}", "state=resume")
 
     def running_gpu_jobs(self, node: str) -> dict[str, Counter[str]]:
-        """Running (or completing) jobs on ``node`` and the GPU types they hold, from squeue's JSON.
+        """Running (or completing) jobs on ``node`` and the GPU types they hold, from Slurm's structured records.
 
-        22.05 ignores squeue's filters with --json, so every job is read and filtered here; job fields
-        are user-influenced, so only structured fields are used and the GRES string is parsed strictly.
-        A job spanning several nodes counts for each (its node list is expanded by scontrol).
+        Job fields are user-influenced, so only structured fields are used and every GPU request field
+        (--gres, --gpus, --gpus-per-task, --gpus-per-socket) is parsed strictly; a GPU request we cannot
+        read as typed counts as holding any instance ("*"), so its instance is never destroyed. A job
+        spanning several nodes counts for each (its node list is expanded by scontrol).
         """
         out: dict[str, Counter[str]] = {}
-        for job in self.client.squeue_json():
-            if str(job.get("job_state", "")).upper() not in ("RUNNING", "COMPLETING", "SUSPENDED", "CONFIGURING"):
+        for job in self.client.jobs():
+            if not job.active or node not in self._hosts(job.nodes):
                 continue
-            if node not in self._hosts(str(job.get("nodes") or "")):
-                continue
-            held = gpu_counts(str(job.get("tres_per_node") or ""))
-            plain = "gpu" in str(job.get("tres_per_node") or "") and not held
-            out[str(job.get("job_id"))] = held if not plain else Counter({"*": 1})  # untyped gpu: any
+            held: Counter[str] = Counter()
+            for request in job.gpu_requests:
+                typed = gpu_counts(request)
+                held.update(typed)
+                if "gpu" in request and not typed:  # untyped or unreadable GPU request: any instance
+                    held["*"] += 1
+            if held:
+                out[job.job_id] = held
         return out
 
     def _hosts(self, nodelist: str) -> set[str]:

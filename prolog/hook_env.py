@@ -3,7 +3,7 @@
 Why paranoid: these hooks run as root, and part of what reaches them is chosen by the job's user (the
 job's name, comment, work directory, and — for the TaskProlog — the whole environment). Only values
 slurmd itself sets are read here (job id, uid, user, GPU indices), each against a strict pattern, and the
-job's estimate comes from Slurm's structured JSON (``SlurmClient.job_json``), never from text a user can
+job's estimate comes from Slurm's structured JSON (``SlurmClient.job``), never from text a user can
 write into ``scontrol show job`` output. Anything malformed yields "not ours": the hook exits 0.
 """
 
@@ -13,7 +13,10 @@ import logging
 import os
 import re
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
+
+if TYPE_CHECKING:
+    from gpushare.slurm.jobs import Job
 
 log = logging.getLogger("gpushare.prolog")
 _JOB_RE = re.compile(r"^\d{1,10}$")
@@ -55,18 +58,15 @@ def shards_of(tres: str | None) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def slurm_facts(job: HookJob, slurm_json: dict[str, Any] | None) -> dict[str, Any]:
-    """Registration facts for the agent from the hook's job and Slurm's JSON record of it (may be None)."""
-    from gpushare.slurm_plugins.decision import parse_record  # only the Prolog needs it: keeps the Epilog's start short
+def slurm_facts(job: HookJob, slurm_job: Job | None) -> dict[str, Any]:
+    """Registration facts for the agent from the hook's job and Slurm's structured record of it (may be None)."""
+    from gpushare.slurm.record import parse as parse_record
 
-    js = slurm_json or {}
-    tres = js.get("tres_per_node") if isinstance(js.get("tres_per_node"), str) else None
-    shards = shards_of(tres)
-    record = parse_record(js.get("admin_comment") if isinstance(js.get("admin_comment"), str) else None) or {}
-    restarts = js.get("restart_cnt", 0)
+    shards = shards_of(slurm_job.tres_per_node if slurm_job else None)
+    record = parse_record(slurm_job.admin_comment if slurm_job else None) or {}
     facts: dict[str, Any] = {
         "job": job.job, "uid": job.uid, "user": job.user, "gpus": job.gpus,
-        "restarts": restarts if isinstance(restarts, int) and not isinstance(restarts, bool) and restarts >= 0 else 0,
+        "restarts": max(0, slurm_job.restarts) if slurm_job else 0,
         "shared": shards is not None, "shards": shards, "est_gib": None, "margin_gib": None,
     }
     if record.get("decision") == "shared":

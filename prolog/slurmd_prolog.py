@@ -45,16 +45,16 @@ def register(env: Mapping[str, str], cfg: Any, client: Any = None, backend: Any 
     if not socket_path(cfg).exists() and not Path(cfg.state_dir).is_dir():
         log.debug("job %s: no agent deployed on this node (no socket, no state directory); nothing to do", job.job)
         return None  # costs a job start no Slurm call on nodes without the agent
-    js = None
+    slurm_job = None
     try:
         if client is None:
             from gpushare.slurm.client import SlurmClient
 
             client = SlurmClient(cfg.slurm_conf or env.get("SLURM_CONF") or None)
-        js = client.job_json(job.job)
+        slurm_job = client.job(job.job)
     except Exception as exc:  # noqa: BLE001 - without Slurm's record the job is registered uncapped
         log.warning("job %s: Slurm record unavailable (%s); registered without estimate", job.job, exc)
-    facts = slurm_facts(job, js)
+    facts = slurm_facts(job, slurm_job)
     try:
         reply = call(socket_path(cfg), {"op": "register", "job": facts}, timeout_s=5.0)
         if not reply.get("ok"):

@@ -10,7 +10,6 @@ accounting guarantee that the estimates placed on one GPU never sum past its mem
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,12 +17,13 @@ from typing import Any
 from gpushare.config import Config
 from gpushare.gpus import GiB
 from gpushare.slurm_plugins.directives import Directives
+from gpushare.slurm import record as record_format
 from gpushare.slurm.gres_request import GresItem, format_gres, parse_gres
 from gpushare.slurm_plugins.script_discovery import NotFound, describe, find_training_command
 
-RECORD_PREFIX = "gpushare:"
-RECORD_VERSION = 1
-MAX_RECORD_CHARS = 900  # admin_comment stays readable in `scontrol show job`
+RECORD_PREFIX = record_format.PREFIX
+RECORD_VERSION = record_format.VERSION
+parse_record = record_format.parse
 
 
 @dataclass(frozen=True)
@@ -60,24 +60,7 @@ class Decision:
 
     @property
     def admin_comment(self) -> str:
-        if not self.record:
-            return ""
-        text = json.dumps(self.record, separators=(",", ":"), sort_keys=True)
-        if len(text) > MAX_RECORD_CHARS:  # never let a long reason push the record past readability
-            trimmed = dict(self.record, why=str(self.record.get("why", ""))[:200])
-            text = json.dumps(trimmed, separators=(",", ":"), sort_keys=True)
-        return RECORD_PREFIX + text
-
-
-def parse_record(admin_comment: str | None) -> dict[str, Any] | None:
-    """Read back our record from an AdminComment (None when absent or not ours)."""
-    if not admin_comment or not admin_comment.startswith(RECORD_PREFIX):
-        return None
-    try:
-        record = json.loads(admin_comment[len(RECORD_PREFIX):])
-    except ValueError:
-        return None
-    return record if isinstance(record, dict) else None
+        return (record_format.render(self.record) or "") if self.record else ""
 
 
 def _gib(value: int) -> float:
@@ -167,7 +150,7 @@ def _hold_for_estimation(request: SubmitRequest, per_node: list[GresItem], gpu: 
     gpu_gib = smallest_cluster_gpu_gib(cfg)
     if gpu_gib <= 0:
         return "no GPU nodes configured"
-    new_value = format_gres([GresItem("shard", None, gpu_gib) if item is gpu else item for item in per_node])
+    new_value = format_gres([gpu.replaced("shard", None, gpu_gib) if item is gpu else item for item in per_node])
     record = {"v": RECORD_VERSION, "decision": "estimating", "old": request.tres_per_node, "new": new_value,
               "script": describe(found)[:160],
               "why": f"held until gpu-estimate runs as the user on partition {cfg.estimation.partition}"}
@@ -209,7 +192,7 @@ def _size_shared(request: SubmitRequest, per_node: list[GresItem], gpu: GresItem
         decision.user_message = (f"gpushare: estimated {base['est_gib']} GiB ({estimate.source}) "
                                  f"+ {base['margin_gib']} GiB margin needs most of a GPU; keeping gpu:1")
         return decision
-    new_items = [GresItem("shard", None, shards) if item is gpu else item for item in per_node]
+    new_items = [gpu.replaced("shard", None, shards) if item is gpu else item for item in per_node]
     new_value = format_gres(new_items)
     record = {"v": RECORD_VERSION, "decision": "shared", **base, "old": request.tres_per_node,
               "new": new_value, "why": f"fits {shards} of {gpu_gib} GiB"}

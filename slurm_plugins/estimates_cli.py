@@ -13,28 +13,29 @@ from typing import Any
 
 import click
 
-from gpushare.slurm_plugins.decision import parse_record
+from gpushare.slurm.record import parse as parse_record
 from gpushare.slurm_plugins.estimation_plan import ESTIMATION_JOB_PREFIX
 from gpushare.slurm.client import SlurmClient, SlurmError
+from gpushare.slurm.jobs import Job
 
 
-def collect(jobs: list[dict[str, Any]], now: float, user: str | None = None) -> list[dict[str, Any]]:
+def collect(jobs: list[Job], now: float, user: str | None = None) -> list[dict[str, Any]]:
     """One row per GPU job that went through asynchronous estimation (pure, for tests)."""
-    estimations = {int(j["job_id"]): j for j in jobs if str(j.get("name", "")).startswith(ESTIMATION_JOB_PREFIX)}
+    estimations = {j.job_id: j for j in jobs if j.name.startswith(ESTIMATION_JOB_PREFIX)}
     rows = []
     for job in jobs:
-        record = parse_record(job.get("admin_comment"))
+        record = parse_record(job.admin_comment)
         if not record or not (record.get("decision") == "estimating" or "est_job" in record):
             continue
-        if user and job.get("user_name") != user:
+        if user and job.user_name != user:
             continue
-        est = estimations.get(record.get("est_job")) if isinstance(record.get("est_job"), int) else None
+        est = estimations.get(str(record.get("est_job"))) if isinstance(record.get("est_job"), int) else None
         waiting = record.get("decision") == "estimating"
         rows.append({
-            "job": int(job["job_id"]), "user": job.get("user_name", "?"), "state": job.get("job_state", "?"),
+            "job": int(job.job_id), "user": job.user_name or "?", "state": job.state or "?",
             "phase": ("estimating" if est is not None else "queued") if waiting else "released",
-            "held_s": round(now - float(job.get("submit_time") or now), 1) if waiting else record.get("held_s"),
-            "est_job": record.get("est_job"), "est_state": est.get("job_state") if est else None,
+            "held_s": round(now - (job.submit_time or now), 1) if waiting else record.get("held_s"),
+            "est_job": record.get("est_job"), "est_state": est.state if est else None,
             "result": record.get("new") if not waiting else None,
             "decision": record.get("decision"), "why": record.get("why", ""), "script": record.get("script", ""),
         })
@@ -62,7 +63,7 @@ def render(rows: list[dict[str, Any]]) -> str:
 def command(as_json: bool, user: str | None) -> int:
     """List jobs held for asynchronous GPU memory estimation and recently released ones."""
     try:
-        jobs = SlurmClient().squeue_json()
+        jobs = SlurmClient().jobs()
     except SlurmError as exc:
         raise click.ClickException(f"cannot read the queue: {exc}") from None
     rows = collect(jobs, time.time(), user)

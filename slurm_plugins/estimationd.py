@@ -36,6 +36,9 @@ from gpushare.slurm_plugins.estimate_source import EstimateUnavailable, peak_tot
 from gpushare.slurm_plugins.estimation_plan import (ESTIMATION_JOB_PREFIX, Action, Attach, Cancel, EstimationJob, HeldJob,
                                            Release, Submit, plan)
 from gpushare.slurm_plugins.script_discovery import TrainingCommand, find_training_command
+from gpushare.slurm import record as record_format
+from gpushare.slurm.gres_request import plain_gres
+from gpushare.slurm.jobs import Job
 from gpushare.slurm.client import SlurmClient, SlurmError
 
 log = logging.getLogger("gpushare.estimationd")
@@ -61,35 +64,34 @@ class EstimationService:
 
     # --- reading Slurm ----------------------------------------------------------------------------
     def snapshot(self) -> tuple[list[HeldJob], dict[int, EstimationJob], tuple[HeldJob, ...]]:
-        jobs = self.client.squeue_json()
+        jobs = self.client.jobs()
         held: list[HeldJob] = []
         started: list[HeldJob] = []
         estimations: dict[int, EstimationJob] = {}
         for job in jobs:
-            name = str(job.get("name") or "")
-            if name.startswith(ESTIMATION_JOB_PREFIX) and name[len(ESTIMATION_JOB_PREFIX):].isdigit():
-                estimations[int(job["job_id"])] = self._estimation(job, int(name[len(ESTIMATION_JOB_PREFIX):]))
+            if not job.job_id.isdigit() or job.user_id is None or job.group_id is None:
                 continue
-            record = parse_record(job.get("admin_comment"))
+            name = job.name
+            if name.startswith(ESTIMATION_JOB_PREFIX) and name[len(ESTIMATION_JOB_PREFIX):].isdigit():
+                estimations[int(job.job_id)] = self._estimation(job, int(name[len(ESTIMATION_JOB_PREFIX):]))
+                continue
+            record = parse_record(job.admin_comment)
             if not record or record.get("decision") != "estimating":
                 continue
-            if job.get("job_state") == "PENDING":
+            if job.pending:
                 held.append(self._held(job, record))
-            elif job.get("job_state") in ("RUNNING", "CONFIGURING"):  # released by hand: close the record
-                started.append(HeldJob(int(job["job_id"]), int(job["user_id"]), int(job["group_id"]),
-                                       float(job.get("submit_time") or 0), record))
+            elif job.state in ("RUNNING", "CONFIGURING"):  # released by hand: close the record
+                started.append(HeldJob(int(job.job_id), job.user_id, job.group_id, job.submit_time or 0.0, record))
         alive = {j.job_id for j in held}
         self._scripts = {k: v for k, v in self._scripts.items() if k in alive}
         return held, estimations, tuple(started)
 
-    def _held(self, job: dict[str, Any], record: dict[str, Any]) -> HeldJob:
-        job_id = int(job["job_id"])
-        work_dir = str(job.get("current_working_directory") or "")
+    def _held(self, job: Job, record: dict[str, Any]) -> HeldJob:
+        job_id, uid, gid = int(job.job_id), int(job.user_id or 0), int(job.group_id or 0)
         if job_id not in self._scripts and not isinstance(record.get("est_job"), int):
-            self._scripts[job_id] = self._discover(job_id, int(job["user_id"]), work_dir)
+            self._scripts[job_id] = self._discover(job_id, uid, job.work_dir)
         key, command = self._scripts.get(job_id, ("", None))
-        return HeldJob(job_id, int(job["user_id"]), int(job["group_id"]), float(job.get("submit_time") or 0),
-                       record, work_dir, key, command)
+        return HeldJob(job_id, uid, gid, job.submit_time or 0.0, record, job.work_dir, key, command)
 
     def _discover(self, job_id: int, uid: int, work_dir: str) -> tuple[str, Any]:
         try:
@@ -101,9 +103,9 @@ class EstimationService:
         key = hashlib.sha256(f"{uid}\0{work_dir}\0{script}".encode("utf-8", "surrogateescape")).hexdigest()[:20]
         return key, find_training_command(script, directives.script, self.cfg.submit.max_script_bytes)
 
-    def _estimation(self, job: dict[str, Any], for_job: int) -> EstimationJob:
-        job_id, uid, state = int(job["job_id"]), int(job["user_id"]), str(job.get("job_state") or "")
-        stdout = str(job.get("standard_output") or "")
+    def _estimation(self, job: Job, for_job: int) -> EstimationJob:
+        job_id, uid, state = int(job.job_id), int(job.user_id or 0), job.state
+        stdout = job.std_out
         ours = Path(os.path.normpath(stdout)).parent.parent == Path(self.cfg.estimation.spool_dir).resolve()
         outcome: Estimate | str | None = None
         if ours and state in ("COMPLETED", "FAILED", "TIMEOUT", "OUT_OF_MEMORY"):
@@ -187,7 +189,7 @@ class EstimationService:
     def release(self, action: Release) -> None:
         fields: dict[str, str] = {"admincomment": _comment(action.record)}
         if action.tres_per_node:
-            fields["gres"] = ",".join(part.removeprefix("gres:") for part in action.tres_per_node.split(","))
+            fields["gres"] = plain_gres(action.tres_per_node)
         try:
             self.client.update_job(action.job_id, **fields)
         except SlurmError as exc:  # e.g. it started meanwhile: still never leave it held
@@ -259,9 +261,7 @@ class EstimationService:
 
 
 def _comment(record: dict[str, Any]) -> str:
-    from gpushare.slurm_plugins.decision import Decision
-
-    return Decision(action="accept", record=record).admin_comment
+    return record_format.render(record) or ""
 
 
 def start_thread(cfg: Config, stop: threading.Event) -> tuple[EstimationService, threading.Thread]:

@@ -1,10 +1,13 @@
-"""A small client for Slurm's command-line tools.
+"""The one client for Slurm's command-line tools, on every supported release (22.05, 24.11, 26.05).
 
-Why the CLIs: Debian's Slurm 22.05 has no usable Python binding (pyslurm 25.11 refuses 22.05, see
-SLURM-FACTS.md) and ``scontrol`` has no ``--json`` there, so we parse ``scontrol show job -o`` and use
-``squeue --json`` (filtered client-side: 22.05 ignores ``-j`` with ``--json``). Every call passes an
-argument vector, never a shell string, because job ids and names come from users and these calls run as
-root in epilogs.
+Why the CLIs: Debian's Slurm has no usable Python binding (pyslurm builds only against the one release it
+is made for) and the CLIs are on every node. Every call passes an argument vector, never a shell string,
+because job ids and names come from users and these calls run as root in epilogs.
+
+Why version-aware: the tools' JSON changed between releases (gpushare.slurm.jobs normalises it) and
+newer releases can filter and read single jobs structurally. :attr:`SlurmClient.version` is detected once
+from ``sinfo --version``; :meth:`job` and :meth:`jobs` hand out typed :class:`~gpushare.slurm.jobs.Job`
+records, so no caller looks at raw squeue/scontrol shapes. docs/compatibility.md has the table.
 
 Hooks run by slurmctld get no PATH and no SLURM_CONF, so the binaries are looked up in a configured
 directory first, then in the usual places.
@@ -17,43 +20,25 @@ import os
 import re
 import shutil
 import subprocess
+import threading
 from pathlib import Path
-from typing import Any
+
+from gpushare.slurm.jobs import Job, check_job_id, job_from_json, parse_scontrol_record
+from gpushare.slurm.version import SlurmVersion
+
+__all__ = ["JobGone", "SlurmClient", "SlurmError", "check_job_id", "parse_scontrol_record"]
 
 _BIN_DIRS = ("/usr/bin", "/usr/local/bin", "/opt/slurm/bin", "/usr/sbin")
-_JOB_ID_RE = re.compile(r"^\d{1,10}(_\d{1,10})?$")
-# "Key=Value" pairs of `scontrol show job -o`; values may contain spaces only in a few keys that come
-# last on the line or hold no '=' (Command, WorkDir with spaces are rare; we split on ' Key=').
-_PAIR_RE = re.compile(r"(?:^|\s)([A-Z][A-Za-z0-9_:/]*)=")
+_VERSIONS: dict[tuple[str, str | None], SlurmVersion] = {}
+_VERSIONS_LOCK = threading.Lock()
 
 
 class SlurmError(RuntimeError):
     """A Slurm command failed; the message carries the command and its stderr."""
 
 
-def check_job_id(job_id: str | int) -> str:
-    """Refuse anything that is not a plain (array) job id, since ids reach argv of root-run tools."""
-    text = str(job_id).strip()
-    if not _JOB_ID_RE.match(text):
-        raise ValueError(f"not a Slurm job id: {text[:40]!r}")
-    return text
-
-
-def parse_scontrol_record(line: str) -> dict[str, str]:
-    """Parse one ``scontrol show ... -o`` line into a dict (keys as Slurm prints them).
-
-    The first occurrence of a key wins, so user text in a later field (``Comment=x AdminComment=y``)
-    cannot override a real one printed earlier. Free text can still imitate a key that Slurm prints
-    *after* it (StdErr, StdOut, TresPerNode follow Comment): anything security-relevant must come from
-    :meth:`SlurmClient.job_json`, which is structured.
-    """
-    line = line.strip()
-    matches = list(_PAIR_RE.finditer(line))
-    fields: dict[str, str] = {}
-    for index, match in enumerate(matches):
-        end = matches[index + 1].start() if index + 1 < len(matches) else len(line)
-        fields.setdefault(match.group(1), line[match.end():end].strip())
-    return fields
+class JobGone(SlurmError):
+    """Slurm no longer knows the job (purged after MinJobAge, or never existed)."""
 
 
 class SlurmClient:
@@ -64,6 +49,18 @@ class SlurmClient:
         self.conf_path = str(conf_path) if conf_path else os.environ.get("SLURM_CONF")
         self.bin_dir = bin_dir
         self.timeout_s = timeout_s
+
+    @property
+    def version(self) -> SlurmVersion:
+        """The release of the tools this client runs (``sinfo --version``), detected once per process."""
+        key = (self._binary("sinfo"), self.conf_path)
+        with _VERSIONS_LOCK:
+            found = _VERSIONS.get(key)
+        if found is None:
+            found = SlurmVersion.parse(self.run("sinfo", "--version"))
+            with _VERSIONS_LOCK:
+                _VERSIONS[key] = found
+        return found
 
     def _binary(self, name: str) -> str:
         candidates = [self.bin_dir] if self.bin_dir else []
@@ -91,26 +88,59 @@ class SlurmClient:
         return proc.stdout
 
     # --- jobs -------------------------------------------------------------------------------------
-    def show_job(self, job_id: str | int) -> dict[str, str]:
+    def job(self, job_id: str | int) -> Job | None:
+        """One job (``123`` or an array task ``100_4``), structured; None once it has left slurmctld.
+
+        23.02+: ``scontrol --json show job N``, which reads one job. 22.05 has no such read and its
+        ``squeue --json`` ignores filters: the whole queue is read and filtered here.
+        """
+        wanted = check_job_id(job_id)
+        if self.version.scontrol_json:
+            try:
+                out = self.run("scontrol", "--json", "show", "job", wanted)
+            except SlurmError as exc:
+                if "Invalid job id" in str(exc):
+                    return None
+                raise
+            candidates = self._parse_jobs(out)
+        else:
+            candidates = self.jobs()
+        for job in candidates:
+            if wanted in (job.job_id, job.array_name):
+                return job
+        return None
+
+    def jobs(self) -> list[Job]:
+        """Every job slurmctld still holds, finished ones included (23.02+ needs ``-t all`` for those)."""
+        args = ["--json", "-t", "all"] if self.version.squeue_json_filters else ["--json"]
+        return self._parse_jobs(self.run("squeue", *args))
+
+    @staticmethod
+    def _parse_jobs(out: str) -> list[Job]:
+        try:
+            data = json.loads(out)
+        except json.JSONDecodeError as exc:
+            raise SlurmError(f"Slurm printed JSON we cannot read: {exc}") from exc
+        items = data.get("jobs") if isinstance(data, dict) else None
+        if not isinstance(items, list):
+            raise SlurmError("Slurm's JSON has no 'jobs' list")
+        return [job_from_json(item) for item in items if isinstance(item, dict)]
+
+    def show_job_text(self, job_id: str | int) -> dict[str, str]:
+        """``scontrol show job -o`` as a dict. Free text there can imitate later fields (26.05 prints the
+        user's SubmitLine early): only for display and for facts no JSON gives, never for decisions."""
         out = self.run("scontrol", "show", "job", "-o", "--details", check_job_id(job_id))
         lines = [line for line in out.splitlines() if line.strip()]
         if not lines:
             raise SlurmError(f"scontrol show job {job_id}: no such job")
         return parse_scontrol_record(lines[0])
 
-    def job_json(self, job_id: str | int) -> dict[str, Any] | None:
-        """One job as squeue's JSON object (structured: safe against hostile comments and names).
-
-        None once the job has left slurmctld's memory (MinJobAge after it ended).
-        """
-        wanted = check_job_id(job_id)
-        base, _, task = wanted.partition("_")
-        for job in self.squeue_json():
-            if str(job.get("job_id")) == wanted:
-                return job
-            if task and str(job.get("array_job_id")) == base and str(job.get("array_task_id")) == task:
-                return job
-        return None
+    def require_job(self, job_id: str | int) -> Job:
+        """:meth:`job` for code that acts on the job: a job Slurm no longer knows raises :class:`JobGone`."""
+        job = self.job(job_id)
+        if job is None:
+            raise JobGone(f"job {job_id}: Slurm no longer knows it (Invalid job id)")
+        return job
 
     def update_job(self, job_id: str | int, **fields: str | int) -> None:
         """``scontrol update jobid=N key=value...``; keys are scontrol's (e.g. admincomment, gres)."""
@@ -132,11 +162,6 @@ class SlurmClient:
 
     def hold(self, job_id: str | int) -> None:
         self.run("scontrol", "hold", check_job_id(job_id))
-
-    def squeue_json(self) -> list[dict[str, Any]]:
-        """All jobs as squeue's JSON objects (22.05 ignores filters with --json: filter yourself)."""
-        out = self.run("squeue", "--json")
-        return list(json.loads(out).get("jobs", []))
 
     def sbatch(self, *args: str, script: str | None = None) -> tuple[int, str]:
         """Submit; returns (job id, sbatch's stderr lines such as our hook's one-line message)."""

@@ -1,15 +1,18 @@
 """Parse and format Slurm's ``tres_per_*`` GRES strings (``gres:gpu:a100:2,gres:shard:4``).
 
-Why by hand: these strings are what job_submit/lua hands us and what it writes back; Slurm 22.05 prints
-them as ``gres:<name>[:<type>]:<count>`` (``--gres``) or ``gres/<name>...`` in TRES form, comma-joined.
+Why by hand: these strings are what job_submit/lua hands us and what it writes back. Slurm 22.05 prints
+them as ``gres:<name>[:<type>]:<count>``; 23.02 and later as ``gres/<name>...``, and each release refuses
+the other form when it is written back ("Invalid Trackable RESource (TRES) specification"). So an item
+keeps the separator it came with, and an item made to replace another takes over that one's
+(:meth:`GresItem.replaced`): the submit path needs no knowledge of the release.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-_ITEM_RE = re.compile(r"^(?:gres[:/])?([A-Za-z][\w.-]{0,63})(?::([\w.+-]{1,64}))?(?::(\d{1,9}))?$")
+_ITEM_RE = re.compile(r"^(gres[:/])?([A-Za-z][\w.-]{0,63})(?::([\w.+-]{1,64}))?(?::(\d{1,9}))?$")
 
 
 @dataclass(frozen=True)
@@ -17,10 +20,19 @@ class GresItem:
     name: str  # "gpu", "shard", "mps", ...
     type: str | None  # "a100", "3g.20gb", or None
     count: int
+    prefix: str = "gres:"  # "gres:" (22.05), "gres/" (23.02+), or "" (as users type --gres)
 
     def format(self) -> str:
         middle = f":{self.type}" if self.type else ""
-        return f"gres:{self.name}{middle}:{self.count}"
+        return f"{self.prefix}{self.name}{middle}:{self.count}"
+
+    def plain(self) -> str:
+        """``shard:8`` / ``gpu:a100:1``: as ``--gres`` and ``scontrol update gres=`` take it on every release."""
+        return replace(self, prefix="").format()
+
+    def replaced(self, name: str, type: str | None, count: int) -> "GresItem":
+        """Another request in this item's place, written with this item's separator."""
+        return GresItem(name, type, count, self.prefix)
 
 
 def parse_gres(text: str | None) -> list[GresItem]:
@@ -35,15 +47,20 @@ def parse_gres(text: str | None) -> list[GresItem]:
         match = _ITEM_RE.match(part)
         if not match:
             raise ValueError(f"unrecognised GRES {part[:80]!r}")
-        name, second, count = match.groups()
+        prefix, name, second, count = match.groups()
         if count is None and second is not None and second.isdigit():
             second, count = None, second
-        items.append(GresItem(name=name, type=second, count=int(count) if count else 1))
+        items.append(GresItem(name=name, type=second, count=int(count) if count else 1, prefix=prefix or ""))
     return items
 
 
 def format_gres(items: list[GresItem]) -> str:
     return ",".join(item.format() for item in items)
+
+
+def plain_gres(text: str) -> str:
+    """A tres_per_node value without its ``gres:``/``gres/`` separators (``shard:40,gpu:1``)."""
+    return ",".join(item.plain() for item in parse_gres(text))
 
 
 def gpu_like(items: list[GresItem]) -> list[GresItem]:

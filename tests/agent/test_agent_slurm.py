@@ -49,7 +49,7 @@ def test_two_shared_jobs_on_one_gpu_get_their_caps(agent_cluster, tmp_path):
     a = submit(cluster, tmp_path, script("4.5G", "--mem-mib 3000 --seconds 3"), "--gres=gpu:1")
     b = submit(cluster, tmp_path, script("10G", "--mem-mib 9000 --seconds 3"), "--gres=gpu:1")
     for job in (a, b):
-        assert cluster.wait_job(job, 60)["JobState"] == "COMPLETED"
+        assert cluster.wait_job(job, 60).state == "COMPLETED"
     env_a, env_b = job_env(tmp_path, a), job_env(tmp_path, b)
     assert env_a["SLURM_JOB_GPUS"] == env_b["SLURM_JOB_GPUS"]  # Slurm's first fit packs them on one GPU
     gpu = env_a["SLURM_JOB_GPUS"]
@@ -74,7 +74,7 @@ def test_job_beside_another_users_job_is_time_sliced_with_the_guard(agent_cluste
                  "est_gib": 2.0, "margin_gib": 1.0, "shards": 3}
         assert call(cluster.agent_socket, {"op": "register", "job": facts})["ok"]
     job = submit(cluster, tmp_path, script("4.5G", "--seconds 0.5"), "--gres=gpu:1")
-    assert cluster.wait_job(job, 60)["JobState"] == "COMPLETED"
+    assert cluster.wait_job(job, 60).state == "COMPLETED"
     env = job_env(tmp_path, job)
     assert env["GPUSHARE_CAPS_MODE"] == "fraction" and env["GPUSHARE_MEMORY_FRACTION"] == "0.137"
     assert "CUDA_MPS_PIPE_DIRECTORY" not in env and env["CUDA_VISIBLE_DEVICES"] == env["SLURM_JOB_GPUS"]
@@ -84,7 +84,7 @@ def test_records_have_plausible_ttfk_and_energy(agent_cluster, tmp_path):
     cluster = agent_cluster()
     job = submit(cluster, tmp_path, script("6G", "--mem-mib 5000 --smact 0.5 --delay 1.5 --seconds 2.5"),
                  "--gres=gpu:1")
-    assert cluster.wait_job(job, 60)["JobState"] == "COMPLETED"
+    assert cluster.wait_job(job, 60).state == "COMPLETED"
     cluster.wait_for(lambda: bool(records(cluster).get(str(job))), 20, "no record")
     record = records(cluster).get(str(job))[0]
     gpu = job_env(tmp_path, job)["SLURM_JOB_GPUS"]
@@ -96,7 +96,7 @@ def test_records_have_plausible_ttfk_and_energy(agent_cluster, tmp_path):
     assert 0.5 * 230 * 2.5 <= energy["share_j"] <= energy["energy_j"]
     assert energy["peak_bytes"] == 5000 * 2**20
     assert record["series"][gpu], "a timeline for the report's plots"
-    comment = parse_record(cluster.client.show_job(job)["AdminComment"])
+    comment = parse_record(cluster.client.require_job(job).admin_comment)
     assert comment["decision"] == "shared" and comment["run"]["ttfk_s"] == record["ttfk_s"]
 
 
@@ -109,11 +109,11 @@ def test_risky_gpu_withheld_then_released(agent_cluster, tmp_path):
     cluster.wait_for(lambda: cluster.node_features() == [], 10, "risky node still open")
     job = submit(cluster, tmp_path, script("4G", "--seconds 0.5"), "--gres=gpu:1")
     time.sleep(3)
-    pending = cluster.client.show_job(job)
-    assert pending["JobState"] == "PENDING" and "gpushare_open" in pending["Features"]
+    pending = cluster.client.require_job(job)
+    assert pending.state == "PENDING" and "gpushare_open" in pending.features
     for gpu in (0, 1):
         sim.end_process(900000 + gpu)
-    assert cluster.wait_job(job, 60)["JobState"] == "COMPLETED"  # calm again: the node reopened
+    assert cluster.wait_job(job, 60).state == "COMPLETED"  # calm again: the node reopened
 
 
 def test_agent_restart_mid_job_loses_nothing(agent_cluster, tmp_path):
@@ -127,7 +127,7 @@ def test_agent_restart_mid_job_loses_nothing(agent_cluster, tmp_path):
     cluster.start_agent()
     status = call(sock, {"op": "status"})
     assert [j for j in status["jobs"] if j["job"] == str(job)][0]["ttfk_s"] is not None
-    assert cluster.wait_job(job, 60)["JobState"] == "COMPLETED"
+    assert cluster.wait_job(job, 60).state == "COMPLETED"
     cluster.wait_for(lambda: bool(records(cluster).get(str(job))), 20, "no record")
     record = records(cluster).get(str(job))[0]
     gpu = job_env(tmp_path, job)["SLURM_JOB_GPUS"]

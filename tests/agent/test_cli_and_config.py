@@ -13,7 +13,6 @@ from gpushare.epilog.report_cli import gpu_rows, job_rows, parse_since
 from gpushare.cli import main as gpushare_main
 from gpushare.config import ConfigError, parse_config
 from gpushare.agent.api import ApiServer
-from gpushare.agent.comment import RECORD_PREFIX
 from gpushare.agent.status_cli import render
 from gpushare.slurm_plugins import decision
 
@@ -87,7 +86,6 @@ def test_agent_config_is_strict():
         parse_config({"agent": {"withhold_feature": "open;drain"}})
     with pytest.raises(ConfigError, match="unknown key 'windows'"):
         parse_config({"agent": {"windows": 3}})
-    assert RECORD_PREFIX == decision.RECORD_PREFIX
 
 
 def test_slurm_config_with_withholding(tmp_path, capsys):

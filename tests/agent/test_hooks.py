@@ -18,6 +18,7 @@ from gpushare.agent.store import JobStore
 from gpushare.prolog import task_prolog
 from gpushare.prolog.hook_env import job_from_env, shards_of, slurm_facts
 from gpushare.prolog.slurmd_prolog import register, write_caps
+from gpushare.slurm.jobs import job_from_json
 
 GiB = 1 << 30
 SCENARIO = {"version": 1, "name": "hooks", "processes": [], "gpus": [{"model": "a100-40gb"}, {"model": "a100-40gb"}]}
@@ -29,8 +30,8 @@ class FakeSlurm:
         self.js = js
         self.updates: list[tuple[str, dict]] = []
 
-    def job_json(self, job):
-        return self.js
+    def job(self, job):
+        return job_from_json(self.js) if self.js is not None else None
 
     def update_job(self, job, **fields):
         self.updates.append((job, fields))
@@ -52,9 +53,9 @@ def test_hook_env_and_slurm_record():
     job = job_from_env({**ENV, "SLURM_JOB_USER": "bob; rm -rf /"})
     assert job.gpus == [1] and job.user == "" and job.uid == 1000
     record = 'gpushare:{"v":1,"decision":"shared","est_gib":4.0,"margin_gib":1.0}'
-    facts = slurm_facts(job, {"tres_per_node": "gres:shard:5", "admin_comment": record, "restart_cnt": 1})
+    facts = slurm_facts(job, job_from_json({"tres_per_node": "gres:shard:5", "admin_comment": record, "restart_cnt": 1}))
     assert facts["shared"] and facts["shards"] == 5 and facts["est_gib"] == 4.0 and facts["restarts"] == 1
-    hostile = slurm_facts(job, {"tres_per_node": 5, "admin_comment": 'gpushare:{"decision":"shared","est_gib":"9e9"}'})
+    hostile = slurm_facts(job, job_from_json({"tres_per_node": 5, "admin_comment": 'gpushare:{"decision":"shared","est_gib":"9e9"}'}))
     assert not hostile["shared"] and hostile["est_gib"] is None
     assert shards_of("gres:gpu:1") is None and shards_of("gres/shard:12") == 12
 

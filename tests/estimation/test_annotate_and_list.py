@@ -14,6 +14,7 @@ from gpushare.slurm_plugins.decision import SubmitRequest, decide
 from gpushare.slurm_plugins.directives import parse_directives
 from gpushare.slurm_plugins.estimate_source import find_estimate
 from gpushare.slurm_plugins.estimates_cli import collect, render
+from gpushare.slurm.jobs import job_from_json
 
 DOC = {"schema_version": 1, "cached": False,
        "targets": [{"gpu": "a100-40gb", "peak_total_bytes": int(2.5 * GiB)}]}
@@ -85,11 +86,11 @@ SQUEUE = [
 
 
 def test_estimates_listing_shows_waiting_then_released_jobs():
-    rows = collect(SQUEUE, 1030.0)
+    rows = collect([job_from_json(j) for j in SQUEUE], 1030.0)
     assert [(r["job"], r["phase"], r["est_state"]) for r in rows] == [(5, "estimating", "RUNNING"),
                                                                       (3, "released", None)]
     assert rows[0]["held_s"] == 30.0 and rows[1]["result"] == "gres:shard:4"
-    assert [r["job"] for r in collect(SQUEUE, 1030.0, user="bo")] == [3]
+    assert [r["job"] for r in collect([job_from_json(j) for j in SQUEUE], 1030.0, user="bo")] == [3]
     text = render(rows)
     assert "estimating" in text and "gres:shard:4 (shared: fits 4 of 40 GiB)" in text
     assert "no jobs" in render([])

@@ -16,6 +16,8 @@ import pytest
 
 from gpushare.slurm_plugins.decision import parse_record
 from gpushare.slurm_plugins.estimation_plan import ESTIMATION_JOB_PREFIX
+from gpushare.slurm.gres_request import plain_gres
+from gpushare.slurm.jobs import Job
 from devcluster.local_cluster import LocalCluster
 
 TEST_USER = "gpushare-test"  # created by conftest.ensure_user
@@ -67,8 +69,8 @@ def submit_as_user(cluster: LocalCluster, work: Path, body: str, *args: str) -> 
     return int(proc.stdout.strip().split(";")[0]), proc.stderr
 
 
-def job(cluster: LocalCluster, job_id: int) -> dict[str, Any]:
-    found = cluster.client.job_json(job_id)
+def job(cluster: LocalCluster, job_id: int) -> Job:
+    found = cluster.client.job(job_id)
     assert found is not None, f"job {job_id} gone"
     return found
 
@@ -76,19 +78,19 @@ def job(cluster: LocalCluster, job_id: int) -> dict[str, Any]:
 def wait_released(cluster: LocalCluster, job_id: int, timeout_s: float = 90) -> dict[str, Any]:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        record = parse_record(job(cluster, job_id).get("admin_comment")) or {}
+        record = parse_record(job(cluster, job_id).admin_comment) or {}
         if record.get("decision") != "estimating":
             return record
         time.sleep(0.3)
     raise AssertionError(f"job {job_id} still held after {timeout_s} s: {job(cluster, job_id)}")
 
 
-def estimation_jobs(cluster: LocalCluster) -> list[dict[str, Any]]:
-    return [j for j in cluster.client.squeue_json() if str(j.get("name", "")).startswith(ESTIMATION_JOB_PREFIX)]
+def estimation_jobs(cluster: LocalCluster) -> list[Job]:
+    return [j for j in cluster.client.jobs() if j.name.startswith(ESTIMATION_JOB_PREFIX)]
 
 
-def spool_of(cluster: LocalCluster, est: dict[str, Any]) -> Path:
-    return Path(est["standard_output"]).parent
+def spool_of(cluster: LocalCluster, est: Job) -> Path:
+    return Path(est.std_out).parent
 
 
 def test_job_held_estimated_as_user_rewritten_released_and_run(est_cluster, work, user):
@@ -97,19 +99,19 @@ def test_job_held_estimated_as_user_rewritten_released_and_run(est_cluster, work
                                     + SHARDS_PROBE)
     assert "job held while gpu-estimate train.py --epochs 1" in stderr
     held = job(est_cluster, job_id)
-    record = parse_record(held["admin_comment"])
+    record = parse_record(held.admin_comment)
     if record["decision"] == "estimating":  # usually still held here; the estimate may already have landed
-        assert held["job_state"] == "PENDING" and held["tres_per_node"] == "gres:shard:40"
-        assert held["state_reason"].startswith("JobHeld")
+        assert held.state == "PENDING" and plain_gres(held.tres_per_node) == "shard:40"
+        assert held.reason.startswith("JobHeld")
     final = wait_released(est_cluster, job_id)
-    assert final["decision"] == "shared" and final["src"] == "async" and final["new"] == "gres:shard:4"
-    assert final["old"] == "gres:gpu:1" and final["held_s"] >= 0 and "train.py --epochs 1" in final["script"]
-    est = [j for j in estimation_jobs(est_cluster) if j["job_id"] == final["est_job"]][0]
-    assert est["name"] == f"{ESTIMATION_JOB_PREFIX}{job_id}" and est["partition"] == "cpu"
-    assert est["user_id"] == user.pw_uid != 0
+    assert final["decision"] == "shared" and final["src"] == "async" and plain_gres(final["new"]) == "shard:4"
+    assert plain_gres(final["old"]) == "gpu:1" and final["held_s"] >= 0 and "train.py --epochs 1" in final["script"]
+    est = [j for j in estimation_jobs(est_cluster) if int(j.job_id) == final["est_job"]][0]
+    assert est.name == f"{ESTIMATION_JOB_PREFIX}{job_id}" and est.partition == "cpu"
+    assert est.user_id == user.pw_uid != 0
     assert f"ran-as-uid={user.pw_uid}" in (spool_of(est_cluster, est) / "stderr.txt").read_text()
     done = est_cluster.wait_job(job_id)
-    assert done["JobState"] == "COMPLETED" and done["TresPerNode"] == "gres:shard:4"
+    assert done.state == "COMPLETED" and plain_gres(done.tres_per_node) == "shard:4"
     assert "SLURM_SHARDS_ON_NODE=4" in (work / f"job-{job_id}.out").read_text()
 
 
@@ -121,32 +123,32 @@ def test_real_gpu_estimate_runs_as_user(est_cluster, work, user, helpers):
     job_id, _ = submit_as_user(est_cluster, work, "srun() { true; }\nsrun python tiny_train.py --batch-size 32\n")
     final = wait_released(est_cluster, job_id, timeout_s=150)
     assert final["decision"] == "shared" and final["src"] == "async", final
-    assert final["new"] in ("gres:shard:2", "gres:shard:3") and 0 < final["est_gib"] < 2
-    assert est_cluster.wait_job(job_id)["JobState"] == "COMPLETED"
+    assert plain_gres(final["new"]) in ("shard:2", "shard:3") and 0 < final["est_gib"] < 2
+    assert est_cluster.wait_job(job_id).state == "COMPLETED"
 
 
 def test_failed_estimation_releases_with_fallback(est_cluster, work, user):
     write(work, "train.py", "# FAKE_FAIL\n", user)
     job_id, _ = submit_as_user(est_cluster, work, STUBS + "torchrun --standalone --nproc_per_node=1 train.py\n")
     final = wait_released(est_cluster, job_id)
-    assert final["decision"] == "exclusive" and final["new"] == "gres:shard:40"
+    assert final["decision"] == "exclusive" and plain_gres(final["new"]) == "shard:40"
     assert "the training script failed" in final["why"]
     done = est_cluster.wait_job(job_id)
-    assert done["JobState"] == "COMPLETED" and done["TresPerNode"] == "gres:shard:40"
+    assert done.state == "COMPLETED" and plain_gres(done.tres_per_node) == "shard:40"
 
 
 def test_cancelled_estimation_releases_the_job(est_cluster, work, user):
     write(work, "train.py", "# FAKE_SLEEP\n", user)
     job_id, _ = submit_as_user(est_cluster, work, STUBS + "accelerate launch --num_processes 1 train.py --lr 3e-4\n")
     deadline = time.monotonic() + 60
-    while not any(j["name"] == f"{ESTIMATION_JOB_PREFIX}{job_id}" and j["job_state"] == "RUNNING"
+    while not any(j.name == f"{ESTIMATION_JOB_PREFIX}{job_id}" and j.state == "RUNNING"
                   for j in estimation_jobs(est_cluster)):
         assert time.monotonic() < deadline, "estimation job never ran"
         time.sleep(0.3)
     est_cluster.client.run("scancel", "--name", f"{ESTIMATION_JOB_PREFIX}{job_id}")
     final = wait_released(est_cluster, job_id, timeout_s=30)
     assert final["decision"] == "exclusive" and "cancelled" in final["why"]
-    assert est_cluster.wait_job(job_id)["JobState"] == "COMPLETED"
+    assert est_cluster.wait_job(job_id).state == "COMPLETED"
 
 
 def test_user_may_release_by_hand_and_the_record_says_so(est_cluster, work, user):
@@ -156,9 +158,9 @@ def test_user_may_release_by_hand_and_the_record_says_so(est_cluster, work, user
                    check=True)
     final = wait_released(est_cluster, job_id, timeout_s=30)
     assert final["decision"] == "exclusive" and "released by its user" in final["why"]
-    assert est_cluster.wait_job(job_id)["TresPerNode"] == "gres:shard:40"
+    assert plain_gres(est_cluster.wait_job(job_id).tres_per_node) == "shard:40"
     deadline = time.monotonic() + 20
-    while any(j["name"] == f"{ESTIMATION_JOB_PREFIX}{job_id}" and j["job_state"] in ("PENDING", "RUNNING")
+    while any(j.name == f"{ESTIMATION_JOB_PREFIX}{job_id}" and j.state in ("PENDING", "RUNNING")
               for j in estimation_jobs(est_cluster)):
         assert time.monotonic() < deadline, "orphaned estimation job not cancelled"
         time.sleep(0.3)
@@ -167,9 +169,9 @@ def test_user_may_release_by_hand_and_the_record_says_so(est_cluster, work, user
 def test_no_training_script_found_is_reported_not_held(est_cluster, work, user):
     job_id, stderr = submit_as_user(est_cluster, work, "./run_experiment.sh\n")
     assert "#GPUSHARE script=" in stderr
-    record = parse_record(job(est_cluster, job_id)["admin_comment"])
+    record = parse_record(job(est_cluster, job_id).admin_comment)
     assert record["decision"] == "exclusive" and "no 'python train.py'" in record["why"]
-    assert est_cluster.wait_job(job_id)["TresPerNode"] == "gres:gpu:1"
+    assert plain_gres(est_cluster.wait_job(job_id).tres_per_node) == "gpu:1"
 
 
 def test_fifty_jobs_at_once_all_released_within_caps(est_cluster, work, user):
@@ -183,23 +185,23 @@ def test_fifty_jobs_at_once_all_released_within_caps(est_cluster, work, user):
     pending = set(ids)
     while pending:
         assert time.monotonic() < deadline, f"still held: {sorted(pending)}"
-        jobs = {j["job_id"]: j for j in est_cluster.client.squeue_json()}
-        active = [j for j in jobs.values() if str(j.get("name", "")).startswith(ESTIMATION_JOB_PREFIX)
-                  and j["job_state"] in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING")]
+        jobs = {int(j.job_id): j for j in est_cluster.client.jobs()}
+        active = [j for j in jobs.values() if j.name.startswith(ESTIMATION_JOB_PREFIX)
+                  and (j.pending or j.active)]
         most = max(most, len(active))
         pending = {i for i in pending
-                   if (parse_record(jobs[i].get("admin_comment")) or {}).get("decision") == "estimating"}
+                   if (parse_record(jobs[i].admin_comment) or {}).get("decision") == "estimating"}
         time.sleep(0.5)
     assert most <= 3  # [estimation] max_per_user = 3 (max_total = 4)
-    records = [parse_record(est_cluster.client.job_json(i)["admin_comment"]) for i in ids]
+    records = [parse_record(est_cluster.client.require_job(i).admin_comment) for i in ids]
     assert all(r["decision"] == "shared" and r["src"] == "async" for r in records)
     assert len({r["est_job"] for r in records}) == 10  # one estimation per distinct script
     for i, record in zip(range(50), records):
-        assert record["new"] == f"gres:shard:{3 + (i % 10) % 3}"
+        assert plain_gres(record["new"]) == f"shard:{3 + (i % 10) % 3}"
     listing = subprocess.run([os.path.join(os.path.dirname(sys.executable), "gpushare"), "estimates", "--json",
                               "--user", TEST_USER], env=est_cluster.env, capture_output=True, text=True, check=True)
     rows = {row["job"]: row for row in json.loads(listing.stdout)}
-    assert all(rows[i]["phase"] == "released" and rows[i]["result"].startswith("gres:shard:") for i in ids)
+    assert all(rows[i]["phase"] == "released" and plain_gres(rows[i]["result"]).startswith("shard:") for i in ids)
 
 
 def test_annotate_estimates_then_submits_with_the_estimate_attached(est_cluster, tmp_path):
@@ -221,9 +223,9 @@ def test_annotate_estimates_then_submits_with_the_estimate_attached(est_cluster,
         job_id = int(proc.stdout.split()[-1])
         assert "shard:2" in proc.stderr  # the hook's one-line message, through sbatch
         done = est_cluster.wait_job(job_id)
-        record = parse_record(done["AdminComment"])
-        assert record["src"] == "directive:estimate" and done["TresPerNode"] == "gres:shard:2"
-        assert done["JobName"] == "annotated" and done["JobState"] == "COMPLETED"
+        record = parse_record(done.admin_comment)
+        assert record["src"] == "directive:estimate" and plain_gres(done.tres_per_node) == "shard:2"
+        assert done.name == "annotated" and done.state == "COMPLETED"
     assert "(cached)" in proc.stderr and runs[1] < runs[0]
     assert (tmp_path / ".gpushare" / "train.sbatch.estimate.json").is_file()
 
@@ -246,7 +248,7 @@ def test_watchdog_releases_a_job_held_too_long(est_cluster, work, user, helpers)
         assert final["decision"] == "exclusive" and final["why"].startswith("estimation: watchdog: held")
         assert final["held_s"] >= 35
         deadline = time.monotonic() + 20
-        while any(j["name"] == f"{ESTIMATION_JOB_PREFIX}{job_id}" and j["job_state"] == "RUNNING"
+        while any(j.name == f"{ESTIMATION_JOB_PREFIX}{job_id}" and j.state == "RUNNING"
                   for j in estimation_jobs(est_cluster)):
             assert time.monotonic() < deadline, "estimation job not cancelled"
             time.sleep(0.3)

@@ -11,17 +11,18 @@ from gpushare.config import parse_config
 from gpushare.slurm_plugins.estimation_plan import HeldJob
 from gpushare.slurm_plugins.estimationd import EstimationService
 from gpushare.slurm_plugins.script_discovery import TrainingCommand
+from gpushare.slurm.jobs import Job, job_from_json
 
 
 class FakeClient:
     """Records sbatch/scontrol calls; answers squeue with the jobs given."""
 
     def __init__(self, jobs: list[dict] | None = None) -> None:
-        self.jobs = jobs or []
+        self.listing = jobs or []
         self.calls: list[tuple] = []
 
-    def squeue_json(self) -> list[dict]:
-        return self.jobs
+    def jobs(self) -> list[Job]:
+        return [job_from_json(j) for j in self.listing]
 
     def run(self, tool: str, *args: str, check: bool = True) -> str:
         self.calls.append((tool, *args))
@@ -78,18 +79,18 @@ def test_results_are_read_only_from_the_spool_and_only_when_owned(tmp_path):
     directory.mkdir(parents=True)
     (directory / "result.json").write_text(json.dumps({"targets": [{"gpu": "a100-40gb",
                                                                     "peak_total_bytes": 3 << 30}]}))
-    est = svc._estimation({"job_id": 77, "user_id": os.getuid(), "job_state": "COMPLETED",
-                           "standard_output": str(directory / "slurm.out")}, 5)
+    est = svc._estimation(job_from_json({"job_id": 77, "user_id": os.getuid(), "job_state": "COMPLETED",
+                           "standard_output": str(directory / "slurm.out")}), 5)
     assert est.ours and est.outcome.total_bytes == 3 << 30
-    other = svc._estimation({"job_id": 78, "user_id": os.getuid() + 1, "job_state": "COMPLETED",
-                             "standard_output": str(directory / "slurm.out")}, 5)
+    other = svc._estimation(job_from_json({"job_id": 78, "user_id": os.getuid() + 1, "job_state": "COMPLETED",
+                             "standard_output": str(directory / "slurm.out")}), 5)
     assert "no usable result" in other.outcome and "owned" in other.outcome
-    outside = svc._estimation({"job_id": 79, "user_id": os.getuid(), "job_state": "COMPLETED",
-                               "standard_output": str(tmp_path / "elsewhere" / "x" / "slurm.out")}, 5)
+    outside = svc._estimation(job_from_json({"job_id": 79, "user_id": os.getuid(), "job_state": "COMPLETED",
+                               "standard_output": str(tmp_path / "elsewhere" / "x" / "slurm.out")}), 5)
     assert not outside.ours and outside.outcome is None
     (directory / "exit").write_text("3\n")
-    failed = svc._estimation({"job_id": 77, "user_id": os.getuid(), "job_state": "FAILED",
-                              "standard_output": str(directory / "slurm.out")}, 5)
+    failed = svc._estimation(job_from_json({"job_id": 77, "user_id": os.getuid(), "job_state": "FAILED",
+                              "standard_output": str(directory / "slurm.out")}), 5)
     assert failed.outcome == "estimation job 77: the training script failed under gpu-estimate"
 
 

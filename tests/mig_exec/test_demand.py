@@ -7,14 +7,23 @@ from collections import Counter
 from gpushare.gpus import BUILTIN_GPUS
 from gpushare.mig_manager.demand import Want, mark_busy, mig_request, pending_wants, target_for
 from gpushare.mig_manager.layout import Instance, format_layout
+from gpushare.slurm.jobs import Job, job_from_json
 
 A100 = BUILTIN_GPUS["a100-40gb"]
 PROFILES = [p.name for p in A100.mig_profiles]
 
 
-def job(jid: int, tres: str, state: str = "PENDING", priority: int = 100, partition: str = "gpu") -> dict:
-    return {"job_id": jid, "job_state": state, "tres_per_node": tres, "priority": priority,
-            "submit_time": 1000 + jid, "partition": partition}
+def job(jid: int, tres: str, state: str = "PENDING", priority: int = 100, partition: str = "gpu",
+        reason: str = "Resources", newer: bool = False) -> Job:
+    """A job as squeue --json prints it: 22.05's shape, or (``newer``) 24.11/26.05's."""
+    if newer:
+        def num(n: int) -> dict:
+            return {"set": True, "infinite": False, "number": n}
+        return job_from_json({"job_id": jid, "job_state": [state], "tres_per_node": tres.replace("gres:", "gres/"),
+                              "priority": num(priority), "submit_time": num(1000 + jid), "partition": partition,
+                              "state_reason": reason})
+    return job_from_json({"job_id": jid, "job_state": state, "tres_per_node": tres, "priority": priority,
+                          "submit_time": 1000 + jid, "partition": partition, "state_reason": reason})
 
 
 def test_mig_request_accepts_only_known_profiles_in_strict_syntax() -> None:
@@ -33,6 +42,21 @@ def test_pending_wants_in_priority_then_age_order_and_filtered() -> None:
     wants = pending_wants(jobs, PROFILES, partitions=["gpu"])
     assert wants == [Want("3g.20gb", "2"), Want("1g.5gb", "1"), Want("1g.5gb", "5"), Want("1g.5gb", "5")]
     assert len(pending_wants(jobs, PROFILES)) == 5  # no partition filter: job 4 too
+
+
+def test_pending_wants_read_the_same_from_every_releases_json() -> None:
+    old = [job(1, "gres:gpu:1g.5gb:1"), job(2, "gres:gpu:3g.20gb:1", priority=500)]
+    new = [job(1, "gres:gpu:1g.5gb:1", newer=True), job(2, "gres:gpu:3g.20gb:1", priority=500, newer=True)]
+    assert pending_wants(old, PROFILES) == pending_wants(new, PROFILES) == [Want("3g.20gb", "2"), Want("1g.5gb", "1")]
+
+
+def test_held_or_blocked_jobs_are_no_demand() -> None:
+    """A user must not force reshapes with jobs that cannot run: held, or waiting on a dependency/begin time."""
+    jobs = [job(1, "gres:gpu:1g.5gb:7", reason="JobHeldUser", priority=0),
+            job(2, "gres:gpu:7g.40gb:1", reason="JobHeldAdmin", priority=0),
+            job(3, "gres:gpu:3g.20gb:1", reason="Dependency"), job(4, "gres:gpu:3g.20gb:1", reason="BeginTime"),
+            job(5, "gres:gpu:2g.10gb:1", reason="Priority"), job(6, "gres:gpu:2g.10gb:1", reason="None")]
+    assert pending_wants(jobs, PROFILES) == [Want("2g.10gb", "5"), Want("2g.10gb", "6")]
 
 
 def test_target_from_a_full_gpu_for_the_issue_mix() -> None:

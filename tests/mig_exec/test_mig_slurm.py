@@ -78,7 +78,7 @@ def test_pending_mig_jobs_reshape_the_node_and_run_on_their_profiles(tmp_path: P
         # a job on the 7g.40gb: while it runs, demand plans nothing (never touch a busy instance)
         blocker, _ = client.sbatch("--gres=gpu:7g.40gb:1", "-o", str(base / "blocker.out"), "--wrap", "sleep 3")
         deadline = time.monotonic() + 20
-        while client.show_job(blocker)["JobState"] != "RUNNING" and time.monotonic() < deadline:
+        while client.require_job(blocker).state != "RUNNING" and time.monotonic() < deadline:
             time.sleep(0.2)
         jobs = {}
         for n, profile in enumerate(WANTED):
@@ -86,7 +86,7 @@ def test_pending_mig_jobs_reshape_the_node_and_run_on_their_profiles(tmp_path: P
                                       "echo CVD=$CUDA_VISIBLE_DEVICES")
             jobs[job_id] = (profile, base / f"job{n}.out")
         time.sleep(1.5)
-        states = {str(j["job_id"]): j["job_state"] for j in client.squeue_json()}
+        states = {j.job_id: j.state for j in client.jobs()}
         assert states.pop(str(blocker)) == "RUNNING" and set(states.values()) == {"PENDING"}
 
         cfg = parse_config({"agent": {"device_backend": f"sim:{state}"}, "mig": {
@@ -96,7 +96,7 @@ def test_pending_mig_jobs_reshape_the_node_and_run_on_their_profiles(tmp_path: P
         busy, _ = reshape_for_demand(cfg, build_executor(cfg, "n1", restart=cluster.restart_slurm), client)
         assert busy.outcome == "nothing" and "busy 7g.40gb@0" in busy.detail, busy
         assert "DRAIN" not in client.node_states()["n1"].upper()
-        assert cluster.wait_job(blocker, timeout_s=30)["JobState"] == "COMPLETED"
+        assert cluster.wait_job(blocker, timeout_s=30).state == "COMPLETED"
 
         def crash(label: str) -> None:  # killed once the GPU changed but before Slurm knew
             if label == "applied":
@@ -125,7 +125,7 @@ def test_pending_mig_jobs_reshape_the_node_and_run_on_their_profiles(tmp_path: P
         seen = set()
         for job_id, (profile, out) in jobs.items():
             record = cluster.wait_job(job_id, timeout_s=60)
-            assert record["JobState"] == "COMPLETED", record
+            assert record.state == "COMPLETED", record
             index = int(re.search(r"CVD=(\d+)", out.read_text()).group(1))
             line = lines[index]
             assert f"Type={profile} " in line, (profile, line)

@@ -12,6 +12,7 @@ import pytest
 from gpushare.mig_manager.gres_files import (GresFileError, ensure_cap_devices, replace_gres_conf_lines,
                                     replace_node_gres, rewrite_node_gres)
 from gpushare.mig_manager.slurm_actions import SlurmNodeActions, gpu_counts
+from gpushare.slurm.jobs import Job, job_from_json
 
 SLURM_CONF = """ClusterName=x
 GresTypes=gpu
@@ -69,7 +70,7 @@ def test_cap_devices_are_character_devices_and_impostors_are_refused(tmp_path: P
 
 class FakeClient:
     def __init__(self, node_line: str, jobs: list[dict]) -> None:
-        self.node_line, self.jobs, self.calls = node_line, jobs, []
+        self.node_line, self.listing, self.calls = node_line, jobs, []
 
     def run(self, tool: str, *args: str, **_: object) -> str:
         self.calls.append((tool, *args))
@@ -79,8 +80,8 @@ class FakeClient:
             return "n1\nn2\n"
         return ""
 
-    def squeue_json(self) -> list[dict]:
-        return self.jobs
+    def jobs(self) -> list[Job]:
+        return [job_from_json(j) for j in self.listing]
 
 
 def test_status_and_running_jobs_from_structured_fields() -> None:

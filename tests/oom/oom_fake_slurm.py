@@ -13,6 +13,7 @@ import os
 from typing import Any
 
 from gpushare.slurm.client import SlurmError
+from gpushare.slurm.jobs import Job, job_from_json
 
 SHOW_JOB = {  # `scontrol show job -o --details` of a shard job inside EpilogSlurmctld, captured here
     "JobId": "1", "JobName": "sbatch", "UserId": "root(0)", "GroupId": "root(0)", "Priority": "4294901759",
@@ -26,7 +27,7 @@ SHOW_JOB = {  # `scontrol show job -o --details` of a shard job inside EpilogSlu
 class FakeSlurm:
     def __init__(self, fields: dict[str, str] | None = None, calls_file: str | None = None,
                  fail: dict[str, int] | None = None) -> None:
-        self.job = dict(SHOW_JOB, **(fields or {}))
+        self.fields = dict(SHOW_JOB, **(fields or {}))
         self.calls: list[tuple[Any, ...]] = []
         self.calls_file = calls_file
         self.fail = dict(fail or {})  # method name -> how many times it raises before working
@@ -46,35 +47,62 @@ class FakeSlurm:
             self.fail[call[0]] -= 1
             raise SlurmError(f"scontrol {call[0]}: simulated failure")
 
-    def show_job(self, job_id: str) -> dict[str, str]:
-        return dict(self.job)
+    def show_job_text(self, job_id: str) -> dict[str, str]:
+        return dict(self.fields)
+
+    def job_json(self) -> dict[str, Any]:
+        """The job as 22.05's ``squeue --json`` prints it (data_parser v0.0.38)."""
+        f = self.fields
+        status, signal = (int(x) for x in f.get("ExitCode", "0:0").split(":"))
+
+        def owner(text: str) -> int:
+            return int(text.rpartition("(")[2].rstrip(")"))
+        return {"job_id": int(f["JobId"]), "name": f["JobName"], "user_id": owner(f["UserId"]),
+                "group_id": owner(f["GroupId"]), "priority": int(f["Priority"]), "nice": int(f["Nice"]),
+                "job_state": f["JobState"], "state_reason": f["Reason"], "requeue": f["Requeue"] == "1",
+                "restart_cnt": int(f["Restarts"]), "exit_code": status << 8 | signal, "nodes": f["NodeList"],
+                "batch_host": f["BatchHost"], "current_working_directory": f["WorkDir"],
+                "standard_error": f["StdErr"], "standard_output": f["StdOut"], "standard_input": f["StdIn"],
+                "tres_per_node": f["TresPerNode"], "admin_comment": f.get("AdminComment", ""),
+                "array_job_id": 0, "array_task_id": None}
+
+    def job(self, job_id: str) -> Job | None:
+        if self.fail.get("job", 0) > 0:
+            self.fail["job"] -= 1
+            raise SlurmError("squeue: simulated failure")
+        return job_from_json(self.job_json())
+
+    def require_job(self, job_id: str) -> Job:
+        found = self.job(job_id)
+        assert found is not None
+        return found
 
     def requeue_hold(self, job_id: str) -> None:
         self._record("requeuehold", job_id)
-        if self.job["JobState"] not in ("COMPLETING", "FAILED", "COMPLETED"):
+        if self.fields["JobState"] not in ("COMPLETING", "FAILED", "COMPLETED"):
             raise SlurmError("Job is pending execution")
-        self.job["Restarts"] = str(int(self.job["Restarts"]) + 1)
-        self.job["Reason"] = "job_requeued_in_held_state"
-        self.job["Priority"] = "0"
+        self.fields["Restarts"] = str(int(self.fields["Restarts"]) + 1)
+        self.fields["Reason"] = "job_requeued_in_held_state"
+        self.fields["Priority"] = "0"
 
     def update_job(self, job_id: str, **fields: Any) -> None:
         self._record("update", job_id, *sorted(f"{k}={v}" for k, v in fields.items()))
         if "gres" in fields:
-            old, new = self.job["TresPerNode"], str(fields["gres"])
+            old, new = self.fields["TresPerNode"], str(fields["gres"])
             if old.split(":")[1] != new.removeprefix("gres:").split(":")[0]:
                 raise SlurmError("Invalid generic resource (gres) specification")
-            self.job["TresPerNode"] = new if new.startswith("gres:") else f"gres:{new}"
+            self.fields["TresPerNode"] = new if new.startswith("gres:") else f"gres:{new}"
         if "nice" in fields:
-            self.job["Nice"] = str(fields["nice"])
+            self.fields["Nice"] = str(fields["nice"])
         if "admincomment" in fields:
-            self.job["AdminComment"] = str(fields["admincomment"])
+            self.fields["AdminComment"] = str(fields["admincomment"])
         if "starttime" in fields:
-            self.job["Reason"] = "None"
+            self.fields["Reason"] = "None"
 
     def release(self, job_id: str) -> None:
         self._record("release", job_id)
-        self.job["Nice"] = "0"
-        self.job["Priority"] = "4294901758"
+        self.fields["Nice"] = "0"
+        self.fields["Priority"] = "4294901758"
 
     def run(self, tool: str, *args: str, **_: Any) -> str:
         self._record(tool, *args)
@@ -84,5 +112,5 @@ class FakeSlurm:
 
     def complete(self) -> None:
         """What slurmctld does when the epilog ends: the requeued job becomes PENDING."""
-        if self.job["Reason"] == "job_requeued_in_held_state" or int(self.job["Restarts"]) > 0:
-            self.job["JobState"] = "PENDING"
+        if self.fields["Reason"] == "job_requeued_in_held_state" or int(self.fields["Restarts"]) > 0:
+            self.fields["JobState"] = "PENDING"

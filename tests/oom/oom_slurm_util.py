@@ -8,6 +8,7 @@ from pathlib import Path
 
 from gpushare.epilog.ledger import Ledger
 from devcluster.local_cluster import LocalCluster
+from gpushare.slurm.jobs import Job
 
 JOB = """#!/bin/bash
 {python} - <<'EOF'
@@ -40,19 +41,19 @@ def ledger_of(cluster: LocalCluster) -> Ledger:
     return Ledger(cluster.config().oom.ledger_dir)
 
 
-def wait_final(cluster: LocalCluster, job_id: int, restarts: int, timeout_s: float = 90) -> dict[str, str]:
+def wait_final(cluster: LocalCluster, job_id: int, restarts: int, timeout_s: float = 90) -> Job:
     """Until the job has run ``restarts`` times more and is in a final state again."""
     deadline = time.monotonic() + timeout_s
-    fields: dict[str, str] = {}
+    job: Job | None = None
     while time.monotonic() < deadline:
-        fields = cluster.client.show_job(job_id)
-        if fields.get("JobState") in ("COMPLETED", "FAILED") and int(fields.get("Restarts", 0)) >= restarts:
+        job = cluster.client.require_job(job_id)
+        if job.state in ("COMPLETED", "FAILED") and not job.completing and job.restarts >= restarts:
             time.sleep(0.5)  # let a pending EpilogSlurmctld decide (it would requeue from FAILED)
-            again = cluster.client.show_job(job_id)
-            if again.get("JobState") == fields.get("JobState") and again.get("Restarts") == fields.get("Restarts"):
+            again = cluster.client.require_job(job_id)
+            if (again.states, again.restarts) == (job.states, job.restarts):
                 return again
         time.sleep(0.25)
-    raise AssertionError(f"job {job_id}: {fields.get('JobState')} restarts {fields.get('Restarts')}; "
+    raise AssertionError(f"job {job_id}: {job.states if job else None} restarts {job.restarts if job else None}; "
                          f"log: {oom_log(cluster)}")
 
 

@@ -45,15 +45,15 @@ def test_oom_job_is_requeued_on_all_shards_then_boosted(setup) -> None:  # type:
     learned = list((Path(cfg.submit.cache_dir) / "by-script").glob("*.json"))
     assert len(learned) == 1  # the batch script's cached estimate was raised: 4 GiB failed -> 6 GiB
     assert json.loads(learned[0].read_text())["peak_total_bytes"] == 6 << 30
-    assert fake.job["TresPerNode"] == "gres:shard:40"
-    assert '"to":"gres:shard:40"' in fake.job["AdminComment"]
+    assert fake.fields["TresPerNode"] == "gres:shard:40"
+    assert '"to":"gres:shard:40"' in fake.fields["AdminComment"]
     assert "requeued with shard:4 -> shard:40" in err.read_text()  # the user is told, in their own log
     # the node Epilog rewrites the comment from a copy it read before our update (a real race, measured)
-    fake.job["AdminComment"] = 'gpushare:{"run":{"ttfk_s":1.5},"v":1}'
+    fake.fields["AdminComment"] = 'gpushare:{"run":{"ttfk_s":1.5},"v":1}'
     fake.complete()  # slurmctld finishes completion; the detached finisher then runs
     assert hook.run_finisher("1.0", cfg, client=fake, wait_s=1).startswith("requeue:")
     assert ("update", "1", "nice=-10000", "starttime=now") in fake.calls
-    record = json.loads(fake.job["AdminComment"].removeprefix("gpushare:"))
+    record = json.loads(fake.fields["AdminComment"].removeprefix("gpushare:"))
     assert record["run"] == {"ttfk_s": 1.5} and record["oom"]["to"] == "gres:shard:40"  # both kept
     ledger = Ledger(cfg.oom.ledger_dir)
     assert ledger.get("1", 0)["state"] == "done"
@@ -64,11 +64,11 @@ def test_second_epilog_run_never_requeues_again(setup) -> None:  # type: ignore[
     cfg, fake, _ = setup
     run(cfg, fake)
     requeues = [c for c in fake.calls if c[0] == "requeuehold"]
-    fake.job["Restarts"] = "0"  # even if Slurm showed the same run again, mid-recovery...
+    fake.fields["Restarts"] = "0"  # even if Slurm showed the same run again, mid-recovery...
     assert "still completing" in run(cfg, fake)  # ...it only carries on with the same recovery
     fake.complete()
     assert hook.run_finisher("1.0", cfg, client=fake, wait_s=0).startswith("requeue:")
-    fake.job.update(Restarts="0", JobState="COMPLETING")
+    fake.fields.update(Restarts="0", JobState="COMPLETING")
     assert run(cfg, fake) == "already handled: done"
     assert [c for c in fake.calls if c[0] == "requeuehold"] == requeues
 
@@ -76,7 +76,7 @@ def test_second_epilog_run_never_requeues_again(setup) -> None:  # type: ignore[
 def test_oom_again_after_recovery_stays_failed(setup) -> None:  # type: ignore[no-untyped-def]
     cfg, fake, err = setup
     run(cfg, fake)
-    fake.job.update(JobState="COMPLETING", Restarts="1", ExitCode="1:0")  # the re-run OOMs too
+    fake.fields.update(JobState="COMPLETING", Restarts="1", ExitCode="1:0")  # the re-run OOMs too
     outcome = run(cfg, fake)
     assert outcome.startswith("stay_failed: GPU out of memory again after 1 recovery retry")
     assert len([c for c in fake.calls if c[0] == "requeuehold"]) == 1
@@ -88,7 +88,7 @@ def test_non_oom_failure_and_success_are_left_alone(setup) -> None:  # type: ign
     cfg, fake, err = setup
     err.write_text("ValueError: bad input\n")
     assert run(cfg, fake).startswith("none: failed (exit 1) without")
-    fake.job["ExitCode"] = "0:0"
+    fake.fields["ExitCode"] = "0:0"
     assert run(cfg, fake) == "none: exited 0"
     assert fake.calls == [] and not list(Path(cfg.oom.ledger_dir).glob("*.json"))
 
@@ -114,10 +114,10 @@ def test_entries_of_purged_jobs_are_closed(setup) -> None:  # type: ignore[no-un
     ledger = Ledger(cfg.oom.ledger_dir)
     ledger.put({"job": "1", "restarts": 0, "action": "requeue", "state": "requeued", "reason": "r",
                 "new_gres": "gres:shard:40", "steps": ["requeuehold"]})
-    def purged(job_id: str) -> dict:
+    def purged(job_id: str) -> None:
         raise SlurmError("slurm_load_jobs error: Invalid job id specified")
 
-    fake.show_job = purged
+    fake.job = purged
     resume_unfinished(fake, ledger, min_age_s=0)
     assert ledger.get("1", 0)["state"] == "gone"
 

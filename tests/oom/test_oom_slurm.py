@@ -18,6 +18,7 @@ from typing import Callable
 import pytest
 
 from gpushare.atomic import write_json_atomic
+from gpushare.slurm.gres_request import plain_gres
 from oom_slurm_util import JOB, ledger_of, oom_log, oom_settings, wait_final
 from gpushare.slurm_plugins.estimate_source import cache_lookup
 from devcluster.local_cluster import LocalCluster, missing_requirements
@@ -44,11 +45,12 @@ def submit(cluster: LocalCluster, need: int, fail_other: bool = False, gres: str
 def test_oom_on_a_shard_is_requeued_once_on_the_whole_gpu_and_completes(cluster: LocalCluster) -> None:
     job_id = submit(cluster, need=20)
     fields = wait_final(cluster, job_id, restarts=1)
-    assert fields["JobState"] == "COMPLETED" and fields["Restarts"] == "1", oom_log(cluster)
-    assert fields["TresPerNode"] == "gres:shard:40"  # all 40 shards of the 40 GiB GPU
-    assert fields["Nice"] == "-10000"
-    record = json.loads(fields["AdminComment"].removeprefix("gpushare:"))
-    assert record["oom"] == {"n": 1, "max": 1, "fam": "pytorch", "from": "gres:shard:4", "to": "gres:shard:40"}
+    assert fields.state == "COMPLETED" and fields.restarts == 1, oom_log(cluster)
+    assert plain_gres(fields.tres_per_node) == "shard:40"  # all 40 shards of the 40 GiB GPU
+    assert fields.nice == -10000
+    record = json.loads(fields.admin_comment.removeprefix("gpushare:"))
+    oom = {**record["oom"], "from": plain_gres(record["oom"]["from"]), "to": plain_gres(record["oom"]["to"])}
+    assert oom == {"n": 1, "max": 1, "fam": "pytorch", "from": "shard:4", "to": "shard:40"}
     out = (cluster.base / f"job-{job_id}.out").read_text()
     assert "restart=1 shards=40" in out and "training finished" in out
     entry = ledger_of(cluster).get(str(job_id), 0)
@@ -73,7 +75,7 @@ def test_epilog_run_twice_at_once_requeues_once(cluster: LocalCluster) -> None:
         fields = wait_final(cluster, job_id, restarts=1)
     finally:
         wrapper.write_text(original)
-    assert (fields["JobState"], fields["Restarts"], fields["TresPerNode"]) == ("COMPLETED", "1", "gres:shard:40")
+    assert (fields.state, fields.restarts, plain_gres(fields.tres_per_node)) == ("COMPLETED", 1, "shard:40")
     events = [h["event"] for h in ledger_of(cluster).history() if h["job"] == str(job_id)]
     assert events == ["requeue", "requeued"]
 
@@ -81,14 +83,14 @@ def test_epilog_run_twice_at_once_requeues_once(cluster: LocalCluster) -> None:
 def test_non_oom_failure_is_not_requeued(cluster: LocalCluster) -> None:
     job_id = submit(cluster, need=1, fail_other=True)
     fields = wait_final(cluster, job_id, restarts=0)
-    assert (fields["JobState"], fields["Restarts"], fields["TresPerNode"]) == ("FAILED", "0", "gres:shard:4")
+    assert (fields.state, fields.restarts, plain_gres(fields.tres_per_node)) == ("FAILED", 0, "shard:4")
     assert ledger_of(cluster).get(str(job_id), 0) is None
 
 
 def test_no_requeue_job_stays_failed_with_the_reason(cluster: LocalCluster) -> None:
     job_id = submit(cluster, 20, False, "shard:4", "--no-requeue")
     fields = wait_final(cluster, job_id, restarts=0)
-    assert (fields["JobState"], fields["Restarts"]) == ("FAILED", "0")
+    assert (fields.state, fields.restarts) == ("FAILED", 0)
     entry = ledger_of(cluster).get(str(job_id), 0)
     assert entry["state"] == "stay_failed" and "--no-requeue" in entry["reason"]
 
@@ -96,7 +98,7 @@ def test_no_requeue_job_stays_failed_with_the_reason(cluster: LocalCluster) -> N
 def test_oom_again_after_recovery_stays_failed_with_the_reason(cluster: LocalCluster) -> None:
     job_id = submit(cluster, need=100)  # more than any GPU here
     fields = wait_final(cluster, job_id, restarts=1)
-    assert (fields["JobState"], fields["Restarts"], fields["TresPerNode"]) == ("FAILED", "1", "gres:shard:40")
+    assert (fields.state, fields.restarts, plain_gres(fields.tres_per_node)) == ("FAILED", 1, "shard:40")
     entry = ledger_of(cluster).get(str(job_id), 1)
     assert entry["state"] == "stay_failed"
     assert entry["reason"].startswith("GPU out of memory again after 1 recovery retry")
@@ -112,19 +114,19 @@ def test_recovery_interrupted_by_a_controller_restart_is_finished(cluster: Local
     ledger = ledger_of(cluster)
     write_json_atomic(ledger.dir / f"{job_id}.0.json", {
         "v": 1, "job": str(job_id), "restarts": 0, "action": "requeue", "state": "decided",
-        "reason": "GPU out of memory (pytorch); requeue with shard:4 -> shard:40", "new_gres": "gres:shard:40",
+        "reason": "GPU out of memory (pytorch); requeue with shard:4 -> shard:40", "new_gres": "shard:40",
         "nice": -10000, "oom": None, "steps": ["requeuehold"], "created": 0, "updated": 0})
     (ledger.dir / f"{job_id}.0.open").touch()  # as Ledger.put marks an unfinished entry
     cluster.stop_process("slurmctld")
     cluster._spawn("slurmctld", ["slurmctld", "-D", "-i", "-f", str(cluster.conf)])  # -i: keep state
     cluster._wait(cluster._controller_up, 60, "slurmctld did not come back")
-    held = cluster.client.show_job(job_id)
-    assert held["JobState"] == "PENDING" and held["Priority"] == "0"  # held across the restart
+    held = cluster.client.require_job(job_id)
+    assert held.state == "PENDING" and held.priority == 0  # held across the restart
     trigger = submit(cluster, need=1)  # any job's end runs the hook, which resumes the recovery
     wait_final(cluster, trigger, restarts=0)
     deadline = time.monotonic() + 60
     while ledger.get(str(job_id), 0)["state"] != "done" and time.monotonic() < deadline:
         time.sleep(0.25)
     assert ledger.get(str(job_id), 0)["state"] == "done", oom_log(cluster)
-    fields = cluster.client.show_job(job_id)
-    assert fields["TresPerNode"] == "gres:shard:40" and fields["Priority"] != "0"
+    fields = cluster.client.require_job(job_id)
+    assert plain_gres(fields.tres_per_node) == "shard:40" and fields.priority != 0

@@ -15,6 +15,7 @@ from typing import Callable
 import pytest
 
 from oom_slurm_util import JOB, oom_log, oom_settings, wait_final
+from gpushare.slurm.gres_request import plain_gres
 from devcluster.local_cluster import LocalCluster, missing_requirements
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow,
@@ -49,8 +50,8 @@ def test_mig_job_moves_to_the_next_larger_slice(tmp_path_factory: pytest.TempPat
         job_id, _ = mig.client.sbatch("--gres=gpu:1g.10gb:1", "-o", str(base / "mig-%j.out"),
                                       "-e", str(base / "mig-%j.err"), script=script)
         fields = wait_final(mig, job_id, restarts=1)
-        assert (fields["JobState"], fields["Restarts"], fields["TresPerNode"]) == \
-            ("COMPLETED", "1", "gres:gpu:2g.20gb:1"), oom_log(mig)
+        assert (fields.state, fields.restarts, plain_gres(fields.tres_per_node)) == \
+            ("COMPLETED", 1, "gpu:2g.20gb:1"), oom_log(mig)
         assert "restart=1" in (base / f"mig-{job_id}.out").read_text()
     finally:
         mig.stop()
@@ -69,8 +70,8 @@ def test_end_to_end_from_submission_sized_share_to_exclusive_rerun(
                                       "-e", str(base / "e2e-%j.err"), script=script)
     assert "shard:3" in said
     fields = wait_final(full, job_id, restarts=1)
-    assert (fields["JobState"], fields["Restarts"], fields["TresPerNode"]) == \
-        ("COMPLETED", "1", "gres:shard:40"), oom_log(full)
-    record = json.loads(fields["AdminComment"].removeprefix("gpushare:"))
-    assert record["decision"] == "shared" and record["oom"]["from"] == "gres:shard:3"
+    assert (fields.state, fields.restarts, plain_gres(fields.tres_per_node)) == \
+        ("COMPLETED", 1, "shard:40"), oom_log(full)
+    record = json.loads(fields.admin_comment.removeprefix("gpushare:"))
+    assert record["decision"] == "shared" and plain_gres(record["oom"]["from"]) == "shard:3"
     assert "restart=1 shards=40" in (base / f"e2e-{job_id}.out").read_text()

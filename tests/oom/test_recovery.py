@@ -7,9 +7,10 @@ import json
 import pytest
 
 from gpushare.epilog.oom_detect import OomVerdict
-from gpushare.epilog.recovery import (JobFacts, decide, expand_hostlist, merge_oom_comment, next_mig_profile,
-                             whole_gpu_shards)
-from oom_fake_slurm import SHOW_JOB
+from gpushare.epilog.recovery import JobFacts, decide, merge_oom_comment, next_mig_profile, whole_gpu_shards
+from gpushare.slurm.hostlist import expand_hostlist
+from gpushare.slurm.jobs import job_from_json
+from oom_fake_slurm import FakeSlurm
 from gpushare.config import parse_config
 
 OOM = OomVerdict(True, "GPU out of memory (pytorch) in /tmp/err", "pytorch", "torch.OutOfMemoryError: ...", "/tmp/e")
@@ -25,37 +26,49 @@ def cfg(**oom: object):  # type: ignore[no-untyped-def]
 
 
 def job(**fields: str) -> JobFacts:
-    return JobFacts.from_slurm(dict(SHOW_JOB, **fields), {})
+    return JobFacts.from_job(FakeSlurm(fields).job("1"), {})
 
 
-def test_facts_from_scontrol_record() -> None:
+def test_facts_from_the_structured_record() -> None:
     facts = job(AdminComment='gpushare:{"decision":"shared","v":1}', StdErr="err.txt", WorkDir="/home/a")
     assert (facts.job_id, facts.state, facts.exit_code, facts.exit_signal) == ("1", "COMPLETING", 1, 0)
-    assert (facts.node, facts.restarts) == ("n1", 0)
-    assert (facts.uid, facts.gid) == (None, None)  # never taken from scontrol's text
+    assert (facts.node, facts.restarts, facts.uid, facts.gid) == ("n1", 0, 0, 0)
     assert facts.log_paths == ("/home/a/err.txt", "/tmp/out-1.txt")
     assert facts.record == {"decision": "shared", "v": 1}
 
 
-def test_identity_comes_from_the_environment_or_json_never_from_spoofable_text() -> None:
-    """Measured: ``sbatch -J 'a UserId=root(0) StdErr=/etc/shadow'`` appears verbatim in scontrol -o."""
-    spoofed = dict(SHOW_JOB, JobName="a", UserId="root(0)", GroupId="root(0)", ExitCode="0:0", Restarts="9")
+def test_newer_releases_json_gives_the_same_facts() -> None:
+    """24.11/26.05: job_state is a list with flags, exit_code and numbers are objects, GRES use 'gres/'."""
+    def num(n: int) -> dict:
+        return {"set": True, "infinite": False, "number": n}
+    new = job_from_json({
+        "job_id": 1, "user_id": 0, "group_id": 0, "job_state": ["FAILED", "COMPLETING"], "restart_cnt": 0,
+        "exit_code": {"status": ["EXITED"], "return_code": num(1), "signal": {"id": {"set": False, "infinite": False,
+                                                                                        "number": 0}, "name": ""}},
+        "priority": num(4294901759), "nodes": "n1", "batch_host": "n1", "tres_per_node": "gres/shard:4",
+        "current_working_directory": "/work", "standard_error": "/tmp/err-%j.txt", "standard_output": "",
+        "admin_comment": "", "requeue": True, "array_job_id": num(0), "array_task_id": {"set": False}})
+    facts = JobFacts.from_job(new, {})
+    assert (facts.state, facts.exit_code, facts.exit_signal, facts.restarts, facts.node) == ("FAILED", 1, 0, 0, "n1")
+    assert facts.log_paths == ("/tmp/err-1.txt", "/work/slurm-1.out")
+    action = decide(facts, OOM, cfg(), retries_used=0)
+    assert action.new_gres == "gres/shard:40"  # written back in the release's own form
+
+
+def test_identity_comes_from_the_environment_before_the_record() -> None:
     env = {"SLURM_JOB_ID": "1", "SLURM_JOB_UID": "1000", "SLURM_JOB_GID": "100", "SLURM_JOB_EXIT_CODE2": "1:0",
            "SLURM_JOB_RESTART_COUNT": "0", "SLURM_JOB_NODELIST": "n2"}
-    facts = JobFacts.from_slurm(spoofed, env)
+    structured = FakeSlurm({"ExitCode": "0:0", "Restarts": "9", "UserId": "x(1001)", "GroupId": "y(101)"}).job("1")
+    facts = JobFacts.from_job(structured, env)
     assert (facts.uid, facts.gid, facts.exit_code, facts.restarts, facts.node) == (1000, 100, 1, 0, "n2")
-    structured = {"user_id": 1001, "group_id": 101, "job_state": "FAILED", "tres_per_node": "gres:shard:6",
-                  "admin_comment": "", "exit_code": 256, "batch_host": "n1"}
-    facts = JobFacts.from_slurm(spoofed, {"SLURM_JOB_ID": "1"}, structured)
-    assert (facts.uid, facts.gid, facts.state, facts.tres_per_node, facts.exit_code) == \
-        (1001, 101, "FAILED", "gres:shard:6", 1)
-    assert facts.record is None
+    facts = JobFacts.from_job(structured, {"SLURM_JOB_ID": "1"})
+    assert (facts.uid, facts.gid, facts.restarts) == (1001, 101, 9)
 
 
 def test_facts_fall_back_to_the_hook_environment() -> None:
     env = {"SLURM_JOB_ID": "7", "SLURM_JOB_EXIT_CODE": str(3 << 8), "SLURM_JOB_UID": "1000",
            "SLURM_JOB_GID": "100", "SLURM_JOB_NODELIST": "gpu[03-04]", "SLURM_JOB_RESTART_COUNT": "2"}
-    facts = JobFacts.from_slurm({}, env)
+    facts = JobFacts.from_job(None, env)
     assert (facts.job_id, facts.exit_code, facts.uid, facts.gid, facts.node, facts.restarts) == \
         ("7", 3, 1000, 100, "gpu03", 2)
 

@@ -45,7 +45,7 @@ def test_scan_limited_to_max_bytes():
 @pytest.mark.parametrize("text, items", [
     ("gres:gpu:1", [GresItem("gpu", None, 1)]),
     ("gres:gpu:a100:2", [GresItem("gpu", "a100", 2)]),
-    ("gres/gpu:1", [GresItem("gpu", None, 1)]),
+    ("gres/gpu:1", [GresItem("gpu", None, 1, "gres/")]),
     ("gres:shard:14,gres:license:2", [GresItem("shard", None, 14), GresItem("license", None, 2)]),
     ("gres:gpu", [GresItem("gpu", None, 1)]),
     ("gres:gpu:3g.20gb:1", [GresItem("gpu", "3g.20gb", 1)]),

@@ -71,3 +71,14 @@ def test_bad_mig_node_groups_are_one_line_errors_before_any_output(tmp_path, cap
     assert gpushare_main(["slurm-config", "--config", str(path)]) == 1
     out, err = capsys.readouterr()
     assert needle in err and out == ""
+
+
+def test_lines_follow_the_slurm_release(tmp_path, capsys) -> None:
+    """24.11+ gets the least-loaded shard placement offer and the cgroup.conf line for cgroup-less nodes."""
+    assert gpushare_main(["slurm-config", "--config", str(EXAMPLE), "--slurm-version", "22.05"]) == 0
+    old = capsys.readouterr().out
+    assert "Slurm 22.05" in old and "LL_SHARED_GRES" not in old and "CgroupPlugin" not in old
+    assert gpushare_main(["slurm-config", "--config", str(EXAMPLE), "--slurm-version", "24.11"]) == 0
+    new = capsys.readouterr().out
+    assert "LL_SHARED_GRES" in new and "### cgroup.conf" in new and "CgroupPlugin=disabled" in new
+    assert gpushare_main(["slurm-config", "--config", str(EXAMPLE), "--slurm-version", "banana"]) == 1

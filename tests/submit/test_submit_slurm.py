@@ -14,6 +14,8 @@ import pytest
 
 from gpushare.gpus import GiB
 from gpushare.slurm_plugins.decision import parse_record
+from gpushare.slurm.gres_request import plain_gres
+from gpushare.slurm.jobs import number
 from devcluster.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.slurm
@@ -35,10 +37,10 @@ def test_annotated_job_runs_on_right_sized_shard(slurm_cluster, job_dir):
     job_id, stderr = submit(slurm_cluster, job_dir, "#GPUSHARE mem=12G\n" + ENV_PROBE, "--gres=gpu:1")
     assert "shard:14" in stderr  # the one-line message reached the user through sbatch
     record = slurm_cluster.wait_job(job_id)
-    assert record["JobState"] == "COMPLETED"
-    assert record["TresPerNode"] == "gres:shard:14"
-    ours = parse_record(record["AdminComment"])
-    assert ours["decision"] == "shared" and ours["est_gib"] == 12.0 and ours["old"] == "gres:gpu:1"
+    assert record.state == "COMPLETED"
+    assert plain_gres(record.tres_per_node) == "shard:14"
+    ours = parse_record(record.admin_comment)
+    assert ours["decision"] == "shared" and ours["est_gib"] == 12.0 and plain_gres(ours["old"]) == "gpu:1"
     env = output_env(job_dir, job_id)
     assert env["SLURM_SHARDS_ON_NODE"] == "14" and env["CUDA_VISIBLE_DEVICES"] in ("0", "1")
 
@@ -48,8 +50,8 @@ def test_estimate_file_directive(slurm_cluster, job_dir):
         {"targets": [{"gpu": "a100-40gb", "peak_total_bytes": int(5.5 * GiB)}]}))
     job_id, _ = submit(slurm_cluster, job_dir, "#GPUSHARE estimate=est.json\ntrue\n", "--gres=gpu:1")
     record = slurm_cluster.wait_job(job_id)
-    assert record["TresPerNode"] == "gres:shard:7"  # 5.5 + 1 GiB margin -> 7
-    assert parse_record(record["AdminComment"])["src"] == "directive:estimate"
+    assert plain_gres(record.tres_per_node) == "shard:7"  # 5.5 + 1 GiB margin -> 7
+    assert parse_record(record.admin_comment)["src"] == "directive:estimate"
 
 
 def test_two_shared_jobs_share_one_gpu_within_its_memory(slurm_cluster, job_dir):
@@ -58,15 +60,15 @@ def test_two_shared_jobs_share_one_gpu_within_its_memory(slurm_cluster, job_dir)
     ids = [submit(slurm_cluster, job_dir, "#GPUSHARE mem=15G\n" + ENV_PROBE + "sleep 2\n", "--gres=gpu:1")[0]
            for _ in range(3)]
     records = [slurm_cluster.wait_job(i, timeout_s=90) for i in ids]
-    assert all(r["JobState"] == "COMPLETED" and r["TresPerNode"] == "gres:shard:17" for r in records)
+    assert all(r.state == "COMPLETED" and plain_gres(r.tres_per_node) == "shard:17" for r in records)
 
 
 def test_job_without_estimate_keeps_whole_gpu(slurm_cluster, job_dir):
     job_id, stderr = submit(slurm_cluster, job_dir, ENV_PROBE, "--gres=gpu:1")
     assert "keeps a whole GPU" in stderr
     record = slurm_cluster.wait_job(job_id)
-    assert record["TresPerNode"] == "gres:gpu:1"
-    assert parse_record(record["AdminComment"])["decision"] == "exclusive"
+    assert plain_gres(record.tres_per_node) == "gpu:1"
+    assert parse_record(record.admin_comment)["decision"] == "exclusive"
     assert "SLURM_SHARDS_ON_NODE" not in output_env(job_dir, job_id)
 
 
@@ -74,7 +76,7 @@ def test_cpu_job_untouched(slurm_cluster, job_dir):
     job_id, stderr = submit(slurm_cluster, job_dir, "true\n")
     assert "gpushare" not in stderr
     record = slurm_cluster.wait_job(job_id)
-    assert record["JobState"] == "COMPLETED" and not record.get("AdminComment")
+    assert record.state == "COMPLETED" and not record.admin_comment
 
 
 @pytest.mark.parametrize("args, kind", [
@@ -85,16 +87,16 @@ def test_cpu_job_untouched(slurm_cluster, job_dir):
 def test_requests_kept_deliberately(slurm_cluster, job_dir, args, kind):
     job_id, _ = submit(slurm_cluster, job_dir, "#GPUSHARE mem=4G\ntrue\n", *args)
     record = slurm_cluster.wait_job(job_id)
-    assert record["JobState"] == "COMPLETED"
-    assert parse_record(record["AdminComment"])["decision"] == kind
+    assert record.state == "COMPLETED"
+    assert parse_record(record.admin_comment)["decision"] == kind
 
 
 def test_array_job_every_task_shared(slurm_cluster, job_dir):
     job_id, _ = submit(slurm_cluster, job_dir, "#GPUSHARE mem=3G\ntrue\n", "--gres=gpu:1", "--array=0-2")
     for task in range(3):
         record = slurm_cluster.wait_job(f"{job_id}_{task}")  # type: ignore[arg-type]
-        assert record["TresPerNode"] == "gres:shard:4"
-        assert parse_record(record["AdminComment"])["array"] is True
+        assert plain_gres(record.tres_per_node) == "shard:4"
+        assert parse_record(record.admin_comment)["array"] is True
 
 
 def test_heterogeneous_job_components_kept(slurm_cluster, job_dir):
@@ -104,19 +106,19 @@ def test_heterogeneous_job_components_kept(slurm_cluster, job_dir):
     job_id, _ = slurm_cluster.client.sbatch("--hold", "-D", str(job_dir), "-o", str(job_dir / "het-%j.out"),
                                             str(job_dir / "het.sh"))
     for component in (job_id, job_id + 1):  # each component passes job_submit on its own
-        record = slurm_cluster.client.show_job(component)
-        assert record["HetJobId"] == str(job_id)
-        assert record["TresPerNode"] == "gres:gpu:1"
-        assert parse_record(record["AdminComment"])["decision"] == "heterogeneous"
+        record = slurm_cluster.client.require_job(component)
+        assert number(record.raw.get("het_job_id")) == job_id
+        assert plain_gres(record.tres_per_node) == "gpu:1"
+        assert parse_record(record.admin_comment)["decision"] == "heterogeneous"
     slurm_cluster.client.run("scancel", str(job_id))
 
 
 def test_update_of_rewritten_pending_job_keeps_request_and_record(slurm_cluster, job_dir):
     job_id, _ = submit(slurm_cluster, job_dir, "#GPUSHARE mem=4G\ntrue\n", "--gres=gpu:1", "--hold")
     slurm_cluster.client.update_job(job_id, timelimit="10")
-    record = slurm_cluster.client.show_job(job_id)
-    assert record["TimeLimit"] == "00:10:00" and record["TresPerNode"] == "gres:shard:5"
-    assert parse_record(record["AdminComment"])["decision"] == "shared"
+    record = slurm_cluster.client.require_job(job_id)
+    assert number(record.raw.get("time_limit")) == 10 and plain_gres(record.tres_per_node) == "shard:5"
+    assert parse_record(record.admin_comment)["decision"] == "shared"
     slurm_cluster.client.run("scancel", str(job_id))
 
 
@@ -128,10 +130,10 @@ def test_burst_of_500_jobs_all_accepted_and_annotated(slurm_cluster, job_dir):
     with ThreadPoolExecutor(8) as pool:
         ids = list(pool.map(one, range(500)))
     assert len(set(ids)) == 500
-    jobs = {j["job_id"]: j for j in slurm_cluster.client.squeue_json() if j["job_id"] in set(ids)}
+    jobs = {int(j.job_id): j for j in slurm_cluster.client.jobs() if int(j.job_id) in set(ids)}
     assert len(jobs) == 500
     for i, job_id in enumerate(ids):
-        comment = jobs[job_id].get("admin_comment") or slurm_cluster.client.show_job(job_id)["AdminComment"]
+        comment = jobs[job_id].admin_comment
         assert parse_record(comment)["decision"] == "shared"
     slurm_cluster.client.run("scancel", "--name", ",".join(f"burst{i}" for i in range(500)))
 
@@ -182,8 +184,8 @@ def test_job_accepted_unchanged_when_service_fails(make_cluster, tmp_path, behav
         stop.set()
         if thread:
             thread.join()
-    assert record["JobState"] == "COMPLETED"
-    assert record["TresPerNode"] == "gres:gpu:1" and not record.get("AdminComment")
+    assert record.state == "COMPLETED"
+    assert plain_gres(record.tres_per_node) == "gpu:1" and not record.admin_comment
     assert elapsed < 5  # the shim's deadline is 0.5 s in the test config
     log = (cluster.base / "log" / "slurmctld.log").read_text()
     assert "gpushare: job of uid 0 accepted unchanged" in log
@@ -195,7 +197,7 @@ def test_two_node_cluster_places_shared_jobs_on_both(make_cluster, tmp_path):
            for node in ("n1", "n2")]
     for job_id, node in zip(ids, ("n1", "n2")):
         record = cluster.wait_job(job_id)
-        assert record["JobState"] == "COMPLETED" and record["NodeList"] == node
+        assert record.state == "COMPLETED" and record.nodes == node
         assert output_env(tmp_path, job_id)["SLURM_SHARDS_ON_NODE"] == "5"
 
 
@@ -207,15 +209,15 @@ def test_huge_non_utf8_script_is_handled(slurm_cluster, job_dir):
     path.write_bytes(body)
     job_id, stderr = slurm_cluster.client.sbatch("-D", str(job_dir), "-o", "/dev/null", "--gres=gpu:1", str(path))
     record = slurm_cluster.wait_job(job_id)
-    assert record["JobState"] == "COMPLETED" and record["TresPerNode"] == "gres:shard:3"
+    assert record.state == "COMPLETED" and plain_gres(record.tres_per_node) == "shard:3"
 
 
 def test_malformed_directive_accepted_unchanged_with_reason(slurm_cluster, job_dir):
     job_id, stderr = submit(slurm_cluster, job_dir, "#GPUSHARE mem=a-lot\ntrue\n", "--gres=gpu:1")
     assert "ignoring the job's #GPUSHARE lines" in stderr and "line 2" in stderr
     record = slurm_cluster.wait_job(job_id)
-    assert record["TresPerNode"] == "gres:gpu:1"
-    assert parse_record(record["AdminComment"])["decision"] == "bad-directive"
+    assert plain_gres(record.tres_per_node) == "gpu:1"
+    assert parse_record(record.admin_comment)["decision"] == "bad-directive"
 
 
 def test_reject_mode_refuses_users_bad_directive_but_never_root(make_cluster):
@@ -239,4 +241,4 @@ def test_reject_mode_refuses_users_bad_directive_but_never_root(make_cluster):
     assert as_user.returncode != 0
     assert "gpushare: #GPUSHARE on line 2" in as_user.stderr
     job_id, _ = cluster.client.sbatch("--gres=gpu:1", "-D", str(tmp_path), "-o", "/dev/null", str(script))
-    assert cluster.wait_job(job_id)["JobState"] == "COMPLETED"  # root's job: logged, not rejected
+    assert cluster.wait_job(job_id).state == "COMPLETED"  # root's job: logged, not rejected

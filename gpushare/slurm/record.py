@@ -1,0 +1,61 @@
+"""The gpushare record in a job's AdminComment: ``gpushare:{json}``, one reader and one merge for all writers.
+
+Why one module: four writers touch this comment — the submit decision (``decision``, ``est_gib`` …), the
+asynchronous estimation (``est_job``), OOM recovery (``oom``) and the node Epilog (``run``) — each by
+read-modify-write, and each once had its own prefix, size limit and trimming. ``merge`` keeps every other
+writer's keys, never overwrites a comment that is not ours, and keeps the text within ``MAX_CHARS`` so
+``scontrol show job`` stays readable. The record holds no free text from the job (reasons are ours).
+
+Format (``v`` 1): ``decision`` (shared|exclusive|estimating|explicit|…), ``old``/``new`` (tres_per_node),
+``est_gib``, ``margin_gib``, ``src``, ``why``, ``detail``, ``array``, ``est_job``, ``held_s``, ``script``,
+``oom`` {n, max, fam, from, to}, ``run`` {node, ttfk_s, energy_j, share_j, peak_gib, exit, caps}.
+A record of a newer major version than this reader knows is treated as not ours (never rewritten).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+PREFIX = "gpushare:"
+VERSION = 1
+MAX_CHARS = 900  # admin_comment stays readable in `scontrol show job`
+_TRIM_ORDER = ("detail", "why", "script")  # dropped or shortened first when the record grows too long
+
+
+def parse(admin_comment: str | None) -> dict[str, Any] | None:
+    """Our record from an AdminComment; None when absent, not ours, garbled or of an unknown version."""
+    if not admin_comment or not admin_comment.startswith(PREFIX):
+        return None
+    try:
+        record = json.loads(admin_comment[len(PREFIX):])
+    except ValueError:
+        return None
+    if not isinstance(record, dict):
+        return None
+    version = record.get("v", VERSION)
+    if not isinstance(version, int) or isinstance(version, bool) or version > VERSION:
+        return None
+    return record
+
+
+def render(record: dict[str, Any]) -> str | None:
+    """``gpushare:{json}`` within ``MAX_CHARS`` (long reasons are trimmed first); None if it cannot fit."""
+    record = {"v": VERSION, **record}
+    text = PREFIX + json.dumps(record, separators=(",", ":"), sort_keys=True)
+    for key in _TRIM_ORDER:
+        if len(text) <= MAX_CHARS:
+            break
+        if key == "why" and isinstance(record.get("why"), str):
+            record["why"] = record["why"][:80]
+        else:
+            record.pop(key, None)
+        text = PREFIX + json.dumps(record, separators=(",", ":"), sort_keys=True)
+    return text if len(text) <= MAX_CHARS else None
+
+
+def merge(existing: str | None, **updates: Any) -> str | None:
+    """``existing`` with ``updates`` merged in, or None when the comment is someone else's (left alone)."""
+    if existing and parse(existing) is None:
+        return None
+    return render({**(parse(existing) or {}), **updates})

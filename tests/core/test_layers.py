@@ -1,0 +1,72 @@
+"""The layers of docs/architecture.md, checked from the code's own imports (lazy ones inside functions too).
+
+core (gpushare) → slurm adapter and gres → estimator, MIG, agent → hooks (submit, prolog, epilog) →
+simulator. A module may import its own layer or any below it, never one above; the test harness
+(devcluster) and the tests are never imported by the package.
+"""
+
+from __future__ import annotations
+
+import ast
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+LAYERS = {
+    "gpushare": 0,
+    "gpushare.slurm": 1, "gpushare.gres": 1,
+    "gpushare.estimator_cli": 2, "gpushare.mig_manager": 2, "gpushare.agent": 2,
+    "gpushare.slurm_plugins": 3, "gpushare.prolog": 3, "gpushare.epilog": 3,
+    "gpushare.simulator": 4,
+}
+SUBPACKAGES = {name.split(".")[1] for name in LAYERS if "." in name}
+
+
+def _package_dirs() -> dict[str, Path]:
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    return {name: ROOT / folder for name, folder in data["tool"]["setuptools"]["package-dir"].items()}
+
+
+def _unit(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[0] != "gpushare":
+        return None
+    return f"gpushare.{parts[1]}" if len(parts) > 1 and parts[1] in SUBPACKAGES else "gpushare"
+
+
+def _imports(path: Path) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append(node.module)
+        elif isinstance(node, ast.Import):
+            found.extend(alias.name for alias in node.names)
+    return found
+
+
+def test_every_package_folder_is_installed_under_one_name() -> None:
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    packages = set(data["tool"]["setuptools"]["packages"])
+    assert all(name == "gpushare" or name.startswith("gpushare.") for name in packages)
+    for name, folder in _package_dirs().items():
+        for init in folder.rglob("__init__.py"):
+            relative = init.parent.relative_to(folder)
+            dotted = ".".join([name, *relative.parts]) if relative.parts else name
+            assert dotted in packages, f"{init.parent} is not listed in pyproject's packages"
+    assert set(LAYERS) <= packages
+
+
+def test_no_module_imports_upward_or_the_test_harness() -> None:
+    problems = []
+    for name, folder in _package_dirs().items():
+        for path in folder.rglob("*.py"):
+            relative = path.relative_to(folder)
+            own = _unit(".".join([name, *relative.parts[:-1], relative.stem]))
+            assert own is not None
+            for module in _imports(path):
+                if module.split(".")[0] in ("devcluster", "tests"):
+                    problems.append(f"{path.relative_to(ROOT)} imports {module} (test harness)")
+                target = _unit(module)
+                if target is not None and LAYERS[target] > LAYERS[own]:
+                    problems.append(f"{path.relative_to(ROOT)} ({own}) imports {module} ({target}): upward")
+    assert not problems, "\n".join(problems)
