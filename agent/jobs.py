@@ -18,6 +18,8 @@ from gpushare.gres.mps import mps_dirs
 from gpushare.agent.caps import Caps, decide_caps, need_mib, task_env
 from gpushare.agent.store import check_job
 
+RECORD_VERSION = 1  # the per-run job record (docs/formats.md); gpushare.epilog.records reads it
+
 log = logging.getLogger("gpushare.agent")
 _USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@-]{0,63}$")
 
@@ -110,7 +112,7 @@ def final_record(entry: dict[str, Any], backend: Any, end: float | None = None, 
                      "active_s": round((entry.get("active_s") or {}).get(gpu, 0.0), 3),
                      "peak_bytes": (entry.get("peak_bytes") or {}).get(gpu)}
     kernel = entry.get("kernel_at")
-    return {"v": 1, "job": entry["job"], "restarts": entry.get("restarts", 0), "node": node,
+    return {"v": RECORD_VERSION, "job": entry["job"], "restarts": entry.get("restarts", 0), "node": node,
             "uid": entry.get("uid"), "user": entry.get("user"), "shared": entry.get("shared"),
             "est_gib": entry.get("est_gib"), "margin_gib": entry.get("margin_gib"), "shards": entry.get("shards"),
             "caps": entry.get("caps"), "start": entry.get("start"), "end": round(end, 3),

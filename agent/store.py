@@ -81,7 +81,7 @@ class JobStore:
             os.close(fd)
 
     def get(self, job: str) -> dict[str, Any] | None:
-        return read_json_object(self._path(job, ".json"), 8 << 20)
+        return read_json_object(self._path(job, ".json"), 8 << 20, STORE_VERSION)
 
     def put(self, entry: dict[str, Any], durable: bool = True) -> dict[str, Any]:
         """Write an entry whole; callers that read first must hold :meth:`locked`.

@@ -139,7 +139,7 @@ class Ledger:
 
     @staticmethod
     def _load(path: Path) -> dict[str, Any] | None:
-        return read_json_object(path, 1 << 20)
+        return read_json_object(path, 1 << 20, LEDGER_VERSION)
 
     # --- history ----------------------------------------------------------------------------------
     def append_history(self, event: dict[str, Any]) -> None:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from gpushare.epilog.ledger import Ledger
+from gpushare.agent.jobs import RECORD_VERSION
 from gpushare.atomic import read_json_object, write_json_atomic
 
 _NAME_RE = re.compile(r"^(\d{1,10}(?:_\d{1,10})?)\.(\d{1,7})\.json$")
@@ -87,6 +88,6 @@ class RecordLedger:
     @staticmethod
     def _load(path: Path) -> dict[str, Any] | None:
         try:
-            return read_json_object(path, 16 << 20)
+            return read_json_object(path, 16 << 20, RECORD_VERSION)
         except OSError:
             return None

@@ -46,11 +46,18 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any, mode: int = 0o644)
     write_bytes_atomic(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8"), mode)
 
 
-def read_json_object(path: str | os.PathLike[str], max_bytes: int) -> dict[str, Any] | None:
+class FormatVersionError(ValueError):
+    """A state file written by a newer gpushare than this one (its ``v`` is higher than we read)."""
+
+
+def read_json_object(path: str | os.PathLike[str], max_bytes: int, version: int | None = None
+                     ) -> dict[str, Any] | None:
     """The JSON object a state file holds, read without following a symlink and at most ``max_bytes``.
 
     None when the file is missing, or is not (or no longer) a JSON object; other errors (a symlink put
-    in its place, permissions) are raised for the caller to judge.
+    in its place, permissions) are raised for the caller to judge. With ``version``, an object whose
+    ``v`` is newer raises :class:`FormatVersionError` (one line, naming the file): reading a newer shape
+    as if it were ours could, say, requeue a job twice. A missing ``v`` is an older shape and is accepted.
     """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -61,4 +68,10 @@ def read_json_object(path: str | os.PathLike[str], max_bytes: int) -> dict[str, 
             data = json.loads(handle.read(max_bytes))
         except ValueError:
             return None
-    return data if isinstance(data, dict) else None
+    if not isinstance(data, dict):
+        return None
+    found = data.get("v")
+    if version is not None and found is not None and (not isinstance(found, int) or found > version):
+        raise FormatVersionError(f"{path}: format v{found!s:.10} is not one this gpushare reads (v{version} and "
+                                 "older); was it written by a newer release?")
+    return data

@@ -66,7 +66,7 @@ def parse_layout(text: str, space: MigSpace) -> tuple[Instance, ...]:
         try:
             start = int(start_text)
         except ValueError:
-            raise ValueError(f"layout item {item!r}: start {start_text.strip()!r} is not a slice number")
+            raise ValueError(f"layout item {item!r}: start {start_text.strip()!r} is not a slice number") from None
         if start not in profile.placements:
             legal = ", ".join(map(str, profile.placements))
             raise ValueError(f"layout item {item!r}: {name} cannot start at slice {start} "

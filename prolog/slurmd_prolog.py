@@ -20,6 +20,8 @@ from typing import Any, Mapping
 
 from gpushare.atomic import write_json_atomic
 
+CAPS_VERSION = 1  # the caps file the TaskProlog reads (docs/formats.md)
+
 log = logging.getLogger("gpushare.prolog")
 
 
@@ -31,7 +33,7 @@ def caps_path(run_dir: str, job: str) -> Path:
 def write_caps(run_dir: str, job: str, env: dict[str, str]) -> None:
     directory = Path(run_dir) / "jobs"
     directory.mkdir(mode=0o755, parents=True, exist_ok=True)
-    write_json_atomic(caps_path(run_dir, job), {"v": 1, "job": job, "env": env}, mode=0o644)
+    write_json_atomic(caps_path(run_dir, job), {"v": CAPS_VERSION, "job": job, "env": env}, mode=0o644)
 
 
 def register(env: Mapping[str, str], cfg: Any, client: Any = None, backend: Any = None) -> dict[str, Any] | None:

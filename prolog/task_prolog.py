@@ -22,7 +22,7 @@ _JOB_RE = re.compile(r"^\d{1,10}$")
 def exports(env: Mapping[str, str], run_dir: str) -> list[str]:
     """The ``export`` lines for this task's job (empty when it has no caps file)."""
     from gpushare.agent.caps import EXPORTABLE
-    from gpushare.prolog.slurmd_prolog import caps_path
+    from gpushare.prolog.slurmd_prolog import CAPS_VERSION, caps_path
 
     job = env.get("SLURM_JOB_ID", "")
     if not _JOB_RE.match(job):
@@ -32,7 +32,8 @@ def exports(env: Mapping[str, str], run_dir: str) -> list[str]:
             data = json.loads(handle.read(65536))
     except (OSError, ValueError):
         return []
-    values = data.get("env") if isinstance(data, dict) and str(data.get("job")) == job else None
+    ours = isinstance(data, dict) and str(data.get("job")) == job and data.get("v", CAPS_VERSION) == CAPS_VERSION
+    values = data.get("env") if ours else None
     if not isinstance(values, dict):
         return []
     return [f"export {key}={values[key]}" for key in EXPORTABLE

@@ -8,7 +8,6 @@ those by hand is how clusters drift from their config.
 from __future__ import annotations
 
 import os
-import re
 import sys
 from importlib import resources
 from pathlib import Path

@@ -14,7 +14,6 @@ from gpushare.cli import main as gpushare_main
 from gpushare.config import ConfigError, parse_config
 from gpushare.agent.api import ApiServer
 from gpushare.agent.status_cli import render
-from gpushare.slurm_plugins import decision
 
 GiB = 1 << 30
 

@@ -103,3 +103,17 @@ def test_configuration_reference_lists_every_setting():
     doc = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
     missing = [env for _, env, _, _ in settings_table() if f"`{env}`" not in doc]
     assert not missing, f"docs/configuration.md lacks {missing}; regenerate it from `gpushare config settings`"
+
+
+def test_state_files_of_a_newer_format_are_refused_not_misread(tmp_path) -> None:
+    from gpushare.atomic import FormatVersionError, read_json_object, write_json_atomic
+
+    path = tmp_path / "entry.json"
+    write_json_atomic(path, {"v": 1, "job": "1"})
+    assert read_json_object(path, 4096, version=1) == {"v": 1, "job": "1"}
+    write_json_atomic(path, {"job": "1"})  # an older shape without "v": accepted
+    assert read_json_object(path, 4096, version=1) == {"job": "1"}
+    write_json_atomic(path, {"v": 2, "job": "1"})
+    with pytest.raises(FormatVersionError, match="entry.json: format v2"):
+        read_json_object(path, 4096, version=1)
+    assert read_json_object(path, 4096) == {"v": 2, "job": "1"}  # callers that do not check get it as is

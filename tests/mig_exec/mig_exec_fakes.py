@@ -55,7 +55,7 @@ class FakeSlurm:
         self.events.append("restart")
 
 
-def sim_gpu(layout: list[tuple[str, int]] = [("7g.40gb", 0)], model: str = "a100-40gb") -> SimBackend:
+def sim_gpu(layout: tuple[tuple[str, int], ...] = (("7g.40gb", 0),), model: str = "a100-40gb") -> SimBackend:
     """One MIG-mode GPU in memory with the given instances (each with its compute instance)."""
     backend = SimBackend.from_scenario({"version": 1, "name": "mig-exec",
                                         "gpus": [{"model": model, "mig_mode": True}]})

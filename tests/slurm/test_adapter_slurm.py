@@ -8,8 +8,6 @@ what root-run code reads.
 from __future__ import annotations
 
 import json
-import os
-import time
 
 import pytest
 

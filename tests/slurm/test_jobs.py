@@ -9,7 +9,7 @@ import pytest
 from gpushare.slurm import record
 from gpushare.slurm.gres_request import GresItem, format_gres, parse_gres, plain_gres
 from gpushare.slurm.hostlist import HostlistError, expand_hostlist, first_host
-from gpushare.slurm.jobs import Job, check_job_id, expand_log_pattern, job_from_json, log_paths, number, states_of
+from gpushare.slurm.jobs import check_job_id, expand_log_pattern, job_from_json, log_paths, number, states_of
 from gpushare.slurm.version import SUPPORTED, SlurmVersion
 
 # One failed job as each release's squeue --json prints it inside EpilogSlurmctld (fields we read).
