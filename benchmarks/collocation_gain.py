@@ -39,6 +39,7 @@ RUNS = [  # (policy, estimator, label)
     ("magm", "gpu-estimate", "MAGM, gpu-estimate"),
     ("slurm-shards", "oracle", "Slurm first-fit on shards, oracle"),
     ("slurm-shards", "none", "Slurm first-fit on shards, no estimate"),
+    ("slurm-shards-ll", "oracle", "Slurm 24.11+ least-loaded shards (LL_SHARED_GRES), oracle"),
     ("slurm-shards-withheld", "oracle", "Slurm first-fit, agent withholds risky/warming, oracle"),
     ("slurm-shards-withheld", "gpu-estimate", "Slurm first-fit, agent withholds, gpu-estimate"),
 ]

@@ -18,6 +18,8 @@ lug            eligible GPU with the lowest SMACT risk score
 slurm-shards   lowest-index GPU whose free shards (GiB accounting of requests) fit; no telemetry
 slurm-shards-  the same over the GPUs the agent has not withheld (risky or warming): the agent filters,
 withheld       Slurm still picks
+slurm-shards-  Slurm 24.11+ with ``LL_SHARED_GRES``: the GPU with the fewest shards allocated that fits
+ll
 =============  ==========================================================================================
 
 Eligible (ff, bf, magm, lug): not holding an exclusive job, not warming (TTFK), not risky (CARMA §2.3;
@@ -208,10 +210,22 @@ class SlurmShardWithheld(SlurmShardFirstFit):
         return super()._choose_shared(job, [g for g in gpus if not g.risky and not g.warming])
 
 
+class SlurmShardLeastLoaded(Policy):
+    """What Slurm 24.11+ picks with ``SelectTypeParameters=LL_SHARED_GRES``: the GPU with the fewest shards
+    already allocated that still has N free (lowest index on ties). Still only Slurm's accounting of
+    requests, but it spreads jobs instead of stacking them on the first GPU."""
+
+    name = "slurm-shards-ll"
+
+    def _choose_shared(self, job: JobRequest, gpus: list[GpuState]) -> list[int] | None:
+        fits = [g for g in gpus if not g.exclusive and g.shards_free >= max(job.shards, 1)]
+        return _by_node(fits, job.gpus, key=lambda g: (g.shards_total - g.shards_free, g.index))
+
+
 POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
     for cls in (Exclusive, RoundRobin, FirstFit, BestFit, MostAvailableMemory, LeastUtilised, SlurmShardFirstFit,
-                SlurmShardWithheld)
+                SlurmShardWithheld, SlurmShardLeastLoaded)
 }
 
 

@@ -113,3 +113,13 @@ def test_slurm_first_fit_over_withheld_gpus():
     snap = gpus([30, 30, 20], risky=[False, True, False], warming=[True, False, False])
     assert make_policy("slurm-shards-withheld").choose(job(10), snap) == [2]
     assert make_policy("slurm-shards").choose(job(10), snap) == [0]
+
+
+def test_least_loaded_shards_spread_where_first_fit_stacks() -> None:
+    """Slurm 24.11's LL_SHARED_GRES: fewest allocated shards first; 22.05's first-fit: lowest index."""
+    snap = [GpuState(0, 40 * GiB, 30 * GiB, jobs=1, shards_total=40, shards_free=30),
+            GpuState(1, 40 * GiB, 40 * GiB, shards_total=40, shards_free=40),
+            GpuState(2, 80 * GiB, 60 * GiB, jobs=1, shards_total=80, shards_free=70)]
+    assert make_policy("slurm-shards").choose(job(8), snap) == [0]
+    assert make_policy("slurm-shards-ll").choose(job(8), snap) == [1]
+    assert make_policy("slurm-shards-ll").choose(job(50), snap) == [2]  # only GPU 2 has 50 free
