@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -127,3 +128,19 @@ def test_record_merge_keeps_other_writers_keys_and_foreign_comments() -> None:
     long = record.render({"decision": "shared", "why": "w" * 2000, "detail": "d" * 2000})
     assert long is not None and len(long) <= record.MAX_CHARS and "detail" not in json.loads(long[9:])
     assert record.render({"decision": "x" * 2000}) is None
+
+
+@pytest.mark.parametrize("release", SUPPORTED)
+def test_real_squeue_output_of_every_release(release: str) -> None:
+    """``squeue --json -t all`` captured from real daemons of each release (a failed GPU job with a forged
+    name, a held GPU job, a held array, a running job), read the same way."""
+    data = json.loads((Path(__file__).parent / "data" / f"squeue-{release}.json").read_text())
+    assert SlurmVersion.parse(data["release"]).release == release
+    failed, held, array, running = (job_from_json(j) for j in data["jobs"])
+    assert (failed.state, failed.exit_status, failed.exit_signal, failed.completing) == ("FAILED", 3, 0, False)
+    assert failed.name == "fail x StdErr=/etc/shadow" and plain_gres(failed.tres_per_node) == "gpu:1"
+    assert log_paths(failed, "n1") == ("/work/work/out-1.txt",)
+    assert held.held and held.reason == "JobHeldUser" and log_paths(held) == ("/work/work/slurm-2.out",)
+    assert array.array_job_id == 3 and array.array_task_id is None and array.array_name == "3" and array.held
+    assert running.state == "RUNNING" and running.active and running.priority and running.priority > 0
+    assert record.parse(failed.admin_comment)["decision"] == "exclusive"
