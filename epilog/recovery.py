@@ -163,8 +163,14 @@ def is_mig_type(cfg: Config, type_name: str | None) -> bool:
 # --- the decision -----------------------------------------------------------------------------------
 
 
-def _bigger_request(job: JobFacts, cfg: Config, mig_available: set[str] | None) -> tuple[str | None, str]:
-    """(new tres_per_node, why) or (None, why not)."""
+def _bigger_request(job: JobFacts, cfg: Config, mig_available: set[str] | None,
+                    whole_gpu_as_gpu: bool = False) -> tuple[str | None, str]:
+    """(new tres_per_node, why) or (None, why not).
+
+    A shard job's larger run is a whole GPU: ``gpu:1`` where Slurm lets a held job change GRES across
+    names (24.11+, measured on the requeuehold path), so it may land on a GPU of any size; on 22.05, which
+    refuses that, all the shards of the largest GPU it could land on (exclusive in effect).
+    """
     try:
         items = parse_gres(job.tres_per_node)
     except ValueError as exc:
@@ -176,8 +182,12 @@ def _bigger_request(job: JobFacts, cfg: Config, mig_available: set[str] | None) 
             whole = whole_gpu_shards(cfg, job.node)
             if whole <= item.count:
                 return None, f"it already had all {item.count} shards of a GPU"
-            new_items.append(item.replaced("shard", item.type, whole))
-            changed.append(f"shard:{item.count} -> shard:{whole}")
+            if whole_gpu_as_gpu:
+                new_items.append(item.replaced("gpu", None, 1))
+                changed.append(f"shard:{item.count} -> gpu:1")
+            else:
+                new_items.append(item.replaced("shard", item.type, whole))
+                changed.append(f"shard:{item.count} -> shard:{whole}")
         elif item.name == "gpu" and is_mig_type(cfg, item.type):
             bigger = next_mig_profile(cfg, str(item.type), mig_available, node_model(cfg, job.node))
             if bigger is None:
@@ -207,8 +217,9 @@ def merge_oom_comment(existing: str | None, oom: dict[str, Any]) -> str | None:
 
 
 def decide(job: JobFacts, verdict: OomVerdict, cfg: Config, retries_used: int,
-           mig_available: set[str] | None = None) -> Action:
-    """Choose the action for one ended job. Never raises on job content."""
+           mig_available: set[str] | None = None, whole_gpu_as_gpu: bool = False) -> Action:
+    """Choose the action for one ended job. Never raises on job content. ``whole_gpu_as_gpu``: the
+    Slurm release accepts ``shard`` → ``gpu`` on a held job (``SlurmVersion.held_gres_across_names``)."""
     if not verdict.is_oom:
         return Action("none", verdict.reason)
     if job.state not in RECOVERABLE_STATES:
@@ -229,7 +240,7 @@ def decide(job: JobFacts, verdict: OomVerdict, cfg: Config, retries_used: int,
                       retry=spent, max_retries=limit,
                       user_message=f"gpushare: the job ran out of GPU memory ({family}); it was submitted with "
                                    "--no-requeue, so it was not re-run on a whole GPU.")
-    new_gres, why = _bigger_request(job, cfg, mig_available)
+    new_gres, why = _bigger_request(job, cfg, mig_available, whole_gpu_as_gpu)
     if new_gres is None:
         return Action("stay_failed", f"GPU out of memory, not requeued: {why}", retry=spent, max_retries=limit,
                       user_message=f"gpushare: the job ran out of GPU memory ({family}) and was not requeued: "

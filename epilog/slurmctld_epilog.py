@@ -90,7 +90,7 @@ def handle(job_id: str, env: Mapping[str, str], client: SlurmClient, cfg: Config
                 log.warning("job %s: %s", job.job_id, problem)
             needs_types = "gpu:" in job.tres_per_node
             action = decide(job, verdict, cfg, ledger.retries_used(job.job_id),
-                            mig_types(client) if needs_types else None)
+                            mig_types(client) if needs_types else None, whole_gpu_as_gpu=_gres_across_names(client))
             if action.kind == "none":
                 return f"none: {action.reason}"
             _learn(job, cfg, client)
@@ -119,6 +119,15 @@ def _learn(job: JobFacts, cfg: Config, client: SlurmClient) -> None:
             log.info("job %s: raised the cached estimate of its batch script (%s)", job.job_id, path.name)
     except Exception as exc:  # noqa: BLE001 - learning is a bonus; recovery must go on
         log.warning("job %s: could not update the estimate cache: %s", job.job_id, exc)
+
+
+def _gres_across_names(client: SlurmClient) -> bool:
+    """Whether this Slurm lets a held job change ``shard`` → ``gpu`` (24.11+); False when unknown."""
+    try:
+        return client.version.held_gres_across_names
+    except (SlurmError, OSError, ValueError, AttributeError) as exc:
+        log.info("Slurm release unknown (%s): the exclusive retry asks for all shards of a GPU", exc)
+        return False
 
 
 def _job(client: SlurmClient, job_id: str) -> Job | None:

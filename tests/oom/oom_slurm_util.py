@@ -14,7 +14,8 @@ JOB = """#!/bin/bash
 {python} - <<'EOF'
 import os, torch
 need_gib = {need}
-have = int(os.environ.get("SLURM_SHARDS_ON_NODE", "0"))
+# GiB this run may use: its shards, or the whole 40 GiB GPU when it got one (gpu:1, no shards)
+have = int(os.environ.get("SLURM_SHARDS_ON_NODE") or (40 if os.environ.get("SLURM_JOB_GPUS") else 0))
 print(f"restart={{os.environ.get('SLURM_RESTART_COUNT', '0')}} shards={{have}}", flush=True)
 if {fail_other}:
     raise ValueError("labels and logits have different shapes")
@@ -26,6 +27,12 @@ if need_gib > have:  # the caching allocator's message (c10/cuda/CUDACachingAllo
 print("training finished", flush=True)
 EOF
 """
+
+
+def exclusive_gres(cluster: LocalCluster) -> str:
+    """What OOM recovery asks for on this release: gpu:1 where a held job may change shard → gpu (24.11+),
+    all 40 shards of the A100-40GB on 22.05."""
+    return "gpu:1" if cluster.client.version.held_gres_across_names else "shard:40"
 
 
 def oom_settings(directory: Path) -> str:

@@ -19,7 +19,7 @@ import pytest
 
 from gpushare.atomic import write_json_atomic
 from gpushare.slurm.gres_request import plain_gres
-from oom_slurm_util import JOB, ledger_of, oom_log, oom_settings, wait_final
+from oom_slurm_util import JOB, exclusive_gres, ledger_of, oom_log, oom_settings, wait_final
 from gpushare.slurm_plugins.estimate_source import cache_lookup
 from devcluster.local_cluster import LocalCluster, missing_requirements
 
@@ -46,11 +46,11 @@ def test_oom_on_a_shard_is_requeued_once_on_the_whole_gpu_and_completes(cluster:
     job_id = submit(cluster, need=20)
     fields = wait_final(cluster, job_id, restarts=1)
     assert fields.state == "COMPLETED" and fields.restarts == 1, oom_log(cluster)
-    assert plain_gres(fields.tres_per_node) == "shard:40"  # all 40 shards of the 40 GiB GPU
+    assert plain_gres(fields.tres_per_node) == exclusive_gres(cluster)  # a whole GPU
     assert fields.nice == -10000
     record = json.loads(fields.admin_comment.removeprefix("gpushare:"))
     oom = {**record["oom"], "from": plain_gres(record["oom"]["from"]), "to": plain_gres(record["oom"]["to"])}
-    assert oom == {"n": 1, "max": 1, "fam": "pytorch", "from": "shard:4", "to": "shard:40"}
+    assert oom == {"n": 1, "max": 1, "fam": "pytorch", "from": "shard:4", "to": exclusive_gres(cluster)}
     out = (cluster.base / f"job-{job_id}.out").read_text()
     assert "restart=1 shards=40" in out and "training finished" in out
     entry = ledger_of(cluster).get(str(job_id), 0)
@@ -75,7 +75,7 @@ def test_epilog_run_twice_at_once_requeues_once(cluster: LocalCluster) -> None:
         fields = wait_final(cluster, job_id, restarts=1)
     finally:
         wrapper.write_text(original)
-    assert (fields.state, fields.restarts, plain_gres(fields.tres_per_node)) == ("COMPLETED", 1, "shard:40")
+    assert (fields.state, fields.restarts, plain_gres(fields.tres_per_node)) == ("COMPLETED", 1, exclusive_gres(cluster))
     events = [h["event"] for h in ledger_of(cluster).history() if h["job"] == str(job_id)]
     assert events == ["requeue", "requeued"]
 
@@ -98,7 +98,7 @@ def test_no_requeue_job_stays_failed_with_the_reason(cluster: LocalCluster) -> N
 def test_oom_again_after_recovery_stays_failed_with_the_reason(cluster: LocalCluster) -> None:
     job_id = submit(cluster, need=100)  # more than any GPU here
     fields = wait_final(cluster, job_id, restarts=1)
-    assert (fields.state, fields.restarts, plain_gres(fields.tres_per_node)) == ("FAILED", 1, "shard:40")
+    assert (fields.state, fields.restarts, plain_gres(fields.tres_per_node)) == ("FAILED", 1, exclusive_gres(cluster))
     entry = ledger_of(cluster).get(str(job_id), 1)
     assert entry["state"] == "stay_failed"
     assert entry["reason"].startswith("GPU out of memory again after 1 recovery retry")
@@ -129,4 +129,4 @@ def test_recovery_interrupted_by_a_controller_restart_is_finished(cluster: Local
         time.sleep(0.25)
     assert ledger.get(str(job_id), 0)["state"] == "done", oom_log(cluster)
     fields = cluster.client.require_job(job_id)
-    assert plain_gres(fields.tres_per_node) == "shard:40" and fields.priority != 0
+    assert plain_gres(fields.tres_per_node) == "shard:40" and fields.priority != 0  # the ledger's own entry

@@ -14,7 +14,7 @@ from typing import Callable
 
 import pytest
 
-from oom_slurm_util import JOB, oom_log, oom_settings, wait_final
+from oom_slurm_util import JOB, exclusive_gres, oom_log, oom_settings, wait_final
 from gpushare.slurm.gres_request import plain_gres
 from devcluster.local_cluster import LocalCluster, missing_requirements
 
@@ -71,7 +71,7 @@ def test_end_to_end_from_submission_sized_share_to_exclusive_rerun(
     assert "shard:3" in said
     fields = wait_final(full, job_id, restarts=1)
     assert (fields.state, fields.restarts, plain_gres(fields.tres_per_node)) == \
-        ("COMPLETED", 1, "shard:40"), oom_log(full)
+        ("COMPLETED", 1, exclusive_gres(full)), oom_log(full)
     record = json.loads(fields.admin_comment.removeprefix("gpushare:"))
     assert record["decision"] == "shared" and plain_gres(record["oom"]["from"]) == "shard:3"
     assert "restart=1 shards=40" in (base / f"e2e-{job_id}.out").read_text()

@@ -163,3 +163,13 @@ def test_oom_entry_is_merged_into_our_record_and_never_into_a_foreign_comment() 
 def test_hostlist_expansion() -> None:
     assert expand_hostlist("gpu[01-03,07],cpu1") == ["gpu01", "gpu02", "gpu03", "gpu07", "cpu1"]
     assert expand_hostlist("n[1-100000]", limit=5) == ["n1", "n2", "n3", "n4", "n5"]
+
+
+def test_whole_gpu_is_gpu_1_where_slurm_lets_a_held_job_change_gres_names() -> None:
+    """24.11+ accept shard -> gpu on a held (requeuehold) job: the re-run may land on a GPU of any size."""
+    action = decide(job(), OOM, cfg(), retries_used=0, whole_gpu_as_gpu=True)
+    assert action.kind == "requeue" and action.new_gres == "gres:gpu:1"
+    assert action.oom is not None and action.oom["to"] == "gres:gpu:1"
+    again = decide(job(TresPerNode="gres:gpu:1", AdminComment=f'gpushare:{{"oom":{json.dumps(action.oom)}}}'),
+                   OOM, cfg(), retries_used=1, whole_gpu_as_gpu=True)
+    assert again.kind == "stay_failed"
