@@ -258,7 +258,8 @@ def _ensure_debootstrap(log: Path) -> None:
 def _configure_apt(target: Path) -> None:
     """Package installs must start no services, tolerate sid's sometimes-expired Release file, stay small."""
     policy = target / "usr/sbin/policy-rc.d"
-    policy.write_text("#!/bin/sh\n# No service starts inside this chroot: its daemons are started on demand.\nexit 101\n")
+    policy.write_text("#!/bin/sh\n# No service starts inside this chroot: its daemons are started on demand.\n"
+                      "exit 101\n")
     policy.chmod(0o755)
     (target / "etc/apt/apt.conf.d/90gpushare").write_text(
         'Acquire::Check-Valid-Until "false";\nAPT::Install-Recommends "false";\n'

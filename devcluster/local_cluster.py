@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -87,6 +86,10 @@ class LocalCluster:
 
     def slurm_at_least(self, version: str) -> bool:
         return slurm_runtime.at_least(self.slurm_version, version)
+
+    def tres(self, gres: str) -> str:
+        """``"shard:4"`` as this cluster's Slurm prints a per-node request (``gres:shard:4``/``gres/shard:4``)."""
+        return slurm_runtime.tres(self.slurm_version, gres)
 
     def argv(self, argv: list[str]) -> list[str]:
         """``argv`` run as root where this cluster's Slurm lives (its chroot), e.g. a node daemon."""
@@ -351,7 +354,7 @@ class LocalCluster:
                 with open(f"/proc/{entry}/cmdline", "rb") as handle:
                     cmdline = handle.read()
                 if cmdline.startswith(b"slurmstepd"):
-                    if any(log_dir in os.readlink(f"/proc/{entry}/fd/{fd}") for fd in os.listdir(f"/proc/{entry}/fd")):
+                    if any(log_dir in target for target in _open_files(int(entry))):
                         steps.append(int(entry))
                     continue
                 with open(f"/proc/{entry}/environ", "rb") as handle:
@@ -394,6 +397,21 @@ class LocalCluster:
                 return record
             time.sleep(0.2)
         raise ClusterError(f"job {job_id} not finished in {timeout_s:.0f} s (state {record.get('JobState')})")
+
+
+def _open_files(pid: int) -> list[str]:
+    """Where ``pid``'s descriptors point (for a chrooted process: as seen from here, with the chroot prefix)."""
+    targets = []
+    try:
+        descriptors = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return targets
+    for fd in descriptors:
+        try:
+            targets.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            continue
+    return targets
 
 
 def _alive(pid: int) -> bool:

@@ -44,6 +44,16 @@ def at_least(version: str, minimum: str) -> bool:
     return version_tuple(version) >= version_tuple(minimum)
 
 
+def tres(version: str, gres: str) -> str:
+    """How Slurm ``version`` prints a per-node GRES request (scontrol's TresPerNode, Lua's tres_per_node).
+
+    ``tres("22.05", "shard:4")`` → ``"gres:shard:4"``; from 23.02 on Slurm writes ``"gres/shard:4"``. The one
+    place tests turn an expected GRES into the running version's spelling.
+    """
+    prefix = "gres/" if at_least(version, "23.02") else "gres:"
+    return ",".join(prefix + item for item in gres.split(","))
+
+
 @lru_cache(maxsize=1)
 def host_release() -> str:
     """The host's Slurm release (``"22.05.8"``), empty when slurmctld is not installed."""

@@ -110,7 +110,7 @@ def test_job_held_estimated_as_user_rewritten_released_and_run(est_cluster, work
     assert est["user_id"] == user.pw_uid != 0
     assert f"ran-as-uid={user.pw_uid}" in (spool_of(est_cluster, est) / "stderr.txt").read_text()
     done = est_cluster.wait_job(job_id)
-    assert done["JobState"] == "COMPLETED" and done["TresPerNode"] == "gres:shard:4"
+    assert done["JobState"] == "COMPLETED" and done["TresPerNode"] == est_cluster.tres("shard:4")
     assert "SLURM_SHARDS_ON_NODE=4" in (work / f"job-{job_id}.out").read_text()
 
 
@@ -133,7 +133,7 @@ def test_failed_estimation_releases_with_fallback(est_cluster, work, user):
     assert final["decision"] == "exclusive" and final["new"] == "gres:shard:40"
     assert "the training script failed" in final["why"]
     done = est_cluster.wait_job(job_id)
-    assert done["JobState"] == "COMPLETED" and done["TresPerNode"] == "gres:shard:40"
+    assert done["JobState"] == "COMPLETED" and done["TresPerNode"] == est_cluster.tres("shard:40")
 
 
 def test_cancelled_estimation_releases_the_job(est_cluster, work, user):
@@ -157,7 +157,7 @@ def test_user_may_release_by_hand_and_the_record_says_so(est_cluster, work, user
                    check=True)
     final = wait_released(est_cluster, job_id, timeout_s=30)
     assert final["decision"] == "exclusive" and "released by its user" in final["why"]
-    assert est_cluster.wait_job(job_id)["TresPerNode"] == "gres:shard:40"
+    assert est_cluster.wait_job(job_id)["TresPerNode"] == est_cluster.tres("shard:40")
     deadline = time.monotonic() + 20
     while any(j["name"] == f"{ESTIMATION_JOB_PREFIX}{job_id}" and j["job_state"] in ("PENDING", "RUNNING")
               for j in estimation_jobs(est_cluster)):
@@ -170,7 +170,7 @@ def test_no_training_script_found_is_reported_not_held(est_cluster, work, user):
     assert "#GPUSHARE script=" in stderr
     record = parse_record(job(est_cluster, job_id)["admin_comment"])
     assert record["decision"] == "exclusive" and "no 'python train.py'" in record["why"]
-    assert est_cluster.wait_job(job_id)["TresPerNode"] == "gres:gpu:1"
+    assert est_cluster.wait_job(job_id)["TresPerNode"] == est_cluster.tres("gpu:1")
 
 
 def test_fifty_jobs_at_once_all_released_within_caps(est_cluster, work, user):
@@ -223,7 +223,7 @@ def test_annotate_estimates_then_submits_with_the_estimate_attached(est_cluster,
         assert "shard:2" in proc.stderr  # the hook's one-line message, through sbatch
         done = est_cluster.wait_job(job_id)
         record = parse_record(done["AdminComment"])
-        assert record["src"] == "directive:estimate" and done["TresPerNode"] == "gres:shard:2"
+        assert record["src"] == "directive:estimate" and done["TresPerNode"] == est_cluster.tres("shard:2")
         assert done["JobName"] == "annotated" and done["JobState"] == "COMPLETED"
     assert "(cached)" in proc.stderr and runs[1] < runs[0]
     assert (tmp_path / ".gpushare" / "train.sbatch.estimate.json").is_file()

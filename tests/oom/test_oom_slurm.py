@@ -45,7 +45,7 @@ def test_oom_on_a_shard_is_requeued_once_on_the_whole_gpu_and_completes(cluster:
     job_id = submit(cluster, need=20)
     fields = wait_final(cluster, job_id, restarts=1)
     assert fields["JobState"] == "COMPLETED" and fields["Restarts"] == "1", oom_log(cluster)
-    assert fields["TresPerNode"] == "gres:shard:40"  # all 40 shards of the 40 GiB GPU
+    assert fields["TresPerNode"] == cluster.tres("shard:40")  # all 40 shards of the 40 GiB GPU
     assert fields["Nice"] == "-10000"
     record = json.loads(fields["AdminComment"].removeprefix("gpushare:"))
     assert record["oom"] == {"n": 1, "max": 1, "fam": "pytorch", "from": "gres:shard:4", "to": "gres:shard:40"}
@@ -73,7 +73,8 @@ def test_epilog_run_twice_at_once_requeues_once(cluster: LocalCluster) -> None:
         fields = wait_final(cluster, job_id, restarts=1)
     finally:
         wrapper.write_text(original)
-    assert (fields["JobState"], fields["Restarts"], fields["TresPerNode"]) == ("COMPLETED", "1", "gres:shard:40")
+    assert (fields["JobState"], fields["Restarts"], fields["TresPerNode"]) == \
+        ("COMPLETED", "1", cluster.tres("shard:40"))
     events = [h["event"] for h in ledger_of(cluster).history() if h["job"] == str(job_id)]
     assert events == ["requeue", "requeued"]
 
@@ -81,7 +82,7 @@ def test_epilog_run_twice_at_once_requeues_once(cluster: LocalCluster) -> None:
 def test_non_oom_failure_is_not_requeued(cluster: LocalCluster) -> None:
     job_id = submit(cluster, need=1, fail_other=True)
     fields = wait_final(cluster, job_id, restarts=0)
-    assert (fields["JobState"], fields["Restarts"], fields["TresPerNode"]) == ("FAILED", "0", "gres:shard:4")
+    assert (fields["JobState"], fields["Restarts"], fields["TresPerNode"]) == ("FAILED", "0", cluster.tres("shard:4"))
     assert ledger_of(cluster).get(str(job_id), 0) is None
 
 
@@ -96,7 +97,7 @@ def test_no_requeue_job_stays_failed_with_the_reason(cluster: LocalCluster) -> N
 def test_oom_again_after_recovery_stays_failed_with_the_reason(cluster: LocalCluster) -> None:
     job_id = submit(cluster, need=100)  # more than any GPU here
     fields = wait_final(cluster, job_id, restarts=1)
-    assert (fields["JobState"], fields["Restarts"], fields["TresPerNode"]) == ("FAILED", "1", "gres:shard:40")
+    assert (fields["JobState"], fields["Restarts"], fields["TresPerNode"]) == ("FAILED", "1", cluster.tres("shard:40"))
     entry = ledger_of(cluster).get(str(job_id), 1)
     assert entry["state"] == "stay_failed"
     assert entry["reason"].startswith("GPU out of memory again after 1 recovery retry")
@@ -127,4 +128,4 @@ def test_recovery_interrupted_by_a_controller_restart_is_finished(cluster: Local
         time.sleep(0.25)
     assert ledger.get(str(job_id), 0)["state"] == "done", oom_log(cluster)
     fields = cluster.client.show_job(job_id)
-    assert fields["TresPerNode"] == "gres:shard:40" and fields["Priority"] != "0"
+    assert fields["TresPerNode"] == cluster.tres("shard:40") and fields["Priority"] != "0"

@@ -50,7 +50,7 @@ def test_mig_job_moves_to_the_next_larger_slice(tmp_path_factory: pytest.TempPat
                                       "-e", str(base / "mig-%j.err"), script=script)
         fields = wait_final(mig, job_id, restarts=1)
         assert (fields["JobState"], fields["Restarts"], fields["TresPerNode"]) == \
-            ("COMPLETED", "1", "gres:gpu:2g.20gb:1"), oom_log(mig)
+            ("COMPLETED", "1", mig.tres("gpu:2g.20gb:1")), oom_log(mig)
         assert "restart=1" in (base / f"mig-{job_id}.out").read_text()
     finally:
         mig.stop()
@@ -70,7 +70,7 @@ def test_end_to_end_from_submission_sized_share_to_exclusive_rerun(
     assert "shard:3" in said
     fields = wait_final(full, job_id, restarts=1)
     assert (fields["JobState"], fields["Restarts"], fields["TresPerNode"]) == \
-        ("COMPLETED", "1", "gres:shard:40"), oom_log(full)
+        ("COMPLETED", "1", full.tres("shard:40")), oom_log(full)
     record = json.loads(fields["AdminComment"].removeprefix("gpushare:"))
     assert record["decision"] == "shared" and record["oom"]["from"] == "gres:shard:3"
     assert "restart=1 shards=40" in (base / f"e2e-{job_id}.out").read_text()

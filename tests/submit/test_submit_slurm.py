@@ -36,7 +36,7 @@ def test_annotated_job_runs_on_right_sized_shard(slurm_cluster, job_dir):
     assert "shard:14" in stderr  # the one-line message reached the user through sbatch
     record = slurm_cluster.wait_job(job_id)
     assert record["JobState"] == "COMPLETED"
-    assert record["TresPerNode"] == "gres:shard:14"
+    assert record["TresPerNode"] == slurm_cluster.tres("shard:14")
     ours = parse_record(record["AdminComment"])
     assert ours["decision"] == "shared" and ours["est_gib"] == 12.0 and ours["old"] == "gres:gpu:1"
     env = output_env(job_dir, job_id)
@@ -48,7 +48,7 @@ def test_estimate_file_directive(slurm_cluster, job_dir):
         {"targets": [{"gpu": "a100-40gb", "peak_total_bytes": int(5.5 * GiB)}]}))
     job_id, _ = submit(slurm_cluster, job_dir, "#GPUSHARE estimate=est.json\ntrue\n", "--gres=gpu:1")
     record = slurm_cluster.wait_job(job_id)
-    assert record["TresPerNode"] == "gres:shard:7"  # 5.5 + 1 GiB margin -> 7
+    assert record["TresPerNode"] == slurm_cluster.tres("shard:7")  # 5.5 + 1 GiB margin -> 7
     assert parse_record(record["AdminComment"])["src"] == "directive:estimate"
 
 
@@ -58,14 +58,14 @@ def test_two_shared_jobs_share_one_gpu_within_its_memory(slurm_cluster, job_dir)
     ids = [submit(slurm_cluster, job_dir, "#GPUSHARE mem=15G\n" + ENV_PROBE + "sleep 2\n", "--gres=gpu:1")[0]
            for _ in range(3)]
     records = [slurm_cluster.wait_job(i, timeout_s=90) for i in ids]
-    assert all(r["JobState"] == "COMPLETED" and r["TresPerNode"] == "gres:shard:17" for r in records)
+    assert all(r["JobState"] == "COMPLETED" and r["TresPerNode"] == slurm_cluster.tres("shard:17") for r in records)
 
 
 def test_job_without_estimate_keeps_whole_gpu(slurm_cluster, job_dir):
     job_id, stderr = submit(slurm_cluster, job_dir, ENV_PROBE, "--gres=gpu:1")
     assert "keeps a whole GPU" in stderr
     record = slurm_cluster.wait_job(job_id)
-    assert record["TresPerNode"] == "gres:gpu:1"
+    assert record["TresPerNode"] == slurm_cluster.tres("gpu:1")
     assert parse_record(record["AdminComment"])["decision"] == "exclusive"
     assert "SLURM_SHARDS_ON_NODE" not in output_env(job_dir, job_id)
 
@@ -93,7 +93,7 @@ def test_array_job_every_task_shared(slurm_cluster, job_dir):
     job_id, _ = submit(slurm_cluster, job_dir, "#GPUSHARE mem=3G\ntrue\n", "--gres=gpu:1", "--array=0-2")
     for task in range(3):
         record = slurm_cluster.wait_job(f"{job_id}_{task}")  # type: ignore[arg-type]
-        assert record["TresPerNode"] == "gres:shard:4"
+        assert record["TresPerNode"] == slurm_cluster.tres("shard:4")
         assert parse_record(record["AdminComment"])["array"] is True
 
 
@@ -106,7 +106,7 @@ def test_heterogeneous_job_components_kept(slurm_cluster, job_dir):
     for component in (job_id, job_id + 1):  # each component passes job_submit on its own
         record = slurm_cluster.client.show_job(component)
         assert record["HetJobId"] == str(job_id)
-        assert record["TresPerNode"] == "gres:gpu:1"
+        assert record["TresPerNode"] == slurm_cluster.tres("gpu:1")
         assert parse_record(record["AdminComment"])["decision"] == "heterogeneous"
     slurm_cluster.client.run("scancel", str(job_id))
 
@@ -115,7 +115,7 @@ def test_update_of_rewritten_pending_job_keeps_request_and_record(slurm_cluster,
     job_id, _ = submit(slurm_cluster, job_dir, "#GPUSHARE mem=4G\ntrue\n", "--gres=gpu:1", "--hold")
     slurm_cluster.client.update_job(job_id, timelimit="10")
     record = slurm_cluster.client.show_job(job_id)
-    assert record["TimeLimit"] == "00:10:00" and record["TresPerNode"] == "gres:shard:5"
+    assert record["TimeLimit"] == "00:10:00" and record["TresPerNode"] == slurm_cluster.tres("shard:5")
     assert parse_record(record["AdminComment"])["decision"] == "shared"
     slurm_cluster.client.run("scancel", str(job_id))
 
@@ -183,7 +183,7 @@ def test_job_accepted_unchanged_when_service_fails(make_cluster, tmp_path, behav
         if thread:
             thread.join()
     assert record["JobState"] == "COMPLETED"
-    assert record["TresPerNode"] == "gres:gpu:1" and not record.get("AdminComment")
+    assert record["TresPerNode"] == cluster.tres("gpu:1") and not record.get("AdminComment")
     assert elapsed < 5  # the shim's deadline is 0.5 s in the test config
     log = (cluster.base / "log" / "slurmctld.log").read_text()
     assert "gpushare: job of uid 0 accepted unchanged" in log
@@ -207,14 +207,14 @@ def test_huge_non_utf8_script_is_handled(slurm_cluster, job_dir):
     path.write_bytes(body)
     job_id, stderr = slurm_cluster.client.sbatch("-D", str(job_dir), "-o", "/dev/null", "--gres=gpu:1", str(path))
     record = slurm_cluster.wait_job(job_id)
-    assert record["JobState"] == "COMPLETED" and record["TresPerNode"] == "gres:shard:3"
+    assert record["JobState"] == "COMPLETED" and record["TresPerNode"] == slurm_cluster.tres("shard:3")
 
 
 def test_malformed_directive_accepted_unchanged_with_reason(slurm_cluster, job_dir):
     job_id, stderr = submit(slurm_cluster, job_dir, "#GPUSHARE mem=a-lot\ntrue\n", "--gres=gpu:1")
     assert "ignoring the job's #GPUSHARE lines" in stderr and "line 2" in stderr
     record = slurm_cluster.wait_job(job_id)
-    assert record["TresPerNode"] == "gres:gpu:1"
+    assert record["TresPerNode"] == slurm_cluster.tres("gpu:1")
     assert parse_record(record["AdminComment"])["decision"] == "bad-directive"
 
 
