@@ -337,8 +337,14 @@ def prepare_runtime(root: Path, binds: Sequence[str]) -> None:
     """Make ``root`` ready for :func:`enter_script` with ``binds``: mount points, interpreter, libraries, users.
 
     Idempotent and cheap; run before starting a cluster. Only adds empty mount points, the interpreter's
-    symlinks and missing shared libraries to the cached chroot, nothing the next build would miss.
+    symlinks and missing shared libraries to the cached chroot, nothing the next build would miss. Holds the
+    version's build lock, so concurrent test processes never race on the same files.
     """
+    with _locked(root.name):
+        _prepare_locked(root, binds)
+
+
+def _prepare_locked(root: Path, binds: Sequence[str]) -> None:
     for path in binds:
         inside = root / path.lstrip("/")
         if os.path.isdir(path):
@@ -448,7 +454,7 @@ mount -t proc proc "$root/proc"
 mount --rbind /sys "$root/sys"
 mount --rbind /dev "$root/dev"
 {mounts}
-cwd=$(pwd -P)
+cwd=$(pwd -P 2>/dev/null) || cwd=/
 case "$cwd" in
   /|{visible}) ;;
   *) mkdir -p "$root$cwd"; mount --bind "$cwd" "$root$cwd" ;;
