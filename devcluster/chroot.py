@@ -391,7 +391,7 @@ def _copy_missing_libraries(root: Path) -> None:
     target.mkdir(parents=True, exist_ok=True)
     added = False
     for soname, path in sorted(needed.items()):
-        if any((root / d / soname).exists() for d in LIB_DIRS):
+        if any(os.path.lexists(root / d / soname) for d in LIB_DIRS):  # links there may be absolute
             continue
         shutil.copy2(path, target / soname)
         added = True
