@@ -100,11 +100,12 @@ def test_job_held_estimated_as_user_rewritten_released_and_run(est_cluster, work
     held = job(est_cluster, job_id)
     record = parse_record(held["admin_comment"])
     if record["decision"] == "estimating":  # usually still held here; the estimate may already have landed
-        assert held["job_state"] == "PENDING" and held["tres_per_node"] == "gres:shard:40"
+        assert held["job_state"] == "PENDING" and held["tres_per_node"] == est_cluster.tres("shard:40")
         assert held["state_reason"].startswith("JobHeld")
     final = wait_released(est_cluster, job_id)
-    assert final["decision"] == "shared" and final["src"] == "async" and final["new"] == "gres:shard:4"
-    assert final["old"] == "gres:gpu:1" and final["held_s"] >= 0 and "train.py --epochs 1" in final["script"]
+    assert final["decision"] == "shared" and final["src"] == "async" and final["new"] == est_cluster.tres("shard:4")
+    assert final["old"] == est_cluster.tres("gpu:1") and final["held_s"] >= 0
+    assert "train.py --epochs 1" in final["script"]
     est = [j for j in estimation_jobs(est_cluster) if j["job_id"] == final["est_job"]][0]
     assert est["name"] == f"{ESTIMATION_JOB_PREFIX}{job_id}" and est["partition"] == "cpu"
     assert est["user_id"] == user.pw_uid != 0
@@ -122,7 +123,7 @@ def test_real_gpu_estimate_runs_as_user(est_cluster, work, user, helpers):
     job_id, _ = submit_as_user(est_cluster, work, "srun() { true; }\nsrun python tiny_train.py --batch-size 32\n")
     final = wait_released(est_cluster, job_id, timeout_s=150)
     assert final["decision"] == "shared" and final["src"] == "async", final
-    assert final["new"] in ("gres:shard:2", "gres:shard:3") and 0 < final["est_gib"] < 2
+    assert final["new"] in (est_cluster.tres("shard:2"), est_cluster.tres("shard:3")) and 0 < final["est_gib"] < 2
     assert est_cluster.wait_job(job_id)["JobState"] == "COMPLETED"
 
 
@@ -130,7 +131,7 @@ def test_failed_estimation_releases_with_fallback(est_cluster, work, user):
     write(work, "train.py", "# FAKE_FAIL\n", user)
     job_id, _ = submit_as_user(est_cluster, work, STUBS + "torchrun --standalone --nproc_per_node=1 train.py\n")
     final = wait_released(est_cluster, job_id)
-    assert final["decision"] == "exclusive" and final["new"] == "gres:shard:40"
+    assert final["decision"] == "exclusive" and final["new"] == est_cluster.tres("shard:40")
     assert "the training script failed" in final["why"]
     done = est_cluster.wait_job(job_id)
     assert done["JobState"] == "COMPLETED" and done["TresPerNode"] == est_cluster.tres("shard:40")
@@ -196,11 +197,11 @@ def test_fifty_jobs_at_once_all_released_within_caps(est_cluster, work, user):
     assert all(r["decision"] == "shared" and r["src"] == "async" for r in records)
     assert len({r["est_job"] for r in records}) == 10  # one estimation per distinct script
     for i, record in zip(range(50), records):
-        assert record["new"] == f"gres:shard:{3 + (i % 10) % 3}"
+        assert record["new"] == est_cluster.tres(f"shard:{3 + (i % 10) % 3}")
     listing = subprocess.run([os.path.join(os.path.dirname(sys.executable), "gpushare"), "estimates", "--json",
                               "--user", TEST_USER], env=est_cluster.env, capture_output=True, text=True, check=True)
     rows = {row["job"]: row for row in json.loads(listing.stdout)}
-    assert all(rows[i]["phase"] == "released" and rows[i]["result"].startswith("gres:shard:") for i in ids)
+    assert all(rows[i]["phase"] == "released" and rows[i]["result"].startswith(est_cluster.tres("shard:")) for i in ids)
 
 
 def test_annotate_estimates_then_submits_with_the_estimate_attached(est_cluster, tmp_path):

@@ -48,7 +48,8 @@ def test_oom_on_a_shard_is_requeued_once_on_the_whole_gpu_and_completes(cluster:
     assert fields["TresPerNode"] == cluster.tres("shard:40")  # all 40 shards of the 40 GiB GPU
     assert fields["Nice"] == "-10000"
     record = json.loads(fields["AdminComment"].removeprefix("gpushare:"))
-    assert record["oom"] == {"n": 1, "max": 1, "fam": "pytorch", "from": "gres:shard:4", "to": "gres:shard:40"}
+    assert record["oom"] == {"n": 1, "max": 1, "fam": "pytorch", "from": cluster.tres("shard:4"),
+                             "to": cluster.tres("shard:40")}
     out = (cluster.base / f"job-{job_id}.out").read_text()
     assert "restart=1 shards=40" in out and "training finished" in out
     entry = ledger_of(cluster).get(str(job_id), 0)

@@ -72,5 +72,5 @@ def test_end_to_end_from_submission_sized_share_to_exclusive_rerun(
     assert (fields["JobState"], fields["Restarts"], fields["TresPerNode"]) == \
         ("COMPLETED", "1", full.tres("shard:40")), oom_log(full)
     record = json.loads(fields["AdminComment"].removeprefix("gpushare:"))
-    assert record["decision"] == "shared" and record["oom"]["from"] == "gres:shard:3"
+    assert record["decision"] == "shared" and record["oom"]["from"] == full.tres("shard:3")
     assert "restart=1 shards=40" in (base / f"e2e-{job_id}.out").read_text()

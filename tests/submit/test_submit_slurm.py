@@ -38,7 +38,7 @@ def test_annotated_job_runs_on_right_sized_shard(slurm_cluster, job_dir):
     assert record["JobState"] == "COMPLETED"
     assert record["TresPerNode"] == slurm_cluster.tres("shard:14")
     ours = parse_record(record["AdminComment"])
-    assert ours["decision"] == "shared" and ours["est_gib"] == 12.0 and ours["old"] == "gres:gpu:1"
+    assert ours["decision"] == "shared" and ours["est_gib"] == 12.0 and ours["old"] == slurm_cluster.tres("gpu:1")
     env = output_env(job_dir, job_id)
     assert env["SLURM_SHARDS_ON_NODE"] == "14" and env["CUDA_VISIBLE_DEVICES"] in ("0", "1")
 
