@@ -1,6 +1,8 @@
 # Two commands on a fresh Debian machine (as root, or with sudo):
 #   make demo   — install everything, start a local Slurm with simulated GPUs, estimate and submit a job
-#   make test   — install everything, run the whole test suite (unit + real-Slurm integration)
+#                 (SLURM=24.11 or SLURM=26.05: that Slurm, from a Debian chroot built once and cached)
+#   make test   — install everything, run the whole test suite (unit + real-Slurm integration) on the host's
+#                 Slurm 22.05, then the tests marked `slurm` again on each of CHROOT_SLURM
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # Debian's interpreter, not a per-user one (pyenv lives under /root): Slurm jobs and estimation jobs run
@@ -8,8 +10,11 @@ PY := $(VENV)/bin/python
 BASE_PYTHON ?= $(shell [ -x /usr/bin/python3 ] && echo /usr/bin/python3 || echo python3)
 DEBS := slurmctld slurmd slurm-client munge lua-socket lua5.1 python3-venv
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# Newer Slurm releases the integration tests also run on (devcluster/chroot.py builds their chroots).
+CHROOT_SLURM ?= 24.11 26.05
+SLURM ?=
 
-.PHONY: setup system-packages demo test bench clean
+.PHONY: setup system-packages demo test slurm-chroots bench clean
 
 setup: system-packages $(VENV)/.installed
 
@@ -30,10 +35,25 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: setup
-	$(PY) -m devcluster.demo
+	$(PY) -m devcluster.demo $(if $(SLURM),--slurm $(SLURM))
 
+# Every run happens even when an earlier one failed; make fails if any did. Exit 5 ("no tests collected")
+# is not a failure: a version may simply have no tests selected.
 test: setup
-	$(PY) -m pytest -q
+	@status=0; \
+	echo "== whole suite on the host's Slurm"; \
+	GPUSHARE_TEST_SLURM=22.05 $(PY) -m pytest -q; rc=$$?; \
+	[ $$rc -eq 0 ] || [ $$rc -eq 5 ] || status=1; \
+	for v in $(CHROOT_SLURM); do \
+	  echo "== tests marked slurm on Slurm $$v"; \
+	  GPUSHARE_TEST_SLURM=$$v $(PY) -m pytest -q -m slurm; rc=$$?; \
+	  [ $$rc -eq 0 ] || [ $$rc -eq 5 ] || status=1; \
+	done; \
+	exit $$status
+
+# Optional: build the cached chroots ahead of time (the tests build them on first use otherwise).
+slurm-chroots: setup
+	for v in $(CHROOT_SLURM); do $(PY) -m devcluster.chroot build $$v || exit 1; done
 
 bench: setup
 	$(PY) benchmarks/submit_latency.py

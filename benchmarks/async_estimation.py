@@ -39,8 +39,8 @@ DEFAULT = "forward_only,zero_grad_placement,grad_accum_train,amp_train,gpt2_trai
 
 def submit(cluster: LocalCluster, user: str, work: Path, name: str) -> tuple[int, float]:
     body = f"#!/bin/sh\n#SBATCH -J bench-{name}\npython() {{ true; }}\npython {name}.py\n"
-    proc = subprocess.run(["runuser", "-u", user, "--", "sbatch", "--parsable", "--gres=gpu:1", "-D", str(work),
-                           "-o", "/dev/null"], input=body, text=True, capture_output=True, env=cluster.env,
+    proc = subprocess.run(cluster.user_argv(user, ["sbatch", "--parsable", "--gres=gpu:1", "-D", str(work),
+                                            "-o", "/dev/null"]), input=body, text=True, capture_output=True, env=cluster.env,
                           check=True)
     return int(proc.stdout.strip().split(";")[0]), time.monotonic()
 

@@ -7,14 +7,16 @@ no GPU, ``sbatch --gres=gpu:1`` as always, and the job landing on a right-sized 
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from gpushare.slurm_plugins.decision import parse_record
 from devcluster.local_cluster import LocalCluster, missing_requirements
+from devcluster.slurm_runtime import ENV_VAR, VERSIONS, requested_version
+from gpushare.slurm_plugins.decision import parse_record
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -45,8 +47,12 @@ def show_job(cluster: LocalCluster, job_id: int, work: Path) -> None:
         print("job output:", out.read_text().strip())
 
 
-def main() -> int:
-    problem = missing_requirements()
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gpushare.demo", description=__doc__.splitlines()[0])
+    parser.add_argument("--slurm", choices=VERSIONS, default=requested_version(),
+                        help=f"Slurm version to run (default: ${ENV_VAR}, else the host's)")
+    version = parser.parse_args(argv).slurm
+    problem = missing_requirements(version)
     if problem:
         print(f"demo: cannot start a local Slurm here: {problem}", file=sys.stderr)
         return 1
@@ -63,8 +69,8 @@ def main() -> int:
         subprocess.run([str(BIN / "gpu-estimate"), *targets, "--json", str(EXAMPLE), *EXAMPLE_ARGS],
                        cwd=work, stdout=handle, check=True)
 
-    banner("starting a local Slurm 22.05: 1 node, 2 simulated A100-40GB (80 shards of 1 GiB), our hook")
-    cluster = LocalCluster(base / "cluster", bin_dir=str(BIN))
+    banner(f"starting a local Slurm {version}: 1 node, 2 simulated A100-40GB (80 shards of 1 GiB), our hook")
+    cluster = LocalCluster(base / "cluster", bin_dir=str(BIN), slurm_version=version)
     try:
         cluster.start()
         (work / "train.sbatch").write_text(BATCH_SCRIPT)

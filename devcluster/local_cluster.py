@@ -7,13 +7,17 @@ admins use (``gpushare slurm-config``), so the tests exercise what gets deployed
 
 Needs root (mknod, daemons as SlurmUser=root). Daemons are started with ``setsid`` and all standard
 streams redirected, so a CI step piping our output never waits on them.
+
+Which Slurm: ``slurm_version`` (default ``$GPUSHARE_TEST_SLURM``, else the host's 22.05). Newer releases run
+from cached Debian chroots (devcluster.chroot): daemons, hooks and gpushare-submitd run inside, and the
+cluster's ``env``/``client``/``argv``/``user_argv`` reach the chroot's client tools, so a test is written once
+for every version.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -22,6 +26,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from devcluster import slurm_runtime
+from devcluster.slurm_runtime import SlurmRuntime
 from gpushare.atomic import write_text_atomic
 from gpushare.config import Config, parse_config
 from gpushare.slurm.client import SlurmClient
@@ -29,21 +35,16 @@ from gpushare.slurm.jobs import ENDED_STATES, Job
 from gpushare.gres.gres_conf import gres_conf_lines, node_gres
 from gpushare.slurm_plugins.slurm_config import HOOK_ENTRY_POINTS, group_gpus, render_lua
 
-REQUIRED_BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "sinfo")
+REPO = Path(__file__).resolve().parents[1]  # bound into chroots: the virtualenv and examples live there
 
 
 class ClusterError(RuntimeError):
     pass
 
 
-def missing_requirements() -> str | None:
-    """Why a local cluster cannot start here, or None."""
-    if os.geteuid() != 0:
-        return "needs root (mknod for GPU device files, Slurm daemons as SlurmUser=root)"
-    missing = [b for b in REQUIRED_BINARIES if not shutil.which(b, path=os.environ.get("PATH", "") + ":/usr/sbin")]
-    if missing:
-        return f"Slurm/munge not installed (missing {', '.join(missing)}; apt-get install slurmctld slurmd slurm-client munge lua-socket)"
-    return None
+def missing_requirements(slurm_version: str | None = None) -> str | None:
+    """Why a local cluster of ``slurm_version`` (default: ``$GPUSHARE_TEST_SLURM``) cannot start here, or None."""
+    return slurm_runtime.missing_requirements(slurm_version)
 
 
 def _free_port() -> int:
@@ -65,8 +66,48 @@ class LocalCluster:
     with_submitd: bool = True
     toml_extra: str = ""  # appended to the generated gpushare.toml (tests tune policy here)
     submit_settings: dict[str, object] = field(default_factory=dict)  # extra [submit] keys
-    bin_dir: str = field(default_factory=lambda: os.path.dirname(sys.executable))
+    bin_dir: str = field(default_factory=lambda: os.path.dirname(sys.executable))  # our console scripts
+    slurm_version: str = field(default_factory=slurm_runtime.requested_version)
     pids: dict[str, int] = field(default_factory=dict)
+    runtime: SlurmRuntime | None = None
+
+    @property
+    def slurm_release(self) -> str:
+        """The running Slurm's full release (``"24.11.5"``), known once started."""
+        return self.runtime.release if self.runtime else ""
+
+    @property
+    def in_chroot(self) -> bool:
+        return self.slurm_version != slurm_runtime.HOST
+
+    @property
+    def slurm_bin_dir(self) -> str | None:
+        """Where this cluster's client tools are (chroot wrappers), None for the host's own."""
+        return str(self.base / "slurmbin") if self.in_chroot else None
+
+    def slurm_at_least(self, version: str) -> bool:
+        return slurm_runtime.at_least(self.slurm_version, version)
+
+    def tres(self, gres: str) -> str:
+        """``"shard:4"`` as this cluster's Slurm prints a per-node request (``gres:shard:4``/``gres/shard:4``)."""
+        return slurm_runtime.tres(self.slurm_version, gres)
+
+    def argv(self, argv: list[str]) -> list[str]:
+        """``argv`` run as root where this cluster's Slurm lives (its chroot), e.g. a node daemon."""
+        return self._runtime().argv(argv)
+
+    def user_argv(self, user: str, argv: list[str]) -> list[str]:
+        """``argv`` run as the ordinary ``user`` (``runuser``; inside the chroot for chroot versions)."""
+        return self._runtime().user_argv(user, argv)
+
+    def _runtime(self) -> SlurmRuntime:
+        if self.runtime is None:
+            problem = missing_requirements(self.slurm_version)
+            if problem:
+                raise ClusterError(problem)
+            self.base.mkdir(parents=True, exist_ok=True)
+            self.runtime = slurm_runtime.prepare(self.slurm_version, self.base, [REPO, self.bin_dir])
+        return self.runtime
 
     # --- paths ------------------------------------------------------------------------------------
     @property
@@ -86,11 +127,13 @@ class LocalCluster:
         env = dict(os.environ)
         env["SLURM_CONF"] = str(self.conf)
         env["GPUSHARE_CONFIG"] = str(self.gpushare_conf)
+        if self.slurm_bin_dir:
+            env["PATH"] = f"{self.slurm_bin_dir}:{env.get('PATH', '/usr/bin:/bin')}"
         return env
 
     @property
     def client(self) -> SlurmClient:
-        return SlurmClient(self.conf)
+        return SlurmClient(self.conf, bin_dir=self.slurm_bin_dir)
 
     @property
     def all_nodes(self) -> tuple[str, ...]:
@@ -109,11 +152,13 @@ class LocalCluster:
             f'device_dir = "{self.device_dir(name)}"\npartition = "gpu"\n'
             for name in self.node_names)
         extra_submit = "".join(f"{key} = {json.dumps(value)}\n" for key, value in self.submit_settings.items())
+        # Our commands run on the host (tests, gpushare CLI) must reach this cluster's tools, not the host's.
+        slurm_bin = f'slurm_bin_dir = "{self.slurm_bin_dir}"\n' if self.slurm_bin_dir else ""
         return (f"version = 1\n{self.toml_extra}\n[submit]\nsocket = \"{self.submitd_socket}\"\n"
                 f"cache_dir = \"{self.base / 'cache'}\"\nlog_file = \"{self.base / 'log' / 'submitd.log'}\"\n"
                 f"timeout_ms = 500\n{extra_submit}"
                 f"\n[oom]\nledger_dir = \"{self.base / 'oom-ledger'}\"\nlog_file = \"{self.base / 'log' / 'oom.log'}\"\n"
-                f"{nodes}")
+                f"{slurm_bin}{nodes}")
 
     def _toml_dict(self) -> dict:
         import tomllib
@@ -138,6 +183,10 @@ class LocalCluster:
         for group in cfg.nodes:
             gres.extend(gres_conf_lines(group_gpus(cfg, group), group.device_dir, node_name=group.names))
         write_text_atomic(self.base / "etc" / "gres.conf", "\n".join(gres) + "\n")
+        if self.slurm_at_least("23.02"):
+            # Without a cgroup filesystem slurmd >= 23 refuses to start unless told there is no cgroup plugin;
+            # 22.05 does not know the value "disabled".
+            write_text_atomic(self.base / "etc" / "cgroup.conf", "CgroupPlugin=disabled\n")
         for node in self.all_nodes:
             (self.base / "state" / f"spool-{node}").mkdir(parents=True, exist_ok=True)
         if self.with_hook:
@@ -212,16 +261,14 @@ class LocalCluster:
     # --- processes --------------------------------------------------------------------------------
     def _spawn(self, name: str, argv: list[str]) -> None:
         log = open(self.base / "log" / f"{name}.out", "ab")
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(self.argv(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 env=self.env, start_new_session=True, close_fds=True)
         log.close()
         self.pids[name] = proc.pid
         write_text_atomic(self.base / "run" / "pids", "\n".join(f"{k} {v}" for k, v in self.pids.items()) + "\n")
 
     def start(self, timeout_s: float = 60.0) -> "LocalCluster":
-        problem = missing_requirements()
-        if problem:
-            raise ClusterError(problem)
+        self._runtime()
         self.write_files()
         munge = self.base / "munge"
         self._spawn("munged", ["munged", "-F", "-S", str(munge / "munge.sock"), f"--key-file={munge / 'munge.key'}",
@@ -277,8 +324,46 @@ class LocalCluster:
             self._spawn(f"slurmd-{name}", ["slurmd", "-D", "-N", name, "-f", str(self.conf)])
 
     def stop(self) -> None:
+        """Stop the daemons, then kill what Slurm leaves behind: slurmstepd of still-running jobs ignores
+        SIGTERM and outlives slurmd, and job processes may outlive it. Chroot mounts live in per-process
+        private namespaces, so they go away with the last of these processes."""
         for name in [n for n in self.pids if n.startswith("slurmd-")] + ["slurmctld", "submitd", "munged"]:
             self.stop_process(name)
+        for _ in range(5):  # a killed step may still start its epilog: look again until nothing is left
+            leftovers = self.leftover_pids()
+            if not leftovers:
+                break
+            for pid in leftovers:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.2)
+
+    def leftover_pids(self) -> list[int]:
+        """This cluster's processes that outlive its daemons, except ours: slurmstepd (it clears its
+        environment, but keeps the slurmd log of this cluster open) and anything carrying this cluster's
+        SLURM_CONF (jobs, hooks, tools). slurmstepd comes first so it starts nothing new meanwhile."""
+        marker = f"SLURM_CONF={self.conf}".encode()
+        log_dir = f"{self.base / 'log'}/"
+        spare = {os.getpid(), os.getppid()}
+        steps, others = [], []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) in spare:
+                continue
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                    cmdline = handle.read()
+                if cmdline.startswith(b"slurmstepd"):
+                    if any(log_dir in target for target in _open_files(int(entry))):
+                        steps.append(int(entry))
+                    continue
+                with open(f"/proc/{entry}/environ", "rb") as handle:
+                    if marker in handle.read().split(b"\0"):
+                        others.append(int(entry))
+            except OSError:
+                continue
+        return steps + others
 
     def _controller_up(self) -> bool:
         try:
@@ -312,6 +397,21 @@ class LocalCluster:
                 return job
             time.sleep(0.2)
         raise ClusterError(f"job {job_id} not finished in {timeout_s:.0f} s (state {job.states if job else None})")
+
+
+def _open_files(pid: int) -> list[str]:
+    """Where ``pid``'s descriptors point (for a chrooted process: as seen from here, with the chroot prefix)."""
+    targets = []
+    try:
+        descriptors = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return targets
+    for fd in descriptors:
+        try:
+            targets.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            continue
+    return targets
 
 
 def _alive(pid: int) -> bool:

@@ -3,7 +3,10 @@
 ``slurm_cluster``: one single-node cluster (n1, 2 × a100-40gb, our job_submit.lua and submitd, our
 Prolog/Epilog/TaskProlog/EpilogSlurmctld) shared by the session, for tests that do not disturb it.
 ``make_cluster(...)``: a fresh cluster of any shape (two nodes, other policy) owned by one test.
-Both skip with the reason when this machine cannot run Slurm (not root, packages missing). Clusters
+Both skip with the reason when this machine cannot run Slurm (not root, packages missing). The Slurm version
+is ``$GPUSHARE_TEST_SLURM`` (22.05 = the host's packages; 24.11 and 26.05 run from cached chroots, see
+devcluster/chroot.py); every test using a cluster fixture is marked ``slurm`` so ``-m slurm`` reruns exactly
+those on another version. Clusters
 live in /tmp/gpushare-slurm-* (readable by the ordinary users some tests submit as); daemons are always
 stopped; a cluster's directory is removed after passing tests and kept, with log tails printed, on failure.
 """
@@ -20,8 +23,22 @@ from pathlib import Path
 import pytest
 
 from devcluster.local_cluster import LocalCluster, missing_requirements
+from devcluster.slurm_runtime import ENV_VAR, requested_version
 
 BIN_DIR = os.path.dirname(sys.executable)
+# Fixtures that start a real Slurm (here and in the sub-directories' conftests).
+SLURM_FIXTURES = frozenset({"slurm_cluster", "make_cluster", "job_dir", "agent_cluster", "est_cluster"})
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"Slurm for integration tests: {requested_version()} (${ENV_VAR})"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test that starts a cluster through a fixture ``slurm``, however it got the fixture."""
+    for item in items:
+        if SLURM_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slurm)
 
 
 def _require_slurm() -> None:

@@ -59,7 +59,9 @@ class AgentCluster(LocalCluster):
 
     def start_agent(self) -> None:
         log = open(self.base / "log" / "agent.out", "ab")
-        self.agent_proc = subprocess.Popen([f"{BIN_DIR}/gpushare-agent", "--node", "n1", "--log-level", "DEBUG"],
+        # Beside slurmd (in its chroot for newer Slurm): the agent calls scontrol like a node daemon does.
+        argv = self.argv([f"{BIN_DIR}/gpushare-agent", "--node", "n1", "--log-level", "DEBUG"])
+        self.agent_proc = subprocess.Popen(argv,
                                            env=self.env, stdin=subprocess.DEVNULL, stdout=log,
                                            stderr=subprocess.STDOUT, start_new_session=True)
         log.close()

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from devcluster.local_cluster import missing_requirements
+from devcluster.slurm_runtime import requested_version, tres
 
 pytestmark = pytest.mark.slurm
 
@@ -19,5 +20,6 @@ def test_demo_runs_end_to_end():
     result = subprocess.run([sys.executable, "-m", "devcluster.demo"], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     out = result.stdout
-    assert "TresPerNode=gres:shard:" in out and "decision=shared" in out
-    assert "SLURM_SHARDS_ON_NODE=" in out and "TresPerNode=gres:gpu:1" in out
+    version = requested_version()  # the demo runs on the same Slurm as the tests
+    assert f"TresPerNode={tres(version, 'shard:')}" in out and "decision=shared" in out
+    assert "SLURM_SHARDS_ON_NODE=" in out and f"TresPerNode={tres(version, 'gpu:1')}" in out

@@ -51,10 +51,10 @@ def ensure_user() -> pwd.struct_passwd:
         return pwd.getpwnam(TEST_USER)
 
 
-def user_can_run_estimator() -> str | None:
-    """Why the test user cannot run the real gpu-estimate (its Python under a 0700 home), or None."""
-    proc = subprocess.run(["runuser", "-u", TEST_USER, "--", REAL_ESTIMATOR, "--help"], capture_output=True,
-                          text=True)
+def user_can_run_estimator(cluster: LocalCluster) -> str | None:
+    """Why the test user cannot run the real gpu-estimate where the cluster's jobs run (its Python under a
+    0700 home), or None."""
+    proc = subprocess.run(cluster.user_argv(TEST_USER, [REAL_ESTIMATOR, "--help"]), capture_output=True, text=True)
     if proc.returncode == 0:
         return None
     return (f"{REAL_ESTIMATOR} not usable by {TEST_USER} ({proc.stderr.strip()[-120:]}); "

@@ -62,8 +62,9 @@ def write(work: Path, name: str, text: str, user: Any) -> Path:
 
 
 def submit_as_user(cluster: LocalCluster, work: Path, body: str, *args: str) -> tuple[int, str]:
-    proc = subprocess.run(["runuser", "-u", TEST_USER, "--", "sbatch", "--parsable", "--gres=gpu:1", "-D", str(work),
-                           "-o", str(work / "job-%j.out"), *args], input="#!/bin/sh\n" + body,
+    proc = subprocess.run(cluster.user_argv(TEST_USER, ["sbatch", "--parsable", "--gres=gpu:1", "-D", str(work),
+                                                      "-o", str(work / "job-%j.out"), *args]),
+                          input="#!/bin/sh\n" + body,
                           capture_output=True, text=True, env=cluster.env, timeout=30)
     assert proc.returncode == 0, proc.stderr
     return int(proc.stdout.strip().split(";")[0]), proc.stderr
@@ -116,7 +117,7 @@ def test_job_held_estimated_as_user_rewritten_released_and_run(est_cluster, work
 
 
 def test_real_gpu_estimate_runs_as_user(est_cluster, work, user, helpers):
-    problem = helpers.user_can_run_estimator()
+    problem = helpers.user_can_run_estimator(est_cluster)
     if problem:
         pytest.skip(problem)
     write(work, "tiny_train.py", TINY_TRAIN, user)
@@ -154,7 +155,7 @@ def test_cancelled_estimation_releases_the_job(est_cluster, work, user):
 def test_user_may_release_by_hand_and_the_record_says_so(est_cluster, work, user):
     write(work, "train.py", "# FAKE_SLEEP\n", user)
     job_id, _ = submit_as_user(est_cluster, work, STUBS + "python train.py\nsleep 4\n")
-    subprocess.run(["runuser", "-u", TEST_USER, "--", "scontrol", "release", str(job_id)], env=est_cluster.env,
+    subprocess.run(est_cluster.user_argv(TEST_USER, ["scontrol", "release", str(job_id)]), env=est_cluster.env,
                    check=True)
     final = wait_released(est_cluster, job_id, timeout_s=30)
     assert final["decision"] == "exclusive" and "released by its user" in final["why"]

@@ -236,7 +236,7 @@ def test_reject_mode_refuses_users_bad_directive_but_never_root(make_cluster):
     script = tmp_path / "bad.sh"
     script.write_text("#!/bin/bash\n#GPUSHARE mem=a-lot\ntrue\n")
     os.chmod(script, 0o644)
-    as_user = subprocess.run(["runuser", "-u", user, "--", "sbatch", "--gres=gpu:1", "-D", str(tmp_path), str(script)],
+    as_user = subprocess.run(cluster.user_argv(user, ["sbatch", "--gres=gpu:1", "-D", str(tmp_path), str(script)]),
                              env=cluster.env, capture_output=True, text=True)
     assert as_user.returncode != 0
     assert "gpushare: #GPUSHARE on line 2" in as_user.stderr

@@ -1,0 +1,136 @@
+"""Which Slurm a local cluster runs, and how to start its processes and tools.
+
+Why: the project must work with every Slurm that Debian ships (22.05 on the host, 24.11 and 26.05 in cached
+chroots, see :mod:`devcluster.chroot`). A :class:`SlurmRuntime` hides the difference from the cluster
+harness: on the host it runs commands as they are; for a chroot version it prefixes them with the cluster's
+``chroot-run`` script and provides wrapper scripts for the client tools (a 22.05 ``sbatch`` cannot talk to a
+24.11 controller), which the harness puts first on PATH and hands to :class:`SlurmClient` as its bin_dir.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from devcluster import chroot
+
+ENV_VAR = "GPUSHARE_TEST_SLURM"
+HOST = "22.05"  # the value meaning "the host's own packages" (Debian 12 ships 22.05)
+VERSIONS = (HOST, *sorted(chroot.SUITES))
+HOST_BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "sinfo")
+_HOST_PATH = os.environ.get("PATH", "") + ":/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def requested_version() -> str:
+    """The Slurm version to test against: ``$GPUSHARE_TEST_SLURM`` (``22.05``, ``24.11``, ``26.05``)."""
+    value = os.environ.get(ENV_VAR, "").strip() or HOST
+    return HOST if value == "host" else value
+
+
+def version_tuple(version: str) -> tuple[int, int]:
+    match = re.match(r"(\d+)\.(\d+)", version)
+    if not match:
+        raise ValueError(f"not a Slurm version: {version!r}")
+    return int(match.group(1)), int(match.group(2))
+
+
+def at_least(version: str, minimum: str) -> bool:
+    return version_tuple(version) >= version_tuple(minimum)
+
+
+def tres(version: str, gres: str) -> str:
+    """How Slurm ``version`` prints a per-node GRES request (scontrol's TresPerNode, Lua's tres_per_node).
+
+    ``tres("22.05", "shard:4")`` → ``"gres:shard:4"``; from 23.02 on Slurm writes ``"gres/shard:4"``. The one
+    place tests turn an expected GRES into the running version's spelling.
+    """
+    prefix = "gres/" if at_least(version, "23.02") else "gres:"
+    return ",".join(prefix + item for item in gres.split(","))
+
+
+@lru_cache(maxsize=1)
+def host_release() -> str:
+    """The host's Slurm release (``"22.05.8"``), empty when slurmctld is not installed."""
+    binary = shutil.which("slurmctld", path=_HOST_PATH)
+    if not binary:
+        return ""
+    proc = subprocess.run([binary, "-V"], capture_output=True, text=True)
+    match = re.search(r"(\d+\.\d+\.\S+)", proc.stdout + proc.stderr)
+    return match.group(1) if match else ""
+
+
+def missing_requirements(version: str | None = None) -> str | None:
+    """Why a local cluster of ``version`` (default: the requested one) cannot run here, or None."""
+    version = version or requested_version()
+    if version not in VERSIONS:
+        return f"unknown Slurm version {version!r} in {ENV_VAR} (use one of {', '.join(VERSIONS)})"
+    if os.geteuid() != 0:
+        return "needs root (mknod for GPU device files, Slurm daemons as SlurmUser=root)"
+    if version == HOST:
+        missing = [b for b in HOST_BINARIES if not shutil.which(b, path=_HOST_PATH)]
+        if missing:
+            return (f"Slurm/munge not installed (missing {', '.join(missing)}; apt-get install slurmctld slurmd "
+                    "slurm-client munge lua-socket)")
+        release = host_release()
+        if chroot.major_minor(release) != HOST:
+            return f"the host's Slurm is {release or 'unknown'}, not {HOST} (set {ENV_VAR} to a chroot version)"
+        return None
+    problem = chroot.missing_requirements(version)
+    return f"Slurm {version}: {problem}" if problem else None
+
+
+@dataclass(frozen=True)
+class SlurmRuntime:
+    """How to run Slurm ``version`` for one cluster: directly on the host, or through its chroot."""
+
+    version: str
+    release: str  # as slurmctld -V says, e.g. "24.11.5"
+    root: Path | None = None  # the chroot; None on the host
+    enter: Path | None = None  # the cluster's chroot-run script
+    bin_dir: Path | None = None  # wrappers for the chroot's client tools
+
+    @property
+    def in_chroot(self) -> bool:
+        return self.root is not None
+
+    def argv(self, argv: Sequence[str]) -> list[str]:
+        """``argv`` run where this Slurm lives (as root; the working directory is kept)."""
+        return [str(self.enter), *argv] if self.enter else list(argv)
+
+    def user_argv(self, user: str, argv: Sequence[str]) -> list[str]:
+        """``argv`` run as the ordinary ``user``; for a chroot the switch happens inside it."""
+        if self.enter and self.root:
+            chroot.sync_accounts(self.root)  # the user may have been created after the cluster started
+            return [str(self.enter), "--user", user, *argv]
+        return ["runuser", "-u", user, "--", *argv]
+
+
+def prepare(version: str, base: Path, extra_binds: Iterable[str | os.PathLike[str]] = ()) -> SlurmRuntime:
+    """The runtime for a cluster under ``base``: builds the chroot when needed and writes its scripts.
+
+    ``extra_binds`` are host paths that must be visible inside the chroot at the same place (the
+    repository with its virtualenv, the cluster's own directory when it is not under /tmp).
+    """
+    if version == HOST:
+        return SlurmRuntime(version=HOST, release=host_release())
+    root = chroot.ensure_chroot(version)
+    binds = chroot.runtime_binds([base, *extra_binds])
+    chroot.prepare_runtime(root, binds)
+    enter = chroot.write_enter_script(base / "bin" / "chroot-run", root, binds,
+                                      title=f"Runs a command inside the Slurm {version} chroot {root}")
+    bin_dir = base / "slurmbin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(bin_dir, 0o755)
+    for tool in chroot.client_tools(root):
+        wrapper = bin_dir / os.path.basename(tool)
+        wrapper.write_text(chroot.tool_wrapper(enter, tool))
+        wrapper.chmod(0o755)
+    stamp = chroot.read_stamp(root) or {}
+    return SlurmRuntime(version=version, release=str(stamp.get("slurm", version)), root=root, enter=enter,
+                        bin_dir=bin_dir)
