@@ -48,13 +48,13 @@ def slurm_paths(cfg: Config) -> tuple[Path, Path]:
 
 def build_executor(cfg: Config, node: str, backend: GpuBackend | None = None,
                    slurm: SlurmActions | None = None, restart: Callable[[str], None] | None = None,
-                   hook: Callable[[str], None] | None = None) -> Executor:
-    """The executor for ``node`` as configured; tests may pass their own backend, Slurm or restart."""
+                   hook: Callable[[str], None] | None = None, client: SlurmClient | None = None) -> Executor:
+    """The executor for ``node`` as configured; tests may pass their own backend, Slurm, client or restart."""
     if backend is None:
         backend = open_backend(cfg.agent.device_backend or None)
     if slurm is None:
         conf, gres = slurm_paths(cfg)
-        client = SlurmClient(conf)
+        client = client or SlurmClient(conf)
         slurm = (SlurmNodeActions(client, conf, gres, restart) if restart is not None else
                  SlurmNodeActions.with_commands(client, conf, gres, list(cfg.mig.restart_commands)))
     return Executor(node, backend, slurm, JournalStore(cfg.mig.journal_dir), settings(cfg), hook=hook)

@@ -104,7 +104,8 @@ class EstimationService:
         return key, find_training_command(script, directives.script, self.cfg.submit.max_script_bytes)
 
     def _estimation(self, job: Job, for_job: int) -> EstimationJob:
-        job_id, uid, state = int(job.job_id), int(job.user_id or 0), job.state
+        # Still completing counts as active on every release (22.05 says COMPLETING, 24.11+ COMPLETED+COMPLETING)
+        job_id, uid, state = int(job.job_id), int(job.user_id or 0), "COMPLETING" if job.completing else job.state
         stdout = job.std_out
         ours = Path(os.path.normpath(stdout)).parent.parent == Path(self.cfg.estimation.spool_dir).resolve()
         outcome: Estimate | str | None = None

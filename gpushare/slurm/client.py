@@ -63,14 +63,20 @@ class SlurmClient:
         return found
 
     def _binary(self, name: str) -> str:
+        """The configured directory first, then PATH (the admin's or the caller's Slurm), then the usual
+        places: hooks run by slurmctld get no PATH at all."""
         candidates = [self.bin_dir] if self.bin_dir else []
-        for directory in [*candidates, *_BIN_DIRS]:
+        for directory in candidates:
             path = Path(directory) / name
             if path.is_file() and os.access(path, os.X_OK):
                 return str(path)
         found = shutil.which(name)
         if found:
             return found
+        for directory in _BIN_DIRS:
+            path = Path(directory) / name
+            if path.is_file() and os.access(path, os.X_OK):
+                return str(path)
         raise SlurmError(f"{name}: not found (install slurm-client or set the Slurm bin directory)")
 
     def run(self, tool: str, *args: str, input_text: str | None = None, check: bool = True) -> str:
@@ -121,6 +127,10 @@ class SlurmClient:
             data = json.loads(out)
         except json.JSONDecodeError as exc:
             raise SlurmError(f"Slurm printed JSON we cannot read: {exc}") from exc
+        errors = data.get("errors") if isinstance(data, dict) else None
+        if errors:
+            first = errors[0] if isinstance(errors[0], dict) else {"description": str(errors[0])}
+            raise SlurmError(f"Slurm reported: {str(first.get('description') or first.get('error') or first)[:200]}")
         items = data.get("jobs") if isinstance(data, dict) else None
         if not isinstance(items, list):
             raise SlurmError("Slurm's JSON has no 'jobs' list")

@@ -93,7 +93,7 @@ def test_pending_mig_jobs_reshape_the_node_and_run_on_their_profiles(tmp_path: P
             "journal_dir": str(base / "journal"), "slurm_conf": str(cluster.conf),
             "gres_conf": str(base / "etc" / "gres.conf"), "device_dir": str(cluster.device_dir("n1")),
             "cap_device_major": 234, "poll_s": 0.2, "verify_timeout_s": 30, "wait_timeout_s": 30}})
-        busy, _ = reshape_for_demand(cfg, build_executor(cfg, "n1", restart=cluster.restart_slurm), client)
+        busy, _ = reshape_for_demand(cfg, build_executor(cfg, "n1", restart=cluster.restart_slurm, client=client), client)
         assert busy.outcome == "nothing" and "busy 7g.40gb@0" in busy.detail, busy
         assert "DRAIN" not in client.node_states()["n1"].upper()
         assert cluster.wait_job(blocker, timeout_s=30).state == "COMPLETED"
@@ -103,9 +103,10 @@ def test_pending_mig_jobs_reshape_the_node_and_run_on_their_profiles(tmp_path: P
                 raise KeyboardInterrupt(label)
         started = time.monotonic()
         with pytest.raises(KeyboardInterrupt):
-            reshape_for_demand(cfg, build_executor(cfg, "n1", restart=cluster.restart_slurm, hook=crash), client)
+            reshape_for_demand(cfg, build_executor(cfg, "n1", restart=cluster.restart_slurm, hook=crash, client=client),
+                               client)
         assert "DRAIN" in client.node_states()["n1"].upper() and gpu_counts(gres_now()) == {"7g.40gb": 1}
-        executor = build_executor(cfg, "n1", restart=cluster.restart_slurm)
+        executor = build_executor(cfg, "n1", restart=cluster.restart_slurm, client=client)
         result, notes = executor.reconcile(), []
         reshape_s = time.monotonic() - started
         journal = JournalStore(base / "journal").load("n1")
