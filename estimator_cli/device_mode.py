@@ -35,6 +35,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from gpushare.estimator_cli import cuda_paths
+from gpushare.estimator_cli.concrete_values import ConcreteValues, data_dependent_call
 from gpushare.estimator_cli.placeholders import is_tainted, placeholder, refuse
 
 _T = torch.Tensor
@@ -43,6 +44,8 @@ _IS_CUDA_GET = _T.is_cuda
 _VALUE_READS = {_T.tolist: ".tolist()", _T.numpy: ".numpy()", _T.__bool__: "a condition on a tensor",
                 _T.__index__: "a tensor used as an index", _T.__int__: "int(tensor)"}
 _HOST_MOVES = {_T.cpu: ".cpu()"}
+_READS = {_T.item: ".item()", _T.__float__: "float(tensor)", _T.__format__: "a formatted tensor",
+          **_VALUE_READS, **_HOST_MOVES}
 # erfinv_: the second half of trunc_normal_. The nn.init functions reach a mode as themselves (they call
 # handle_torch_function), and what they call inside the handler is not seen again.
 _INIT_FILLS = frozenset({_T.uniform_, _T.normal_, _T.random_, _T.bernoulli_, _T.exponential_, _T.log_normal_,
@@ -85,6 +88,7 @@ class CudaPresenter(TorchFunctionMode):
         self.item_calls = 0
         self.parameter_storages: WeakIdKeyDictionary = WeakIdKeyDictionary()  # fake mode: host parameters
         self.skipped_init_fills = 0
+        self.values = ConcreteValues()  # fake mode: real values of small tensors (concrete_values.py)
         self._hook: Any = None
 
     def __enter__(self) -> "CudaPresenter":
@@ -139,7 +143,7 @@ class CudaPresenter(TorchFunctionMode):
                     a, hit = self._rewrite(a)
                     to_gpu |= hit
                     if not hit and self.fake and src.is_meta and _is_cpu_device(a):
-                        refuse(".to('cpu') of a GPU tensor")
+                        return self._read(func, ".to('cpu')", (src, *args[1:]), kwargs)
                 new_args.append(a)
             args = tuple(new_args)
             if "device" in kwargs:
@@ -147,11 +151,37 @@ class CudaPresenter(TorchFunctionMode):
                 kwargs["device"], hit = self._rewrite(kwargs["device"])
                 to_gpu |= hit
                 if not hit and self.fake and src.is_meta and _is_cpu_device(kwargs["device"]):
-                    refuse(".to('cpu') of a GPU tensor")
+                    return self._read(func, ".to('cpu')", (src, *args[1:]), kwargs)
         if not self.fake and to_gpu and not self._on_gpu(src):
             kwargs = dict(kwargs, copy=True)  # a GPU copy is a new allocation; on the CPU `.to` would alias
             return self._tag(func(*args, **kwargs))
-        return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        if self.fake:
+            if to_gpu and not src.is_meta:
+                self.values.attach_copy(out, src)
+            else:
+                self.values.propagate(func, args, kwargs, out)
+        return out
+
+    def _read(self, func: Callable[..., Any], what: str, args: tuple, kwargs: dict) -> Any:
+        """A GPU value read in fake mode: exact from the tensor's shadow, else the placeholder rules."""
+        shadow = self.values.get(args[0])
+        if shadow is None:
+            self.values.note(what, concrete=False)
+            if func is _T.item or func is _T.__float__:
+                self.item_calls += 1
+                return placeholder(args[0].is_floating_point())
+            if func is _T.__format__:
+                self.item_calls += 1
+                return format(placeholder(args[0].is_floating_point()), *args[1:])
+            refuse(what)
+        self.values.note(what, concrete=True)
+        call = self.values.swapped(args, kwargs)
+        assert call is not None
+        if func is _T.cpu or func is _T.to:
+            out = func(*call[0], **call[1])
+            return out.clone() if out is shadow else out
+        return func(*call[0], **call[1])
 
     # -- the mode -------------------------------------------------------------------------------
     def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple = (), kwargs: Any = None) -> Any:
@@ -177,16 +207,8 @@ class CudaPresenter(TorchFunctionMode):
             if _has_tainted(args) or _has_tainted(kwargs.values()):
                 refuse("a value from .item() passed to a tensor operation")
             if args and isinstance(args[0], torch.Tensor) and args[0].is_meta:
-                if func is _T.item or func is _T.__float__:
-                    self.item_calls += 1
-                    return placeholder(args[0].is_floating_point())
-                if func is _T.__format__:
-                    self.item_calls += 1
-                    return format(placeholder(args[0].is_floating_point()), *args[1:])
-                if func in _VALUE_READS:
-                    refuse(_VALUE_READS[func])
-                if func in _HOST_MOVES:
-                    refuse(_HOST_MOVES[func])
+                if func in _READS:
+                    return self._read(func, _READS[func], args, kwargs)
                 if func is _T.get_device:
                     return 0
         if "device" in kwargs:
@@ -198,7 +220,12 @@ class CudaPresenter(TorchFunctionMode):
             if func in cuda_paths.SDPA_FUNCS:
                 return cuda_paths.route_sdpa(self.sm_major, args, kwargs)
             args, kwargs = self.autocast.rewrite(func, args, kwargs)
-            return func(*args, **kwargs)
+            try:
+                out = func(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - a data-dependent output shape on meta, or the script's error
+                out = data_dependent_call(self.values, func, args, kwargs, exc)
+            self.values.propagate(func, args, kwargs, out)
+            return out
         args, kwargs = self.autocast.rewrite(func, args, kwargs)  # CUDA autocast state, CPU tensors
         out = func(*args, **kwargs)
         if any(self._on_gpu(a) for a in args if isinstance(a, torch.Tensor)):
