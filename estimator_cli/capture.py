@@ -82,7 +82,9 @@ def capture_fake(run: ScriptRun) -> Capture:
     recorder.finish()
     return Capture(mode="fake", steps=tracker.iteration, stopped=stopped, events=recorder.events,
                    allocs=recorder.allocs, zero_grads=tracker.zero_grads,
-                   item_placeholders=presenter.item_calls)
+                   item_placeholders=presenter.item_calls,
+                   value_reads={"concrete": presenter.values.concrete_reads,
+                                "placeholder": presenter.values.placeholder_reads})
 
 
 def capture_profile(run: ScriptRun, trace_dir: str) -> Capture:

@@ -110,6 +110,8 @@ class ConcreteValues:
         if call is None:
             if written is not None:
                 self.shadows.pop(written, None)
+            elif func in _HEALTH_CHECKS and isinstance(out, torch.Tensor) and _small(out):
+                self._assume_healthy(func, out)
             return
         if not any(isinstance(t, torch.Tensor) for t in _leaves(call)) and not _is_factory(func):
             return
@@ -124,6 +126,20 @@ class ConcreteValues:
             if isinstance(meta, torch.Tensor) and meta.is_meta and isinstance(real, torch.Tensor) \
                     and meta is not written:
                 self.attach(meta, real)
+
+
+    def _assume_healthy(self, func: Callable[..., Any], out: torch.Tensor) -> None:
+        """``isnan``/``isinf``/``isfinite`` of a value-free tensor (the loss guard of Hugging Face's Trainer and
+        many loops): answered as a normal step would have it, finite — the same assumption GradScaler's
+        overflow check gets (estimator_cli/cuda_api.py)."""
+        finite = _HEALTH_CHECKS[func]
+        with _disable_current_modes():
+            self.attach(out, torch.full(tuple(out.shape), finite, dtype=torch.bool))
+        self.note(f"{func.__name__} of a value-free tensor (assumed finite)", concrete=False)
+
+
+_HEALTH_CHECKS = {torch.isnan: False, torch.Tensor.isnan: False, torch.isinf: False, torch.Tensor.isinf: False,
+                  torch.isfinite: True, torch.Tensor.isfinite: True, torch.isposinf: False, torch.isneginf: False}
 
 
 def _leaves(value: Any) -> list[Any]:
@@ -141,7 +157,7 @@ def _is_inplace(func: Callable[..., Any]) -> bool:
 
 _FACTORIES = frozenset({"arange", "zeros", "ones", "full", "empty", "tensor", "as_tensor", "linspace",
                         "eye", "zeros_like", "ones_like", "full_like", "empty_like", "tril", "triu",
-                        "range", "scalar_tensor", "randperm"})
+                        "range", "scalar_tensor", "randperm", "rand", "randn", "randint"})
 
 
 def _is_factory(func: Callable[..., Any]) -> bool:
@@ -213,5 +229,5 @@ def _refuse_if_data_dependent(func: Callable[..., Any], exc: BaseException) -> N
     if any(s in text for s in ("data-dependent", "data-independent", "with Meta tensors")):
         from gpushare.estimator_cli.placeholders import refuse
 
-        refuse(f"{getattr(func, '__name__', 'an op')} with an output shape from values the GPU side does "
-               "not have")
+        first = text.split(". ")[0].split("\n")[0]
+        refuse(f"{getattr(func, '__name__', 'an op')} needs values for its output shape: {first}")
