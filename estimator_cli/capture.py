@@ -51,16 +51,24 @@ def _script_environment(run: ScriptRun) -> Iterator[None]:
             sys.path[0] = saved_path0
 
 
-def _run_script(run: ScriptRun) -> bool:
-    """Execute the script as ``__main__``; True if stopped after the requested steps."""
+def _run_script(run: ScriptRun, tracker: PhaseTracker) -> bool:
+    """Execute the script as ``__main__``; True if stopped after the requested steps.
+
+    Once the requested iterations are complete the capture is whole, so whatever the script or its
+    framework does with the stop signal afterwards — catch ``BaseException`` and fail in its teardown
+    (Lightning moves the module to the CPU), re-raise something else, or swallow it and carry on to its
+    end — does not turn it into a failure."""
     try:
         runpy.run_path(run.script, run_name="__main__")
     except StopCapture:
         return True
-    except SystemExit as exc:
-        if exc.code not in (None, 0):
-            raise
-    return False
+    except BaseException as exc:
+        if tracker.stop_raised:
+            return True
+        if isinstance(exc, SystemExit) and exc.code in (None, 0):
+            return False
+        raise
+    return tracker.stop_raised
 
 
 def capture_fake(run: ScriptRun) -> Capture:
@@ -75,7 +83,7 @@ def capture_fake(run: ScriptRun) -> Capture:
         tracker.install()
         try:
             with presenter, recorder:
-                stopped = _run_script(run)
+                stopped = _run_script(run, tracker)
         finally:
             recorder.recording = False
             tracker.remove()
@@ -105,7 +113,7 @@ def capture_profile(run: ScriptRun, trace_dir: str) -> Capture:
         try:
             with prof, presenter:
                 try:
-                    stopped = _run_script(run)
+                    stopped = _run_script(run, tracker)
                 finally:
                     recorder.stop()
         finally:
