@@ -37,6 +37,8 @@ from torch.utils.weak import WeakIdKeyDictionary
 from gpushare.estimator_cli import cuda_paths
 from gpushare.estimator_cli.concrete_values import ConcreteValues, data_dependent_call
 from gpushare.estimator_cli.placeholders import is_tainted, placeholder, refuse
+from gpushare.estimator_cli.sparse_gpu import SparseOnGpu
+from gpushare.estimator_cli.tensor_parts import dense_parts, storages
 
 _T = torch.Tensor
 _DEVICE_GET = _T.device
@@ -88,6 +90,7 @@ class CudaPresenter(TorchFunctionMode):
         self.item_calls = 0
         self.parameter_storages: WeakIdKeyDictionary = WeakIdKeyDictionary()  # fake mode: host parameters
         self.skipped_init_fills = 0
+        self.sparse = SparseOnGpu()  # fake mode: sparse tensors "on the GPU" (sparse_gpu.py)
         self.values = ConcreteValues()  # fake mode: real values of small tensors (concrete_values.py)
         self._hook: Any = None
 
@@ -106,7 +109,8 @@ class CudaPresenter(TorchFunctionMode):
 
     def _on_parameter(self, module: Any, name: str, param: Any) -> None:
         if isinstance(param, torch.Tensor) and not param.is_meta:
-            self.parameter_storages[param.untyped_storage()] = True
+            for storage in storages(param):
+                self.parameter_storages[storage] = True
 
     # -- helpers ------------------------------------------------------------------------------
     def _on_gpu(self, t: Any) -> bool:
@@ -114,14 +118,15 @@ class CudaPresenter(TorchFunctionMode):
             return False
         if self.fake:
             return t.is_meta
-        return t.untyped_storage() in self.tagged
+        return any(s in self.tagged for s in storages(t))
 
     def _tag(self, out: Any) -> Any:
         for t in torch.utils._pytree.tree_leaves(out):
             if isinstance(t, torch.Tensor) and not t.is_meta:
-                self.tagged[t.untyped_storage()] = True
-                if self.on_gpu_tensor is not None:
-                    self.on_gpu_tensor(t)
+                for part in dense_parts(t):
+                    self.tagged[part.untyped_storage()] = True
+                    if self.on_gpu_tensor is not None:
+                        self.on_gpu_tensor(part)
         return out
 
     def _rewrite(self, value: Any) -> tuple[Any, bool]:
@@ -132,6 +137,9 @@ class CudaPresenter(TorchFunctionMode):
     def _move(self, func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         """``Tensor.to`` / ``Tensor.cuda``: host→GPU becomes host→target."""
         src = args[0]
+        if self.fake and src.layout != torch.strided and (func is _T.cuda or any(
+                _is_cuda_device(a) for a in (*args[1:], kwargs.get("device")))):
+            return self.sparse.place(src)
         if func is _T.cuda:
             args, kwargs = (src, self.target), {k: v for k, v in kwargs.items() if k != "device"}
             func, to_gpu = _T.to, True
@@ -188,9 +196,11 @@ class CudaPresenter(TorchFunctionMode):
         kwargs = kwargs or {}
         owner = getattr(func, "__self__", None)
         if self.fake and owner is _DEVICE_GET:
-            return torch.device("cuda", 0) if args[0].is_meta else func(*args, **kwargs)
+            return torch.device("cuda", 0) if args[0].is_meta or args[0] in self.sparse else func(*args, **kwargs)
         if self.fake and owner is _IS_CUDA_GET:
-            return True if args[0].is_meta else func(*args, **kwargs)
+            return True if args[0].is_meta or args[0] in self.sparse else func(*args, **kwargs)
+        if self.fake and self.sparse.involved(args, kwargs):
+            return self.sparse.call(func, args, kwargs, self._rewrite)
         if func is _T.to or func is _T.cuda:
             return self._move(func, args, kwargs)
         if func is _T.pin_memory:
@@ -201,7 +211,7 @@ class CudaPresenter(TorchFunctionMode):
             if func in _INIT_FILLS:
                 target = args[0] if args else kwargs.get("tensor")  # nn.init passes it by keyword
                 if isinstance(target, torch.Tensor) and not target.is_meta \
-                        and target.untyped_storage() in self.parameter_storages:
+                        and target.layout == torch.strided and target.untyped_storage() in self.parameter_storages:
                     self.skipped_init_fills += 1
                     return target
             if _has_tainted(args) or _has_tainted(kwargs.values()):
