@@ -44,6 +44,7 @@ class ConcreteValues:
         self.concrete_reads: dict[str, int] = {}  # what was read, with a real value
         self.placeholder_reads: dict[str, int] = {}  # what was read without one
         self.shadowed = 0  # tensors that got a value
+        self.tainted_host: WeakIdKeyDictionary = WeakIdKeyDictionary()  # host tensors holding placeholders
 
     # -- store --------------------------------------------------------------------------------------
     def get(self, t: Any) -> torch.Tensor | None:
@@ -66,6 +67,36 @@ class ConcreteValues:
     def note(self, what: str, concrete: bool) -> None:
         table = self.concrete_reads if concrete else self.placeholder_reads
         table[what] = table.get(what, 0) + 1
+
+    # -- placeholders that reached host tensors ------------------------------------------------------
+    def host_taint_involved(self, args: tuple, kwargs: dict) -> bool:
+        from gpushare.estimator_cli.placeholders import is_tainted
+
+        for v in (*args, *kwargs.values()):
+            if is_tainted(v) or (isinstance(v, torch.Tensor) and not v.is_meta and v in self.tainted_host):
+                return True
+            if isinstance(v, (list, tuple)) and any(is_tainted(x) for x in v):
+                return True
+        return False
+
+    def untaint_args(self, args: tuple) -> tuple:
+        from gpushare.estimator_cli.placeholders import PLACEHOLDER_VALUE, is_tainted
+
+        def plain(v: Any) -> Any:
+            if is_tainted(v):
+                return PLACEHOLDER_VALUE
+            if isinstance(v, (list, tuple)) and not hasattr(v, "_fields"):
+                return type(v)(plain(x) for x in v)
+            return v
+        return tuple(plain(a) for a in args)
+
+    def untaint_kwargs(self, kwargs: dict) -> dict:
+        return dict(zip(kwargs, self.untaint_args(tuple(kwargs.values()))))
+
+    def taint_host(self, out: Any, written: Any) -> None:
+        for t in (*_leaves(out), written):
+            if isinstance(t, torch.Tensor) and not t.is_meta:
+                self.tainted_host[t] = True
 
     # -- propagation -----------------------------------------------------------------------------
     def _swap(self, value: Any) -> Any:

@@ -55,6 +55,11 @@ _INIT_FILLS = frozenset({_T.uniform_, _T.normal_, _T.random_, _T.bernoulli_, _T.
                          torch.nn.init.kaiming_uniform_})
 
 
+def _is_inplace_name(func: Any) -> bool:
+    name = getattr(func, "__name__", "")
+    return name.endswith("_") and not name.endswith("__")
+
+
 def _has_tainted(values: Any) -> bool:
     """A placeholder among the arguments (top level or one tuple/list deep, as sizes are passed)."""
     for v in values:
@@ -191,6 +196,24 @@ class CudaPresenter(TorchFunctionMode):
             return out.clone() if out is shadow else out
         return func(*call[0], **call[1])
 
+    def _tainted_host_call(self, func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """A placeholder stored into, or computed with, a host tensor (``losses[k] = loss.item()``, a
+        running-loss tensor): the host tensor carries the taint, reads of it give placeholders, a
+        condition on it refuses (concrete_values.py)."""
+        if func in _READS and isinstance(args[0], torch.Tensor):
+            self.values.note(_READS[func] + " of a host tensor holding a placeholder", concrete=False)
+            if func in (_T.item, _T.__float__, _T.__format__):
+                self.item_calls += 1
+                value = placeholder(True)
+                return format(value, *args[1:]) if func is _T.__format__ else value
+            refuse(_READS[func] + " of a host tensor holding an .item() placeholder")
+        if any(isinstance(a, torch.Tensor) and a.is_meta for a in args) and (
+                _has_tainted(args) or _has_tainted(kwargs.values())):
+            refuse("a value from .item() passed to a GPU tensor operation")
+        out = func(*self.values.untaint_args(args), **self.values.untaint_kwargs(kwargs))
+        self.values.taint_host(out, args[0] if func is _T.__setitem__ or _is_inplace_name(func) else None)
+        return out
+
     # -- the mode -------------------------------------------------------------------------------
     def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -214,8 +237,8 @@ class CudaPresenter(TorchFunctionMode):
                         and target.layout == torch.strided and target.untyped_storage() in self.parameter_storages:
                     self.skipped_init_fills += 1
                     return target
-            if _has_tainted(args) or _has_tainted(kwargs.values()):
-                refuse("a value from .item() passed to a tensor operation")
+            if self.values.host_taint_involved(args, kwargs):
+                return self._tainted_host_call(func, args, kwargs)
             if args and isinstance(args[0], torch.Tensor) and args[0].is_meta:
                 if func in _READS:
                     return self._read(func, _READS[func], args, kwargs)
