@@ -15,6 +15,7 @@ from typing import Callable, Iterator
 
 import torch
 
+from gpushare.estimator_cli.checkpoint_reentry import recompute_under
 from gpushare.estimator_cli.cuda_api import PresentedGpu, presented_cuda
 from gpushare.estimator_cli.device_mode import CudaPresenter
 from gpushare.estimator_cli.events import Capture, Phase
@@ -79,7 +80,8 @@ def capture_fake(run: ScriptRun) -> Capture:
     presenter = CudaPresenter("meta", run.gpu.major)
     torch.__future__.set_swap_module_params_on_conversion(True)  # keep Parameter identity across .to()
     with _script_environment(run), presented_cuda(run.gpu, lambda: recorder.live, lambda: recorder.peak), \
-            gpu_path_patches("meta", fake=True), lazy_dynamo():
+            gpu_path_patches("meta", fake=True), lazy_dynamo(), \
+            recompute_under(presenter):
         tracker.install()
         try:
             with presenter, recorder:
@@ -106,7 +108,8 @@ def capture_profile(run: ScriptRun, trace_dir: str) -> Capture:
     trace_path = os.path.join(trace_dir, "trace.json")
     stopped = False
     with _script_environment(run), presented_cuda(run.gpu, lambda: 0, lambda: 0), \
-            gpu_path_patches("cpu", fake=False), lazy_dynamo():
+            gpu_path_patches("cpu", fake=False), lazy_dynamo(), \
+            recompute_under(presenter):
         tracker.install()
         prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True,
                                       record_shapes=False, with_stack=False)

@@ -1,6 +1,6 @@
 """Causal-LM fine-tuning in the plain-loop style of Hugging Face examples: a Llama-architecture model
-built from a config (no weights downloaded), a synthetic token corpus, AdamW, bf16 autocast, and an
-attention mask from the collator."""
+built from a config (no weights downloaded), a synthetic token corpus, AdamW, bf16 autocast, gradient
+checkpointing, and an attention mask from the collator."""
 
 import argparse
 
@@ -17,6 +17,7 @@ config = LlamaConfig(vocab_size=32000, hidden_size=512, intermediate_size=1376, 
                      num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=2048)
 device = "cuda" if torch.cuda.is_available() else "cpu"
 model = LlamaForCausalLM(config).to(device)
+model.gradient_checkpointing_enable()
 model.train()
 opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
 corpus = torch.randint(0, config.vocab_size, (args.batch_size * (args.steps + 1), args.seq_len))
