@@ -27,7 +27,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils.weak import WeakIdKeyDictionary
 
-MAX_ELEMENTS = 1 << 16  # a batch's [B, T] mask at B*T ≤ 64k; computing it on the CPU costs microseconds
+MAX_ELEMENTS = 1 << 20  # masks, index maps and box-assignment tables up to 1M elements: ~1 ms each on a CPU
 
 _NO_SHADOW = object()
 
