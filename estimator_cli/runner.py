@@ -148,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
                     capture = capture_profile(run, tmp)
             result["capture"] = capture.to_json()
             result["local_modules"] = local_modules(opts.script, loaded_before)
+            from gpushare.estimator_cli.preload import framework_modules
+
+            result["framework_modules"] = framework_modules(loaded_before)
         except DataDependent as exc:
             result.update(status="data_dependent", error=_error(exc))
         except MemoryError as exc:

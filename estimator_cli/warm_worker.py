@@ -239,6 +239,7 @@ class WarmChild:
     ``pid`` (also its process group), ``poll()``, ``wait()`` and ``returncode``."""
 
     def __init__(self, path: Path, argv: list[str], env: dict[str, str], cwd: str, log: str) -> None:
+        self.path = path  # the worker's socket: its learned preloads live beside it (preload.py)
         self._sock = _connect(path, 10.0)
         _request(self._sock, {"op": "run", "argv": argv, "env": env, "cwd": cwd, "log": log})
         reply = _read_line(self._sock)
@@ -414,11 +415,15 @@ def serve(path: Path, idle_s: float, ready_fd: int | None = None) -> int:
     listener.listen(64)
     inode = os.stat(path).st_ino
     last = time.monotonic()
+    from gpushare.estimator_cli.preload import load_remembered
+
+    preload_state: dict[str, int] = {}
     try:
         while time.monotonic() - last < idle_s:
             _reap()
             ready, _, _ = select.select([listener], [], [], min(1.0, idle_s))
             if not ready:
+                load_remembered(path, preload_state)  # frameworks earlier scripts imported (preload.py)
                 continue
             conn, _ = listener.accept()
             with conn:
