@@ -82,3 +82,48 @@ def test_the_first_cause_of_a_failure_is_reported(capsys, tmp_path):
     """, "--mode", "profile")
     assert code == EXIT_SCRIPT
     assert "mat1 and mat2 shapes cannot be multiplied" in err and "cleanup failed" in err
+
+
+def test_sparse_adjacency_in_fake_mode(capsys, tmp_path):
+    """A GCN's sparse COO adjacency: counted as GPU memory, sparse @ dense with autograd to the dense side."""
+    code, doc, err = estimate(capsys, tmp_path, """
+        import torch
+        n = 4000
+        idx = torch.randint(0, n, (2, 40000))
+        adj = torch.sparse_coo_tensor(idx, torch.ones(40000), (n, n)).coalesce().cuda()
+        assert adj.is_cuda and adj.device.type == "cuda"
+        lin = torch.nn.Linear(64, 16).cuda()
+        opt = torch.optim.Adam(lin.parameters())
+        x = torch.randn(n, 64).cuda()
+        for _ in range(5):
+            h = torch.sparse.mm(adj, lin(x))
+            assert h.shape == (n, 16)
+            h.pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    """, "--mode", "fake")
+    assert code == EXIT_OK, err
+    assert doc["mode"] == "fake" and doc["iterations"] == 3
+
+
+def test_checkpointed_segments_recompute_under_autocast(capsys, tmp_path):
+    """The recomputation in backward sees the same CUDA autocast as the original forward."""
+    code, doc, err = estimate(capsys, tmp_path, """
+        import torch
+        import torch.nn.functional as F
+        from torch.utils.checkpoint import checkpoint
+        lin = torch.nn.Linear(64, 64).cuda()
+        opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+        def attend(x):
+            q = lin(x)[None, None]
+            return F.scaled_dot_product_attention(q, lin(x)[None, None], x[None, None].to(q.dtype))
+        for reentrant in (False, True, False, True):
+            x = torch.randn(32, 64, device="cuda", requires_grad=True)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                y = checkpoint(attend, x, use_reentrant=reentrant)
+            y.float().sum().backward()
+            opt.step()
+            opt.zero_grad()
+    """, "--mode", "fake")
+    assert code == EXIT_OK, err
+    assert doc["iterations"] == 3
