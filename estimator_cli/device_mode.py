@@ -98,18 +98,33 @@ class CudaPresenter(TorchFunctionMode):
         self.sparse = SparseOnGpu()  # fake mode: sparse tensors "on the GPU" (sparse_gpu.py)
         self.values = ConcreteValues()  # fake mode: real values of small tensors (concrete_values.py)
         self._hook: Any = None
+        self._module_moves = 0  # inside Module._apply (model.cpu(), model.to(...)): see _read
+        self._saved_apply: Any = None
 
     def __enter__(self) -> "CudaPresenter":
         if self.fake:
             from torch.nn.modules.module import register_module_parameter_registration_hook
 
             self._hook = register_module_parameter_registration_hook(self._on_parameter)
+            self._saved_apply = torch.nn.Module._apply
+            presenter, original = self, self._saved_apply
+
+            def _apply(module: Any, *args: Any, **kwargs: Any) -> Any:
+                presenter._module_moves += 1
+                try:
+                    return original(module, *args, **kwargs)
+                finally:
+                    presenter._module_moves -= 1
+            torch.nn.Module._apply = _apply  # type: ignore[method-assign]
         return super().__enter__()
 
     def __exit__(self, *exc: Any) -> None:
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
+        if self._saved_apply is not None:
+            torch.nn.Module._apply = self._saved_apply  # type: ignore[method-assign]
+            self._saved_apply = None
         super().__exit__(*exc)
 
     def _on_parameter(self, module: Any, name: str, param: Any) -> None:
@@ -179,6 +194,13 @@ class CudaPresenter(TorchFunctionMode):
     def _read(self, func: Callable[..., Any], what: str, args: tuple, kwargs: dict) -> Any:
         """A GPU value read in fake mode: exact from the tensor's shadow, else the placeholder rules."""
         shadow = self.values.get(args[0])
+        if shadow is None and self._module_moves and (func is _T.cpu or func is _T.to):
+            # a whole module moved back to the host (a framework's teardown, a checkpoint save): its
+            # GPU memory is released as on the GPU; the host copy has the shape, not the values
+            self.values.note("a module moved to the CPU (values unknown)", concrete=False)
+            src = args[0]
+            return torch.empty_strided(src.shape, src.stride(), dtype=src.dtype, device="cpu",
+                                       requires_grad=src.requires_grad if src.is_leaf else False)
         if shadow is None:
             self.values.note(what, concrete=False)
             if func is _T.item or func is _T.__float__:

@@ -57,7 +57,10 @@ class PhaseTracker:
         self.iteration = 0
         self.stack: list[str] = []
         self.names: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> path
-        self.owners: WeakIdKeyDictionary = WeakIdKeyDictionary()  # parameter -> owning module path
+        # id(parameter) -> owning module path. Not a weak-keyed dict: a weak reference on a parameter makes
+        # torch.utils.swap_tensors refuse it, and Module._apply swaps parameters on every later move
+        # (model.cpu() in a framework's teardown, model.to(dtype)): "Couldn't swap Embedding.weight".
+        self.owners: dict[int, str] = {}
         self.zero_grads: list[dict[str, Any]] = []
         self.transitions: list[tuple[int, str, int, str]] = []  # (time_ns, phase, iteration, module)
         self._backward_depth = 0
@@ -96,7 +99,7 @@ class PhaseTracker:
         for sub_name, sub in root.named_modules():
             owner = self.names.get(sub, sub_name)
             for p in sub.parameters(recurse=False):
-                self.owners[p] = owner
+                self.owners[id(p)] = owner
                 self.recorder.claim(p, Kind.PARAMETER, owner)
             for b in sub.buffers(recurse=False):
                 self.recorder.claim(b, Kind.BUFFER, owner)
@@ -117,7 +120,7 @@ class PhaseTracker:
         for group in opt.param_groups:
             for p in group["params"]:
                 if p.grad is not None:
-                    self.recorder.claim(p.grad, Kind.GRADIENT, self.owners.get(p, ""))
+                    self.recorder.claim(p.grad, Kind.GRADIENT, self.owners.get(id(p), ""))
 
     def _pre_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self._claim_grads(opt)
@@ -125,7 +128,7 @@ class PhaseTracker:
 
     def _post_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         for param, state in opt.state.items():
-            owner = self.owners.get(param, "") if isinstance(param, torch.Tensor) else ""
+            owner = self.owners.get(id(param), "") if isinstance(param, torch.Tensor) else ""
             for value in state.values():
                 if isinstance(value, torch.Tensor):
                     self.recorder.claim(value, Kind.OPTIMIZER_STATE, owner)

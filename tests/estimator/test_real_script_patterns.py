@@ -127,3 +127,24 @@ def test_checkpointed_segments_recompute_under_autocast(capsys, tmp_path):
     """, "--mode", "fake")
     assert code == EXIT_OK, err
     assert doc["iterations"] == 3
+
+
+@pytest.mark.parametrize("mode", ["fake", "profile"])
+def test_modules_moved_back_and_forth(capsys, tmp_path, mode):
+    """``model.cpu()`` then ``.cuda()`` again (a framework's device moves): parameters are swapped in place,
+    which a weak reference on them would forbid."""
+    code, doc, err = estimate(capsys, tmp_path, """
+        import torch
+        m = torch.nn.Sequential(torch.nn.Embedding(100, 32), torch.nn.Linear(32, 8)).cuda()
+        m(torch.randint(0, 100, (4, 5)).cuda())
+        m.cpu()
+        assert m[1].weight.device.type == "cpu"
+        m.cuda()
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        for _ in range(4):
+            m(torch.randint(0, 100, (4, 5)).cuda()).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    """, "--mode", mode)
+    assert code == EXIT_OK, err
+    assert doc["mode"] == mode and doc["iterations"] == 3
