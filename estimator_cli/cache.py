@@ -26,7 +26,7 @@ RELEVANT_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CUBLAS_WORKSPA
 # Version of the estimate's model (orchestrator, device model). Bump it when the same capture would give a
 # different estimate, so entries made by an older model are not served as current. 2: cuDNN workspaces
 # from convolution geometry (estimator_cli/conv_workspace.py).
-MODEL_VERSION = 2
+MODEL_VERSION = 3
 
 
 MAX_ARG_FILE_BYTES = 4 << 20

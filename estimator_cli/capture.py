@@ -15,6 +15,7 @@ from typing import Callable, Iterator
 
 import torch
 
+from gpushare.estimator_cli.checkpoint_reentry import recompute_under
 from gpushare.estimator_cli.cuda_api import PresentedGpu, presented_cuda
 from gpushare.estimator_cli.device_mode import CudaPresenter
 from gpushare.estimator_cli.events import Capture, Phase
@@ -51,16 +52,24 @@ def _script_environment(run: ScriptRun) -> Iterator[None]:
             sys.path[0] = saved_path0
 
 
-def _run_script(run: ScriptRun) -> bool:
-    """Execute the script as ``__main__``; True if stopped after the requested steps."""
+def _run_script(run: ScriptRun, tracker: PhaseTracker) -> bool:
+    """Execute the script as ``__main__``; True if stopped after the requested steps.
+
+    Once the requested iterations are complete the capture is whole, so whatever the script or its
+    framework does with the stop signal afterwards — catch ``BaseException`` and fail in its teardown
+    (Lightning moves the module to the CPU), re-raise something else, or swallow it and carry on to its
+    end — does not turn it into a failure."""
     try:
         runpy.run_path(run.script, run_name="__main__")
     except StopCapture:
         return True
-    except SystemExit as exc:
-        if exc.code not in (None, 0):
-            raise
-    return False
+    except BaseException as exc:
+        if tracker.stop_raised:
+            return True
+        if isinstance(exc, SystemExit) and exc.code in (None, 0):
+            return False
+        raise
+    return tracker.stop_raised
 
 
 def capture_fake(run: ScriptRun) -> Capture:
@@ -71,18 +80,21 @@ def capture_fake(run: ScriptRun) -> Capture:
     presenter = CudaPresenter("meta", run.gpu.major)
     torch.__future__.set_swap_module_params_on_conversion(True)  # keep Parameter identity across .to()
     with _script_environment(run), presented_cuda(run.gpu, lambda: recorder.live, lambda: recorder.peak), \
-            gpu_path_patches("meta", fake=True), lazy_dynamo():
+            gpu_path_patches("meta", fake=True), lazy_dynamo(), \
+            recompute_under(presenter):
         tracker.install()
         try:
             with presenter, recorder:
-                stopped = _run_script(run)
+                stopped = _run_script(run, tracker)
         finally:
             recorder.recording = False
             tracker.remove()
     recorder.finish()
     return Capture(mode="fake", steps=tracker.iteration, stopped=stopped, events=recorder.events,
                    allocs=recorder.allocs, zero_grads=tracker.zero_grads,
-                   item_placeholders=presenter.item_calls)
+                   item_placeholders=presenter.item_calls,
+                   value_reads={"concrete": presenter.values.concrete_reads,
+                                "placeholder": presenter.values.placeholder_reads})
 
 
 def capture_profile(run: ScriptRun, trace_dir: str) -> Capture:
@@ -96,14 +108,15 @@ def capture_profile(run: ScriptRun, trace_dir: str) -> Capture:
     trace_path = os.path.join(trace_dir, "trace.json")
     stopped = False
     with _script_environment(run), presented_cuda(run.gpu, lambda: 0, lambda: 0), \
-            gpu_path_patches("cpu", fake=False), lazy_dynamo():
+            gpu_path_patches("cpu", fake=False), lazy_dynamo(), \
+            recompute_under(presenter):
         tracker.install()
         prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True,
                                       record_shapes=False, with_stack=False)
         try:
             with prof, presenter:
                 try:
-                    stopped = _run_script(run)
+                    stopped = _run_script(run, tracker)
                 finally:
                     recorder.stop()
         finally:

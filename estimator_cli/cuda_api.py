@@ -58,6 +58,14 @@ def _noop_factory() -> Callable[..., None]:
     return noop
 
 
+def _memory_stats(live: int, peak: int) -> dict[str, int]:
+    """The keys scripts read from ``memory_stats()`` (allocated/reserved, current and peak)."""
+    return {"allocated_bytes.all.current": live, "allocated_bytes.all.peak": peak,
+            "reserved_bytes.all.current": live, "reserved_bytes.all.peak": peak,
+            "active_bytes.all.current": live, "active_bytes.all.peak": peak, "num_alloc_retries": 0,
+            "num_ooms": 0}
+
+
 @contextlib.contextmanager
 def presented_cuda(gpu: PresentedGpu, live_bytes: Callable[[], int], peak_bytes: Callable[[], int]) -> Iterator[None]:
     """Patch ``torch.cuda`` (and ``torch.accelerator``) for the duration of the capture."""
@@ -98,6 +106,15 @@ def presented_cuda(gpu: PresentedGpu, live_bytes: Callable[[], int], peak_bytes:
         (cuda, "current_stream"): lambda *a, **k: _Stream(),
         (cuda, "default_stream"): lambda *a, **k: _Stream(),
         (cuda, "set_per_process_memory_fraction"): _noop_factory(),
+        (cuda, "set_stream"): _noop_factory(),
+        (cuda, "device"): _Stream,  # `with torch.cuda.device(i):` selects the one presented GPU
+        (cuda, "device_of"): _Stream,
+        (cuda, "memory_stats"): lambda *a, **k: _memory_stats(live_bytes(), peak_bytes()),
+        (cuda, "get_rng_state"): lambda *a, **k: torch.zeros(16, dtype=torch.uint8),
+        (cuda, "get_rng_state_all"): lambda *a, **k: [torch.zeros(16, dtype=torch.uint8)],
+        (cuda, "set_rng_state"): _noop_factory(),
+        (cuda, "set_rng_state_all"): _noop_factory(),
+        (cuda, "is_current_stream_capturing"): lambda *a, **k: False,
     }
     accel = getattr(torch, "accelerator", None)
     if accel is not None:
@@ -108,6 +125,22 @@ def presented_cuda(gpu: PresentedGpu, live_bytes: Callable[[], int], peak_bytes:
             (accel, "current_device_index"): lambda *a, **k: 0,
             (accel, "synchronize"): _noop_factory(),
             (accel, "current_stream"): lambda *a, **k: _Stream(),
+            # pytorch/examples' ImageNet script selects its device through torch.accelerator
+            (accel, "set_device_index"): _noop_factory(),
+            (accel, "set_device_idx"): _noop_factory(),
+            (accel, "current_device_idx"): lambda *a, **k: 0,
+            (accel, "device_index"): _Stream,
+            (accel, "set_stream"): _noop_factory(),
+            (accel, "get_device_capability"): lambda *a, **k: {"major": gpu.major, "minor": gpu.minor},
+            (accel, "empty_cache"): _noop_factory(),
+            (accel, "memory_allocated"): lambda *a, **k: live_bytes(),
+            (accel, "max_memory_allocated"): lambda *a, **k: peak_bytes(),
+            (accel, "memory_reserved"): lambda *a, **k: live_bytes(),
+            (accel, "max_memory_reserved"): lambda *a, **k: peak_bytes(),
+            (accel, "reset_peak_memory_stats"): _noop_factory(),
+            (accel, "reset_accumulated_memory_stats"): _noop_factory(),
+            (accel, "memory_stats"): lambda *a, **k: _memory_stats(live_bytes(), peak_bytes()),
+            (accel, "get_memory_info"): lambda *a, **k: (max(0, gpu.total_memory - live_bytes()), gpu.total_memory),
         })
     saved: list[tuple[Any, str, Any, bool]] = []
     try:

@@ -35,7 +35,10 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from gpushare.estimator_cli import cuda_paths
+from gpushare.estimator_cli.concrete_values import ConcreteValues, data_dependent_call
 from gpushare.estimator_cli.placeholders import is_tainted, placeholder, refuse
+from gpushare.estimator_cli.sparse_gpu import SparseOnGpu
+from gpushare.estimator_cli.tensor_parts import dense_parts, storages
 
 _T = torch.Tensor
 _DEVICE_GET = _T.device
@@ -43,11 +46,18 @@ _IS_CUDA_GET = _T.is_cuda
 _VALUE_READS = {_T.tolist: ".tolist()", _T.numpy: ".numpy()", _T.__bool__: "a condition on a tensor",
                 _T.__index__: "a tensor used as an index", _T.__int__: "int(tensor)"}
 _HOST_MOVES = {_T.cpu: ".cpu()"}
+_READS = {_T.item: ".item()", _T.__float__: "float(tensor)", _T.__format__: "a formatted tensor",
+          **_VALUE_READS, **_HOST_MOVES}
 # erfinv_: the second half of trunc_normal_. The nn.init functions reach a mode as themselves (they call
 # handle_torch_function), and what they call inside the handler is not seen again.
 _INIT_FILLS = frozenset({_T.uniform_, _T.normal_, _T.random_, _T.bernoulli_, _T.exponential_, _T.log_normal_,
                          _T.cauchy_, _T.geometric_, _T.erfinv_, torch.nn.init.uniform_, torch.nn.init.normal_,
                          torch.nn.init.kaiming_uniform_})
+
+
+def _is_inplace_name(func: Any) -> bool:
+    name = getattr(func, "__name__", "")
+    return name.endswith("_") and not name.endswith("__")
 
 
 def _has_tainted(values: Any) -> bool:
@@ -85,24 +95,42 @@ class CudaPresenter(TorchFunctionMode):
         self.item_calls = 0
         self.parameter_storages: WeakIdKeyDictionary = WeakIdKeyDictionary()  # fake mode: host parameters
         self.skipped_init_fills = 0
+        self.sparse = SparseOnGpu()  # fake mode: sparse tensors "on the GPU" (sparse_gpu.py)
+        self.values = ConcreteValues()  # fake mode: real values of small tensors (concrete_values.py)
         self._hook: Any = None
+        self._module_moves = 0  # inside Module._apply (model.cpu(), model.to(...)): see _read
+        self._saved_apply: Any = None
 
     def __enter__(self) -> "CudaPresenter":
         if self.fake:
             from torch.nn.modules.module import register_module_parameter_registration_hook
 
             self._hook = register_module_parameter_registration_hook(self._on_parameter)
+            self._saved_apply = torch.nn.Module._apply
+            presenter, original = self, self._saved_apply
+
+            def _apply(module: Any, *args: Any, **kwargs: Any) -> Any:
+                presenter._module_moves += 1
+                try:
+                    return original(module, *args, **kwargs)
+                finally:
+                    presenter._module_moves -= 1
+            torch.nn.Module._apply = _apply  # type: ignore[method-assign]
         return super().__enter__()
 
     def __exit__(self, *exc: Any) -> None:
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
+        if self._saved_apply is not None:
+            torch.nn.Module._apply = self._saved_apply  # type: ignore[method-assign]
+            self._saved_apply = None
         super().__exit__(*exc)
 
     def _on_parameter(self, module: Any, name: str, param: Any) -> None:
         if isinstance(param, torch.Tensor) and not param.is_meta:
-            self.parameter_storages[param.untyped_storage()] = True
+            for storage in storages(param):
+                self.parameter_storages[storage] = True
 
     # -- helpers ------------------------------------------------------------------------------
     def _on_gpu(self, t: Any) -> bool:
@@ -110,14 +138,15 @@ class CudaPresenter(TorchFunctionMode):
             return False
         if self.fake:
             return t.is_meta
-        return t.untyped_storage() in self.tagged
+        return any(s in self.tagged for s in storages(t))
 
     def _tag(self, out: Any) -> Any:
         for t in torch.utils._pytree.tree_leaves(out):
             if isinstance(t, torch.Tensor) and not t.is_meta:
-                self.tagged[t.untyped_storage()] = True
-                if self.on_gpu_tensor is not None:
-                    self.on_gpu_tensor(t)
+                for part in dense_parts(t):
+                    self.tagged[part.untyped_storage()] = True
+                    if self.on_gpu_tensor is not None:
+                        self.on_gpu_tensor(part)
         return out
 
     def _rewrite(self, value: Any) -> tuple[Any, bool]:
@@ -128,6 +157,9 @@ class CudaPresenter(TorchFunctionMode):
     def _move(self, func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         """``Tensor.to`` / ``Tensor.cuda``: host→GPU becomes host→target."""
         src = args[0]
+        if self.fake and src.layout != torch.strided and (func is _T.cuda or any(
+                _is_cuda_device(a) for a in (*args[1:], kwargs.get("device")))):
+            return self.sparse.place(src)
         if func is _T.cuda:
             args, kwargs = (src, self.target), {k: v for k, v in kwargs.items() if k != "device"}
             func, to_gpu = _T.to, True
@@ -139,7 +171,7 @@ class CudaPresenter(TorchFunctionMode):
                     a, hit = self._rewrite(a)
                     to_gpu |= hit
                     if not hit and self.fake and src.is_meta and _is_cpu_device(a):
-                        refuse(".to('cpu') of a GPU tensor")
+                        return self._read(func, ".to('cpu')", (src, *args[1:]), kwargs)
                 new_args.append(a)
             args = tuple(new_args)
             if "device" in kwargs:
@@ -147,20 +179,73 @@ class CudaPresenter(TorchFunctionMode):
                 kwargs["device"], hit = self._rewrite(kwargs["device"])
                 to_gpu |= hit
                 if not hit and self.fake and src.is_meta and _is_cpu_device(kwargs["device"]):
-                    refuse(".to('cpu') of a GPU tensor")
+                    return self._read(func, ".to('cpu')", (src, *args[1:]), kwargs)
         if not self.fake and to_gpu and not self._on_gpu(src):
             kwargs = dict(kwargs, copy=True)  # a GPU copy is a new allocation; on the CPU `.to` would alias
             return self._tag(func(*args, **kwargs))
-        return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        if self.fake:
+            if to_gpu and not src.is_meta:
+                self.values.attach_copy(out, src)
+            else:
+                self.values.propagate(func, args, kwargs, out)
+        return out
+
+    def _read(self, func: Callable[..., Any], what: str, args: tuple, kwargs: dict) -> Any:
+        """A GPU value read in fake mode: exact from the tensor's shadow, else the placeholder rules."""
+        shadow = self.values.get(args[0])
+        if shadow is None and self._module_moves and (func is _T.cpu or func is _T.to):
+            # a whole module moved back to the host (a framework's teardown, a checkpoint save): its
+            # GPU memory is released as on the GPU; the host copy has the shape, not the values
+            self.values.note("a module moved to the CPU (values unknown)", concrete=False)
+            src = args[0]
+            return torch.empty_strided(src.shape, src.stride(), dtype=src.dtype, device="cpu",
+                                       requires_grad=src.requires_grad if src.is_leaf else False)
+        if shadow is None:
+            self.values.note(what, concrete=False)
+            if func is _T.item or func is _T.__float__:
+                self.item_calls += 1
+                return placeholder(args[0].is_floating_point())
+            if func is _T.__format__:
+                self.item_calls += 1
+                return format(placeholder(args[0].is_floating_point()), *args[1:])
+            refuse(what)
+        self.values.note(what, concrete=True)
+        call = self.values.swapped(args, kwargs)
+        assert call is not None
+        if func is _T.cpu or func is _T.to:
+            out = func(*call[0], **call[1])
+            return out.clone() if out is shadow else out
+        return func(*call[0], **call[1])
+
+    def _tainted_host_call(self, func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """A placeholder stored into, or computed with, a host tensor (``losses[k] = loss.item()``, a
+        running-loss tensor): the host tensor carries the taint, reads of it give placeholders, a
+        condition on it refuses (concrete_values.py)."""
+        if func in _READS and isinstance(args[0], torch.Tensor):
+            self.values.note(_READS[func] + " of a host tensor holding a placeholder", concrete=False)
+            if func in (_T.item, _T.__float__, _T.__format__):
+                self.item_calls += 1
+                value = placeholder(True)
+                return format(value, *args[1:]) if func is _T.__format__ else value
+            refuse(_READS[func] + " of a host tensor holding an .item() placeholder")
+        if any(isinstance(a, torch.Tensor) and a.is_meta for a in args) and (
+                _has_tainted(args) or _has_tainted(kwargs.values())):
+            refuse("a value from .item() passed to a GPU tensor operation")
+        out = func(*self.values.untaint_args(args), **self.values.untaint_kwargs(kwargs))
+        self.values.taint_host(out, args[0] if func is _T.__setitem__ or _is_inplace_name(func) else None)
+        return out
 
     # -- the mode -------------------------------------------------------------------------------
     def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         owner = getattr(func, "__self__", None)
         if self.fake and owner is _DEVICE_GET:
-            return torch.device("cuda", 0) if args[0].is_meta else func(*args, **kwargs)
+            return torch.device("cuda", 0) if args[0].is_meta or args[0] in self.sparse else func(*args, **kwargs)
         if self.fake and owner is _IS_CUDA_GET:
-            return True if args[0].is_meta else func(*args, **kwargs)
+            return True if args[0].is_meta or args[0] in self.sparse else func(*args, **kwargs)
+        if self.fake and self.sparse.involved(args, kwargs):
+            return self.sparse.call(func, args, kwargs, self._rewrite)
         if func is _T.to or func is _T.cuda:
             return self._move(func, args, kwargs)
         if func is _T.pin_memory:
@@ -171,22 +256,14 @@ class CudaPresenter(TorchFunctionMode):
             if func in _INIT_FILLS:
                 target = args[0] if args else kwargs.get("tensor")  # nn.init passes it by keyword
                 if isinstance(target, torch.Tensor) and not target.is_meta \
-                        and target.untyped_storage() in self.parameter_storages:
+                        and target.layout == torch.strided and target.untyped_storage() in self.parameter_storages:
                     self.skipped_init_fills += 1
                     return target
-            if _has_tainted(args) or _has_tainted(kwargs.values()):
-                refuse("a value from .item() passed to a tensor operation")
+            if self.values.host_taint_involved(args, kwargs):
+                return self._tainted_host_call(func, args, kwargs)
             if args and isinstance(args[0], torch.Tensor) and args[0].is_meta:
-                if func is _T.item or func is _T.__float__:
-                    self.item_calls += 1
-                    return placeholder(args[0].is_floating_point())
-                if func is _T.__format__:
-                    self.item_calls += 1
-                    return format(placeholder(args[0].is_floating_point()), *args[1:])
-                if func in _VALUE_READS:
-                    refuse(_VALUE_READS[func])
-                if func in _HOST_MOVES:
-                    refuse(_HOST_MOVES[func])
+                if func in _READS:
+                    return self._read(func, _READS[func], args, kwargs)
                 if func is _T.get_device:
                     return 0
         if "device" in kwargs:
@@ -198,7 +275,12 @@ class CudaPresenter(TorchFunctionMode):
             if func in cuda_paths.SDPA_FUNCS:
                 return cuda_paths.route_sdpa(self.sm_major, args, kwargs)
             args, kwargs = self.autocast.rewrite(func, args, kwargs)
-            return func(*args, **kwargs)
+            try:
+                out = func(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - a data-dependent output shape on meta, or the script's error
+                out = data_dependent_call(self.values, func, args, kwargs, exc)
+            self.values.propagate(func, args, kwargs, out)
+            return out
         args, kwargs = self.autocast.rewrite(func, args, kwargs)  # CUDA autocast state, CPU tensors
         out = func(*args, **kwargs)
         if any(self._on_gpu(a) for a in args if isinstance(a, torch.Tensor)):

@@ -116,6 +116,8 @@ class Capture:
     allocs: dict[int, Alloc] = field(default_factory=dict)
     zero_grads: list[dict[str, Any]] = field(default_factory=list)  # {"event": index, "set_to_none": bool}
     item_placeholders: int = 0  # `.item()` calls answered with a tainted placeholder (fake mode)
+    # fake mode's GPU value reads: {"concrete": {what: count}, "placeholder": {what: count}}
+    value_reads: dict[str, dict[str, int]] = field(default_factory=dict)
     version: int = CAPTURE_VERSION
 
     def to_json(self) -> dict[str, Any]:
@@ -125,6 +127,7 @@ class Capture:
             "allocs": [[a.id, a.size, a.module, a.phase, a.iteration, a.op, a.kind]
                        + ([a.conv] if a.conv is not None else []) for a in self.allocs.values()],
             "zero_grads": self.zero_grads, "item_placeholders": self.item_placeholders,
+            "value_reads": self.value_reads,
         }
 
     @classmethod
@@ -138,7 +141,8 @@ class Capture:
                 raise ValueError(f"capture event {op} names unknown allocation {i}")
         return cls(mode=data["mode"], steps=data["steps"], stopped=data["stopped"], events=events,
                    allocs=allocs, zero_grads=data.get("zero_grads", []),
-                   item_placeholders=data.get("item_placeholders", 0))
+                   item_placeholders=data.get("item_placeholders", 0),
+                   value_reads=data.get("value_reads", {}))
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -46,7 +46,7 @@ class FakeRecorder(TorchDispatchMode):
         return len(self.events)
 
     def claim(self, tensor: torch.Tensor, kind: Kind, module: str) -> None:
-        if not isinstance(tensor, torch.Tensor) or not tensor.is_meta:
+        if not isinstance(tensor, torch.Tensor) or not tensor.is_meta or tensor.layout != torch.strided:
             return
         alloc_id = self.ids.get(tensor.untyped_storage())
         if alloc_id is not None:
@@ -75,7 +75,7 @@ class FakeRecorder(TorchDispatchMode):
         else:
             leaves = tree_leaves(out)
         for t in leaves:
-            if not isinstance(t, torch.Tensor) or not t.is_meta:
+            if not isinstance(t, torch.Tensor) or not t.is_meta or t.layout != torch.strided:
                 continue
             storage = t.untyped_storage()
             if storage in self.ids:

@@ -104,7 +104,12 @@ def _run_child(mode: str, script: str, args: list[str], steps: int, gpu: Present
             raise CaptureFailed("script_error", f"the script ended the process (exit status {proc.returncode}) "
                                 "before the estimate was taken", traceback_tail=output[-3000:], output=output)
         with open(out, encoding="utf-8") as handle:
-            return json.load(handle), output, process, note
+            result = json.load(handle)
+        if process == "warm" and result.get("framework_modules"):
+            from gpushare.estimator_cli.preload import remember
+
+            remember(proc.path, list(result["framework_modules"]))
+        return result, output, process, note
 
 
 def _kill(proc: Any) -> None:

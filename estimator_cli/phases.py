@@ -6,8 +6,16 @@ optimizer step hooks give the optimizer phase and count steps; ``zero_grad`` and
 global hooks, so ``Optimizer.zero_grad``, ``Module.zero_grad``, ``Tensor.backward``,
 ``torch.autograd.backward`` and ``torch.autograd.grad`` are wrapped (and restored on exit).
 
+Iterations are optimizer steps. A script that makes no ``torch.optim`` optimizer at all (a word-level
+LSTM that updates ``p.data`` by hand, a loop that applies its own update rule) counts backward passes
+instead: the N+1-th backward starts after N complete iterations, update included, so the stop comes
+there. With an optimizer, backward passes are never counted (gradient accumulation runs several per step).
+
 Stopping: after the N-th step's post-hook a private ``BaseException`` unwinds the script; a script's
-``except Exception`` cannot swallow it. Frees during that unwinding are not recorded (the recorder stops
+``except Exception`` cannot swallow it. A framework that catches ``BaseException`` around training
+(Lightning's teardown moves the module back to the CPU and re-raises whatever it met) may turn the stop
+into another error or swallow it; ``stop_raised`` records that the capture was complete before that, so
+the caller (estimator_cli/capture.py) keeps the capture instead of reporting the teardown's error. Frees during that unwinding are not recorded (the recorder stops
 first), so what is alive at the stop is what would be alive on the GPU at that point.
 """
 
@@ -49,10 +57,16 @@ class PhaseTracker:
         self.iteration = 0
         self.stack: list[str] = []
         self.names: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> path
-        self.owners: WeakIdKeyDictionary = WeakIdKeyDictionary()  # parameter -> owning module path
+        # id(parameter) -> owning module path. Not a weak-keyed dict: a weak reference on a parameter makes
+        # torch.utils.swap_tensors refuse it, and Module._apply swaps parameters on every later move
+        # (model.cpu() in a framework's teardown, model.to(dtype)): "Couldn't swap Embedding.weight".
+        self.owners: dict[int, str] = {}
         self.zero_grads: list[dict[str, Any]] = []
         self.transitions: list[tuple[int, str, int, str]] = []  # (time_ns, phase, iteration, module)
         self._backward_depth = 0
+        self.optimizers_made = 0  # torch.optim optimizers constructed while capturing
+        self.backward_passes = 0
+        self.stop_raised = False  # the requested iterations are complete and StopCapture was raised
         self._undo: list[Callable[[], None]] = []
 
     # -- state --------------------------------------------------------------------------------
@@ -85,7 +99,7 @@ class PhaseTracker:
         for sub_name, sub in root.named_modules():
             owner = self.names.get(sub, sub_name)
             for p in sub.parameters(recurse=False):
-                self.owners[p] = owner
+                self.owners[id(p)] = owner
                 self.recorder.claim(p, Kind.PARAMETER, owner)
             for b in sub.buffers(recurse=False):
                 self.recorder.claim(b, Kind.BUFFER, owner)
@@ -106,7 +120,7 @@ class PhaseTracker:
         for group in opt.param_groups:
             for p in group["params"]:
                 if p.grad is not None:
-                    self.recorder.claim(p.grad, Kind.GRADIENT, self.owners.get(p, ""))
+                    self.recorder.claim(p.grad, Kind.GRADIENT, self.owners.get(id(p), ""))
 
     def _pre_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self._claim_grads(opt)
@@ -114,17 +128,32 @@ class PhaseTracker:
 
     def _post_step(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         for param, state in opt.state.items():
-            owner = self.owners.get(param, "") if isinstance(param, torch.Tensor) else ""
+            owner = self.owners.get(id(param), "") if isinstance(param, torch.Tensor) else ""
             for value in state.values():
                 if isinstance(value, torch.Tensor):
                     self.recorder.claim(value, Kind.OPTIMIZER_STATE, owner)
+        self._complete_iteration()
+
+    def _complete_iteration(self) -> None:
         self.iteration += 1
         self._set(Phase.OTHER)
         if self.on_step is not None:
             self.on_step(self.iteration)
+        self._stop_if_done()
+
+    def _stop_if_done(self) -> None:
         if self.iteration >= self.max_steps:
             self.recorder.recording = False
+            self.stop_raised = True
             raise StopCapture()
+
+    def _optimizer_init_wrapper(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        tracker = self
+
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> Any:
+            tracker.optimizers_made += 1
+            return original(self, *args, **kwargs)
+        return __init__
 
     # -- wrappers -----------------------------------------------------------------------------
     def _wrap(self, owner: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
@@ -153,6 +182,11 @@ class PhaseTracker:
         tracker = self
 
         def backward(*args: Any, **kwargs: Any) -> Any:
+            if tracker._backward_depth == 0 and not tracker.optimizers_made:
+                # no optimizer: backward passes are the iteration boundary (module docstring)
+                if tracker.backward_passes >= 1:
+                    tracker._complete_iteration()
+                tracker.backward_passes += 1
             tracker._backward_depth += 1
             if tracker._backward_depth == 1:
                 tracker._set(Phase.BACKWARD)
@@ -173,6 +207,7 @@ class PhaseTracker:
         ]
         self._undo.extend(h.remove for h in handles)
         self._wrap(torch.optim.Optimizer, "zero_grad", self._zero_grad_wrapper)
+        self._wrap(torch.optim.Optimizer, "__init__", self._optimizer_init_wrapper)
         self._wrap(torch.nn.Module, "zero_grad", self._zero_grad_wrapper)
         self._wrap(torch.Tensor, "backward", self._backward_wrapper)
         self._wrap(torch.autograd, "backward", self._backward_wrapper)

@@ -84,7 +84,7 @@ def run(request: Request, key: str, show_progress: bool, tool_version: str) -> t
         estimates=estimates, script=request.script, args=request.args, mode=first.mode,
         requested_mode=request.mode, fallback_reason=first.fallback_reason, iterations=first.capture.steps,
         requested_iterations=request.iterations, stopped=first.capture.stopped,
-        item_placeholders=first.capture.item_placeholders, elapsed_s=time.monotonic() - start,
+        item_placeholders=first.capture.item_placeholders, value_reads=first.capture.value_reads, elapsed_s=time.monotonic() - start,
         torch_version=_torch_version(), cache_key=key,
         allocator_config=os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""), tool_version=tool_version,
         capture_process=first.process, capture_process_note=first.process_note,

@@ -23,8 +23,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+
 from gpushare.estimator_cli.events import DEFAULT_KIND, Alloc, Capture, Kind, Phase
 from gpushare.estimator_cli.phases import PhaseTracker
+from gpushare.estimator_cli.tensor_parts import storages
 
 _GPU_PHASES = {Phase.FORWARD.value, Phase.BACKWARD.value, Phase.OPTIMIZER.value, Phase.ZERO_GRAD.value}
 
@@ -42,11 +44,13 @@ class ProfileRecorder:
 
     def tag(self, tensor: torch.Tensor) -> None:
         if self.recording:
-            self.marks.append((time.time_ns(), tensor.untyped_storage().data_ptr(), "", ""))
+            for storage in storages(tensor):
+                self.marks.append((time.time_ns(), storage.data_ptr(), "", ""))
 
     def claim(self, tensor: torch.Tensor, kind: Kind, module: str) -> None:
         if self.recording and isinstance(tensor, torch.Tensor) and tensor.device.type == "cpu":
-            self.marks.append((time.time_ns(), tensor.untyped_storage().data_ptr(), kind.value, module))
+            for storage in storages(tensor):
+                self.marks.append((time.time_ns(), storage.data_ptr(), kind.value, module))
 
     def stop(self) -> None:
         if not self.stop_ns:

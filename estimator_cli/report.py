@@ -34,14 +34,14 @@ def target_json(est: TargetEstimate) -> TargetJson:
 
 def build_document(*, estimates: list[TargetEstimate], script: str, args: list[str], mode: str,
                    requested_mode: str, fallback_reason: str | None, iterations: int, requested_iterations: int,
-                   stopped: bool, item_placeholders: int, elapsed_s: float, torch_version: str, cache_key: str,
+                   stopped: bool, item_placeholders: int, value_reads: dict[str, dict[str, int]], elapsed_s: float, torch_version: str, cache_key: str,
                    allocator_config: str, tool_version: str, capture_process: str,
                    capture_process_note: str | None, dependencies: list[dict[str, str]]) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION, "tool_version": tool_version, "script": script, "args": args,
         "mode": mode, "requested_mode": requested_mode, "fallback_reason": fallback_reason,
         "iterations": iterations, "requested_iterations": requested_iterations, "stopped": stopped,
-        "item_placeholders": item_placeholders, "elapsed_s": round(elapsed_s, 3), "cached": False,
+        "item_placeholders": item_placeholders, "value_reads": value_reads, "elapsed_s": round(elapsed_s, 3), "cached": False,
         "torch_version": torch_version, "cache_key": cache_key, "allocator_config": allocator_config,
         "targets": [target_json(e) for e in estimates], "capture_process": capture_process,
         "dependencies": dependencies,
@@ -89,4 +89,11 @@ def render_text(doc: dict[str, Any]) -> str:
     if doc.get("item_placeholders"):
         lines.append(f"note: {doc['item_placeholders']} .item() values were placeholders; they reached only "
                      "logging, never control flow")
+    concrete = doc.get("value_reads", {}).get("concrete", {})
+    if concrete:
+        lines.append("note: GPU values read with their real value (small tensors from concrete inputs): "
+                     + ", ".join(f"{what} ×{n}" for what, n in sorted(concrete.items())))
+    assumed = {w: n for w, n in doc.get("value_reads", {}).get("placeholder", {}).items() if "assumed" in w}
+    if assumed:
+        lines.append("note: assumed, as on a normal step: " + ", ".join(f"{w} ×{n}" for w, n in sorted(assumed.items())))
     return "\n".join(lines)

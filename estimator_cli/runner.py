@@ -38,8 +38,25 @@ def _traceback_tail(exc: BaseException) -> str:
     return "\n".join(lines[-TRACEBACK_TAIL_LINES:])
 
 
+def first_cause(exc: BaseException) -> BaseException:
+    """The earliest exception of the chain that ended the script (``raise ... from``, or an error raised
+    while handling another): a framework's cleanup error must not hide what went wrong first."""
+    seen = {id(exc)}
+    while True:
+        inner = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+        if inner is None or id(inner) in seen or type(inner).__name__ == "StopCapture":
+            return exc
+        seen.add(id(inner))
+        exc = inner
+
+
 def _error(exc: BaseException) -> dict[str, Any]:
-    return {"type": type(exc).__name__, "message": str(exc)[:2000], "traceback": _traceback_tail(exc)}
+    cause = first_cause(exc)
+    error = {"type": type(cause).__name__, "message": str(cause)[:2000], "traceback": _traceback_tail(cause)}
+    if cause is not exc:
+        error["then"] = f"{type(exc).__name__}: {str(exc)[:500]}"
+        error["traceback"] += f"\n(while handling it, then: {type(exc).__name__}: {str(exc)[:300]})"
+    return error
 
 
 def _out_of_memory(exc: BaseException) -> bool:
@@ -131,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
                     capture = capture_profile(run, tmp)
             result["capture"] = capture.to_json()
             result["local_modules"] = local_modules(opts.script, loaded_before)
+            from gpushare.estimator_cli.preload import framework_modules
+
+            result["framework_modules"] = framework_modules(loaded_before)
         except DataDependent as exc:
             result.update(status="data_dependent", error=_error(exc))
         except MemoryError as exc:
@@ -141,7 +161,9 @@ def main(argv: list[str] | None = None) -> int:
         except (ImportError, OSError, SyntaxError) as exc:
             result.update(status="script_error", error=_error(exc))
         except Exception as exc:  # the script's own failure, or fake mode's: the parent decides
-            if _out_of_memory(exc):
+            if isinstance(first_cause(exc), DataDependent):
+                result.update(status="data_dependent", error=_error(exc))
+            elif _out_of_memory(first_cause(exc)) or _out_of_memory(exc):
                 result.update(status="limit", error=_error(exc))
             elif opts.mode == "fake" and _needs_values(exc):
                 result.update(status="data_dependent", error=_error(exc))

@@ -46,6 +46,7 @@ class ReportJson(TypedDict):
     requested_iterations: int
     stopped: bool  # True: stopped after `iterations` steps; False: the script ended by itself
     item_placeholders: int  # `.item()` calls answered with a placeholder that reached only logging
+    value_reads: dict[str, dict[str, int]]  # fake mode: {"concrete"|"placeholder": {what was read: count}}
     elapsed_s: float  # wall-clock seconds for the estimate (capture + simulation), excluding cache hits
     capture_process: str  # "warm": forked by the user's warm worker; "cold": a fresh interpreter
     dependencies: list[dict[str, str]]  # [{path, sha256}] of modules the script imported from its project

@@ -10,6 +10,13 @@ Each one exists because the CPU run would otherwise allocate differently from th
 - GradScaler: it skips ``optimizer.step()`` when the scaled gradients overflowed, which it learns from
   ``found_inf.item()``. Fake mode has no values; the step is taken, as it is on every step that does not
   overflow (the normal case, and the one with the larger memory peak: the step allocates).
+- ``torch.compile``: Dynamo traces with fake tensors of its own, outside the device presenter, so a
+  compiled function's ``torch.arange(device="cuda")`` reaches the real (absent) CUDA runtime, and
+  tracing costs tens of seconds on a login node. The capture runs the compiled module or function
+  eagerly instead (``torch.compile`` returns it unchanged; a module gets ``_orig_mod`` pointing to itself,
+  as scripts that unwrap the compiled module expect). Eager memory is an upper bound for compiled
+  training: AOTAutograd's min-cut partitioner (``torch/_functorch/partitioners.py``) saves at most what
+  eager autograd saves, and Inductor fuses pointwise temporaries away.
 """
 
 from __future__ import annotations
@@ -55,6 +62,17 @@ def gpu_path_patches(extra_device: str, fake: bool) -> Iterator[None]:
 
     patch(data_mod.DataLoader, "__init__", loader_init)
     patch(pin_mod, "pin_memory", lambda data, device=None: data)
+
+    def eager_compile(model: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if model is None:  # @torch.compile(mode=...) used as a decorator factory
+            return lambda fn: fn
+        if isinstance(model, torch.nn.Module):
+            object.__setattr__(model, "_orig_mod", model)  # not registered: no submodule cycle
+        return model
+
+    patch(torch, "compile", eager_compile)
+    if hasattr(torch.nn.Module, "compile"):
+        patch(torch.nn.Module, "compile", lambda self, *a, **k: None)
 
     if fake:
         def maybe_opt_step(self: Any, optimizer: Any, optimizer_state: Any, *args: Any, **kwargs: Any) -> Any:

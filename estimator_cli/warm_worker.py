@@ -13,8 +13,10 @@ Safety and identity:
   else ``/tmp/gpushare-<uid>``, created 0700 and checked to be theirs and private), and it serves only
   connections whose peer uid is its own.
 - One worker per *import environment*: the socket name carries a fingerprint of what ``import torch``
-  depends on (interpreter, PYTHONPATH, the torch/OpenMP/CUDA variables, this package's source files), so
-  a changed environment or an upgraded gpushare gets a fresh worker instead of a stale one.
+  depends on (the interpreter as invoked and the environment's prefix, the installed distributions on
+  ``sys.path``, PYTHONPATH, the torch/OpenMP/CUDA variables, this package's source files), so another
+  virtual environment, an upgraded torch or gpushare, or a changed environment gets a fresh worker
+  instead of a stale one.
 - It exits after ``[estimator] warm_worker_idle_s`` without a request (0 turns warm workers off).
 
 Protocol (one JSON line each way on a Unix stream socket): ``{"op": "hello"}`` → ``{"ok": true, ...}``;
@@ -66,8 +68,31 @@ def fingerprint(env: dict[str, str] | None = None) -> str:
                      for d in (package, package.parent / "gpushare") for p in d.glob("*.py"))
     relevant = sorted((k, v) for k, v in env.items()
                       if k in _IMPORT_ENV_KEYS or k.startswith(_IMPORT_ENV_PREFIXES))
-    blob = json.dumps([PROTOCOL, os.path.realpath(sys.executable), sys.version, str(package), sources, relevant])
+    blob = json.dumps([PROTOCOL, sys.executable, os.path.realpath(sys.executable), sys.prefix, sys.base_prefix,
+                       sys.version, str(package), sources, relevant, installed_distributions()])
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def installed_distributions() -> list[tuple[str, str, int]]:
+    """(directory, entry, mtime) of every installed distribution's metadata directory and ``.pth`` file on
+    ``sys.path``.
+
+    Why: every virtual environment made from one Python resolves to the same interpreter, so the
+    interpreter path alone let one venv's ``gpu-estimate`` run scripts in another venv's worker (missing
+    packages); and a package upgraded in place (``pip install -U torch``) must retire a worker that has the
+    old version imported. Installing, removing or upgrading a distribution renames or rewrites its
+    ``*.dist-info`` directory, which changes this list; listing a few directories costs well under 1 ms.
+    """
+    entries: list[tuple[str, str, int]] = []
+    for directory in dict.fromkeys(p for p in sys.path if p and os.path.isdir(p)):
+        try:
+            with os.scandir(directory) as it:
+                for entry in it:
+                    if entry.name.endswith((".dist-info", ".egg-info", ".pth", ".egg-link")):
+                        entries.append((directory, entry.name, entry.stat().st_mtime_ns))
+        except OSError:
+            continue
+    return sorted(entries)
 
 
 def runtime_dir(env: dict[str, str] | None = None) -> Path:
@@ -214,6 +239,7 @@ class WarmChild:
     ``pid`` (also its process group), ``poll()``, ``wait()`` and ``returncode``."""
 
     def __init__(self, path: Path, argv: list[str], env: dict[str, str], cwd: str, log: str) -> None:
+        self.path = path  # the worker's socket: its learned preloads live beside it (preload.py)
         self._sock = _connect(path, 10.0)
         _request(self._sock, {"op": "run", "argv": argv, "env": env, "cwd": cwd, "log": log})
         reply = _read_line(self._sock)
@@ -389,11 +415,15 @@ def serve(path: Path, idle_s: float, ready_fd: int | None = None) -> int:
     listener.listen(64)
     inode = os.stat(path).st_ino
     last = time.monotonic()
+    from gpushare.estimator_cli.preload import load_remembered
+
+    preload_state: dict[str, int] = {}
     try:
         while time.monotonic() - last < idle_s:
             _reap()
             ready, _, _ = select.select([listener], [], [], min(1.0, idle_s))
             if not ready:
+                load_remembered(path, preload_state)  # frameworks earlier scripts imported (preload.py)
                 continue
             conn, _ = listener.accept()
             with conn:

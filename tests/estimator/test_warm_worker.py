@@ -145,6 +145,23 @@ def test_fingerprint_follows_what_import_torch_reads_only():
         assert warm_worker.fingerprint({**base, key: value}) != same, key
 
 
+def test_fingerprint_covers_the_environment_not_just_the_resolved_interpreter(tmp_path, monkeypatch):
+    """Two venvs of one Python resolve to the same interpreter; their prefixes and installed
+    distributions differ, and an in-place upgrade renames a ``*.dist-info`` directory."""
+    base = {"HOME": "/home/a"}
+    same = warm_worker.fingerprint(base)
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "other-venv"))
+    assert warm_worker.fingerprint(base) != same
+    monkeypatch.undo()
+    site = tmp_path / "site-packages"
+    (site / "torch-2.13.0.dist-info").mkdir(parents=True)
+    monkeypatch.syspath_prepend(str(site))
+    before = warm_worker.fingerprint(base)
+    assert before != same
+    (site / "torch-2.13.0.dist-info").rename(site / "torch-2.14.0.dist-info")
+    assert warm_worker.fingerprint(base) != before
+
+
 def _start_worker(tmp_path: Path, idle_s: float) -> tuple[subprocess.Popen, Path]:
     """A worker on a socket of the test's own, once it answers."""
     runtime = tmp_path / "rt"

@@ -1,0 +1,54 @@
+"""Activation checkpointing's recomputation runs under the capture's device presenter.
+
+Why: the recomputation of a checkpointed segment runs inside the backward pass, and there no torch
+function mode is on the stack (``torch/utils/checkpoint.py`` re-enters only a default-device context for
+it, and the reentrant variant re-enters none). Without the presenter the recomputed forward sees no CUDA
+autocast emulation and no device redirect, saves a different set of tensors than the original forward,
+and checkpointing fails ("A different number of tensors was saved"). So the function handed to either
+checkpoint variant is wrapped: when it runs while the presenter is not on the stack — the recomputation —
+the presenter is pushed for its duration.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.utils.checkpoint as checkpoint_mod
+from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
+
+
+def _under(mode: TorchFunctionMode, fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if any(m is mode for m in _get_current_function_mode_stack()):
+            return fn(*args, **kwargs)
+        torch._C._push_on_torch_function_stack(mode)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            torch._C._pop_torch_function_stack()
+    return run
+
+
+@contextlib.contextmanager
+def recompute_under(mode: TorchFunctionMode) -> Iterator[None]:
+    generator = checkpoint_mod._checkpoint_without_reentrant_generator
+    function_cls = checkpoint_mod.CheckpointFunction
+    original_apply = function_cls.apply
+
+    def without_reentrant(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return generator(_under(mode, fn), *args, **kwargs)
+
+    def apply(function: Callable[..., Any], *args: Any) -> Any:
+        return original_apply(_under(mode, function), *args)
+
+    checkpoint_mod._checkpoint_without_reentrant_generator = without_reentrant
+    function_cls.apply = apply  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        checkpoint_mod._checkpoint_without_reentrant_generator = generator
+        function_cls.apply = original_apply  # type: ignore[method-assign]

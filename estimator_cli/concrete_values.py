@@ -1,0 +1,264 @@
+"""Real values for small GPU tensors in fake mode: a CPU "shadow" beside each small meta tensor.
+
+Why: fake-mode GPU tensors live on ``meta`` and have no data, yet real scripts read a few GPU values to
+steer the program — Hugging Face transformers asks ``padding_mask.all()`` in its attention-mask code,
+scripts call ``int(lengths.max())``, ``labels.cpu()``, ``if mask.any()``. Those values almost always come
+from *concrete inputs* (a batch's mask or labels moved to the GPU, ``torch.arange(device='cuda')``,
+buffers like rotary frequencies) and from cheap operations on them, never from the large activations.
+
+So the presenter (estimator_cli/device_mode.py) keeps, for every meta tensor that is small (at most
+``MAX_ELEMENTS`` elements), does not require grad, and whose meta inputs all have shadows, a CPU tensor
+computed by the same call on the shadows. A value read then answers from the shadow: conditions,
+``int()``, ``.item()``, ``.tolist()``, ``.cpu()`` and data-dependent shapes (``nonzero``, boolean-mask
+indexing) are exact. Large tensors, and anything computed from them (the loss, logits, parameters after
+an optimizer step), stay value-free; reading those still gives a placeholder or stops fake mode
+(estimator_cli/placeholders.py).
+
+Consistency: views are computed as views of the shadow, so an in-place change through a view reaches
+the shadow of its base as it reaches the base; an in-place op with a value-free input drops the shadow
+of the tensor it writes (its value is no longer known).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch.utils._python_dispatch import _disable_current_modes
+from torch.utils.weak import WeakIdKeyDictionary
+
+MAX_ELEMENTS = 1 << 20  # masks, index maps and box-assignment tables up to 1M elements: ~1 ms each on a CPU
+
+_NO_SHADOW = object()
+
+
+def _small(t: torch.Tensor) -> bool:
+    return t.numel() <= MAX_ELEMENTS and not t.requires_grad and t.layout == torch.strided
+
+
+class ConcreteValues:
+    """Shadow store: meta tensor -> CPU tensor holding its real value, plus the counts for the report."""
+
+    def __init__(self) -> None:
+        self.shadows: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self.concrete_reads: dict[str, int] = {}  # what was read, with a real value
+        self.placeholder_reads: dict[str, int] = {}  # what was read without one
+        self.shadowed = 0  # tensors that got a value
+        self.tainted_host: WeakIdKeyDictionary = WeakIdKeyDictionary()  # host tensors holding placeholders
+
+    # -- store --------------------------------------------------------------------------------------
+    def get(self, t: Any) -> torch.Tensor | None:
+        if isinstance(t, torch.Tensor) and t.is_meta:
+            return self.shadows.get(t)
+        return None
+
+    def attach(self, meta: torch.Tensor, value: torch.Tensor) -> None:
+        if meta.is_meta and _small(meta) and tuple(value.shape) == tuple(meta.shape) and value.dtype == meta.dtype:
+            self.shadows[meta] = value
+            self.shadowed += 1
+
+    def attach_copy(self, meta: Any, source: Any) -> None:
+        """``source`` (host tensor) was moved to the GPU as ``meta``: its value is known."""
+        if isinstance(meta, torch.Tensor) and isinstance(source, torch.Tensor) and not source.is_meta \
+                and _small(meta) and not isinstance(source, torch.nn.Parameter):
+            with _disable_current_modes():
+                self.attach(meta, source.detach().to(dtype=meta.dtype, copy=True))
+
+    def note(self, what: str, concrete: bool) -> None:
+        table = self.concrete_reads if concrete else self.placeholder_reads
+        table[what] = table.get(what, 0) + 1
+
+    # -- placeholders that reached host tensors ------------------------------------------------------
+    def host_taint_involved(self, args: tuple, kwargs: dict) -> bool:
+        from gpushare.estimator_cli.placeholders import is_tainted
+
+        for v in (*args, *kwargs.values()):
+            if is_tainted(v) or (isinstance(v, torch.Tensor) and not v.is_meta and v in self.tainted_host):
+                return True
+            if isinstance(v, (list, tuple)) and any(is_tainted(x) for x in v):
+                return True
+        return False
+
+    def untaint_args(self, args: tuple) -> tuple:
+        from gpushare.estimator_cli.placeholders import PLACEHOLDER_VALUE, is_tainted
+
+        def plain(v: Any) -> Any:
+            if is_tainted(v):
+                return PLACEHOLDER_VALUE
+            if isinstance(v, (list, tuple)) and not hasattr(v, "_fields"):
+                return type(v)(plain(x) for x in v)
+            return v
+        return tuple(plain(a) for a in args)
+
+    def untaint_kwargs(self, kwargs: dict) -> dict:
+        return dict(zip(kwargs, self.untaint_args(tuple(kwargs.values()))))
+
+    def taint_host(self, out: Any, written: Any) -> None:
+        for t in (*_leaves(out), written):
+            if isinstance(t, torch.Tensor) and not t.is_meta:
+                self.tainted_host[t] = True
+
+    # -- propagation -----------------------------------------------------------------------------
+    def _swap(self, value: Any) -> Any:
+        """Meta tensors -> their shadows; _NO_SHADOW when one has none; device requests -> cpu."""
+        if isinstance(value, torch.Tensor):
+            if not value.is_meta:
+                return value
+            shadow = self.shadows.get(value)
+            return _NO_SHADOW if shadow is None else shadow
+        if isinstance(value, torch.device) and value.type == "meta":
+            return torch.device("cpu")
+        if isinstance(value, (list, tuple)):
+            out = [self._swap(v) for v in value]
+            if any(v is _NO_SHADOW for v in out):
+                return _NO_SHADOW
+            return type(value)(out) if not hasattr(value, "_fields") else type(value)(*out)
+        return value
+
+    def swapped(self, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        """The call's arguments with shadows in place of meta tensors, or None when one is value-free."""
+        new_args = self._swap(args)
+        if new_args is _NO_SHADOW:
+            return None
+        new_kwargs = {}
+        for k, v in kwargs.items():
+            s = self._swap(v)
+            if s is _NO_SHADOW:
+                return None
+            new_kwargs[k] = s
+        return new_args, new_kwargs
+
+    def propagate(self, func: Callable[..., Any], args: tuple, kwargs: dict, out: Any) -> None:
+        """After a meta call: give its small outputs the value the same call computes on the shadows."""
+        metas = [t for t in _leaves(out) if isinstance(t, torch.Tensor) and t.is_meta]
+        if not metas:
+            return
+        written = args[0] if args and isinstance(args[0], torch.Tensor) and args[0].is_meta \
+            and _is_inplace(func) else None
+        if not all(_small(t) for t in metas) and written is None:
+            return
+        call = self.swapped(args, kwargs)
+        if call is None:
+            if written is not None:
+                self.shadows.pop(written, None)
+            elif func in _HEALTH_CHECKS and isinstance(out, torch.Tensor) and _small(out):
+                self._assume_healthy(func, out)
+            return
+        if not any(isinstance(t, torch.Tensor) for t in _leaves(call)) and not _is_factory(func):
+            return
+        try:
+            with _disable_current_modes(), torch.no_grad():
+                value = func(*call[0], **call[1])
+        except Exception:  # the CPU kernel disagrees (dtype support, CUDA-only op): leave it value-free
+            if written is not None:
+                self.shadows.pop(written, None)
+            return
+        for meta, real in zip(_leaves(out), _leaves(value)):
+            if isinstance(meta, torch.Tensor) and meta.is_meta and isinstance(real, torch.Tensor) \
+                    and meta is not written:
+                self.attach(meta, real)
+
+
+    def _assume_healthy(self, func: Callable[..., Any], out: torch.Tensor) -> None:
+        """``isnan``/``isinf``/``isfinite`` of a value-free tensor (the loss guard of Hugging Face's Trainer and
+        many loops): answered as a normal step would have it, finite — the same assumption GradScaler's
+        overflow check gets (estimator_cli/cuda_api.py)."""
+        finite = _HEALTH_CHECKS[func]
+        with _disable_current_modes():
+            self.attach(out, torch.full(tuple(out.shape), finite, dtype=torch.bool))
+        self.note(f"{func.__name__} of a value-free tensor (assumed finite)", concrete=False)
+
+
+_HEALTH_CHECKS = {torch.isnan: False, torch.Tensor.isnan: False, torch.isinf: False, torch.Tensor.isinf: False,
+                  torch.isfinite: True, torch.Tensor.isfinite: True, torch.isposinf: False, torch.isneginf: False}
+
+
+def _leaves(value: Any) -> list[Any]:
+    if isinstance(value, (list, tuple)):
+        return [y for x in value for y in _leaves(x)]
+    return [value]
+
+
+def _is_inplace(func: Callable[..., Any]) -> bool:
+    name = getattr(func, "__name__", "")
+    return (name.endswith("_") and not name.endswith("__")) or name in {"__setitem__", "__iadd__", "__isub__",
+                                                                         "__imul__", "__itruediv__",
+                                                                         "__ior__", "__iand__", "copy_"}
+
+
+_FACTORIES = frozenset({"arange", "zeros", "ones", "full", "empty", "tensor", "as_tensor", "linspace",
+                        "eye", "zeros_like", "ones_like", "full_like", "empty_like", "tril", "triu",
+                        "range", "scalar_tensor", "randperm", "rand", "randn", "randint"})
+
+
+def _is_factory(func: Callable[..., Any]) -> bool:
+    return getattr(func, "__name__", "") in _FACTORIES
+
+
+def _integer_index(values: ConcreteValues, index: Any) -> Any:
+    """``index`` with each boolean GPU mask replaced by the integer indices of its true entries (from its
+    shadow), or None when a mask has no value. Integer advanced indexing has a value-independent shape, so
+    the meta kernel (and autograd through it) then works."""
+    parts = index if isinstance(index, tuple) else (index,)
+    out: list[Any] = []
+    changed = False
+    for part in parts:
+        if isinstance(part, torch.Tensor) and part.is_meta and part.dtype in (torch.bool, torch.uint8):
+            shadow = values.get(part)
+            if shadow is None:
+                return None
+            with _disable_current_modes():
+                positions = shadow.bool().nonzero(as_tuple=True)
+            for real in positions:
+                meta = torch.empty(real.shape, dtype=real.dtype, device="meta")
+                values.attach(meta, real)
+                out.append(meta)
+            changed = True
+        else:
+            out.append(part)
+    if not changed:
+        return None
+    return tuple(out)
+
+
+def data_dependent_call(values: ConcreteValues, func: Callable[..., Any], args: tuple, kwargs: dict,
+                        exc: BaseException) -> Any:
+    """A meta kernel that failed because its output shape depends on values (``nonzero``, ``unique``,
+    boolean-mask indexing). With the values at hand the call is completed; otherwise ``exc`` stands and,
+    when it is a data-dependence, becomes the placeholder refusal."""
+    if func in (torch.Tensor.__getitem__, torch.Tensor.__setitem__, torch.Tensor.index_put_,
+                torch.Tensor.index_put, torch.index_put) and len(args) >= 2:
+        index = _integer_index(values, args[1])
+        if index is not None:
+            values.note("a boolean mask used as an index", concrete=True)
+            if func in (torch.Tensor.index_put_, torch.Tensor.index_put, torch.index_put):
+                index = list(index)
+            return func(args[0], index, *args[2:], **kwargs)
+    call = values.swapped(args, kwargs)
+    if call is None or any(isinstance(t, torch.Tensor) and t.requires_grad for t in _leaves(args)):
+        _refuse_if_data_dependent(func, exc)
+        raise exc
+    with _disable_current_modes(), torch.no_grad():
+        value = func(*call[0], **call[1])
+    values.note(f"{getattr(func, '__name__', 'an op')} (output shape from values)", concrete=True)
+
+    def to_meta(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            meta = torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="meta")
+            values.attach(meta, v)
+            return meta
+        if isinstance(v, (list, tuple)):
+            items = [to_meta(x) for x in v]
+            return type(v)(*items) if hasattr(v, "_fields") else type(v)(items)
+        return v
+
+    return to_meta(value)
+
+
+def _refuse_if_data_dependent(func: Callable[..., Any], exc: BaseException) -> None:
+    text = str(exc)
+    if any(s in text for s in ("data-dependent", "data-independent", "with Meta tensors")):
+        from gpushare.estimator_cli.placeholders import refuse
+
+        first = text.split(". ")[0].split("\n")[0]
+        refuse(f"{getattr(func, '__name__', 'an op')} needs values for its output shape: {first}")

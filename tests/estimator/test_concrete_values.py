@@ -1,0 +1,104 @@
+"""Fake mode through data-dependent code: small GPU tensors from concrete inputs keep real values
+(estimator_cli/concrete_values.py), large ones stay value-free, and a branch on a value-free tensor still
+falls back with the reason."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import textwrap
+
+import pytest
+
+from gpushare.estimator_cli.cli import EXIT_OK, EXIT_UNSUPPORTED, main
+
+pytestmark = pytest.mark.torch
+
+
+def estimate(capsys, tmp_path, source: str, *extra: str) -> tuple[int, dict | None, str]:
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(source))
+    capsys.readouterr()
+    code = main(["--json", "--no-cache", "--no-warm", "--gpu", "a100-40gb", *extra, str(script)])
+    out, err = capsys.readouterr()
+    return code, (json.loads(out) if code == EXIT_OK else None), err
+
+
+MASKS_AND_LENGTHS = """
+    import torch
+    lengths = torch.tensor([3, 5, 8, 2])
+    mask = torch.arange(10)[None, :] < lengths[:, None]
+    model = torch.nn.Linear(16, 4).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    m, L = mask.cuda(), lengths.to("cuda")
+    for step in range(10):
+        out = model(torch.randn(8, 16).cuda())
+        if m.all():                                   # Hugging Face's `padding_mask.all()`
+            raise SystemExit("wrong branch")
+        n = int(L.max())
+        assert n == 8 and L.cpu().tolist() == [3, 5, 8, 2]
+        assert torch.arange(n, device="cuda").sum().item() == 28
+        picked = out[m[:, :2].reshape(-1)]             # boolean-mask indexing, autograd through it
+        assert picked.shape == (int(m[:, :2].sum()), 4), picked.shape
+        assert m.nonzero().shape == (18, 2)
+        loss = picked.pow(2).mean()
+        if torch.isnan(loss):                          # the loss guard: assumed finite
+            raise SystemExit("nan")
+        print(f"loss {loss.item():.3f}")
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+"""
+
+
+def test_small_tensors_from_inputs_keep_values_in_fake_mode(capsys, tmp_path):
+    code, doc, err = estimate(capsys, tmp_path, MASKS_AND_LENGTHS, "--mode", "fake")
+    assert code == EXIT_OK, err
+    assert doc["mode"] == "fake" and doc["iterations"] == 3
+    concrete = doc["value_reads"]["concrete"]
+    assert concrete.get("a condition on a tensor") and concrete.get("int(tensor)")
+    assert concrete.get(".cpu()") and concrete.get("a boolean mask used as an index")
+    placeholder = doc["value_reads"]["placeholder"]
+    assert any("assumed finite" in what for what in placeholder) and placeholder.get(".item()")
+
+
+def test_branch_on_a_large_value_free_tensor_still_refuses(capsys, tmp_path):
+    code, _, err = estimate(capsys, tmp_path, """
+        import torch
+        model = torch.nn.Linear(512, 512).cuda()
+        x = model(torch.randn(256, 512).cuda())
+        if (x > 0).any():
+            print("data-dependent")
+    """, "--mode", "fake")
+    assert code == EXIT_UNSUPPORTED and "a condition on a tensor" in err
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="transformers not installed")
+@pytest.mark.parametrize("arch", ["llama", "bert"])
+def test_hugging_face_training_stays_in_fake_mode(capsys, tmp_path, arch):
+    """transformers 5.x asks ``padding_mask.all()`` in its mask code for causal LMs and encoders alike."""
+    code, doc, err = estimate(capsys, tmp_path, f"""
+        import torch, transformers
+        arch = "{arch}"
+        if arch == "llama":
+            cfg = transformers.LlamaConfig(vocab_size=1000, hidden_size=64, intermediate_size=128,
+                                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+            model = transformers.LlamaForCausalLM(cfg).cuda()
+        else:
+            cfg = transformers.BertConfig(vocab_size=1000, hidden_size=64, intermediate_size=128,
+                                          num_hidden_layers=2, num_attention_heads=4, num_labels=3)
+            model = transformers.BertForSequenceClassification(cfg).cuda()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        for step in range(5):
+            ids = torch.randint(0, 1000, (4, 32))
+            mask = torch.ones_like(ids)
+            mask[1, 20:] = 0                                   # padding
+            labels = ids if arch == "llama" else torch.tensor([0, 1, 2, 0])
+            out = model(input_ids=ids.cuda(), attention_mask=mask.cuda(), labels=labels.cuda())
+            out.loss.backward()
+            opt.step()
+            opt.zero_grad()
+    """, "--mode", "fake")
+    assert code == EXIT_OK, err
+    assert doc["mode"] == "fake" and doc["iterations"] == 3
