@@ -120,4 +120,6 @@ def final_record(entry: dict[str, Any], backend: Any, end: float | None = None, 
             "duration_s": round(end - float(entry.get("start", end)), 3),
             "ttfk_s": None if kernel is None else round(float(kernel) - float(entry["start"]), 3),
             "gpus": gpus, "series": entry.get("series") or {},
+            "oom": entry.get("oom"), "forecast": entry.get("forecast"),
+            "ttfk_source": entry.get("ttfk_source"),
             "registered_by": entry.get("registered_by"), "closed_by": closed_by}

@@ -63,6 +63,10 @@ class JobAcc:
     series: dict[str, list[list[float]]] = field(default_factory=dict)
     stride: dict[str, int] = field(default_factory=dict)
     seen: int = 0
+    cap_bytes: int = 0  # estimate + margin (caps.mem_limit_mib); 0: no cap known
+    # the latest sample only (not persisted): device bytes and pids of the job's processes per GPU
+    now_bytes: dict[str, float] = field(default_factory=dict)
+    now_pids: dict[str, list[int]] = field(default_factory=dict)
 
     @classmethod
     def from_entry(cls, entry: dict[str, Any]) -> "JobAcc":
@@ -72,7 +76,8 @@ class JobAcc:
                    kernel_at=entry.get("kernel_at"), share_mj=dict(entry.get("share_mj") or {}),
                    active_s=dict(entry.get("active_s") or {}), peak_bytes=dict(entry.get("peak_bytes") or {}),
                    series={k: list(v) for k, v in (entry.get("series") or {}).items()},
-                   stride=dict(entry.get("series_stride") or {}))
+                   stride=dict(entry.get("series_stride") or {}),
+                   cap_bytes=int((entry.get("caps") or {}).get("mem_limit_mib") or 0) << 20)
 
     def fields(self) -> dict[str, Any]:
         """The store fields this accumulator owns."""
@@ -148,6 +153,9 @@ class Sampler:
     # -- sampling ----------------------------------------------------------------------------------
     def tick(self, now: float) -> None:
         live_pids: set[int] = set()
+        for acc in self.jobs.values():  # a GPU that fails to answer leaves no stale reading behind
+            acc.now_bytes.clear()
+            acc.now_pids.clear()
         for index, view in self.views.items():
             try:
                 self._sample(index, view, now, live_pids)
@@ -179,6 +187,7 @@ class Sampler:
         tracked = self.jobs_on(index)
         view.jobs = [acc.job for acc in tracked]
         job_bytes: dict[str, float] = {}
+        job_pids: dict[str, list[int]] = {}
         for proc in procs:
             live_pids.add(proc.pid)
             owner = self._job_of(proc.pid)
@@ -187,7 +196,11 @@ class Sampler:
             if owner is not None:
                 used = 0.0 if is_na(proc.used_bytes) else float(proc.used_bytes)
                 job_bytes[owner] = job_bytes.get(owner, 0.0) + used
+                job_pids.setdefault(owner, []).append(proc.pid)
         key = str(index)
+        for acc in tracked:
+            acc.now_bytes[key] = job_bytes.get(acc.job, 0.0)
+            acc.now_pids[key] = job_pids.get(acc.job, [])
         for job in job_bytes:
             acc = self.jobs[job]
             if acc.kernel_at is None:

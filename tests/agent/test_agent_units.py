@@ -181,7 +181,7 @@ def test_task_env_for_mps_and_fraction():
     frac = task_env(decide_caps("fraction", shared=True, gpus=1, uid=1, need=5120, gpu_total_bytes=40 * GiB,
                                 tenants=[]), None)
     assert frac == {"GPUSHARE_CAPS_MODE": "fraction", "GPUSHARE_MEMORY_FRACTION": "0.125",
-                    "GPUSHARE_MEM_LIMIT_MIB": "5120"}
+                    "GPUSHARE_MEM_LIMIT_MIB": "5120", "GPUSHARE_FRAMEWORK_CAPS": "1"}
 
 
 def test_mps_daemon_started_for_mps_jobs_and_stopped_when_idle(tmp_path, clock):
