@@ -64,7 +64,8 @@ class JobAcc:
     stride: dict[str, int] = field(default_factory=dict)
     seen: int = 0
     cap_bytes: int = 0  # estimate + margin (caps.mem_limit_mib); 0: no cap known
-    # the latest sample only (not persisted): device bytes and pids of the job's processes per GPU
+    # the latest sample only (not persisted): device bytes and pids of the processes that carry the job's
+    # SLURM_JOB_ID, per GPU (the backstop and forecaster act on these, never on an unplaced process)
     now_bytes: dict[str, float] = field(default_factory=dict)
     now_pids: dict[str, list[int]] = field(default_factory=dict)
 
@@ -188,18 +189,22 @@ class Sampler:
         view.jobs = [acc.job for acc in tracked]
         job_bytes: dict[str, float] = {}
         job_pids: dict[str, list[int]] = {}
+        own_bytes: dict[str, float] = {}
         for proc in procs:
             live_pids.add(proc.pid)
             owner = self._job_of(proc.pid)
-            if owner not in self.jobs or index not in self.jobs[owner].gpus:
+            placed = owner in self.jobs and index in self.jobs[owner].gpus
+            if not placed:
                 owner = tracked[0].job if len(tracked) == 1 else None
             if owner is not None:
                 used = 0.0 if is_na(proc.used_bytes) else float(proc.used_bytes)
                 job_bytes[owner] = job_bytes.get(owner, 0.0) + used
-                job_pids.setdefault(owner, []).append(proc.pid)
+                if placed:  # the guard acts only on processes that carry the job's id, never on a guess
+                    own_bytes[owner] = own_bytes.get(owner, 0.0) + used
+                    job_pids.setdefault(owner, []).append(proc.pid)
         key = str(index)
         for acc in tracked:
-            acc.now_bytes[key] = job_bytes.get(acc.job, 0.0)
+            acc.now_bytes[key] = own_bytes.get(acc.job, 0.0)
             acc.now_pids[key] = job_pids.get(acc.job, [])
         for job in job_bytes:
             acc = self.jobs[job]
