@@ -269,7 +269,7 @@ class Agent:
             jobs = [{"job": a.job, "uid": a.uid, "gpus": a.gpus, "mode": a.mode, "start": a.start,
                      **{k: v for k, v in a.fields().items() if k not in ("series", "series_stride")}}
                     for a in self.sampler.jobs.values()]
-            return {"now": now, "node_open": self.open, "gpus": gpus, "jobs": jobs}
+            return {"now": now, "node_open": self.open, "gpus": gpus, "jobs": jobs, "guard": dict(self.counters)}
 
     def handle(self, request: dict[str, Any]) -> dict[str, Any]:
         op = request.get("op")

@@ -57,6 +57,7 @@ class JobAcc:
     mode: str = "none"
     shared: bool = True
     kernel_at: float | None = None
+    ttfk_source: str | None = None  # "kernel" (per-process SM activity) or "first-process"
     share_mj: dict[str, float] = field(default_factory=dict)
     active_s: dict[str, float] = field(default_factory=dict)
     peak_bytes: dict[str, int] = field(default_factory=dict)
@@ -74,7 +75,8 @@ class JobAcc:
         return cls(job=str(entry["job"]), uid=int(entry.get("uid", -1)), gpus=[int(g) for g in entry.get("gpus", [])],
                    start=float(entry["start"]), mode=str((entry.get("caps") or {}).get("mode", "none")),
                    shared=bool(entry.get("shared", True)),
-                   kernel_at=entry.get("kernel_at"), share_mj=dict(entry.get("share_mj") or {}),
+                   kernel_at=entry.get("kernel_at"), ttfk_source=entry.get("ttfk_source"),
+                   share_mj=dict(entry.get("share_mj") or {}),
                    active_s=dict(entry.get("active_s") or {}), peak_bytes=dict(entry.get("peak_bytes") or {}),
                    series={k: list(v) for k, v in (entry.get("series") or {}).items()},
                    stride=dict(entry.get("series_stride") or {}),
@@ -82,7 +84,8 @@ class JobAcc:
 
     def fields(self) -> dict[str, Any]:
         """The store fields this accumulator owns."""
-        return {"kernel_at": self.kernel_at, "share_mj": self.share_mj, "active_s": self.active_s,
+        return {"kernel_at": self.kernel_at, "ttfk_source": self.ttfk_source, "share_mj": self.share_mj,
+                "active_s": self.active_s,
                 "peak_bytes": self.peak_bytes, "series": self.series, "series_stride": self.stride,
                 "ttfk_s": None if self.kernel_at is None else round(self.kernel_at - self.start, 3)}
 
@@ -128,6 +131,7 @@ class Sampler:
         self.windows: dict[int, MetricWindow] = {}
         self._last: dict[int, tuple[float, float]] = {}  # gpu -> (time, energy mJ)
         self._pid_cache: dict[int, str | None] = {}
+        self._util_since: dict[int, int] = {}  # per GPU: newest per-process utilisation sample seen (µs)
         for info in backend.gpus():
             self.views[info.index] = GpuView(info.index, total=info.total_bytes)
             self.windows[info.index] = MetricWindow(size=window_samples)
@@ -206,16 +210,48 @@ class Sampler:
         for acc in tracked:
             acc.now_bytes[key] = own_bytes.get(acc.job, 0.0)
             acc.now_pids[key] = job_pids.get(acc.job, [])
+        busy = self._kernel_pids(index, [p.pid for p in procs])
         for job in job_bytes:
             acc = self.jobs[job]
             if acc.kernel_at is None:
-                acc.kernel_at = now
-                self.ttfk.kernel_seen(index, job, now)
+                source = self._first_kernel(acc, busy, job_pids.get(job, []))
+                if source is not None:
+                    acc.kernel_at, acc.ttfk_source = now, source
+                    self.ttfk.kernel_seen(index, job, now)
             acc.peak_bytes[key] = max(int(job_bytes[job]), int(acc.peak_bytes.get(key, 0)))
         self._attribute_energy(index, now, energy, job_bytes)
         smact = float(util.smact) if not is_na(util.smact) else float(util.gpu)
         for acc in tracked:
             acc.add_point(key, [round(now, 3), view.used, job_bytes.get(acc.job, 0.0), smact])
+
+    def _kernel_pids(self, index: int, pids: list[int]) -> set[int] | None:
+        """Pids that ran kernels since the last sample (per-process SM utilisation > 0); None where the
+        GPU cannot report per-process utilisation (then TTFK falls back to the first process seen)."""
+        if not pids:
+            return set()
+        try:
+            samples = self.backend.process_utilization(index, self._util_since.get(index, 0))
+        except GpuError as exc:
+            log.debug("GPU %d per-process utilisation: %s", index, exc)
+            return None
+        if is_na(samples):
+            return None
+        busy = {s.pid for s in samples if s.sm > 0}
+        if samples:
+            self._util_since[index] = max(s.timestamp_us for s in samples)
+        return busy
+
+    @staticmethod
+    def _first_kernel(acc: JobAcc, busy: set[int] | None, own_pids: list[int]) -> str | None:
+        """How this sample shows the job's first kernel (its TTFK source), or None: not yet.
+
+        ``kernel``: one of the job's own processes ran kernels (NVML per-process utilisation). MPS
+        clients' activity is reported under the MPS server's pid, so MPS jobs, GPUs without per-process
+        samples, and processes placed by the one-job-on-this-GPU rule fall back to ``first-process``.
+        """
+        if busy is None or acc.mode == "mps" or not own_pids:
+            return "first-process"
+        return "kernel" if busy & set(own_pids) else None
 
     def _attribute_energy(self, index: int, now: float, energy: Any, active: dict[str, float]) -> None:
         view = self.views[index]
