@@ -124,3 +124,28 @@ def test_backstop_stops_a_job_growing_past_its_cap_while_its_neighbour_completes
     assert ledger.get(str(neighbour))[0].get("oom") is None
     log = (out_dir / f"job-{offender}.out").read_text()
     assert "gpushare-agent: GPU out of memory (backstop)" in log and f"job {offender} stopped" in log
+
+
+def test_forecast_requeues_a_leaking_job_before_it_reaches_its_cap(agent_cluster, out_dir):
+    cluster = agent_cluster(withhold="none", extra='forecast_action = "requeue"\nforecast_horizon_s = 30.0\n'
+                                                  'forecast_window = 60\nforecast_confirm = 3\n'
+                                                  'backstop_grace_s = 600.0')
+    # cap 5 GiB (4 GiB + 1 GiB margin); 2000 MiB + 150 MiB/s reaches it after about 21 s
+    job = submit(cluster, out_dir, script("4G", "--mem-mib 2000 --grow-mib-per-s 150 --seconds 60"), "--gres=gpu:1")
+    ledger = RecordLedger(cluster.agent_cfg().records_dir)
+    try:
+        cluster.wait_for(lambda: bool(ledger.get(str(job), 0)), 40, "the first run never ended")
+        first = ledger.get(str(job), 0)[0]
+        forecast = first["forecast"]
+        assert forecast["source"] == "agent-forecast" and forecast["action"] == "requeue"
+        assert forecast["outcome"] == "requeued"
+        assert first.get("oom") is None  # requeued before it reached its cap: an OOM avoided
+        gpu = job_env(out_dir, job)["SLURM_JOB_GPUS"]
+        assert first["gpus"][gpu]["peak_bytes"] < 5 << 30
+        again = cluster.client.require_job(job)
+        assert again.restarts >= 1
+        assert "shard:" in again.tres_per_node and not again.tres_per_node.endswith("shard:5")  # a larger share
+        log = (out_dir / f"job-{job}.out").read_text()
+        assert "forecast to run out of its GPU memory share" in log
+    finally:
+        cluster.client.run("scancel", str(job), check=False)
