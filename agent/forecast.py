@@ -26,6 +26,7 @@ No I/O and no clock: samples in, :class:`Forecast` out. The agent and the simula
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
 from collections.abc import Sequence
@@ -130,13 +131,17 @@ def predict(times: Sequence[float], requested: Sequence[float], cap_bytes: float
     line = fit(times, requested)
     if line is None:
         return None
+    reuse = fit(times, list(inverse_reuse)) if inverse_reuse is not None else None
+    return forecast_from(line, now, cap_bytes, cfg, reuse)
+
+
+def forecast_from(line: Line, now: float, cap_bytes: float, cfg: ForecastConfig, reuse: Line | None = None) -> Forecast:
+    """The forecast a fitted line (and optional inverse-reuse line) gives at ``now``."""
     target = now + cfg.horizon_s
     upper = line.at(target) + line.half_width(target, cfg.z)
-    if inverse_reuse is not None:
-        reuse = fit(times, list(inverse_reuse))
-        if reuse is not None:
-            low = max(1.0, reuse.at(target) - reuse.half_width(target, cfg.z))
-            upper /= low
+    if reuse is not None:
+        low = max(1.0, reuse.at(target) - reuse.half_width(target, cfg.z))
+        upper /= low
     growing = line.slope_low(cfg.z) > 0
     eta = None
     if line.b > 0:
@@ -147,29 +152,84 @@ def predict(times: Sequence[float], requested: Sequence[float], cap_bytes: float
 
 @dataclass
 class JobForecaster:
-    """Per-job state: a bounded series and the run of consecutive positive forecasts.
+    """Per-job state: the current phase's samples with running sums, and the run of positive forecasts.
 
-    ``observe(t, bytes)`` appends a sample; ``step(now, cap)`` forecasts and says whether the job has now
-    been forecast to cross for ``confirm`` samples in a row (the moment to act, returned once).
+    ``observe(t, bytes)`` appends a sample; ``step(now, cap)`` forecasts and returns the forecast the
+    first time ``confirm`` consecutive forecasts say "crossing" (the moment to act; once per job).
+    Incremental — O(1) sums plus a sorted list of the window's steps — because the agent runs it every
+    second for every shared job: the same fit as :func:`predict`, without re-reading the window. Times are
+    kept relative to the first sample so the sums stay exact enough in float64.
     """
 
     cfg: ForecastConfig = field(default_factory=ForecastConfig)
-    times: deque[float] = field(default_factory=deque)
-    values: deque[float] = field(default_factory=deque)
     streak: int = 0
     fired: bool = False
     last: Forecast | None = None
+    _t0: float | None = None
+    _points: deque[tuple[float, float]] = field(default_factory=deque)  # the current phase
+    _steps: deque[float] = field(default_factory=deque)  # |Δ| of the last window's samples, in order
+    _sorted: list[float] = field(default_factory=list)  # the same, sorted (for the median)
+    _last_y: float | None = None
+    _sums: list[float] = field(default_factory=lambda: [0.0] * 6)  # n, Σt, Σy, Σtt, Σty, Σyy
+    _since_rebuild: int = 0
 
     def observe(self, t: float, used_bytes: float) -> None:
-        self.times.append(float(t))
-        self.values.append(float(used_bytes))
-        while len(self.times) > self.cfg.window:
-            self.times.popleft()
-            self.values.popleft()
+        if self._t0 is None:
+            self._t0 = float(t)
+        x, y = float(t) - self._t0, float(used_bytes)
+        if self._last_y is not None:
+            step = abs(y - self._last_y)
+            self._steps.append(step)
+            bisect.insort(self._sorted, step)
+            if len(self._steps) > self.cfg.window - 1:
+                old = self._steps.popleft()
+                del self._sorted[bisect.bisect_left(self._sorted, old)]
+            if len(self._steps) >= 3:
+                median = self._sorted[len(self._sorted) // 2]
+                if step > max(self.cfg.jump_factor * median, self.cfg.jump_min_bytes):
+                    self._points.clear()  # a level shift: a new phase starts with this sample
+                    self._sums = [0.0] * 6
+        self._last_y = y
+        self._add(x, y, 1.0)
+        self._points.append((x, y))
+        if len(self._points) > self.cfg.window:
+            self._add(*self._points.popleft(), -1.0)
+        self._since_rebuild += 1
+        if self._since_rebuild >= 4 * self.cfg.window:  # no drift from adding and subtracting for days
+            self._sums = [0.0] * 6
+            for px, py in self._points:
+                self._add(px, py, 1.0)
+            self._since_rebuild = 0
+
+    def _add(self, x: float, y: float, sign: float) -> None:
+        s = self._sums
+        s[0] += sign
+        s[1] += sign * x
+        s[2] += sign * y
+        s[3] += sign * x * x
+        s[4] += sign * x * y
+        s[5] += sign * y * y
+
+    def line(self) -> Line | None:
+        """The least-squares line of the current phase (times relative to the first sample)."""
+        n, st, sy, stt, sty, syy = self._sums
+        if n < 2:
+            return None
+        t_mean, y_mean = st / n, sy / n
+        sxx = stt - n * t_mean * t_mean
+        if sxx <= 1e-9:
+            return None
+        sxy = sty - n * t_mean * y_mean
+        b = sxy / sxx
+        sse = max(0.0, (syy - n * y_mean * y_mean) - b * sxy)
+        s = math.sqrt(sse / (n - 2)) if n > 2 else 0.0
+        return Line(y_mean - b * t_mean, b, s, int(round(n)), t_mean, sxx)
 
     def step(self, now: float, cap_bytes: float) -> Forecast | None:
-        """The forecast now; sets ``fired`` (and returns it) the first time the streak reaches ``confirm``."""
-        self.last = predict(self.times, self.values, cap_bytes, now, self.cfg)
+        """The forecast now (``last``); returns it the first time the streak reaches ``confirm``."""
+        line = self.line() if len(self._points) >= self.cfg.min_samples else None
+        self.last = None if line is None or self._t0 is None else forecast_from(line, now - self._t0, cap_bytes,
+                                                                                 self.cfg)
         self.streak = self.streak + 1 if self.last is not None and self.last.crossing else 0
         if self.streak >= self.cfg.confirm and not self.fired:
             self.fired = True

@@ -85,3 +85,22 @@ def test_simulated_leak_fires_before_the_cap():
     outcome = replay(values, CAP)
     assert outcome.oom_at is not None and outcome.fired_at is not None and outcome.lead_s > 60
     assert not math.isnan(outcome.lead_s)
+
+
+@pytest.mark.parametrize("pattern", ["leak", "noisy", "step", "plateau"])
+def test_incremental_forecaster_matches_the_one_shot_fit(pattern):
+    cfg = ForecastConfig()
+    values = series(pattern, 1)[:900]
+    forecaster = JobForecaster(cfg)
+    start = 1.7e9  # epoch-sized times: the running sums are kept relative to the first sample
+    for i, value in enumerate(values):
+        forecaster.observe(start + i, value)
+        forecaster.step(start + i, CAP)
+        if i % 97 == 0 and i > cfg.min_samples:
+            times = [start + k for k in range(max(0, i - cfg.window + 1), i + 1)]
+            one_shot = predict(times, values[len(values[:i + 1]) - len(times):i + 1], CAP, start + i, cfg)
+            got = forecaster.last
+            assert (one_shot is None) == (got is None)
+            if got is not None:
+                assert got.crossing == one_shot.crossing
+                assert got.predicted_bytes == pytest.approx(one_shot.predicted_bytes, rel=1e-6)

@@ -88,7 +88,8 @@ def test_two_users_jobs_on_one_gpu_get_framework_caps(agent_cluster, out_dir, mo
     b = submit(cluster, out_dir, script("10G", "--mem-mib 9000 --seconds 4"), "--gres=gpu:1",
                f"--uid={NOBODY}", f"--gid={NOBODY}")
     for job in (a, b):
-        assert cluster.wait_job(job, 90).state == "COMPLETED"
+        log = out_dir / f"job-{job}.out"
+        assert cluster.wait_job(job, 90).state == "COMPLETED", log.read_text() if log.exists() else "no log"
     assert cluster.client.require_job(b).user_id == NOBODY and cluster.client.require_job(a).user_id == 0
     env_a, env_b = job_env(out_dir, a), job_env(out_dir, b)
     assert env_a["SLURM_JOB_GPUS"] == env_b["SLURM_JOB_GPUS"]  # one GPU, two users
