@@ -30,7 +30,9 @@ _SAFE_RE = re.compile(r"^[A-Za-z0-9_.:,>\[\]+-]{0,1024}$")
 
 def split_top(text: str) -> list[str] | None:
     """``k:v`` items of an allocator setting, split on commas outside brackets; None when unbalanced."""
-    items, depth, buf = [], 0, []
+    items: list[str] = []
+    depth = 0
+    buf: list[str] = []
     for ch in text:
         if ch == "[":
             depth += 1

@@ -11,8 +11,9 @@ co-runners survive). With ``caps`` set (False or True), a job whose peak exceeds
 margin) first runs within its share and outgrows it after ``GROW_AFTER`` of its work: without caps it
 takes whatever memory is free (the room reserved for neighbours still starting), with caps it hits its
 own cap and OOMs alone. An OOM of a job within its own share was caused by a neighbour
-(``neighbour_ooms``): with caps that count is 0 by construction, without caps it is what caps prevent and, with recovery on, goes once to the recovery queue, which is served first and
-only onto idle GPUs (exclusive, raised priority) → running at the interference-reduced speed → done.
+(``neighbour_ooms``): with caps that count is 0 by construction, without caps it is what caps prevent.
+A job that OOMs, with recovery on, goes once to the recovery queue, which is served first and only onto
+idle GPUs (exclusive, raised priority) → running at the interference-reduced speed → done.
 Queues are FIFO with head-of-line blocking, as CARMA's; ``poll_s`` is how often a blocked head retries
 while telemetry changes (risk windows and TTFK windows expire without an event of their own).
 """

@@ -125,12 +125,16 @@ def _clean(value: Any) -> Any:
     return value
 
 
+def _caps_word(caps: bool | None) -> str:
+    return "-" if caps is None else "on" if caps else "off"
+
+
 def to_text(summary: dict[str, Any]) -> str:
     s = summary
     lines = [
         f"policy {s['policy']}, estimator {s['estimator']}, {s['nodes']}x{s['gpus_per_node']} {s['gpu']}, seed {s['seed']}",
         f"jobs {s['jobs']}: {s['completed']} completed, {s['failed']} failed; OOMs {s['ooms']} "
-        f"({s['neighbour_ooms']} hit a neighbour; caps {'-' if s['caps'] is None else 'on' if s['caps'] else 'off'}), recoveries {s['recoveries']}",
+        f"({s['neighbour_ooms']} hit a neighbour; caps {_caps_word(s['caps'])}), recoveries {s['recoveries']}",
         f"makespan {s['makespan_s'] / 3600:.2f} h",
         f"JCT mean {s['jct_mean_s'] / 60:.1f} min, p95 {s['jct_p95_s'] / 60:.1f} min",
         f"waiting mean {s['wait_mean_s'] / 60:.1f} min, p95 {s['wait_p95_s'] / 60:.1f} min",

@@ -2,8 +2,9 @@
 
 It becomes a process on the job's GPU (its own pid, so the agent finds the job through
 ``/proc/<pid>/environ``), holds it for ``--seconds`` and ends it. ``--delay`` is the time to first
-kernel: data loading before the first CUDA call; ``--grow-mib-per-s`` makes its memory grow (a leak). The backend comes from the gpushare config the hooks
-use (``[agent] device_backend``), as a real job would find its GPU through the driver.
+kernel: data loading before the first CUDA call; ``--grow-mib-per-s`` makes its memory grow (a leak).
+The backend comes from the gpushare config the hooks use (``[agent] device_backend``), as a real job
+would find its GPU through the driver.
 """
 
 from __future__ import annotations
