@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import stat
 import subprocess
 import sys
 import tempfile
@@ -52,13 +51,9 @@ def out_dir():
 
 
 def open_to_other_users(cluster) -> None:
-    """Let a second user's job reach the test cluster's files: the config and caps (read), the simulated
-    GPU state (its process registers itself there) and the hooks' log."""
-    for parent in cluster.base.parents:
-        if parent == Path(tempfile.gettempdir()):
-            break
-        mode = stat.S_IMODE(parent.stat().st_mode)
-        os.chmod(parent, mode | 0o711)
+    """Let a second user's job reach the test cluster's files (the cluster lives outside pytest's
+    root-only base directory: ``agent_cluster(other_users=True)``): the config and caps (read), the
+    simulated GPU state (its process registers itself there) and the hooks' log."""
     os.chmod(cluster.base, 0o777)  # the simulated state is replaced atomically (temp file + rename)
     for name in ("sim.json", "sim.json.lock"):
         path = cluster.base / name
@@ -79,7 +74,7 @@ def torch_accepts(value: str) -> None:
 
 def test_two_users_jobs_on_one_gpu_get_framework_caps(agent_cluster, out_dir, monkeypatch):
     pytest.importorskip("torch")
-    cluster = agent_cluster(withhold="none", extra='collocation = "fraction"')
+    cluster = agent_cluster(withhold="none", extra='collocation = "fraction"', other_users=True)
     open_to_other_users(cluster)
     # the users' own allocator settings, in the submitting environment (--export=ALL carries them)
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:256,roundup_power2_divisions:[256:1,>:4]")
