@@ -146,18 +146,21 @@ class Agent:
                 continue
             entry = self.store.get(action.job) or {}
             write_job_message(self.slurm, action.job, int(entry.get("uid", -1)), text, node_name(self.cfg))
-            if action.kind == "forecast" and action.record.get("action") == "requeue":
-                ok = requeue_early(self.slurm, action.job, float(action.record["predicted_bytes"]))
-                outcome = "requeued" if ok else "requeue-failed"
-                if ok:
-                    self.counters["oom_avoided"] += 1
-            elif action.kind == "forecast":
-                outcome = "warned"
-            else:
+            if action.kind != "forecast":
                 continue
-            with self.lock:
-                self.store.update(action.job, lambda e, o=outcome: {**e, "forecast": {**(e.get("forecast") or {}),
-                                                                                       "outcome": o}})
+            if action.record.get("action") != "requeue":
+                self._forecast_outcome(action.job, "warned")
+                continue
+            # recorded before the requeue: the requeue runs the Epilog, which writes the run's record
+            self._forecast_outcome(action.job, "requeued")
+            if requeue_early(self.slurm, action.job, float(action.record["predicted_bytes"])):
+                self.counters["oom_avoided"] += 1
+            else:
+                self._forecast_outcome(action.job, "requeue-failed")
+
+    def _forecast_outcome(self, job: str, outcome: str) -> None:
+        with self.lock:
+            self.store.update(job, lambda e: {**e, "forecast": {**(e.get("forecast") or {}), "outcome": outcome}})
 
     def annotate_pending(self, block_s: float = 0.0) -> int:
         """Write queued run summaries to Slurm (off the sampling lock); returns how many were tried."""
