@@ -10,9 +10,9 @@ user's jobs leave. So:
 
 ``mps-same-user`` (default)  MPS only when every job already on the job's GPU belongs to the same user
                              and runs under MPS; otherwise this job is time-sliced beside them with the
-                             soft memory-fraction guard. Nobody waits on another user's MPS server.
+                             framework caps (below). Nobody waits on another user's MPS server.
 ``mps``                      MPS always (a site that accepts cross-user serialisation, or one user).
-``fraction``                 never MPS: time-slicing plus the memory-fraction guard for everyone.
+``fraction``                 never MPS: time-slicing plus the framework caps for everyone.
 ``none``                     no caps at all (only Slurm's shard accounting).
 
 The memory-fraction cap is ``GPUSHARE_MEMORY_FRACTION`` (need / GPU memory). The TaskProlog turns it into
@@ -54,7 +54,7 @@ class Caps:
     mode: str  # "mps" | "fraction" | "none"
     mem_limit_mib: int | None = None  # estimate + margin, MiB; None without an estimate
     thread_percentage: int | None = None  # MPS only
-    fraction: float | None = None  # need / GPU memory, for the soft guard
+    fraction: float | None = None  # need / GPU memory: the framework caps' fraction
     reason: str = ""  # one line: why this mode
 
     def as_dict(self) -> dict[str, Any]:
