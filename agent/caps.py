@@ -10,14 +10,16 @@ user's jobs leave. So:
 
 ``mps-same-user`` (default)  MPS only when every job already on the job's GPU belongs to the same user
                              and runs under MPS; otherwise this job is time-sliced beside them with the
-                             soft memory-fraction guard. Nobody waits on another user's MPS server.
+                             framework caps (below). Nobody waits on another user's MPS server.
 ``mps``                      MPS always (a site that accepts cross-user serialisation, or one user).
-``fraction``                 never MPS: time-slicing plus the memory-fraction guard for everyone.
+``fraction``                 never MPS: time-slicing plus the framework caps for everyone.
 ``none``                     no caps at all (only Slurm's shard accounting).
 
-The memory-fraction guard is ``GPUSHARE_MEMORY_FRACTION`` (need / GPU memory), honoured by PyTorch jobs
-that call ``gpushare.prolog.memory_guard.apply()`` (it calls ``torch.cuda.set_per_process_memory_fraction``). It is
-soft: other frameworks and non-PyTorch allocations ignore it.
+The memory-fraction cap is ``GPUSHARE_MEMORY_FRACTION`` (need / GPU memory). The TaskProlog turns it into
+the frameworks' own settings, merged with the user's (``PYTORCH_CUDA_ALLOC_CONF``'s
+``per_process_memory_fraction``, JAX's ``XLA_PYTHON_CLIENT_MEM_FRACTION``; ``gpushare.agent.framework_caps``),
+so an unmodified PyTorch or JAX script hits its own OOM. Allocations outside the framework's allocator
+ignore it; the agent's backstop (``gpushare.agent.backstop``) covers those.
 
 An MPS client sees devices *through its server*: our per-GPU daemon is started with
 ``CUDA_VISIBLE_DEVICES=<that GPU>``, so inside it the GPU is device 0 and the job must say
@@ -38,7 +40,11 @@ GiB = 1 << 30
 POLICIES = ("mps-same-user", "mps", "fraction", "none")
 # What the TaskProlog may export; anything else in a caps file is ignored.
 EXPORTABLE = ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
-              "CUDA_VISIBLE_DEVICES", "GPUSHARE_MEMORY_FRACTION", "GPUSHARE_MEM_LIMIT_MIB", "GPUSHARE_CAPS_MODE")
+              "CUDA_VISIBLE_DEVICES", "GPUSHARE_MEMORY_FRACTION", "GPUSHARE_MEM_LIMIT_MIB", "GPUSHARE_CAPS_MODE",
+              "GPUSHARE_FRAMEWORK_CAPS")
+# Computed by the TaskProlog from GPUSHARE_MEMORY_FRACTION and the user's own environment (framework_caps.py)
+FRAMEWORK_EXPORTS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "XLA_PYTHON_CLIENT_MEM_FRACTION",
+                     "XLA_PYTHON_CLIENT_PREALLOCATE")
 
 
 @dataclass(frozen=True)
@@ -48,7 +54,7 @@ class Caps:
     mode: str  # "mps" | "fraction" | "none"
     mem_limit_mib: int | None = None  # estimate + margin, MiB; None without an estimate
     thread_percentage: int | None = None  # MPS only
-    fraction: float | None = None  # need / GPU memory, for the soft guard
+    fraction: float | None = None  # need / GPU memory: the framework caps' fraction
     reason: str = ""  # one line: why this mode
 
     def as_dict(self) -> dict[str, Any]:
@@ -92,8 +98,14 @@ def decide_caps(policy: str, *, shared: bool, gpus: int, uid: int, need: int | N
     return Caps("mps", need, thread_percentage, fraction, f"collocation = {policy}")
 
 
-def task_env(caps: Caps, pipe_dir: str | None) -> dict[str, str]:
-    """Variables the TaskProlog exports for a job with these caps (strings, shell-safe)."""
+def task_env(caps: Caps, pipe_dir: str | None, framework: bool = True) -> dict[str, str]:
+    """Variables the TaskProlog exports for a job with these caps (strings, shell-safe).
+
+    ``framework``: a time-sliced (``fraction``) job is also marked ``GPUSHARE_FRAMEWORK_CAPS=1``, which
+    makes the TaskProlog add PyTorch's and JAX's own memory caps merged with the user's settings
+    (``gpushare.agent.framework_caps``). MPS jobs are not: their pinned-memory limit is already a hard
+    cap enforced by the MPS server, and the device size an MPS client sees differs from the GPU's.
+    """
     env: dict[str, str] = {"GPUSHARE_CAPS_MODE": caps.mode}
     if caps.mode == "mps" and pipe_dir:
         env.update(job_env(pipe_dir, 0, caps.mem_limit_mib, caps.thread_percentage))
@@ -103,4 +115,6 @@ def task_env(caps: Caps, pipe_dir: str | None) -> dict[str, str]:
             env["GPUSHARE_MEMORY_FRACTION"] = f"{caps.fraction:.3f}"
         if caps.mem_limit_mib is not None:
             env["GPUSHARE_MEM_LIMIT_MIB"] = str(int(caps.mem_limit_mib))
+    if framework and caps.mode == "fraction" and caps.fraction is not None:
+        env["GPUSHARE_FRAMEWORK_CAPS"] = "1"
     return env

@@ -70,8 +70,8 @@ def run_agent(argv: list[str], agent_cls: type, open_backend: Callable[[str | No
         from prometheus_client import CollectorRegistry
 
         registry = CollectorRegistry()
-    agent = agent_cls(agent_cfg, backend, feature=feature, registry=registry,
-                      slurm=slurm if agent_cfg.admin_comment == "yes" else None)
+    # always given: AdminComment summaries check admin_comment themselves; the guard needs it for job logs
+    agent = agent_cls(agent_cfg, backend, feature=feature, registry=registry, slurm=slurm)
     agent.load()
     if registry is not None:
         from gpushare.agent.metrics import serve

@@ -26,6 +26,8 @@ from typing import Any, Callable
 
 from gpushare.gres import GpuError, open_backend
 from gpushare.agent.api import node_name
+from gpushare.agent.backstop import forecast_message, oom_message
+from gpushare.agent.guard import Action, Guard
 from gpushare.agent.jobs import build_entry, clean_facts, tenants_of
 from gpushare.agent.sampler import Sampler, environ_job
 from gpushare.agent.store import JobStore, check_job
@@ -50,6 +52,10 @@ class Agent:
         self.open: bool | None = None
         self.slurm = slurm  # SlurmClient for AdminComment run summaries; None: off
         self._annotate: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.guard = Guard.from_config(cfg)
+        self.pid_job = pid_job
+        self._followups: queue.Queue[tuple[Action, str]] = queue.Queue()  # log messages, early requeues
+        self.counters = {"backstop_stops": 0, "backstop_records": 0, "forecast_warnings": 0, "oom_avoided": 0}
         self._annotated: set[str] = set()
         self._expired: set[str] = set()
         self._last_flush = clock()
@@ -75,6 +81,7 @@ class Agent:
         with self.lock:
             now = self.clock()
             self.sampler.tick(now)
+            self._guard(now)
             self._expire_warming(now)
             self._queue_annotations()
             if now - self._last_flush >= self.cfg.flush_every_s:
@@ -98,6 +105,62 @@ class Agent:
                 entry = self.store.get(acc.job) or {}
                 self._annotate.put({"job": acc.job, "node": node_name(self.cfg), "ttfk_s": acc.fields()["ttfk_s"],
                                     "caps": entry.get("caps")})
+
+    def _guard(self, now: float) -> None:
+        """Backstop and forecaster (``gpushare.agent.guard``): stop at once, record, message off the lock."""
+        from gpushare.agent.enforce import stop_processes
+
+        for action in self.guard.check(now, list(self.sampler.jobs.values())):
+            record = dict(action.record)
+            if action.kind == "oom":
+                if record["action"] == "stop":
+                    stopped = stop_processes(action.job, list(action.pids), self.pid_job)
+                    record["pids"] = stopped
+                    self.counters["backstop_stops"] += 1
+                else:
+                    self.counters["backstop_records"] += 1
+                log.warning("job %s: %s", action.job, oom_message(action.job, record).strip())
+                text = oom_message(action.job, record)
+            else:
+                self.counters["forecast_warnings"] += 1
+                log.warning("job %s: %s", action.job, forecast_message(action.job, record).strip())
+                text = forecast_message(action.job, record)
+            field_name = action.kind
+            self.store.update(action.job, lambda e, r=record, f=field_name: {**e, f: r})
+            self._followups.put((Action(action.kind, action.job, action.gpu, record, action.pids), text))
+
+    def followup_pending(self, block_s: float = 0.0) -> int:
+        """Carry out queued follow-ups (job-log messages, early requeues) off the sampling lock."""
+        from gpushare.agent.enforce import requeue_early, write_job_message
+
+        done = 0
+        while True:
+            try:
+                action, text = (self._followups.get(timeout=block_s) if block_s and not done
+                                else self._followups.get_nowait())
+            except queue.Empty:
+                return done
+            done += 1
+            if self.slurm is None:
+                log.warning("job %s: no Slurm client; message only in the agent log", action.job)
+                continue
+            entry = self.store.get(action.job) or {}
+            write_job_message(self.slurm, action.job, int(entry.get("uid", -1)), text, node_name(self.cfg))
+            if action.kind != "forecast":
+                continue
+            if action.record.get("action") != "requeue":
+                self._forecast_outcome(action.job, "warned")
+                continue
+            # recorded before the requeue: the requeue runs the Epilog, which writes the run's record
+            self._forecast_outcome(action.job, "requeued")
+            if requeue_early(self.slurm, action.job, float(action.record["predicted_bytes"])):
+                self.counters["oom_avoided"] += 1
+            else:
+                self._forecast_outcome(action.job, "requeue-failed")
+
+    def _forecast_outcome(self, job: str, outcome: str) -> None:
+        with self.lock:
+            self.store.update(job, lambda e: {**e, "forecast": {**(e.get("forecast") or {}), "outcome": outcome}})
 
     def annotate_pending(self, block_s: float = 0.0) -> int:
         """Write queued run summaries to Slurm (off the sampling lock); returns how many were tried."""
@@ -190,6 +253,7 @@ class Agent:
                 self._stop_idle_mps(acc.gpus)
             self._annotated.discard(job)
             self._expired.discard(job)
+            self.guard.forget(job)
             self._withhold(self.clock())
             return entry
 
@@ -208,7 +272,7 @@ class Agent:
             jobs = [{"job": a.job, "uid": a.uid, "gpus": a.gpus, "mode": a.mode, "start": a.start,
                      **{k: v for k, v in a.fields().items() if k not in ("series", "series_stride")}}
                     for a in self.sampler.jobs.values()]
-            return {"now": now, "node_open": self.open, "gpus": gpus, "jobs": jobs}
+            return {"now": now, "node_open": self.open, "gpus": gpus, "jobs": jobs, "guard": dict(self.counters)}
 
     def handle(self, request: dict[str, Any]) -> dict[str, Any]:
         op = request.get("op")
@@ -231,6 +295,7 @@ class Agent:
     def run(self, stop: threading.Event) -> None:
         if self.slurm is not None:
             threading.Thread(target=self._annotator, args=(stop,), name="gpushare-annotate", daemon=True).start()
+        threading.Thread(target=self._followup_loop, args=(stop,), name="gpushare-guard", daemon=True).start()
         period = self.cfg.sample_period_s
         next_at = time.monotonic()
         while not stop.is_set():
@@ -245,6 +310,13 @@ class Agent:
             stop.wait(delay)
         self.flush()
 
+
+    def _followup_loop(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                self.followup_pending(block_s=1.0)
+            except Exception:  # noqa: BLE001
+                log.exception("guard follow-up failed")
 
     def _annotator(self, stop: threading.Event) -> None:
         while not stop.is_set():

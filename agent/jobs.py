@@ -84,7 +84,8 @@ def build_entry(facts: dict[str, Any], cfg: Any, backend: Any, tenants: list[tup
     if not mps_ok and cfg.collocation.startswith("mps") and caps.mode == "fraction":
         caps = Caps(**{**caps.as_dict(), "reason": "agent not running: no MPS daemon, memory fraction only"})
     pipe = mps_dirs(cfg.run_dir, gpu0)[0] if caps.mode == "mps" else None
-    return {**facts, "caps": caps.as_dict(), "pipe_dir": pipe, "env": task_env(caps, pipe), "start": now,
+    env = task_env(caps, pipe, framework=getattr(cfg, "framework_caps", "yes") == "yes")
+    return {**facts, "caps": caps.as_dict(), "pipe_dir": pipe, "env": env, "start": now,
             "start_energy_mj": read_energy(backend, facts["gpus"]), "kernel_at": None, "share_mj": {},
             "active_s": {}, "peak_bytes": {}, "series": {}, "registered_by": by}
 
@@ -119,4 +120,6 @@ def final_record(entry: dict[str, Any], backend: Any, end: float | None = None, 
             "duration_s": round(end - float(entry.get("start", end)), 3),
             "ttfk_s": None if kernel is None else round(float(kernel) - float(entry["start"]), 3),
             "gpus": gpus, "series": entry.get("series") or {},
+            "oom": entry.get("oom"), "forecast": entry.get("forecast"),
+            "ttfk_source": entry.get("ttfk_source"),
             "registered_by": entry.get("registered_by"), "closed_by": closed_by}

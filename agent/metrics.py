@@ -45,15 +45,24 @@ class AgentCollector(Collector):
             warming.add_metric([label], float(gpu["warming"]))
             jobs.add_metric([label], len(gpu["jobs"]))
             energy.add_metric([label], gpu["energy_mj"] / 1000.0)
-        ttfk = GaugeMetricFamily("gpushare_job_ttfk_seconds", "time from Prolog to first kernel", labels=["job"])
+        ttfk = GaugeMetricFamily("gpushare_job_ttfk_seconds",
+                                 "time from Prolog to first kernel: source=kernel when NVML per-process SM "
+                                 "utilisation showed the job's process running kernels, source=first-process "
+                                 "when the GPU cannot report it (or under MPS) and the first process of the job "
+                                 "seen on its GPU (CUDA context creation) stands in", labels=["job", "source"])
         job_energy = GaugeMetricFamily("gpushare_job_energy_joules", "energy attributed to the job",
                                        labels=["job", "gpu"])
         for job in snap["jobs"]:
             if job["ttfk_s"] is not None:
-                ttfk.add_metric([job["job"]], job["ttfk_s"])
+                ttfk.add_metric([job["job"], str(job.get("ttfk_source") or "first-process")], job["ttfk_s"])
             for gpu, mj in job["share_mj"].items():
                 job_energy.add_metric([job["job"], gpu], mj / 1000.0)
-        yield from (used, total, risk, risky, warming, jobs, energy, ttfk, job_energy)
+        guard = GaugeMetricFamily("gpushare_guard_actions", "memory-guard actions since the agent started: "
+                                  "backstop_stops, backstop_records, forecast_warnings, oom_avoided (early requeues)",
+                                  labels=["action"])
+        for name, count in snap.get("guard", {}).items():
+            guard.add_metric([name], count)
+        yield from (used, total, risk, risky, warming, jobs, energy, ttfk, job_energy, guard)
 
 
 def register(agent: "Agent", registry: CollectorRegistry) -> AgentCollector:

@@ -57,26 +57,35 @@ class JobAcc:
     mode: str = "none"
     shared: bool = True
     kernel_at: float | None = None
+    ttfk_source: str | None = None  # "kernel" (per-process SM activity) or "first-process"
     share_mj: dict[str, float] = field(default_factory=dict)
     active_s: dict[str, float] = field(default_factory=dict)
     peak_bytes: dict[str, int] = field(default_factory=dict)
     series: dict[str, list[list[float]]] = field(default_factory=dict)
     stride: dict[str, int] = field(default_factory=dict)
     seen: int = 0
+    cap_bytes: int = 0  # estimate + margin (caps.mem_limit_mib); 0: no cap known
+    # the latest sample only (not persisted): device bytes and pids of the processes that carry the job's
+    # SLURM_JOB_ID, per GPU (the backstop and forecaster act on these, never on an unplaced process)
+    now_bytes: dict[str, float] = field(default_factory=dict)
+    now_pids: dict[str, list[int]] = field(default_factory=dict)
 
     @classmethod
     def from_entry(cls, entry: dict[str, Any]) -> "JobAcc":
         return cls(job=str(entry["job"]), uid=int(entry.get("uid", -1)), gpus=[int(g) for g in entry.get("gpus", [])],
                    start=float(entry["start"]), mode=str((entry.get("caps") or {}).get("mode", "none")),
                    shared=bool(entry.get("shared", True)),
-                   kernel_at=entry.get("kernel_at"), share_mj=dict(entry.get("share_mj") or {}),
+                   kernel_at=entry.get("kernel_at"), ttfk_source=entry.get("ttfk_source"),
+                   share_mj=dict(entry.get("share_mj") or {}),
                    active_s=dict(entry.get("active_s") or {}), peak_bytes=dict(entry.get("peak_bytes") or {}),
                    series={k: list(v) for k, v in (entry.get("series") or {}).items()},
-                   stride=dict(entry.get("series_stride") or {}))
+                   stride=dict(entry.get("series_stride") or {}),
+                   cap_bytes=int((entry.get("caps") or {}).get("mem_limit_mib") or 0) << 20)
 
     def fields(self) -> dict[str, Any]:
         """The store fields this accumulator owns."""
-        return {"kernel_at": self.kernel_at, "share_mj": self.share_mj, "active_s": self.active_s,
+        return {"kernel_at": self.kernel_at, "ttfk_source": self.ttfk_source, "share_mj": self.share_mj,
+                "active_s": self.active_s,
                 "peak_bytes": self.peak_bytes, "series": self.series, "series_stride": self.stride,
                 "ttfk_s": None if self.kernel_at is None else round(self.kernel_at - self.start, 3)}
 
@@ -122,6 +131,7 @@ class Sampler:
         self.windows: dict[int, MetricWindow] = {}
         self._last: dict[int, tuple[float, float]] = {}  # gpu -> (time, energy mJ)
         self._pid_cache: dict[int, str | None] = {}
+        self._util_since: dict[int, int] = {}  # per GPU: newest per-process utilisation sample seen (µs)
         for info in backend.gpus():
             self.views[info.index] = GpuView(info.index, total=info.total_bytes)
             self.windows[info.index] = MetricWindow(size=window_samples)
@@ -148,6 +158,9 @@ class Sampler:
     # -- sampling ----------------------------------------------------------------------------------
     def tick(self, now: float) -> None:
         live_pids: set[int] = set()
+        for acc in self.jobs.values():  # a GPU that fails to answer leaves no stale reading behind
+            acc.now_bytes.clear()
+            acc.now_pids.clear()
         for index, view in self.views.items():
             try:
                 self._sample(index, view, now, live_pids)
@@ -179,25 +192,66 @@ class Sampler:
         tracked = self.jobs_on(index)
         view.jobs = [acc.job for acc in tracked]
         job_bytes: dict[str, float] = {}
+        job_pids: dict[str, list[int]] = {}
+        own_bytes: dict[str, float] = {}
         for proc in procs:
             live_pids.add(proc.pid)
             owner = self._job_of(proc.pid)
-            if owner not in self.jobs or index not in self.jobs[owner].gpus:
+            placed = owner in self.jobs and index in self.jobs[owner].gpus
+            if not placed:
                 owner = tracked[0].job if len(tracked) == 1 else None
             if owner is not None:
                 used = 0.0 if is_na(proc.used_bytes) else float(proc.used_bytes)
                 job_bytes[owner] = job_bytes.get(owner, 0.0) + used
+                if placed:  # the guard acts only on processes that carry the job's id, never on a guess
+                    own_bytes[owner] = own_bytes.get(owner, 0.0) + used
+                    job_pids.setdefault(owner, []).append(proc.pid)
         key = str(index)
+        for acc in tracked:
+            acc.now_bytes[key] = own_bytes.get(acc.job, 0.0)
+            acc.now_pids[key] = job_pids.get(acc.job, [])
+        busy = self._kernel_pids(index, [p.pid for p in procs])
         for job in job_bytes:
             acc = self.jobs[job]
             if acc.kernel_at is None:
-                acc.kernel_at = now
-                self.ttfk.kernel_seen(index, job, now)
+                source = self._first_kernel(acc, busy, job_pids.get(job, []))
+                if source is not None:
+                    acc.kernel_at, acc.ttfk_source = now, source
+                    self.ttfk.kernel_seen(index, job, now)
             acc.peak_bytes[key] = max(int(job_bytes[job]), int(acc.peak_bytes.get(key, 0)))
         self._attribute_energy(index, now, energy, job_bytes)
         smact = float(util.smact) if not is_na(util.smact) else float(util.gpu)
         for acc in tracked:
             acc.add_point(key, [round(now, 3), view.used, job_bytes.get(acc.job, 0.0), smact])
+
+    def _kernel_pids(self, index: int, pids: list[int]) -> set[int] | None:
+        """Pids that ran kernels since the last sample (per-process SM utilisation > 0); None where the
+        GPU cannot report per-process utilisation (then TTFK falls back to the first process seen)."""
+        if not pids:
+            return set()
+        try:
+            samples = self.backend.process_utilization(index, self._util_since.get(index, 0))
+        except GpuError as exc:
+            log.debug("GPU %d per-process utilisation: %s", index, exc)
+            return None
+        if is_na(samples):
+            return None
+        busy = {s.pid for s in samples if s.sm > 0}
+        if samples:
+            self._util_since[index] = max(s.timestamp_us for s in samples)
+        return busy
+
+    @staticmethod
+    def _first_kernel(acc: JobAcc, busy: set[int] | None, own_pids: list[int]) -> str | None:
+        """How this sample shows the job's first kernel (its TTFK source), or None: not yet.
+
+        ``kernel``: one of the job's own processes ran kernels (NVML per-process utilisation). MPS
+        clients' activity is reported under the MPS server's pid, so MPS jobs, GPUs without per-process
+        samples, and processes placed by the one-job-on-this-GPU rule fall back to ``first-process``.
+        """
+        if busy is None or acc.mode == "mps" or not own_pids:
+            return "first-process"
+        return "kernel" if busy & set(own_pids) else None
 
     def _attribute_energy(self, index: int, now: float, energy: Any, active: dict[str, float]) -> None:
         view = self.views[index]

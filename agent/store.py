@@ -23,7 +23,10 @@ strings because JSON object keys are strings)::
     caps: dict             # agent_caps.Caps as a dict
     start: float           # Prolog time
     start_energy_mj: {gpu: int | None}
-    kernel_at: float | None            # first process of the job seen on its GPU
+    kernel_at: float | None            # first kernel (per-process SM activity), else first process seen
+    ttfk_source: "kernel" | "first-process" | None
+    oom: dict | None       # the backstop's record (gpushare.agent.backstop.oom_record), when it acted
+    forecast: dict | None  # the forecaster's record (gpushare.agent.backstop.forecast_record), when it fired
     share_mj, active_s: {gpu: float}   # attributed energy and seconds with a process running
     peak_bytes: {gpu: int}             # largest memory of the job's processes seen
     series: {gpu: [[t, used_bytes, job_bytes, smact], ...]}   # down-sampled timeline

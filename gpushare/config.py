@@ -195,6 +195,20 @@ class AgentSection:
     metrics_port: int = _opt(9402, _between(0, 65535), "Prometheus port on 127.0.0.1; 0 turns metrics off")
     admin_comment: str = _opt("yes", _one_of("yes", "no"), "write each job's record into its AdminComment")
     slurm_conf: str = _opt("", None, "slurm.conf for scontrol/squeue; empty: $SLURM_CONF or Slurm's default")
+    framework_caps: str = _opt("yes", _one_of("yes", "no"),
+                               "time-sliced shared jobs also get PYTORCH_CUDA_ALLOC_CONF per_process_memory_fraction "
+                               "and JAX's XLA_PYTHON_CLIENT_MEM_FRACTION, merged with the user's own settings")
+    backstop: str = _opt("stop", _one_of("stop", "record", "none"),
+                         "a shared job over its cap + tolerance past the grace period: stop it, only record it, "
+                         "or nothing")
+    backstop_tolerance_mib: int = _opt(512, _between(0, 1 << 20), "MiB a job may exceed its cap before the backstop")
+    backstop_grace_s: float = _opt(10.0, _between(0.0, 3600.0), "seconds over cap + tolerance before the backstop acts")
+    forecast_action: str = _opt("warn", _one_of("none", "warn", "requeue"),
+                                "a job forecast to cross its cap (MIGM 3.2.3): nothing, record + warn the user, "
+                                "or requeue it early onto a bigger share")
+    forecast_horizon_s: float = _opt(120.0, _between(1.0, 86400.0), "how far ahead a forecast crossing counts")
+    forecast_window: int = _opt(120, _between(5, 100000), "samples in the forecaster's fit")
+    forecast_confirm: int = _opt(5, _between(1, 10000), "consecutive positive forecasts before acting")
     log_file: str = _opt("", None, "agent/prolog/epilog log; empty: standard error")
 
 

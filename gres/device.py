@@ -61,6 +61,20 @@ class ProcessInfo:
 
 
 @dataclass(frozen=True)
+class ProcessUtil:
+    """One per-process utilisation sample (nvmlDeviceGetProcessUtilization): SM activity of one process.
+
+    ``sm`` > 0 means the process ran kernels in the sampling interval ending at ``timestamp_us`` (CPU
+    time, µs since the epoch, NVML's clock). The driver samples every few hundred ms; under MPS the
+    samples belong to the MPS server, not to its clients.
+    """
+
+    pid: int
+    sm: float  # fraction 0..1
+    timestamp_us: int
+
+
+@dataclass(frozen=True)
 class Utilization:
     """One utilisation sample. ``source`` says which fields are real.
 
@@ -162,6 +176,8 @@ class GpuBackend(Protocol):
     def memory(self, index: int) -> MemoryInfo: ...
     def processes(self, index: int) -> list[ProcessInfo]: ...
     def utilization(self, index: int) -> Utilization: ...
+    # per-process samples newer than since_us; NA where the GPU cannot report them, [] when none are new
+    def process_utilization(self, index: int, since_us: int = 0) -> "list[ProcessUtil] | NaType": ...
     def power_watts(self, index: int) -> Fraction: ...
     def energy_mj(self, index: int) -> Number: ...
 

@@ -21,10 +21,10 @@ from typing import Any, Callable
 
 from gpushare.gpus import BUILTIN_GPUS, GpuModel, MiB
 from gpushare.gres.device import (ComputeInstance, GiProfile, GpuInfo, GpuInstance, MemoryInfo, MigDevice, Placement,
-                         ProcessInfo, Utilization, ci_cap_minor, gi_cap_minor)
+                         ProcessInfo, ProcessUtil, Utilization, ci_cap_minor, gi_cap_minor)
 from gpushare.gres.errors import GpuError, NvmlCode
 from gpushare.gres.mps import DaemonMps
-from gpushare.gres.na import NA
+from gpushare.gres.na import NA, NaType
 from gpushare.gres.nvml_query import RAISE, Nvml
 
 GI_PROFILE_COUNT = 0x12  # NVML_GPU_INSTANCE_PROFILE_COUNT (nvml.h, R570)
@@ -114,6 +114,19 @@ class NvmlBackend:
             smact, smocc, drama = fields
             return Utilization("dcgm", smact, smocc, drama, gpu_u, mem_u)
         return Utilization("nvml", NA, NA, NA, gpu_u, mem_u)
+
+    def process_utilization(self, index: int, since_us: int = 0) -> list[ProcessUtil] | NaType:
+        """nvmlDeviceGetProcessUtilization: NA when unsupported, [] when NVML has no sample newer than since_us."""
+        try:
+            samples = self._q("nvmlDeviceGetProcessUtilization", self._h(index), int(since_us))
+        except GpuError as exc:
+            if exc.code is NvmlCode.NOT_FOUND:  # NVML's answer when no sample is newer than since_us
+                return []
+            raise
+        if samples is NA:
+            return NA
+        return [ProcessUtil(int(p.pid), max(0.0, min(1.0, float(p.smUtil) / 100.0)), int(p.timeStamp))
+                for p in samples]
 
     def power_watts(self, index: int) -> float:
         mw = self._q("nvmlDeviceGetPowerUsage", self._h(index))

@@ -23,10 +23,10 @@ from typing import Any, Callable
 from gpushare.gpus import BUILTIN_GPUS, GpuModel, MiB
 from gpushare.gres import sim_mig, sim_timeline as tl
 from gpushare.gres.device import (ComputeInstance, GiProfile, GpuInfo, GpuInstance, MemoryInfo, MigDevice, Placement,
-                         ProcessInfo, Utilization, ci_cap_minor, gi_cap_minor)
+                         ProcessInfo, ProcessUtil, Utilization, ci_cap_minor, gi_cap_minor)
 from gpushare.gres.errors import GpuError, NvmlCode
 from gpushare.gres.mps import SimMps
-from gpushare.gres.na import NA
+from gpushare.gres.na import NA, NaType
 from gpushare.gres.sim_control import SimControl
 from gpushare.gres.sim_scenario import load_scenario, validate_scenario
 from gpushare.gres.sim_state import FileStore, MemoryStore
@@ -164,6 +164,21 @@ class SimBackend(SimControl):
         if source == "nvml":
             return Utilization("nvml", NA, NA, NA, busy, act["drama"])
         return Utilization("dcgm", act["smact"], act["smocc"], act["drama"], busy, act["drama"])
+
+    def process_utilization(self, index: int, since_us: int = 0) -> list[ProcessUtil] | NaType:
+        """Processes running kernels now (their SMACT > 0), stamped with the simulated time.
+
+        NA when the scenario makes per-process utilisation unsupported (``errors`` of metric
+        ``process_utilization``, or a GPU whose ``utilization`` is NA), as on GPUs NVML cannot sample.
+        """
+        state, g, t, na = self._read(index, "process_utilization")
+        if na:
+            return NA
+        stamp = int(t * 1e6)
+        if stamp <= since_us:
+            return []
+        return [ProcessUtil(p["pid"], float(tl.values_at(p, t)["smact"]), stamp)
+                for p in tl.running(state["processes"], index, t) if tl.values_at(p, t)["smact"] > 0]
 
     def power_watts(self, index: int) -> float:
         state, g, t, na = self._read(index, "power")

@@ -20,7 +20,7 @@ from gpushare.gpus import BUILTIN_GPUS, GpuModel
 from gpushare.gres.errors import NvmlCode
 
 SCENARIO_VERSION = 1
-METRICS = ("memory", "processes", "utilization", "power", "energy", "mig")
+METRICS = ("memory", "processes", "utilization", "power", "energy", "mig", "process_utilization")
 UTIL_FIELDS = ("smact", "smocc", "drama")
 
 _TOP = {"version": True, "name": False, "gpus": True, "processes": False}

@@ -1,7 +1,10 @@
-"""The soft memory guard for shared jobs that run without MPS limits (time-sliced beside other users).
+"""An explicit memory guard for shared jobs that run without MPS limits (time-sliced beside other users).
 
-The TaskProlog exports ``GPUSHARE_MEMORY_FRACTION`` (estimate + margin over the GPU's memory). PyTorch
-has no environment variable for a per-process memory fraction, so a job opts in with one line at the top
+The TaskProlog exports ``GPUSHARE_MEMORY_FRACTION`` (estimate + margin over the GPU's memory) and, for
+these jobs, already sets PyTorch's own cap through the environment (``PYTORCH_CUDA_ALLOC_CONF``'s
+``per_process_memory_fraction``, merged with the user's settings: ``gpushare.agent.framework_caps``), so
+an unmodified script is capped. This module is for scripts that want the fraction set explicitly (a
+PyTorch older than that key, or a script that rewrites the allocator setting), with one line at the top
 of its script::
 
     import gpushare.prolog.memory_guard; gpushare.prolog.memory_guard.apply()

@@ -5,6 +5,12 @@ job (``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``, ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``
 ``CUDA_MPS_PIPE_DIRECTORY``, ``CUDA_VISIBLE_DEVICES=0`` under MPS, ``GPUSHARE_MEMORY_FRACTION``).
 Only known names are exported and only values made of safe characters; printing nothing leaves the job
 as it is, which is what happens on any error here.
+
+A time-sliced shared job (``GPUSHARE_FRAMEWORK_CAPS=1`` in its caps) also gets its frameworks' own memory
+caps, merged here because only this hook sees the user's environment: ``PYTORCH_CUDA_ALLOC_CONF`` gains
+``per_process_memory_fraction`` (the user's other keys kept, a stricter fraction of theirs kept), and
+JAX's ``XLA_PYTHON_CLIENT_MEM_FRACTION`` / ``XLA_PYTHON_CLIENT_PREALLOCATE=false``
+(``gpushare.agent.framework_caps``).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import sys
 from typing import Mapping, TextIO
 
 _VALUE_RE = re.compile(r"^[A-Za-z0-9_./,:=%+-]{1,512}$")
+_ALLOC_RE = re.compile(r"^[A-Za-z0-9_.,:>\[\]+-]{1,1024}$")  # allocator settings: brackets allowed
 _JOB_RE = re.compile(r"^\d{1,10}$")
 
 
@@ -36,8 +43,25 @@ def exports(env: Mapping[str, str], run_dir: str) -> list[str]:
     values = data.get("env") if ours else None
     if not isinstance(values, dict):
         return []
-    return [f"export {key}={values[key]}" for key in EXPORTABLE
-            if isinstance(values.get(key), str) and _VALUE_RE.match(values[key])]
+    lines = [f"export {key}={values[key]}" for key in EXPORTABLE
+             if isinstance(values.get(key), str) and _VALUE_RE.match(values[key])]
+    if values.get("GPUSHARE_FRAMEWORK_CAPS") == "1":
+        lines += framework_lines(env, values.get("GPUSHARE_MEMORY_FRACTION"))
+    return lines
+
+
+def framework_lines(env: Mapping[str, str], fraction_text: object) -> list[str]:
+    """``export`` lines of the framework caps for a job with memory share ``fraction_text``."""
+    from gpushare.agent.caps import FRAMEWORK_EXPORTS
+    from gpushare.agent.framework_caps import merged_exports
+
+    try:
+        fraction = float(str(fraction_text))
+    except ValueError:
+        return []
+    merged = merged_exports(env, fraction)
+    return [f"export {key}={merged[key]}" for key in FRAMEWORK_EXPORTS
+            if key in merged and _ALLOC_RE.match(merged[key])]
 
 
 def main(argv: list[str] | None = None, out: TextIO = sys.stdout) -> int:

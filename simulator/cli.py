@@ -57,10 +57,13 @@ def _check(policy: str, estimator: str, gpu: str) -> None:
 @click.option("--data-dir", "data_dir_flag", default=None, help="reference data folder (or $GPUSHARE_DATA_DIR)")
 @click.option("--no-recovery", is_flag=True, help="an OOM fails the job instead of requeueing it exclusive")
 @click.option("--json", "as_json", is_flag=True, help="print the versioned JSON document instead of text")
+@click.option("--caps/--no-caps", default=None,
+              help="jobs that outgrow their share grow mid-run, held to it (--caps: framework caps + the agent's "
+                   "backstop) or not (--no-caps); unset: memory reaches its peak at the first kernel")
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False), default=None, help="write PNG plots here")
 def command(trace_path: str | None, nodes: int, gpus_per_node: int, gpu: str, policy: str, estimator: str, seed: int,
             interference: str, throughputs: str | None, data_dir_flag: str | None, no_recovery: bool, as_json: bool,
-            plot_dir: str | None) -> None:
+            plot_dir: str | None, caps: bool | None) -> None:
     """Replay a job trace against simulated GPUs through one placement policy."""
     data = data_dir(data_dir_flag)
     policy = policy.lower()
@@ -77,7 +80,8 @@ def command(trace_path: str | None, nodes: int, gpus_per_node: int, gpu: str, po
     if throughputs and not gavel.exists():
         raise click.BadParameter(f"{gavel} does not exist", param_hint="--throughputs")
     config = SimConfig(nodes=nodes, gpus_per_node=gpus_per_node, gpu=gpu, policy=policy, estimator=estimator,
-                       seed=seed, recovery=not no_recovery, throughputs=gavel, interference=interference)
+                       seed=seed, recovery=not no_recovery, throughputs=gavel, interference=interference,
+                       caps=caps)
     sim = Simulation(jobs, config).run()
     click.echo(report.to_json(sim) if as_json else report.to_text(report.summarise(sim)))
     if plot_dir:

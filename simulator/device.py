@@ -124,13 +124,19 @@ class SimCluster:
         self.gpus[gpu].residents[job_id] = Resident(job_id, self._next_pid, mem_bytes, util, shards)
         self.record(gpu)
 
-    def first_kernel(self, gpu: int, job_id: str) -> None:
-        """The job's first kernel: memory grows to its peak and it starts loading the GPU."""
+    def first_kernel(self, gpu: int, job_id: str, mem_bytes: int | None = None) -> None:
+        """The job's first kernel: memory grows to its peak (or ``mem_bytes``) and it starts loading the GPU."""
         resident = self.gpus[gpu].residents[job_id]
         smact, smocc, drama = resident.util
-        self.backend.update_process(resident.pid, memory_mib=resident.mem_bytes / MiB, smact=smact, smocc=smocc,
+        held = resident.mem_bytes if mem_bytes is None else mem_bytes
+        self.backend.update_process(resident.pid, memory_mib=held / MiB, smact=smact, smocc=smocc,
                                     drama=drama)
         resident.active = True
+        self.record(gpu)
+
+    def grow(self, gpu: int, job_id: str, mem_bytes: int) -> None:
+        """A running job's memory changes (it outgrows its share)."""
+        self.backend.update_process(self.gpus[gpu].residents[job_id].pid, memory_mib=mem_bytes / MiB)
         self.record(gpu)
 
     def end(self, gpu: int, job_id: str) -> None:

@@ -7,8 +7,13 @@ CARMA's risk verdict over a 1 Hz 30-sample window (``gpushare.agent.risk``) and 
 
 Life of a job: queued → dispatched (CUDA context only, no progress) → first kernel after its TTFK: memory
 grows to its peak; if the GPU's memory is now over capacity the *new* job dies with an OOM (CARMA §2.5:
-co-runners survive) and, with recovery on, goes once to the recovery queue, which is served first and
-only onto idle GPUs (exclusive, raised priority) → running at the interference-reduced speed → done.
+co-runners survive). With ``caps`` set (False or True), a job whose peak exceeds its share (estimate +
+margin) first runs within its share and outgrows it after ``GROW_AFTER`` of its work: without caps it
+takes whatever memory is free (the room reserved for neighbours still starting), with caps it hits its
+own cap and OOMs alone. An OOM of a job within its own share was caused by a neighbour
+(``neighbour_ooms``): with caps that count is 0 by construction, without caps it is what caps prevent.
+A job that OOMs, with recovery on, goes once to the recovery queue, which is served first and only onto
+idle GPUs (exclusive, raised priority) → running at the interference-reduced speed → done.
 Queues are FIFO with head-of-line blocking, as CARMA's; ``poll_s`` is how often a blocked head retries
 while telemetry changes (risk windows and TTFK windows expire without an event of their own).
 """
@@ -30,6 +35,9 @@ from gpushare.simulator.trace import JobSpec
 from gpushare.simulator.workload import UTIL_CLASSES
 
 
+GROW_AFTER = 0.2  # fraction of its solo run time after which an offender outgrows its share
+
+
 @dataclass
 class SimConfig:
     nodes: int = 1
@@ -43,6 +51,10 @@ class SimConfig:
     window_s: float = risk.WINDOW_SAMPLES * risk.SAMPLE_PERIOD_S
     throughputs: Path | None = None
     interference: str = "gavel"  # or "share" (gpushare.simulator.interference)
+    # None: memory reaches its peak at the first kernel (the model the published tables use). False/True:
+    # a job that outgrew its share first runs within it and grows past it later (GROW_AFTER of its work),
+    # without / with per-job caps (framework caps, MPS limit, the agent's backstop)
+    caps: bool | None = None
 
 
 @dataclass
@@ -56,6 +68,7 @@ class JobRun:
     gpus: list[int] = field(default_factory=list)
     recovered: bool = False  # this attempt is an OOM recovery (exclusive)
     ooms: int = 0
+    neighbour_ooms: int = 0  # OOMs this job suffered while within its own request (a neighbour's fault)
     rate: float = 0.0
     dispatched_t: float = 0.0
     first_start: float | None = None
@@ -185,26 +198,58 @@ class Simulation:
         self._push(self.now + job.spec.ttfk_s, "kernel", job.spec.job_id)
         return True
 
+    def _share(self, job: JobRun) -> int:
+        """The job's own memory share: estimate + margin, else its shards; the whole GPU when recovered
+        (never more than the GPU: a job bigger than its GPU has only itself to blame)."""
+        capacity = min(self.gpus[i].capacity_bytes for i in job.gpus)
+        if job.recovered:
+            return capacity
+        return min(capacity, job.request if job.request is not None else job.shards * GiB)
+
+    def _oom(self, job: JobRun, own: bool) -> None:
+        job.ooms += 1
+        if not own:  # within its share, yet no room: a neighbour took memory beyond its own share
+            job.neighbour_ooms += 1
+        self._release(job)
+        if self.config.recovery and not job.recovered:
+            job.state, job.recovered, job.queued_since = "queued", True, self.now
+            job.remaining = job.spec.solo_s
+            self.recovery.append(job)
+        else:
+            job.state, job.end, job.reason = "failed", self.now, "out of memory"
+
     def _on_kernel(self, job_id: str) -> None:
         job = self.jobs[job_id]
         if job.state != "starting":
             return
-        grow = int(job.spec.mem_gib * GiB) - int(CONTEXT_GIB * GiB)
-        oom = any(self.cluster.used_bytes(i) + grow > self.gpus[i].capacity_bytes for i in job.gpus)
-        if oom:
-            job.ooms += 1
-            self._release(job)
-            if self.config.recovery and not job.recovered:
-                job.state, job.recovered, job.queued_since = "queued", True, self.now
-                job.remaining = job.spec.solo_s
-                self.recovery.append(job)
-            else:
-                job.state, job.end, job.reason = "failed", self.now, "out of memory"
+        peak = int(job.spec.mem_gib * GiB)
+        share = self._share(job)
+        own = peak > share  # it outgrew its own share
+        hold = peak if self.config.caps is None or not own else share  # growth model: its share first
+        grow = hold - int(CONTEXT_GIB * GiB)
+        if any(self.cluster.used_bytes(i) + grow > self.gpus[i].capacity_bytes for i in job.gpus):
+            self._oom(job, own and hold == peak)
             return
         for index in job.gpus:
-            self.cluster.first_kernel(index, job_id)
+            self.cluster.first_kernel(index, job_id, hold)
             self.ttfk.kernel_seen(index, job_id, self.now)
         job.state = "running"
+        if hold < peak:
+            self._push(self.now + GROW_AFTER * job.spec.solo_s, "grow", job_id)
+
+    def _on_grow(self, job_id: str) -> None:
+        """An offender outgrows its share: its cap stops it, or (no caps) it takes whatever room is free."""
+        job = self.jobs[job_id]
+        if job.state != "running":
+            return
+        peak = int(job.spec.mem_gib * GiB)
+        extra = peak - self._share(job)
+        if self.config.caps or any(self.cluster.used_bytes(i) + extra > self.gpus[i].capacity_bytes
+                                   for i in job.gpus):
+            self._oom(job, True)
+            return
+        for index in job.gpus:
+            self.cluster.grow(index, job_id, peak)
 
     def _finish(self, job: JobRun) -> None:
         self._release(job)

@@ -80,6 +80,7 @@ def summarise(sim: Any) -> dict[str, Any]:
         "wait_mean_s": _mean(wait), "wait_p95_s": _pct(wait, 0.95),
         "exec_mean_s": _mean(execution), "exec_p95_s": _pct(execution, 0.95),
         "ooms": sum(j.ooms for j in jobs),
+        "neighbour_ooms": sum(j.neighbour_ooms for j in jobs), "caps": cfg.caps,
         "recoveries": sum(1 for j in done if j.recovered),
         "energy_mj": energy / 1e6,
         "energy_sublinear_mj": sum(_sublinear_energy(sim, g, start, end) for g in sim.gpus) / 1e6,
@@ -95,7 +96,8 @@ def job_records(sim: Any) -> list[dict[str, Any]]:
         "job_id": j.spec.job_id, "model": j.spec.model, "batch": j.spec.batch, "gpus": j.spec.gpus,
         "mem_gib": j.spec.mem_gib, "request_gib": None if j.request is None else j.request / GiB,
         "submit_s": j.spec.submit_s, "start_s": j.first_start, "end_s": j.end, "state": j.state,
-        "placed_on": j.gpus, "wait_s": j.wait_s, "exec_s": j.exec_s, "ooms": j.ooms, "recovered": j.recovered,
+        "placed_on": j.gpus, "wait_s": j.wait_s, "exec_s": j.exec_s, "ooms": j.ooms,
+        "neighbour_ooms": j.neighbour_ooms, "recovered": j.recovered,
         "ttfk_s": j.spec.ttfk_s, "reason": j.reason or None,
     } for j in sorted(sim.jobs.values(), key=lambda j: j.spec.job_id)]
 
@@ -123,11 +125,16 @@ def _clean(value: Any) -> Any:
     return value
 
 
+def _caps_word(caps: bool | None) -> str:
+    return "-" if caps is None else "on" if caps else "off"
+
+
 def to_text(summary: dict[str, Any]) -> str:
     s = summary
     lines = [
         f"policy {s['policy']}, estimator {s['estimator']}, {s['nodes']}x{s['gpus_per_node']} {s['gpu']}, seed {s['seed']}",
-        f"jobs {s['jobs']}: {s['completed']} completed, {s['failed']} failed; OOMs {s['ooms']}, recoveries {s['recoveries']}",
+        f"jobs {s['jobs']}: {s['completed']} completed, {s['failed']} failed; OOMs {s['ooms']} "
+        f"({s['neighbour_ooms']} hit a neighbour; caps {_caps_word(s['caps'])}), recoveries {s['recoveries']}",
         f"makespan {s['makespan_s'] / 3600:.2f} h",
         f"JCT mean {s['jct_mean_s'] / 60:.1f} min, p95 {s['jct_p95_s'] / 60:.1f} min",
         f"waiting mean {s['wait_mean_s'] / 60:.1f} min, p95 {s['wait_p95_s'] / 60:.1f} min",

@@ -10,9 +10,11 @@ agent section points every hook at ``sim:<base>/sim.json``, and ``cluster.start_
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -106,10 +108,16 @@ def agent_cluster(tmp_path_factory: pytest.TempPathFactory,
     if problem:
         pytest.skip(f"real Slurm unavailable: {problem}")
     made: list[AgentCluster] = []
+    outside: list[Path] = []
 
     def _make(window_samples: int = 4, period_s: float = 0.25, extra: str = "", start_agent: bool = True,
-              scenario: dict[str, Any] | None = None, withhold: str = "feature") -> AgentCluster:
-        base = tmp_path_factory.mktemp("agent")
+              scenario: dict[str, Any] | None = None, withhold: str = "feature",
+              other_users: bool = False) -> AgentCluster:
+        if other_users:  # outside pytest's base directory, which pytest keeps (and resets to) root-only
+            base = Path(tempfile.mkdtemp(prefix="gpushare-agent-"))
+            outside.append(base)
+        else:
+            base = tmp_path_factory.mktemp("agent")
         os.chmod(base, 0o755)
         toml = (f'[agent]\nstate_dir = "{base}/agent-state"\nrecords_dir = "{base}/records"\n'
                 f'run_dir = "{base}/run-agent"\ndevice_backend = "sim:{base}/sim.json"\nwithhold = "{withhold}"\n'
@@ -131,3 +139,5 @@ def agent_cluster(tmp_path_factory: pytest.TempPathFactory,
             for log in sorted((cluster.base / "log").glob("*")):
                 tail = log.read_text(errors="replace").splitlines()[-25:]
                 sys.stderr.write(f"== {log.name}\n" + "\n".join(tail) + "\n")
+    for base in outside:
+        shutil.rmtree(base, ignore_errors=True)

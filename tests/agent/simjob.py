@@ -2,8 +2,9 @@
 
 It becomes a process on the job's GPU (its own pid, so the agent finds the job through
 ``/proc/<pid>/environ``), holds it for ``--seconds`` and ends it. ``--delay`` is the time to first
-kernel: data loading before the first CUDA call. The backend comes from the gpushare config the hooks
-use (``[agent] device_backend``), as a real job would find its GPU through the driver.
+kernel: data loading before the first CUDA call; ``--grow-mib-per-s`` makes its memory grow (a leak).
+The backend comes from the gpushare config the hooks use (``[agent] device_backend``), as a real job
+would find its GPU through the driver.
 """
 
 from __future__ import annotations
@@ -24,13 +25,19 @@ def main() -> None:
     parser.add_argument("--drama", type=float, default=0.1)
     parser.add_argument("--delay", type=float, default=0.0)
     parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--grow-mib-per-s", type=float, default=0.0, help="memory growth while running (a leak)")
     args = parser.parse_args()
     backend = open_backend(load_config().agent.device_backend)
     gpu = int(os.environ["SLURM_JOB_GPUS"].split(",")[0])
     time.sleep(args.delay)
     backend.start_process(gpu, os.getpid(), int(args.mem_mib * 2**20), args.smact, args.smocc, args.drama)
     try:
-        time.sleep(args.seconds)
+        started, mib = time.monotonic(), args.mem_mib
+        while time.monotonic() - started < args.seconds:
+            time.sleep(0.2)
+            if args.grow_mib_per_s:
+                mib = args.mem_mib + args.grow_mib_per_s * (time.monotonic() - started)
+                backend.update_process(os.getpid(), memory_mib=mib)
     finally:
         backend.end_process(os.getpid())
 

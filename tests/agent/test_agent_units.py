@@ -53,6 +53,35 @@ def run(agent, clock, seconds):
         clock.advance(1.0)
 
 
+def test_ttfk_is_the_first_kernel_not_the_context(tmp_path, clock):
+    agent, sim, registry, _ = make_agent(tmp_path, clock, pids={501: "7"}, collocation="fraction")
+    agent.register(job("7"))
+    run(agent, clock, 2)
+    sim.start_process(0, 501, 1 * GiB)  # CUDA context created: no kernel yet (data loading, compilation)
+    run(agent, clock, 3)
+    assert agent.sampler.jobs["7"].kernel_at is None and agent.snapshot()["gpus"][0]["warming"]
+    sim.update_process(501, smact=0.5)
+    run(agent, clock, 1)
+    acc = agent.sampler.jobs["7"]
+    assert acc.kernel_at - acc.start == pytest.approx(5.0, abs=1.0) and acc.ttfk_source == "kernel"
+    assert registry.get_sample_value("gpushare_job_ttfk_seconds", {"job": "7", "source": "kernel"}) is not None
+
+
+def test_ttfk_falls_back_to_first_process_where_the_gpu_cannot_sample_per_process(tmp_path, clock):
+    scenario = {**SCENARIO, "gpus": [{**g, "unsupported": ["process_utilization"]} for g in SCENARIO["gpus"]]}
+    backend = SimBackend.from_scenario(scenario, clock=clock)
+    agent, sim, registry, _ = make_agent(tmp_path, clock, pids={501: "7"}, backend=backend, collocation="fraction")
+    agent.register(job("7"))
+    run(agent, clock, 2)
+    sim.start_process(0, 501, 1 * GiB)  # context only, yet the only evidence this GPU gives
+    run(agent, clock, 1)
+    acc = agent.sampler.jobs["7"]
+    assert acc.kernel_at is not None and acc.ttfk_source == "first-process"
+    assert registry.get_sample_value("gpushare_job_ttfk_seconds", {"job": "7", "source": "first-process"}) == 2.0
+    agent.close("7")
+    assert agent.store.get("7")["ttfk_source"] == "first-process"
+
+
 def test_ttfk_is_first_process_of_the_job_and_warming_lasts_one_window(tmp_path, clock):
     agent, sim, registry, feature = make_agent(tmp_path, clock, pids={501: "7"})
     agent.register(job("7"))
@@ -61,7 +90,8 @@ def test_ttfk_is_first_process_of_the_job_and_warming_lasts_one_window(tmp_path,
     assert agent.snapshot()["gpus"][0]["warming"] and agent.sampler.jobs["7"].kernel_at is None
     sim.start_process(0, 501, 2 * GiB, smact=0.3)
     run(agent, clock, 1)
-    assert registry.get_sample_value("gpushare_job_ttfk_seconds", {"job": "7"}) == 4.0
+    # an MPS job: its kernels are reported under the MPS server's pid, so its first process stands in
+    assert registry.get_sample_value("gpushare_job_ttfk_seconds", {"job": "7", "source": "first-process"}) == 4.0
     run(agent, clock, 3)
     assert agent.snapshot()["gpus"][0]["warming"]  # 4 s after the kernel: kernel + window (5 s) not over
     run(agent, clock, 2)
@@ -181,7 +211,7 @@ def test_task_env_for_mps_and_fraction():
     frac = task_env(decide_caps("fraction", shared=True, gpus=1, uid=1, need=5120, gpu_total_bytes=40 * GiB,
                                 tenants=[]), None)
     assert frac == {"GPUSHARE_CAPS_MODE": "fraction", "GPUSHARE_MEMORY_FRACTION": "0.125",
-                    "GPUSHARE_MEM_LIMIT_MIB": "5120"}
+                    "GPUSHARE_MEM_LIMIT_MIB": "5120", "GPUSHARE_FRAMEWORK_CAPS": "1"}
 
 
 def test_mps_daemon_started_for_mps_jobs_and_stopped_when_idle(tmp_path, clock):

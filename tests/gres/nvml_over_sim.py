@@ -10,6 +10,7 @@ from typing import Any
 import pynvml  # only for its ctypes structs; nothing here touches a driver
 
 from gpushare.gres.errors import GpuError
+from gpushare.gres.na import NA
 from gpushare.gres.sim_mig import CI_PROFILE_BY_SLICES
 
 
@@ -123,12 +124,22 @@ def build(sim: Any) -> types.ModuleType:
         u = sim.utilization(h)
         return types.SimpleNamespace(gpu=round(u.gpu * 100), memory=round(u.memory * 100))
 
+    def process_utilization(h, since):
+        samples = sim.process_utilization(h, since)
+        if samples is NA:
+            raise NVMLError(3)
+        if not samples:
+            raise NVMLError(6)  # NVML_ERROR_NOT_FOUND: no sample newer than ``since``
+        return [types.SimpleNamespace(pid=u.pid, smUtil=round(u.sm * 100), memUtil=0, encUtil=0, decUtil=0,
+                                      timeStamp=u.timestamp_us) for u in samples]
+
     funcs = dict(
         nvmlInit=lambda: None, nvmlShutdown=lambda: None, nvmlDeviceGetCount_v2=sim.gpu_count,
         nvmlDeviceGetHandleByIndex_v2=lambda i: sim.gpu(i).index, nvmlDeviceGetName=lambda h: sim.gpu(h).name,
         nvmlDeviceGetUUID=uuid, nvmlDeviceGetMinorNumber=lambda h: sim.gpu(h).minor,
         nvmlDeviceGetMemoryInfo=memory, nvmlDeviceGetMigMode=mig_mode, nvmlDeviceSetMigMode=set_mig_mode,
         nvmlDeviceGetComputeRunningProcesses_v3=processes, nvmlDeviceGetUtilizationRates=utilization,
+        nvmlDeviceGetProcessUtilization=process_utilization,
         nvmlDeviceGetPowerUsage=lambda h: round(sim.power_watts(h) * 1000),
         nvmlDeviceGetTotalEnergyConsumption=sim.energy_mj,
         nvmlDeviceGetGpuInstanceProfileInfo=gi_info, nvmlDeviceGetGpuInstancePossiblePlacements=placements,

@@ -92,3 +92,14 @@ def test_mps_control_is_offered(backend, tmp_path):
     assert mps.run_dir == str(tmp_path)
     for name in ("start", "stop", "running", "set_default_pinned_mem_limit", "set_default_active_thread_percentage"):
         assert callable(getattr(mps, name))
+
+
+def test_process_utilization_is_samples_or_na(backend):
+    for g in backend.gpus():
+        samples = backend.process_utilization(g.index)
+        if is_na(samples):
+            continue
+        for sample in samples:
+            assert sample.pid > 0 and 0.0 <= sample.sm <= 1.0 and sample.timestamp_us > 0
+            assert backend.process_utilization(g.index, sample.timestamp_us) == [] or all(
+                s.timestamp_us > sample.timestamp_us for s in backend.process_utilization(g.index, sample.timestamp_us))

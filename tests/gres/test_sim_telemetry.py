@@ -107,3 +107,21 @@ def test_duplicate_running_pid_refused(sim):
     with pytest.raises(GpuError) as err:
         sim.start_process(0, pid=4242, memory_bytes=1)
     assert err.value.code is NvmlCode.INVALID_ARGUMENT
+
+
+def test_process_utilization_reports_processes_running_kernels(clock):
+    from gpushare.gres.sim_backend import SimBackend
+
+    sim = SimBackend.from_scenario({"version": 1, "gpus": [{"model": "a100-40gb"}, {"model": "a100-40gb",
+                                    "unsupported": ["process_utilization"]}]}, clock=clock)
+    sim.start_process(0, 11, 1 << 30)  # a CUDA context, no kernel yet
+    assert sim.process_utilization(0) == []
+    clock.advance(0.5)
+    sim.update_process(11, smact=0.4)
+    clock.advance(0.5)
+    (sample,) = sim.process_utilization(0)
+    assert sample.pid == 11 and sample.sm == 0.4
+    assert sim.process_utilization(0, since_us=sample.timestamp_us) == []  # nothing newer
+    clock.advance(1.0)
+    assert sim.process_utilization(0, since_us=sample.timestamp_us)[0].timestamp_us > sample.timestamp_us
+    assert sim.process_utilization(1) is NA  # a GPU that cannot sample per process

@@ -142,3 +142,32 @@ def test_slurm_first_fit_packs_by_requests_without_waiting():
 def test_exclusive_makes_the_fourth_job_wait():
     sim = run(FOUR, policy="exclusive", gpus=3)
     assert sim.jobs["d"].first_start == 1010 and sim.jobs["d"].gpus == [0]  # a frees GPU0 at 10 + 1000
+
+
+OUTGROWS = """job_id,submit_s,duration_s,mem_gib,util,ttfk_s
+a,0,1000,39,light,10
+b,300,100,2,light,10
+"""
+
+
+def run_caps(caps):
+    jobs = parse(OUTGROWS, "t.csv")
+    config = SimConfig(gpus_per_node=1, policy="slurm-shards", estimator="none", interference="share", caps=caps)
+    return Simulation(jobs, config, Interference(None, mode="share")).run()
+
+
+def test_without_caps_an_offender_crashes_its_neighbour():
+    # no estimate: 2 shards each. a runs within 2 GiB, outgrows it at 10 + 0.2 * 1000 s to 39 GiB (the room
+    # is free), b is placed on the shards left and OOMs at its first kernel although it stays in its share
+    sim = run_caps(False)
+    a, b = sim.jobs["a"], sim.jobs["b"]
+    assert b.neighbour_ooms == 1 and a.neighbour_ooms == 0 and a.ooms == 0
+    assert sum(j.neighbour_ooms for j in sim.jobs.values()) == 1
+
+
+def test_with_caps_the_offender_hits_its_own_cap_and_the_neighbour_is_safe():
+    sim = run_caps(True)
+    a, b = sim.jobs["a"], sim.jobs["b"]
+    assert a.ooms == 1 and a.recovered and a.state == "done"  # its own OOM, then an exclusive rerun
+    assert b.ooms == 0 and b.state == "done"
+    assert sum(j.neighbour_ooms for j in sim.jobs.values()) == 0

@@ -1,0 +1,197 @@
+"""The backstop and the forecaster inside the agent: fake clock, simulated GPUs, a real process to stop."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from gpushare.agent.backstop import judge, oom_message
+from gpushare.agent.daemon import Agent
+from gpushare.agent.enforce import append_to_job_log, bigger_share, requeue_early, stop_processes
+from gpushare.config import parse_config
+from gpushare.gres.sim_backend import SimBackend
+
+GiB = 1 << 30
+MiB = 1 << 20
+SCENARIO = {"version": 1, "name": "guard", "processes": [], "gpus": [{"model": "a100-40gb"}]}
+
+
+def make_agent(tmp_path, clock, pids, **agent):
+    backend = SimBackend.from_scenario(SCENARIO, clock=clock)
+    cfg = parse_config({"agent": {"state_dir": str(tmp_path / "state"), "run_dir": str(tmp_path / "run"),
+                                  "window_samples": 5, "collocation": "fraction", **agent}}).agent
+    return Agent(cfg, backend, clock=clock, registry=CollectorRegistry(), pid_job=lambda pid: pids.get(pid)), backend
+
+
+def register(agent, job_id, uid=1000):
+    return agent.register({"job": job_id, "uid": uid, "user": f"u{uid}", "gpus": [0], "shared": True,
+                           "est_gib": 4.0, "margin_gib": 1.0, "shards": 5})
+
+
+@pytest.fixture
+def victim():
+    """A real process standing in for the job's GPU process (the backstop SIGKILLs it)."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    yield proc
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(10)
+
+
+def test_judge_waits_for_the_grace_period():
+    assert judge(5 * GiB, 5 * GiB, 0, 3.0, 10.0, None).state == "ok"
+    first = judge(6 * GiB, 5 * GiB, 0, 3.0, 10.0, None)
+    assert first.state == "over" and first.over_since == 10.0
+    assert judge(6 * GiB, 5 * GiB, 0, 3.0, 13.0, first.over_since).state == "act"
+    assert judge(5.2 * GiB, 5 * GiB, 512 * MiB, 3.0, 13.0, 10.0).state == "ok"  # within the tolerance
+    assert judge(9 * GiB, 0, 0, 0.0, 1.0, None).state == "ok"  # no cap known: never acts
+
+
+def test_backstop_stops_the_offender_and_records_its_own_oom(tmp_path, clock, victim):
+    pids = {victim.pid: "11", 777: "12"}
+    agent, sim = make_agent(tmp_path, clock, pids, backstop_grace_s=3.0, backstop_tolerance_mib=256,
+                            forecast_action="none")
+    register(agent, "11")
+    register(agent, "12", uid=1001)
+    sim.start_process(0, victim.pid, 4 * GiB)
+    sim.start_process(0, 777, 3 * GiB)
+    for _ in range(3):
+        agent.tick()
+        clock.advance(1.0)
+    assert victim.poll() is None  # within its cap: untouched
+    sim.update_process(victim.pid, memory_mib=7 * 1024)  # past 5 GiB + 256 MiB
+    for _ in range(3):
+        agent.tick()
+        clock.advance(1.0)
+    assert victim.poll() is None  # still inside the grace period
+    agent.tick()
+    assert victim.wait(10) == -9  # SIGKILL: the memory is freed at once
+    entry = agent.store.get("11")
+    oom = entry["oom"]
+    assert oom["source"] == "agent-backstop" and oom["action"] == "stop" and oom["gpu"] == 0
+    assert oom["peak_bytes"] == 7 * GiB and oom["cap_bytes"] == 5 * GiB and oom["tolerance_bytes"] == 256 * MiB
+    assert oom["pids"] == [victim.pid] and oom["at"] - oom["over_since"] >= 3.0
+    assert "oom" not in agent.store.get("12")  # the neighbour is left alone
+    assert agent.counters["backstop_stops"] == 1
+    record = agent.close("11")
+    from gpushare.agent.jobs import final_record
+
+    assert final_record(record, sim)["oom"]["source"] == "agent-backstop"
+
+
+def test_backstop_record_only_does_not_stop(tmp_path, clock, victim):
+    agent, sim = make_agent(tmp_path, clock, {victim.pid: "21"}, backstop="record", backstop_grace_s=0.0,
+                            forecast_action="none")
+    register(agent, "21")
+    sim.start_process(0, victim.pid, 9 * GiB)
+    agent.tick()
+    assert agent.store.get("21")["oom"]["action"] == "record" and victim.poll() is None
+
+
+def test_stop_processes_skips_a_pid_of_another_job(victim):
+    assert stop_processes("5", [victim.pid, 1], lambda pid: "6") == []
+    assert victim.poll() is None
+
+
+def test_forecaster_warns_before_a_leak_reaches_the_cap(tmp_path, clock):
+    agent, sim = make_agent(tmp_path, clock, {901: "31"}, forecast_horizon_s=60.0, forecast_confirm=3,
+                            backstop="none")
+    register(agent, "31")
+    sim.start_process(0, 901, 2 * GiB)
+    fired_at = None
+    for second in range(120):
+        sim.update_process(901, memory_mib=2048 + 40 * second)  # 40 MiB/s: 5 GiB cap at about 77 s
+        agent.tick()
+        if fired_at is None and agent.store.get("31").get("forecast"):
+            fired_at = second
+        clock.advance(1.0)
+    assert fired_at is not None and 20 <= fired_at < 77  # well before the cap
+    forecast = agent.store.get("31")["forecast"]
+    assert forecast["source"] == "agent-forecast" and forecast["action"] == "warn"
+    assert forecast["cap_bytes"] == 5 * GiB and forecast["predicted_bytes"] >= 5 * GiB
+    assert agent.counters["forecast_warnings"] == 1  # fired once, not every tick
+
+
+@pytest.fixture
+def open_dir():
+    """A directory other users can reach (pytest's own base directory is root-only)."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    path = Path(tempfile.mkdtemp(prefix="gpushare-joblog-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_job_log_is_written_as_the_user_and_never_through_a_symlink(open_dir):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to switch users")
+    tmp_path = open_dir
+    log = tmp_path / "job.out"
+    log.write_text("started\n")
+    os.chmod(tmp_path, 0o777)
+    os.chown(log, 65534, 65534)
+    assert append_to_job_log(str(log), 65534, 65534, "hello\n")
+    assert log.read_text() == "started\nhello\n"
+    secret = tmp_path / "root-only"
+    secret.write_text("x")
+    os.chmod(secret, 0o600)
+    assert not append_to_job_log(str(secret), 65534, 65534, "nope\n")  # the user cannot write it
+    link = tmp_path / "link.out"
+    link.symlink_to(log)
+    assert not append_to_job_log(str(link), 65534, 65534, "nope\n")  # O_NOFOLLOW
+    assert not append_to_job_log(str(tmp_path / "absent.out"), 65534, 65534, "nope\n")  # never created
+    assert log.read_text() == "started\nhello\n"
+
+
+def test_oom_message_names_the_numbers():
+    text = oom_message("7", {"action": "stop", "peak_bytes": 7 * GiB, "cap_bytes": 5 * GiB, "gpu": 0,
+                             "tolerance_bytes": 512 * MiB, "at": 20.0, "over_since": 10.0})
+    assert "GPU out of memory" in text and "7.00 GiB" in text and "5.00 GiB" in text and "10 s" in text
+
+
+def test_bigger_share():
+    assert bigger_share("gres:shard:6", 9.5 * GiB) == 11
+    assert bigger_share("gres/shard:6", 2 * GiB) == 7  # always at least one more
+    assert bigger_share("gres:gpu:1", 9 * GiB) is None
+
+
+class FakeSlurm:
+    """Records the scontrol calls requeue_early makes (SlurmClient's interface, typed Job records)."""
+
+    def __init__(self, state="RUNNING", fail_update=False):
+        from gpushare.slurm.jobs import Job
+
+        self.job = Job(job_id="5", states=(state,), tres_per_node="gres:shard:6", requeue=True)
+        self.calls: list[tuple] = []
+        self.fail_update = fail_update
+
+    def require_job(self, job_id):
+        return self.job
+
+    def requeue_hold(self, job_id):
+        self.calls.append(("requeuehold", job_id))
+
+    def update_job(self, job_id, **fields):
+        self.calls.append(("update", job_id, fields))
+        if self.fail_update:
+            raise RuntimeError("refused")
+
+    def release(self, job_id):
+        self.calls.append(("release", job_id))
+
+
+def test_requeue_early_holds_enlarges_and_always_releases():
+    slurm = FakeSlurm()
+    assert requeue_early(slurm, "5", 9 * GiB)
+    assert slurm.calls == [("requeuehold", "5"), ("update", "5", {"gres": "shard:10"}), ("release", "5")]
+    failing = FakeSlurm(fail_update=True)
+    assert requeue_early(failing, "5", 9 * GiB)  # reruns with its old share rather than staying held
+    assert failing.calls[-1] == ("release", "5")
+    pending = FakeSlurm(state="PENDING")
+    assert not requeue_early(pending, "5", 9 * GiB) and pending.calls == []

@@ -1,0 +1,147 @@
+"""Safe sharing on a real local Slurm with simulated GPUs: framework caps for two users' jobs on one GPU,
+and the agent's backstop stopping a job that grows past its cap while its neighbour completes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from gpushare.epilog.records import RecordLedger
+from gpushare.estimator_cli.allocator_config import AllocatorConfig
+
+pytestmark = pytest.mark.slurm
+SIMJOB = Path(__file__).with_name("simjob.py")
+NOBODY = 65534
+
+
+def script(mem: str, args: str) -> str:
+    return (f"#!/bin/sh\n#GPUSHARE mem={mem}\n"
+            "env | grep -E '^(CUDA_|GPUSHARE_|SLURM_JOB_GPUS|PYTORCH_|XLA_)' | sort > \"$GPUSHARE_TEST_OUT/env.$SLURM_JOB_ID\"\n"
+            f"'{sys.executable}' '{SIMJOB}' {args}\n")
+
+
+def submit(cluster, out: Path, text: str, *args: str) -> int:
+    export = f"--export=ALL,GPUSHARE_TEST_OUT={out},GPUSHARE_CONFIG={cluster.gpushare_conf}"
+    job_id, _ = cluster.client.sbatch("-D", str(out), "-o", str(out / "job-%j.out"), export, *args, script=script_of(text))
+    return job_id
+
+
+def script_of(text: str) -> str:
+    return text
+
+
+def job_env(out: Path, job_id: int) -> dict[str, str]:
+    lines = (out / f"env.{job_id}").read_text().split("\n")
+    return dict(line.split("=", 1) for line in lines if "=" in line)
+
+
+@pytest.fixture
+def out_dir():
+    """Job output directory every user can write (pytest's own base directory is root-only)."""
+    path = Path(tempfile.mkdtemp(prefix="gpushare-safe-"))
+    os.chmod(path, 0o777)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def open_to_other_users(cluster) -> None:
+    """Let a second user's job reach the test cluster's files (the cluster lives outside pytest's
+    root-only base directory: ``agent_cluster(other_users=True)``): the config and caps (read), the
+    simulated GPU state (its process registers itself there) and the hooks' log."""
+    os.chmod(cluster.base, 0o777)  # the simulated state is replaced atomically (temp file + rename)
+    for name in ("sim.json", "sim.json.lock"):
+        path = cluster.base / name
+        path.touch()
+        os.chmod(path, 0o666)
+    log = cluster.base / "log" / "hooks.log"
+    log.touch()
+    os.chmod(log, 0o666)
+
+
+def torch_accepts(value: str) -> None:
+    """PyTorch's own allocator-settings parser, in a fresh interpreter (as the job would run it)."""
+    code = "import sys, torch; torch._C._accelerator_setAllocatorSettings(sys.argv[1])"
+    done = subprocess.run([sys.executable, "-W", "ignore", "-c", code, value], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+def test_two_users_jobs_on_one_gpu_get_framework_caps(agent_cluster, out_dir, monkeypatch):
+    pytest.importorskip("torch")
+    cluster = agent_cluster(withhold="none", extra='collocation = "fraction"', other_users=True)
+    open_to_other_users(cluster)
+    # the users' own allocator settings, in the submitting environment (--export=ALL carries them)
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:256,roundup_power2_divisions:[256:1,>:4]")
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.05")
+    a = submit(cluster, out_dir, script("4.5G", "--mem-mib 3000 --seconds 4"), "--gres=gpu:1")
+    b = submit(cluster, out_dir, script("10G", "--mem-mib 9000 --seconds 4"), "--gres=gpu:1",
+               f"--uid={NOBODY}", f"--gid={NOBODY}")
+    for job in (a, b):
+        log = out_dir / f"job-{job}.out"
+        assert cluster.wait_job(job, 90).state == "COMPLETED", log.read_text() if log.exists() else "no log"
+    assert cluster.client.require_job(b).user_id == NOBODY and cluster.client.require_job(a).user_id == 0
+    env_a, env_b = job_env(out_dir, a), job_env(out_dir, b)
+    assert env_a["SLURM_JOB_GPUS"] == env_b["SLURM_JOB_GPUS"]  # one GPU, two users
+    for env, need_mib in ((env_a, 5.5 * 1024), (env_b, 11 * 1024)):
+        assert env["GPUSHARE_CAPS_MODE"] == "fraction" and "CUDA_MPS_PIPE_DIRECTORY" not in env
+        fraction = float(env["GPUSHARE_MEMORY_FRACTION"])
+        assert fraction == pytest.approx(need_mib / 40960, abs=0.001)
+        value = env["PYTORCH_CUDA_ALLOC_CONF"]
+        torch_accepts(value)  # PyTorch's parser takes the merged setting whole
+        parsed = AllocatorConfig.from_env_string(value)  # and the CUDA allocator's keys, by our model of it
+        assert parsed.per_process_memory_fraction == pytest.approx(fraction)
+        assert parsed.max_split_size == 256 << 20 and parsed.roundup_power2_divisions[0] == 1  # user's kept
+        assert env["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.050"  # the user's stricter JAX fraction stays
+        assert env["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
+
+
+def test_backstop_stops_a_job_growing_past_its_cap_while_its_neighbour_completes(agent_cluster, out_dir):
+    cluster = agent_cluster(withhold="none", extra='backstop_grace_s = 1.0\nbackstop_tolerance_mib = 256\n'
+                                                  'forecast_action = "none"')
+    # 4 GiB + 1 GiB margin = 5 GiB cap; the offender starts at 3000 MiB and leaks 1 GiB/s
+    offender = submit(cluster, out_dir, script("4G", "--mem-mib 3000 --grow-mib-per-s 1024 --seconds 30"),
+                      "--gres=gpu:1")
+    neighbour = submit(cluster, out_dir, script("4G", "--mem-mib 3000 --seconds 10"), "--gres=gpu:1")
+    stopped = cluster.wait_job(offender, 60)
+    assert stopped.state == "FAILED"
+    assert cluster.wait_job(neighbour, 60).state == "COMPLETED"
+    assert job_env(out_dir, offender)["SLURM_JOB_GPUS"] == job_env(out_dir, neighbour)["SLURM_JOB_GPUS"]
+    ledger = RecordLedger(cluster.agent_cfg().records_dir)
+    cluster.wait_for(lambda: bool(ledger.get(str(offender))) and bool(ledger.get(str(neighbour))), 20, "no record")
+    oom = ledger.get(str(offender))[0]["oom"]
+    assert oom["source"] == "agent-backstop" and oom["action"] == "stop"
+    assert oom["cap_bytes"] == 5 << 30 and oom["peak_bytes"] > (5 << 30) + (256 << 20)
+    assert ledger.get(str(neighbour))[0].get("oom") is None
+    log = (out_dir / f"job-{offender}.out").read_text()
+    assert "gpushare-agent: GPU out of memory (backstop)" in log and f"job {offender} stopped" in log
+
+
+def test_forecast_requeues_a_leaking_job_before_it_reaches_its_cap(agent_cluster, out_dir):
+    cluster = agent_cluster(withhold="none", extra='forecast_action = "requeue"\nforecast_horizon_s = 30.0\n'
+                                                  'forecast_window = 60\nforecast_confirm = 3\n'
+                                                  'backstop_grace_s = 600.0')
+    # cap 5 GiB (4 GiB + 1 GiB margin); 2000 MiB + 150 MiB/s reaches it after about 21 s
+    job = submit(cluster, out_dir, script("4G", "--mem-mib 2000 --grow-mib-per-s 150 --seconds 60"), "--gres=gpu:1")
+    ledger = RecordLedger(cluster.agent_cfg().records_dir)
+    try:
+        cluster.wait_for(lambda: bool(ledger.get(str(job), 0)), 40, "the first run never ended")
+        first = ledger.get(str(job), 0)[0]
+        forecast = first["forecast"]
+        assert forecast["source"] == "agent-forecast" and forecast["action"] == "requeue"
+        assert forecast["outcome"] == "requeued"
+        assert first.get("oom") is None  # requeued before it reached its cap: an OOM avoided
+        gpu = job_env(out_dir, job)["SLURM_JOB_GPUS"]
+        assert first["gpus"][gpu]["peak_bytes"] < 5 << 30
+        again = cluster.client.require_job(job)
+        assert again.restarts >= 1
+        assert "shard:" in again.tres_per_node and not again.tres_per_node.endswith("shard:5")  # a larger share
+        log = (out_dir / f"job-{job}.out").read_text()
+        assert "forecast to run out of its GPU memory share" in log
+    finally:
+        cluster.client.run("scancel", str(job), check=False)
