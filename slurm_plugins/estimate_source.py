@@ -26,27 +26,38 @@ class EstimateUnavailable(ValueError):
 
 
 def read_user_file(path: str, work_dir: str | None, uid: int, max_bytes: int) -> bytes:
-    """Read a small regular file owned by ``uid`` without following a final symlink."""
+    """Read a small regular file owned by ``uid`` without following a final symlink.
+
+    Why ``O_PATH`` first: this runs with the service's privileges on a path the user chose. Opening it for
+    reading would already act (a device's open side effects, a FIFO's writer released), so the path is
+    only *looked up* (``O_PATH|O_NOFOLLOW``), checked on that descriptor (regular, the user's, small), and
+    re-opened for reading through it (same inode) only then. Every refusal is the same message, so the
+    answer never tells a user whether a path they cannot see exists.
+    """
+    refused = EstimateUnavailable(f"estimate={path[:200]}: not usable (it must be a regular file that you own, "
+                                  f"at most {max_bytes} bytes, not a symbolic link)")
     target = Path(path)
     if not target.is_absolute():
         if not work_dir:
-            raise EstimateUnavailable(f"estimate={path}: relative path and no working directory")
+            raise EstimateUnavailable(f"estimate={path[:200]}: relative path and no working directory")
         target = Path(work_dir) / target
     try:
-        fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise EstimateUnavailable(f"estimate={path}: cannot open ({exc.strerror})") from None
-    except ValueError:  # NUL byte in the path
-        raise EstimateUnavailable("estimate=: path contains a NUL byte") from None
+        handle = os.open(target, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except (OSError, ValueError):  # ValueError: a NUL byte in the path
+        raise refused from None
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise EstimateUnavailable(f"estimate={path}: not a regular file")
-        if uid >= 0 and info.st_uid != uid:
-            raise EstimateUnavailable(f"estimate={path}: must be owned by the submitting user")
-        if info.st_size > max_bytes:
-            raise EstimateUnavailable(f"estimate={path}: larger than {max_bytes} bytes")
+        info = os.fstat(handle)
+        if not stat.S_ISREG(info.st_mode) or (uid >= 0 and info.st_uid != uid) or info.st_size > max_bytes:
+            raise refused
+        fd = os.open(f"/proc/self/fd/{handle}", os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        raise refused from None
+    finally:
+        os.close(handle)
+    try:
         return os.read(fd, max_bytes + 1)[:max_bytes]
+    except OSError:
+        raise refused from None
     finally:
         os.close(fd)
 

@@ -68,13 +68,26 @@ class _Handler(socketserver.StreamRequestHandler):
                                    "ms": round((time.perf_counter() - started) * 1000, 2)}))
 
 
+MAX_WORKERS = 8  # concurrent decisions; slurmctld serialises job_submit, so more only means an attack
+_SHED_REPLY = encode_reply(Decision(action="accept"))
+
+
 class SubmitServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    """One thread per connection, at most ``MAX_WORKERS`` at once.
+
+    Why a bound: every request may carry 64 KiB of hostile script and each thread costs memory; past the
+    bound a connection is answered "accept unchanged" at once from the accepting thread (load shed: the
+    shim fails open without waiting for its deadline) and counted in ``shed``.
+    """
+
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 256  # beyond the backlog an AF_UNIX connect fails at once (EAGAIN), not waits
 
-    def __init__(self, socket_path: str, cfg: Config) -> None:
+    def __init__(self, socket_path: str, cfg: Config, max_workers: int = MAX_WORKERS) -> None:
         self.cfg = cfg
+        self._slots = threading.BoundedSemaphore(max_workers)
+        self.shed = 0
         self.max_request_bytes = cfg.submit.max_script_bytes * 6 + 65536  # \u00XX escapes: 6 bytes a byte
         self._lock = threading.Lock()
         self.estimation: EstimationService | None = None  # the async-estimation thread, when enabled
@@ -84,6 +97,28 @@ class SubmitServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
             path.unlink()
         super().__init__(str(path), _Handler)
         os.chmod(path, 0o660)  # slurmctld's user (owner) and group only
+
+    def process_request(self, request: socket.socket, client_address: object) -> None:  # type: ignore[override]
+        if not self._slots.acquire(blocking=False):
+            self.shed += 1
+            if self.shed == 1 or self.shed % 100 == 0:
+                log.warning("busy: %d workers; %d requests answered 'accept unchanged' so far", MAX_WORKERS,
+                            self.shed)
+            try:
+                request.settimeout(0.05)
+                request.sendall(_SHED_REPLY)
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        thread = threading.Thread(target=self._work, args=(request, client_address), daemon=True)
+        thread.start()
+
+    def _work(self, request: socket.socket, client_address: object) -> None:
+        try:
+            self.process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
     def reload(self, cfg: Config) -> None:
         with self._lock:
