@@ -158,7 +158,20 @@ class OomSection:
                                 "extra regular expressions (Python syntax) that mark a log line as a GPU OOM")
     max_retries: int = _opt(1, _between(0, 10), "exclusive re-runs per job after a GPU OOM; 0 turns recovery off")
     tail_bytes: int = _opt(65536, _between(1024, 16 << 20), "how much of the end of each job log is read")
-    priority_boost: int = _opt(10000, _between(0, 1 << 30), "negative nice given to a recovered job")
+    priority_boost: int = _opt(0, _between(0, 1 << 30),
+                               "extra negative nice for a recovered job on top of its own; 0: it only gets its "
+                               "queue position back")
+    corroborate: str = _opt("yes", _one_of("yes", "no"),
+                            "yes: the larger re-run needs a gpushare 'shared' decision and measured GPU memory "
+                            "near the share; no: the log message alone suffices (trusted users only)")
+    corroborate_fraction: float = _opt(0.8, _between(0.1, 1.0),
+                                       "measured peak at least this share of the job's GPU memory backs an OOM")
+    max_recoveries_per_user_day: int = _opt(5, _between(0, 1000000),
+                                            "OOM requeues per user in any 24 hours; 0: no limit")
+    max_concurrent_hooks: int = _opt(4, _between(1, 1024),
+                                     "hook runs doing Slurm queries at once; the others wait (failed jobs only)")
+    retention_days: float = _opt(30.0, _between(1.0, 3650.0),
+                                 "finished ledger entries and history older than this are pruned")
     read_timeout_s: float = _opt(10.0, _between(0.5, 300.0), "limit on reading one job log (slow file systems)")
     ledger_dir: str = _opt("/var/lib/gpushare/oom-ledger", None, "where recovery decisions are recorded")
     slurm_bin_dir: str = _opt("", None, "directory holding scontrol; empty: /usr/bin, /usr/local/bin, ...")
@@ -221,6 +234,10 @@ class MigSection:
     cap_device_major: int = _opt(0, _between(0, 4095),
                                  "create missing nvidia-cap devices with this major; 0: the driver does")
     partitions: list = _opt([], None, "partitions whose pending jobs count as MIG demand; empty: all")
+    demand_min_age_s: float = _opt(300.0, _between(0.0, 86400.0),
+                                   "a pending job counts as MIG demand only after waiting this long")
+    demand_max_per_user: int = _opt(7, _between(0, 1000),
+                                    "MIG instances one user's pending jobs can ask a reshape for; 0: no cap")
 
 
 @dataclass
