@@ -94,7 +94,12 @@ class SubmitSection:
     """The job_submit shim and the gpushare-submitd service behind it."""
 
     socket: str = _opt("/run/gpushare/submitd.sock", None, "unix socket the Lua shim connects to")
-    timeout_ms: int = _opt(250, _between(5, 10000), "shim deadline; past it the job is accepted unchanged")
+    timeout_ms: int = _opt(250, _between(5, 1000),
+                           "shim deadline; past it the job is accepted unchanged (at most 1 s: slurmctld holds its "
+                           "job write lock meanwhile)")
+    breaker_timeouts: int = _opt(3, _between(1, 1000),
+                                 "deadlines in a row after which the shim skips the service for breaker_open_s")
+    breaker_open_s: int = _opt(30, _between(1, 3600), "how long the shim skips a service that keeps timing out")
     on_bad_directive: str = _opt("accept", _one_of("accept", "reject"),
                                  "a malformed #GPUSHARE directive: accept unchanged, or reject the job")
     max_script_bytes: int = _opt(65536, _between(1024, 16 << 20), "how much of a batch script is scanned")

@@ -25,7 +25,7 @@ from gpushare.config import Config, ConfigError, load_config
 from gpushare.slurm_plugins.decision import Decision, SubmitRequest, decide
 from gpushare.slurm_plugins.directives import parse_directives
 from gpushare.slurm_plugins.estimate_source import EstimateUnavailable, find_estimate
-from gpushare.slurm_plugins.estimationd import EstimationService, start_thread
+from gpushare.slurm_plugins.estimation_process import Supervisor
 from gpushare.slurm_plugins.protocol import ProtocolError, decode_request, encode_reply
 
 log = logging.getLogger("gpushare.submitd")
@@ -90,7 +90,7 @@ class SubmitServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         self.shed = 0
         self.max_request_bytes = cfg.submit.max_script_bytes * 6 + 65536  # \u00XX escapes: 6 bytes a byte
         self._lock = threading.Lock()
-        self.estimation: EstimationService | None = None  # the async-estimation thread, when enabled
+        self.estimation: Supervisor | None = None  # the async-estimation process, when enabled
         path = Path(socket_path)
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.is_socket():
@@ -124,7 +124,7 @@ class SubmitServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         with self._lock:
             self.cfg = cfg
             if self.estimation is not None:
-                self.estimation.cfg = cfg
+                self.estimation.reload()
 
     def decide_line(self, line: bytes) -> tuple[Decision, str]:
         job = "?"
@@ -143,13 +143,13 @@ class SubmitServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
 
 def serve(socket_path: str, cfg: Config, config_path: str | None) -> int:
     server = SubmitServer(socket_path, cfg)
-    stop_estimation = threading.Event()
 
     def _start_estimation_if_needed(current: Config) -> None:
-        # held jobs need the thread that releases them; once started it stays (jobs held before a
-        # switch away from async must still be released)
+        # held jobs need the process that releases them; once started it stays (jobs held before a
+        # switch away from async must still be released). Its own process: its squeue parses never
+        # stall submit answers.
         if current.policy.without_estimate == "async" and server.estimation is None:
-            server.estimation, _ = start_thread(current, stop_estimation)
+            server.estimation = Supervisor(config_path).start()
 
     def _reload(signum: int, frame: object) -> None:
         try:
@@ -171,7 +171,8 @@ def serve(socket_path: str, cfg: Config, config_path: str | None) -> int:
     try:
         server.serve_forever(poll_interval=0.2)
     finally:
-        stop_estimation.set()
+        if server.estimation is not None:
+            server.estimation.stop()
         server.server_close()
         try:
             os.unlink(socket_path)
