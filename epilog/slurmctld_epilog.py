@@ -186,7 +186,8 @@ def _learn(job: JobFacts, cfg: Config, client: SlurmClient) -> None:
     """Raise the cached estimate of this batch script (gpushare.epilog.learn); never fatal."""
     try:
         script = client.run("scontrol", "write", "batch_script", check_job_id(job.job_id), "-")
-        path = learn_from_oom(cfg, script, job.job_id, job.tres_per_node, whole_gpu_shards(cfg, job.node) * GiB)
+        path = learn_from_oom(cfg, script, job.job_id, job.tres_per_node, whole_gpu_shards(cfg, job.node) * GiB,
+                              job.uid)
         if path is not None:
             log.info("job %s: raised the cached estimate of its batch script (%s)", job.job_id, path.name)
     except Exception as exc:  # noqa: BLE001 - learning is a bonus; recovery must go on

@@ -127,6 +127,8 @@ class EstimationSection:
     poll_s: float = _opt(2.0, _between(0.1, 600.0), "how often held jobs and estimation jobs are checked")
     spool_dir: str = _opt("/var/lib/gpushare/estimation", None,
                           "per-job directories (owned by the user) where estimation results land")
+    spool_max_mib_per_user: int = _opt(256, _between(1, 1 << 20),
+                                       "a user's spool directories beyond this are removed, oldest first")
     command: str = _opt("", None, "estimator executable; empty: gpu-estimate next to the service's Python")
 
 

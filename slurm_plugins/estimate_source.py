@@ -94,14 +94,22 @@ def peak_total_from_json(document: Any, gpu_names: list[str]) -> tuple[int, str]
     return best
 
 
-def script_cache_key(script: str) -> str:
-    """Cache key of a batch script: what ``gpu-estimate --annotate`` stores estimates under."""
-    return hashlib.sha256(script.encode("utf-8", "surrogateescape")).hexdigest()
+def script_cache_key(script: str, uid: int) -> str:
+    """Cache key of one user's batch script: ``<uid>.<sha256 of the script>``.
+
+    Why the uid: the cache learns from OOMs (gpushare.epilog.learn); keyed by the script alone, one user's
+    (possibly faked) OOM would resize another user's identical script."""
+    if not isinstance(uid, int) or isinstance(uid, bool) or uid < 0:
+        raise ValueError(f"bad uid {uid!r}")
+    return f"{uid}.{hashlib.sha256(script.encode('utf-8', 'surrogateescape')).hexdigest()}"
 
 
-def cache_lookup(cfg: Config, script: str, gpu_names: list[str]) -> Estimate | None:
-    """An estimate cached for this exact batch script, if one exists and parses."""
-    path = Path(cfg.submit.cache_dir) / "by-script" / f"{script_cache_key(script)}.json"
+def cache_lookup(cfg: Config, script: str, gpu_names: list[str], uid: int) -> Estimate | None:
+    """An estimate cached for this exact batch script of this user, if one exists and parses."""
+    try:
+        path = Path(cfg.submit.cache_dir) / "by-script" / f"{script_cache_key(script, uid)}.json"
+    except ValueError:
+        return None
     try:
         document = json.loads(path.read_bytes()[: cfg.submit.max_estimate_file_bytes])
         total, gpu = peak_total_from_json(document, gpu_names)
@@ -123,4 +131,4 @@ def find_estimate(cfg: Config, directives: Directives, script: str, work_dir: st
             raise EstimateUnavailable(f"estimate={directives.estimate_path}: not JSON") from None
         total, gpu = peak_total_from_json(document, gpu_names)
         return Estimate(total, "directive:estimate", f"{Path(directives.estimate_path).name} for {gpu}")
-    return cache_lookup(cfg, script, gpu_names)
+    return cache_lookup(cfg, script, gpu_names, uid)

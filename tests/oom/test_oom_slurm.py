@@ -60,7 +60,7 @@ def test_oom_on_a_shard_is_requeued_once_on_the_whole_gpu_and_completes(cluster:
     assert [h["event"] for h in history] == ["requeue", "requeued"]
     # the submit path's cache now knows this batch script needs more than the 4 GiB it failed in
     script = JOB.format(python=sys.executable, need=20, fail_other=False)
-    estimate = cache_lookup(cluster.config(), script, ["a100-40gb"])
+    estimate = cache_lookup(cluster.config(), script, ["a100-40gb"], os.geteuid())
     assert estimate is not None and estimate.total_bytes == 6 << 30
 
 

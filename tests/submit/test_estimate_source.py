@@ -71,7 +71,7 @@ def test_large_file_refused(tmp_path):
 def test_cache_hit_by_script(tmp_path):
     cfg = cfg_for(tmp_path)
     script = "#!/bin/sh\npython train.py\n"
-    write_json_atomic(tmp_path / "cache" / "by-script" / f"{script_cache_key(script)}.json",
+    write_json_atomic(tmp_path / "cache" / "by-script" / f"{script_cache_key(script, UID)}.json",
                       {"targets": [{"gpu": "a100-40gb", "peak_total_bytes": 6 * GiB}]})
     found = find_estimate(cfg, parse_directives(script), script, None, UID, ["a100-40gb"])
     assert found.total_bytes == 6 * GiB and found.source == "cache"
