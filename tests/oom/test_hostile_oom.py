@@ -138,3 +138,56 @@ def test_old_finished_entries_and_history_are_pruned(tmp_path: Path) -> None:
     assert sorted(p.name for p in ledger.dir.glob("*.*.*")) == ["2.0.json", "2.0.open"]  # open entries stay
     assert [h["event"] for h in ledger.history()] == ["new"]
     assert ledger.prune(30 * 86400, now=recent + 10) == 0  # once an hour at most
+
+
+def test_oom_patterns_are_linear_on_long_hostile_lines() -> None:
+    """Repeated heads on one 256 KiB line once took ~3 s (the rest of the line rescanned per head)."""
+    import time
+
+    from gpushare.epilog.oom_detect import compile_patterns, find_oom
+
+    patterns = compile_patterns()
+    for line, expect in (("OOM when allocating tensor " * 10000 + " device:CPU", False),
+                         ("RESOURCE_EXHAUSTED " * 14000, False),
+                         ("RESOURCE_EXHAUSTED: Failed to allocate request for " * 5200, False),
+                         ("x" * 262144 + " OOM when allocating tensor with shape[1] on device:GPU:0", True)):
+        started = time.perf_counter()
+        found = find_oom(line, patterns)
+        assert time.perf_counter() - started < 0.2
+        assert (found is not None) == expect
+
+
+def test_logs_are_read_with_the_users_supplementary_groups(tmp_path: Path) -> None:
+    """A log readable only through a project group must be readable by the hook acting as that user."""
+    import grp
+    import pwd
+
+    import pytest
+
+    from gpushare.epilog.oom_detect import read_tail
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to drop to another user")
+    member = next(((g, u) for g in grp.getgrall() for u in g.gr_mem
+                   if u in {p.pw_name for p in pwd.getpwall()} and pwd.getpwnam(u).pw_gid != g.gr_gid), None)
+    if member is None:
+        pytest.skip("no user with a supplementary group on this machine")
+    group, user = member
+    account = pwd.getpwnam(user)
+    import shutil
+    import tempfile
+
+    outer = Path(tempfile.mkdtemp(prefix="gpushare-groups-", dir="/tmp"))  # pytest's tmp is root-only
+    os.chmod(outer, 0o755)
+    directory = outer / "project"
+    directory.mkdir()
+    os.chown(directory, 0, group.gr_gid)
+    os.chmod(directory, 0o750)  # only the project group may enter
+    log = directory / "job.err"
+    log.write_text(OOM_TEXT)
+    os.chown(log, 0, group.gr_gid)
+    os.chmod(log, 0o640)
+    try:
+        assert "OutOfMemoryError" in read_tail(str(log), 4096, account.pw_uid, account.pw_gid, 5.0)
+    finally:
+        shutil.rmtree(outer)
