@@ -94,6 +94,9 @@ class SubmitSection:
     """The job_submit shim and the gpushare-submitd service behind it."""
 
     socket: str = _opt("/run/gpushare/submitd.sock", None, "unix socket the Lua shim connects to")
+    peer_uids: list = _opt([], lambda v: None if all(not isinstance(u, bool) and str(u).isdigit() for u in v)
+                           else "expects uids (non-negative integers)",
+                           "uids besides root and the service's own that may connect (SlurmUser if different)")
     timeout_ms: int = _opt(250, _between(5, 1000),
                            "shim deadline; past it the job is accepted unchanged (at most 1 s: slurmctld holds its "
                            "job write lock meanwhile)")

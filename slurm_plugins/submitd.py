@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import socketserver
+import struct
 import sys
 import threading
 import time
@@ -54,6 +55,11 @@ class _Handler(socketserver.StreamRequestHandler):
     def handle(self) -> None:
         server: SubmitServer = self.server  # type: ignore[assignment]
         started = time.perf_counter()
+        peer = peer_uid(self.request)
+        if peer not in server.peer_uids:
+            log.warning("connection from uid %s refused: only slurmctld's user (uids %s) may ask", peer,
+                        sorted(server.peer_uids))
+            return
         try:
             line = self.rfile.readline(server.max_request_bytes)
         except (OSError, socket.timeout):
@@ -66,6 +72,16 @@ class _Handler(socketserver.StreamRequestHandler):
         log.info("%s", json.dumps({"job": job, "action": decision.action,
                                    "record": decision.record or None,
                                    "ms": round((time.perf_counter() - started) * 1000, 2)}))
+
+
+def peer_uid(conn: socket.socket) -> int | None:
+    """The uid of the process at the other end of a unix socket (SO_PEERCRED: the kernel's word)."""
+    try:
+        _pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                              struct.calcsize("3i")))
+    except OSError:
+        return None
+    return uid
 
 
 MAX_WORKERS = 8  # concurrent decisions; slurmctld serialises job_submit, so more only means an attack
@@ -91,11 +107,17 @@ class SubmitServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         self.max_request_bytes = cfg.submit.max_script_bytes * 6 + 65536  # \u00XX escapes: 6 bytes a byte
         self._lock = threading.Lock()
         self.estimation: Supervisor | None = None  # the async-estimation process, when enabled
+        # who may ask: root, this service's own user (SlurmUser when co-located), and [submit] peer_uids
+        self.peer_uids = {0, os.geteuid(), *(int(u) for u in cfg.submit.peer_uids)}
         path = Path(socket_path)
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.is_socket():
             path.unlink()
-        super().__init__(str(path), _Handler)
+        old_umask = os.umask(0o117)  # the socket is born 0660: no window in which others may connect
+        try:
+            super().__init__(str(path), _Handler)
+        finally:
+            os.umask(old_umask)
         os.chmod(path, 0o660)  # slurmctld's user (owner) and group only
 
     def process_request(self, request: socket.socket, client_address: object) -> None:  # type: ignore[override]

@@ -121,3 +121,59 @@ def test_busy_service_sheds_load_by_accepting_at_once(tmp_path: Path) -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_only_slurmctlds_user_may_ask_and_the_socket_is_born_private(tmp_path: Path) -> None:
+    import pwd
+    import socket
+    import stat
+
+    from gpushare.config import parse_config
+    from gpushare.slurm_plugins.submitd import SubmitServer
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to connect as another user")
+    other = next((p for p in pwd.getpwall() if p.pw_uid not in (0, os.geteuid())), None)
+    if other is None:
+        pytest.skip("no other user")
+    import shutil
+    import tempfile
+
+    outer = tempfile.mkdtemp(prefix="gpushare-sock-", dir="/tmp")  # pytest's tmp is root-only
+    os.chmod(outer, 0o755)
+    path = os.path.join(outer, "s.sock")
+    old_umask = os.umask(0)  # a careless environment: the service must still create a private socket
+    try:
+        server = SubmitServer(path, parse_config({}))
+    finally:
+        os.umask(old_umask)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o660
+    os.chmod(path, 0o666)  # even if an admin opened the socket up, the kernel's peer uid decides
+    serving = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    serving.start()
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child becomes an ordinary user and asks
+            code = 1
+            try:
+                os.setgid(other.pw_gid)
+                os.setuid(other.pw_uid)
+                conn = socket.socket(socket.AF_UNIX)
+                conn.settimeout(2)
+                conn.connect(path)
+                conn.sendall(b'{"op":"submit","user_id":0,"script":"#!/bin/sh\\n"}\n')
+                code = 0 if conn.recv(100) == b"" else 2  # closed without an answer
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        mine = socket.socket(socket.AF_UNIX)
+        mine.settimeout(2)
+        mine.connect(path)
+        mine.sendall(b'{"op":"submit","user_id":0,"script":"#!/bin/sh\\n"}\n')
+        assert mine.recv(100).startswith(b"action=")
+        mine.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+        shutil.rmtree(outer)
