@@ -17,7 +17,9 @@ import logging
 import logging.handlers
 import os
 import re
+import subprocess
 import sys
+import time
 from typing import Any, Callable, Mapping
 
 from gpushare.epilog.corroborate import corroborate
@@ -117,7 +119,8 @@ def prefilter(env: Mapping[str, str], cfg: Config) -> tuple[str | None, OomVerdi
 
 
 def handle(job_id: str, env: Mapping[str, str], client: SlurmClient, cfg: Config, ledger: Ledger,
-           finish_later: Callable[[str, int], None] | None = None, slot_wait_s: float = 60.0) -> str:
+           finish_later: Callable[[str, int], None] | None = None, slot_wait_s: float = 60.0,
+           resume_later: Callable[[float], None] | None = None) -> str:
     """Decide and act for one job; returns what happened (for the log and tests)."""
     skip, early = prefilter(env, cfg)
     if skip is not None:
@@ -127,11 +130,12 @@ def handle(job_id: str, env: Mapping[str, str], client: SlurmClient, cfg: Config
             log.error("job %s: %d hook runs busy for %.0f s; this job is left as Slurm left it", job_id,
                       cfg.oom.max_concurrent_hooks, slot_wait_s)
             return "skipped: too many hook runs at once"
-        return _handle_heavy(job_id, env, client, cfg, ledger, finish_later, early)
+        return _handle_heavy(job_id, env, client, cfg, ledger, finish_later, early, resume_later)
 
 
 def _handle_heavy(job_id: str, env: Mapping[str, str], client: SlurmClient, cfg: Config, ledger: Ledger,
-                  finish_later: Callable[[str, int], None] | None, early: OomVerdict | None) -> str:
+                  finish_later: Callable[[str, int], None] | None, early: OomVerdict | None,
+                  resume_later: Callable[[float], None] | None = None) -> str:
     job = JobFacts.from_job(_job(client, job_id), env)
     log.info("job %s: state %s exit %s:%s restarts %s gres %r node %s", job.job_id, job.state, job.exit_code,
              job.exit_signal, job.restarts, job.tres_per_node, job.node)
@@ -169,6 +173,8 @@ def _handle_heavy(job_id: str, env: Mapping[str, str], client: SlurmClient, cfg:
                 _tell_user(job, action.user_message, cfg)
                 return f"stay_failed: {action.reason}"
             log.warning("job %s: %s; matched: %s", job.job_id, action.reason, verdict.message)
+            if resume_later is not None:  # if this run dies part-way, a detached process finishes it
+                resume_later(RESUME_DELAY_S)
             outcome = execute(entry, client, ledger, finish_later)
             _tell_user(job, action.user_message if outcome.startswith("requeue") else "", cfg)
             return outcome
@@ -262,8 +268,39 @@ def _client(cfg: Config) -> SlurmClient:
     return SlurmClient(conf_path=slurm_conf_for(cfg), bin_dir=cfg.oom.slurm_bin_dir or None)
 
 
+RESUME_DELAY_S = 45.0  # past resume_unfinished's 30 s minimum age: a live hook run is never raced
+
+
+def spawn_resumer(delay_s: float) -> None:
+    """A detached ``--resume DELAY`` process: finishes this recovery if the hook dies part-way and no
+    other job ends afterwards (an idle cluster). A slurmctld restart under systemd kills it with the
+    hook; etc/systemd/gpushare-oom-resume.timer covers that case."""
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    if "GPUSHARE_CONFIG" in os.environ:
+        env["GPUSHARE_CONFIG"] = os.environ["GPUSHARE_CONFIG"]
+    subprocess.Popen([sys.executable, "-m", "gpushare.epilog.slurmctld_epilog", "--resume", f"{delay_s:.0f}"],
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     start_new_session=True, close_fds=True, env=env, cwd="/")
+
+
+def run_resume(cfg: Config, client: SlurmClient | None = None, delay_s: float = 0.0,
+               min_age_s: float = 30.0) -> str:
+    """``--resume [DELAY]``: finish recoveries left half done, without waiting for another job to end."""
+    if delay_s > 0:
+        time.sleep(delay_s)
+    ledger = Ledger(cfg.oom.ledger_dir)
+    if not ledger.dir.is_dir():
+        return "resume: no ledger"
+    ledger.ensure()
+    pending = ledger.unfinished(min_age_s)
+    if pending:
+        resume_unfinished(client or _client(cfg), ledger, min_age_s=min_age_s)
+    return f"resume: {len(pending)} interrupted recover{'y' if len(pending) == 1 else 'ies'} looked at"
+
+
 def run(env: Mapping[str, str], client: SlurmClient | None = None, cfg: Config | None = None,
-        finish_later: Callable[[str, int], None] | None = spawn_finisher) -> str:
+        finish_later: Callable[[str, int], None] | None = spawn_finisher,
+        resume_later: Callable[[float], None] | None = None) -> str:
     """The hook's work with injectable client and config (tests); raises on our own errors."""
     job_id = check_job_id(env.get("SLURM_JOB_ID", ""))
     cfg = cfg or load_config()
@@ -277,7 +314,7 @@ def run(env: Mapping[str, str], client: SlurmClient | None = None, cfg: Config |
         log.warning("ledger not pruned: %s", exc)
     client = client or _client(cfg)
     resume_unfinished(client, ledger, skip=job_id)
-    return handle(job_id, env, client, cfg, ledger, finish_later)
+    return handle(job_id, env, client, cfg, ledger, finish_later, resume_later=resume_later)
 
 
 def run_finisher(key: str, cfg: Config, client: SlurmClient | None = None, wait_s: float = 120.0) -> str:
@@ -307,8 +344,11 @@ def main(argv: list[str] | None = None) -> int:
         if len(args) == 2 and args[0] == "--finish":
             job = args[1][:24]
             outcome = run_finisher(args[1], cfg)
+        elif args and args[0] == "--resume":
+            job = "-"
+            outcome = run_resume(cfg, delay_s=float(args[1]) if len(args) > 1 else 0.0)
         else:
-            outcome = run(os.environ, cfg=cfg)
+            outcome = run(os.environ, cfg=cfg, resume_later=spawn_resumer)
         log.info("job %s: %s", job, outcome)
     except Exception as exc:  # noqa: BLE001 - STYLE #10: never fail the job on our account
         log.exception("job %s: OOM recovery failed: %s", job, exc)

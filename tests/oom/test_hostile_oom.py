@@ -191,3 +191,24 @@ def test_logs_are_read_with_the_users_supplementary_groups(tmp_path: Path) -> No
         assert "OutOfMemoryError" in read_tail(str(log), 4096, account.pw_uid, account.pw_gid, 5.0)
     finally:
         shutil.rmtree(outer)
+
+
+def test_an_interrupted_recovery_is_finished_on_an_idle_cluster(tmp_path: Path) -> None:
+    """The hook died right after requeuehold and no other job ends: ``--resume`` (the detached resumer
+    every requeue starts, and the systemd timer) releases the job anyway."""
+    cfg = _cfg(tmp_path)
+    ledger = Ledger(cfg.oom.ledger_dir)
+    ledger.ensure()
+    fake = _oom_job(tmp_path)
+    fake.fields.update(JobState="PENDING", Priority="0", Restarts="1")  # requeued and held, then the crash
+    ledger.put({"job": "1", "restarts": 0, "action": "requeue", "state": "decided", "reason": "test",
+                "new_gres": "gres:shard:40", "nice": 0, "oom": None, "steps": ["requeuehold"]})
+    entry = ledger.get("1", 0)
+    write_json_atomic(ledger.dir / "1.0.json", {**entry, "updated": entry["updated"] - 60})
+    spawned: list[float] = []
+    assert hook.run_resume(cfg, client=fake).startswith("resume: 1 ")
+    assert ("release", "1") in fake.calls and ledger.get("1", 0)["state"] in ("requeued", "done")
+    # and every requeue decision starts such a resumer before touching Slurm
+    other = _oom_job(tmp_path, "2", comment='gpushare:{"decision":"shared","run":{"peak_gib":3.9},"v":1}')
+    hook.handle("2", _env("2"), other, cfg, ledger, None, resume_later=spawned.append)
+    assert spawned == [hook.RESUME_DELAY_S]
