@@ -27,7 +27,7 @@ from typing import Any, Callable
 from gpushare.gres import GpuError, open_backend
 from gpushare.agent.api import node_name
 from gpushare.agent.jobs import build_entry, clean_facts, tenants_of
-from gpushare.agent.sampler import Sampler, environ_job
+from gpushare.agent.sampler import Sampler, process_job
 from gpushare.agent.store import JobStore, check_job
 from gpushare.agent.withhold import NodeFeature, node_open
 
@@ -38,7 +38,7 @@ MAX_WARMING_S = 600.0  # CARMA's lesson: a job that never reaches its GPU must n
 class Agent:
     def __init__(self, cfg: Any, backend: Any, clock: Callable[[], float] = time.time,
                  feature: NodeFeature | None = None, registry: Any = None,
-                 pid_job: Callable[[int], str | None] = environ_job, slurm: Any = None) -> None:
+                 pid_job: Callable[[int], str | None] = process_job, slurm: Any = None) -> None:
         self.cfg = cfg
         self.backend = backend
         self.clock = clock
