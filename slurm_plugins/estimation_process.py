@@ -128,6 +128,7 @@ def run_loop(cfg: Config, config_path: str | None) -> int:
 def cli(config_path: str | None, parent: int) -> int:
     """The asynchronous-estimation loop (started by gpushare-submitd)."""
     _die_with_parent(parent)
+    os.nice(10)  # its squeue parses yield the CPU to the submit service's answers
     cfg = load_config(config_path)
     handler: logging.Handler = (logging.FileHandler(cfg.submit.log_file) if cfg.submit.log_file
                                 else logging.StreamHandler(sys.stderr))

@@ -41,6 +41,7 @@ _DISTRIBUTED_MODULES = {"torch.distributed.run", "torch.distributed.launch"}
 MAX_WORD_BYTES = 4096  # one expanded argument
 MAX_COMMAND_BYTES = 8192  # the script path plus all its expanded arguments
 MAX_WORDS = 512  # arguments of one command
+MAX_CANDIDATES = 32  # launcher lines tokenised (the last ones: the last wins); earlier ones only counted
 
 
 class _TooLong(ValueError):
@@ -89,12 +90,17 @@ def find_training_command(batch_script: str, directive_script: str | None = None
     variables: dict[str, str] = {}
     candidates: list[TrainingCommand] = []
     skipped: list[str] = []
-    for line in _logical_lines(batch_script[:max_bytes]):
+    lines = _logical_lines(batch_script[:max_bytes])
+    launchers = [index for index, line in enumerate(lines) if _CANDIDATE_RE.search(line.text)]
+    examined = set(launchers[-MAX_CANDIDATES:])  # tokenising is the costly part: bounded per request
+    if len(launchers) > MAX_CANDIDATES:
+        skipped.append(f"{len(launchers)} launcher-like lines; only the last {MAX_CANDIDATES} examined")
+    for index, line in enumerate(lines):
         assign = _ASSIGN_RE.match(line.text)
         if assign:
             variables[assign.group(1)] = assign.group(2).strip("'\"")
             continue
-        if not _CANDIDATE_RE.search(line.text):
+        if index not in examined:
             continue  # cheap: most lines of a batch script are never tokenised
         if len(line.text) > 2 * MAX_COMMAND_BYTES:  # no command that long is usable: skip, never tokenise
             skipped.append(f"line {line.number}: longer than {2 * MAX_COMMAND_BYTES} bytes")
