@@ -44,7 +44,7 @@ def _die_with_parent(parent: int) -> None:
 
 def single_instance_lock(spool_dir: str) -> int | None:
     """An exclusive lock in the spool directory; None when another loop holds it."""
-    Path(spool_dir).mkdir(mode=0o755, parents=True, exist_ok=True)
+    Path(spool_dir).mkdir(mode=0o711, parents=True, exist_ok=True)  # users reach only their own directory
     fd = os.open(Path(spool_dir) / ".estimationd.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
