@@ -29,7 +29,7 @@ from gpushare.agent.api import node_name
 from gpushare.agent.backstop import forecast_message, oom_message
 from gpushare.agent.guard import Action, Guard
 from gpushare.agent.jobs import build_entry, clean_facts, tenants_of
-from gpushare.agent.sampler import Sampler, environ_job
+from gpushare.agent.sampler import Sampler, process_job
 from gpushare.agent.store import JobStore, check_job
 from gpushare.agent.withhold import NodeFeature, node_open
 
@@ -40,12 +40,13 @@ MAX_WARMING_S = 600.0  # CARMA's lesson: a job that never reaches its GPU must n
 class Agent:
     def __init__(self, cfg: Any, backend: Any, clock: Callable[[], float] = time.time,
                  feature: NodeFeature | None = None, registry: Any = None,
-                 pid_job: Callable[[int], str | None] = environ_job, slurm: Any = None) -> None:
+                 pid_job: Callable[[int], str | None] = process_job, slurm: Any = None) -> None:
         self.cfg = cfg
         self.backend = backend
         self.clock = clock
         self.feature = feature
         self.lock = threading.RLock()
+        self._mps_lock = threading.Lock()  # MPS daemon starts and stops, taken after self.lock, never before
         self.store = JobStore(Path(cfg.state_dir) / "jobs")
         self.sampler = Sampler(backend, cfg.window_samples, cfg.sample_period_s, pid_job=pid_job)
         self.mps = backend.mps(str(cfg.run_dir))
@@ -198,9 +199,10 @@ class Agent:
             return True
         gpu = entry["gpus"][0]
         try:
-            if not self.mps.running(gpu):
-                self.mps.start(gpu)
-                log.info("MPS control daemon started for GPU %d", gpu)
+            with self._mps_lock:
+                if not self.mps.running(gpu):
+                    self.mps.start(gpu)
+                    log.info("MPS control daemon started for GPU %d", gpu)
             return True
         except GpuError as exc:
             log.error("MPS for GPU %d: %s; jobs there get the memory-fraction guard instead", gpu, exc)
@@ -221,24 +223,31 @@ class Agent:
             if any(acc.mode == "mps" for acc in self.sampler.jobs_on(gpu)):
                 continue
             try:
-                if self.mps.running(gpu):
-                    self.mps.stop(gpu)
+                with self._mps_lock:
+                    if self.mps.running(gpu):
+                        self.mps.stop(gpu)
             except GpuError as exc:
                 log.error("MPS stop for GPU %d: %s", gpu, exc)
 
     # -- API operations ----------------------------------------------------------------------------
     def register(self, raw: dict[str, Any]) -> dict[str, Any]:
+        """Track a job the Prolog announces. Starting an MPS daemon (up to tens of seconds) happens outside
+        the sampling lock: the Prolog waits only a few seconds, and other jobs' Prologs and the sampling
+        loop must not queue behind one slow MPS start."""
         facts = clean_facts(raw)
         with self.lock:
             existing = self.store.get(facts["job"])
             if existing is not None and not existing.get("closed") and existing.get("restarts") == facts["restarts"]:
-                entry = existing  # a Prolog retried: idempotent
-            else:
-                tenants = tenants_of(self.store.all(), facts["gpus"], facts["job"])
-                entry = build_entry(facts, self.cfg, self.backend, tenants, self.clock(), by="agent")
-                if not self._ensure_mps(entry):  # never hand out an MPS pipe (and CUDA_VISIBLE_DEVICES=0) in vain
-                    entry = build_entry(facts, self.cfg, self.backend, tenants, self.clock(), by="agent", mps_ok=False)
-                self.store.put(entry)
+                self.sampler.track(existing)  # a Prolog retried: idempotent
+                self._withhold(self.clock())
+                return existing
+            tenants = tenants_of(self.store.all(), facts["gpus"], facts["job"])
+            entry = build_entry(facts, self.cfg, self.backend, tenants, self.clock(), by="agent")
+        mps_ok = self._ensure_mps(entry)  # its own lock; never hand out an MPS pipe in vain
+        with self.lock:
+            if not mps_ok:
+                entry = build_entry(facts, self.cfg, self.backend, tenants, self.clock(), by="agent", mps_ok=False)
+            self.store.put(entry)
             self.sampler.track(entry)
             self._withhold(self.clock())
             return entry

@@ -5,8 +5,9 @@ feeds CARMA's risk window (``gpushare.agent.risk.MetricWindow``), the TTFK table
 the per-job accumulators. The clock value comes from the caller and the backend is injected (STYLE #11),
 so tests drive it with a fake clock and the simulated backend.
 
-Attribution of processes to jobs: ``pid_job(pid)`` (default: ``SLURM_JOB_ID`` in ``/proc/<pid>/environ``,
-which root can read and which slurmstepd sets for every task); a process it cannot place, on a GPU that
+Attribution of processes to jobs: ``pid_job(pid)`` (default :func:`process_job`: the ``job_<id>`` component
+of the process's cgroup, which slurmstepd creates and the process cannot change; only where Slurm uses
+no cgroups, ``SLURM_JOB_ID`` in ``/proc/<pid>/environ``, which the process itself can set); a process it cannot place, on a GPU that
 holds exactly one tracked job, belongs to that job (CARMA's own bookkeeping is per GPU, Table 1).
 
 Energy attribution (documented in docs/agent.md): the counter delta of a GPU between two samples is
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -33,10 +35,47 @@ log = logging.getLogger("gpushare.agent")
 SERIES_POINTS = 600  # per job and GPU; halved (every other point dropped) when full
 
 
-def environ_job(pid: int) -> str | None:
+_CGROUP_JOB_RE = re.compile(rb"/job_(\d{1,10})(?:/|$)")
+
+
+def cgroup_job(pid: int, proc: str = "/proc") -> str | None | bool:
+    """The Slurm job of a process from its cgroup path (``…/job_123/step_0/…``, cgroup v1 and v2);
+    None when the process is in no Slurm job cgroup, False when the process is gone or its cgroup file
+    unreadable. Why: the kernel writes this file and a process cannot leave its job's cgroup, whereas its
+    environment is its own to write (and reading another process's environment can block on its memory)."""
+    try:
+        data = Path(f"{proc}/{int(pid)}/cgroup").read_bytes()[:8192]
+    except OSError:
+        return False
+    match = _CGROUP_JOB_RE.search(data)
+    if match:
+        return match.group(1).decode()
+    return None if b"slurm" in data else False
+
+
+def slurm_uses_cgroups(root: str = "/sys/fs/cgroup") -> bool:
+    """Whether slurmstepd keeps jobs in cgroups on this node (v2 scope or a v1 ``slurm`` hierarchy)."""
+    base = Path(root)
+    return (base / "system.slice" / "slurmstepd.scope").is_dir() or any(base.glob("*/slurm"))
+
+
+def process_job(pid: int, proc: str = "/proc", cgroup_root: str = "/sys/fs/cgroup") -> str | None:
+    """:func:`cgroup_job`, falling back to :func:`environ_job` only on a node where Slurm puts jobs in no
+    cgroup (proctrack/linuxproc): there a process's own environment is the only record the node has. On
+    a node with Slurm cgroups, a process outside every job cgroup (an ssh session) belongs to no job,
+    whatever its environment claims."""
+    found = cgroup_job(pid, proc)
+    if isinstance(found, str):
+        return found
+    if found is None or slurm_uses_cgroups(cgroup_root):
+        return None
+    return environ_job(pid, proc)
+
+
+def environ_job(pid: int, proc: str = "/proc") -> str | None:
     """The Slurm job of a process from its environment (root only); None when unknown."""
     try:
-        data = Path(f"/proc/{int(pid)}/environ").read_bytes()
+        data = Path(f"{proc}/{int(pid)}/environ").read_bytes()
     except OSError:
         return None
     for item in data.split(b"\0"):
@@ -120,7 +159,7 @@ class Sampler:
     """Windows, TTFK and accumulators of every GPU of one node."""
 
     def __init__(self, backend: Any, window_samples: int = 30, period_s: float = 1.0,
-                 thresholds: Thresholds = Thresholds(), pid_job: Callable[[int], str | None] = environ_job) -> None:
+                 thresholds: Thresholds = Thresholds(), pid_job: Callable[[int], str | None] = process_job) -> None:
         self.backend = backend
         self.window_samples = window_samples
         self.thresholds = thresholds

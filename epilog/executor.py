@@ -123,7 +123,7 @@ def finish(entry: dict[str, Any], client: SlurmClient, ledger: Ledger, wait_s: f
     if job.pending:
         wait_past_revocation(clock(), clock, sleep)
         updates: dict[str, Any] = {"starttime": "now"}  # else ineligible for 120 s after a requeue
-        if entry.get("nice"):
+        if entry.get("nice") is not None:  # the job's own nice back (release reset it), minus any boost
             updates["nice"] = entry["nice"]
         client.update_job(job_id, **updates)
     elif job.completing:

@@ -77,10 +77,11 @@ def _raise(row: dict[str, Any], floor: int) -> dict[str, Any]:
 
 
 def learn_from_oom(cfg: Config, script: str, job_id: str, tres_per_node: str, cap_bytes: int,
-                   now: float | None = None) -> Path | None:
-    """Raise the cached estimate of ``script``; returns the file written (None: nothing to learn)."""
+                   uid: int | None, now: float | None = None) -> Path | None:
+    """Raise the cached estimate of ``uid``'s ``script``; returns the file written (None: nothing to learn,
+    or the owner is unknown: one user's OOM never resizes another user's script)."""
     failed = failed_size_bytes(tres_per_node, cfg)
-    if failed is None or not script:
+    if failed is None or not script or uid is None:
         return None
     directory = Path(cfg.submit.cache_dir) / "by-script"
     directory.mkdir(mode=0o755, parents=True, exist_ok=True)
@@ -88,7 +89,7 @@ def learn_from_oom(cfg: Config, script: str, job_id: str, tres_per_node: str, ca
         info = os.lstat(part)
         if not stat.S_ISDIR(info.st_mode) or info.st_uid not in (0, os.geteuid()):
             raise PermissionError(f"{part}: not a directory owned by root; estimate not updated")
-    path = directory / f"{script_cache_key(script)}.json"
+    path = directory / f"{script_cache_key(script, uid)}.json"
     try:
         old = json.loads(path.read_bytes()[:MAX_DOC_BYTES])
     except (OSError, ValueError):

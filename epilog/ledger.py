@@ -141,6 +141,122 @@ class Ledger:
     def _load(path: Path) -> dict[str, Any] | None:
         return read_json_object(path, 1 << 20, LEDGER_VERSION)
 
+    # --- per-user budget and concurrency ------------------------------------------------------------
+    @contextlib.contextmanager
+    def _locked(self, name: str) -> Iterator[None]:
+        fd = os.open(self.dir / name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def _user_path(self, uid: int) -> Path:
+        if not isinstance(uid, int) or isinstance(uid, bool) or uid < 0:
+            raise ValueError(f"bad uid {uid!r}")
+        return self.dir / "users" / f"{uid}.json"
+
+    def user_recoveries(self, uid: int | None, now: float | None = None, window_s: float = 86400.0) -> int:
+        """How many OOM requeues ``uid``'s jobs got in the last ``window_s`` (the per-user budget)."""
+        if uid is None:
+            return 0
+        now = time.time() if now is None else now
+        times = (self._load(self._user_path(uid)) or {}).get("t", [])
+        return sum(1 for t in times if isinstance(t, (int, float)) and now - t < window_s)
+
+    def note_user_recovery(self, uid: int | None, now: float | None = None, window_s: float = 86400.0) -> None:
+        """Count one requeue against ``uid`` (atomic file per user, under one lock; old times dropped)."""
+        if uid is None:
+            return
+        now = time.time() if now is None else now
+        path = self._user_path(uid)
+        path.parent.mkdir(mode=0o700, exist_ok=True)
+        with self._locked("users.lock"):
+            times = [t for t in (self._load(path) or {}).get("t", [])
+                     if isinstance(t, (int, float)) and now - t < window_s]
+            write_json_atomic(path, {"uid": uid, "t": [*times, round(now, 3)]}, mode=0o600)
+
+    @contextlib.contextmanager
+    def slot(self, count: int, wait_s: float, poll_s: float = 0.05) -> Iterator[bool]:
+        """One of ``count`` concurrency slots (``slots/N.lock`` flocks) for the ``with`` body; yields False
+        when none frees up within ``wait_s``. Why: a storm of failed jobs must not become as many
+        concurrent full-queue Slurm queries."""
+        directory = self.dir / "slots"
+        directory.mkdir(mode=0o700, exist_ok=True)
+        fds = []
+        try:
+            for index in range(count):
+                fds.append(os.open(directory / f"{index}.lock",
+                                   os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+            deadline = time.monotonic() + wait_s
+            while True:
+                for fd in fds:
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    except BlockingIOError:
+                        continue
+                    yield True
+                    return
+                if time.monotonic() >= deadline:
+                    yield False
+                    return
+                time.sleep(poll_s)
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    # --- retention --------------------------------------------------------------------------------
+    def prune(self, retention_s: float, now: float | None = None, every_s: float = 3600.0) -> int:
+        """Remove finished entries (and their lock files) and history lines older than ``retention_s``;
+        at most once per ``every_s`` (a stamp file), so hook runs stay cheap. Returns files removed.
+
+        Why: one entry per OOM run and one history line per event grow without bound otherwise. Open
+        (unfinished) entries are never pruned: they are what keeps a job from staying held."""
+        now = time.time() if now is None else now
+        stamp = self.dir / "pruned.stamp"
+        try:
+            if now - os.lstat(stamp).st_mtime < every_s:
+                return 0
+        except FileNotFoundError:
+            pass
+        removed = 0
+        with self._locked("prune.lock"):
+            stamp.touch(mode=0o600)
+            os.utime(stamp, (now, now))
+            cutoff = now - retention_s
+            for path in self.dir.glob("*.json"):
+                entry = self._load(path)
+                if entry and entry.get("state") in FINAL_STATES and float(entry.get("updated", now)) < cutoff:
+                    for suffix in (".json", ".lock", ".open"):
+                        try:
+                            (path.with_suffix(suffix)).unlink()
+                            removed += 1 if suffix == ".json" else 0
+                        except FileNotFoundError:
+                            pass
+            self._prune_history(cutoff)
+        return removed
+
+    def _prune_history(self, cutoff: float) -> None:
+        path = self.dir / "history.jsonl"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # writers append under this same lock
+            with open(fd, "rb", closefd=False) as handle:
+                lines = handle.read().splitlines(keepends=True)
+            kept = []
+            for line in lines:
+                try:
+                    if float(json.loads(line).get("t", 0)) >= cutoff:
+                        kept.append(line)
+                except (ValueError, AttributeError):
+                    continue
+            if len(kept) != len(lines):
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, b"".join(kept), 0)
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+
     # --- history ----------------------------------------------------------------------------------
     def append_history(self, event: dict[str, Any]) -> None:
         """One line in history.jsonl; a single write under an exclusive lock, then fsync."""

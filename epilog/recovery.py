@@ -58,6 +58,7 @@ class JobFacts:
     log_paths: tuple[str, ...]  # StdErr first, then StdOut (absolute, deduplicated)
     record: dict[str, Any] | None  # our gpushare:{...} admin-comment record
     requeue_allowed: bool = True  # False for --no-requeue jobs: Slurm refuses requeuehold for them
+    nice: int | None = None  # the job's own nice, given back after the requeue (release resets it)
 
     @classmethod
     def from_job(cls, job: Job | None, env: Mapping[str, str]) -> "JobFacts":
@@ -89,6 +90,7 @@ class JobFacts:
             log_paths=log_paths(job, node) if job else (),
             record=parse_record(job.admin_comment) if job else None,
             requeue_allowed=job.requeue is not False if job else True,
+            nice=job.nice if job else None,
         )
 
 
@@ -111,6 +113,7 @@ class Action:
     max_retries: int = 0
     oom: dict[str, Any] | None = None  # our entry in the job's gpushare: AdminComment record
     user_message: str = ""
+    learn: bool = True  # False: the OOM was not corroborated, so the estimate cache must not learn from it
 
 
 # --- hostlists and GPU sizes ------------------------------------------------------------------------
@@ -217,9 +220,15 @@ def merge_oom_comment(existing: str | None, oom: dict[str, Any]) -> str | None:
 
 
 def decide(job: JobFacts, verdict: OomVerdict, cfg: Config, retries_used: int,
-           mig_available: set[str] | None = None, whole_gpu_as_gpu: bool = False) -> Action:
-    """Choose the action for one ended job. Never raises on job content. ``whole_gpu_as_gpu``: the
-    Slurm release accepts ``shard`` → ``gpu`` on a held job (``SlurmVersion.held_gres_across_names``)."""
+           mig_available: set[str] | None = None, corroboration: tuple[bool, str] = (True, ""),
+           user_recoveries: int = 0, whole_gpu_as_gpu: bool = False) -> Action:
+    """Choose the action for one ended job. Never raises on job content.
+
+    ``corroboration`` is gpushare.epilog.corroborate's verdict on the log message; ``user_recoveries``
+    the requeues this user's jobs already got in the last 24 hours (the ledger's per-user budget);
+    ``whole_gpu_as_gpu``: the Slurm release accepts ``shard`` → ``gpu`` on a held job
+    (``SlurmVersion.held_gres_across_names``).
+    """
     if not verdict.is_oom:
         return Action("none", verdict.reason)
     if job.state not in RECOVERABLE_STATES:
@@ -245,9 +254,24 @@ def decide(job: JobFacts, verdict: OomVerdict, cfg: Config, retries_used: int,
         return Action("stay_failed", f"GPU out of memory, not requeued: {why}", retry=spent, max_retries=limit,
                       user_message=f"gpushare: the job ran out of GPU memory ({family}) and was not requeued: "
                                    f"{why}.")
+    backed, evidence = corroboration
+    if not backed:
+        return Action("stay_failed", f"GPU out of memory reported but not corroborated, not requeued: {evidence}",
+                      retry=spent, max_retries=limit, learn=False,
+                      user_message=f"gpushare: the job's log reports a GPU out-of-memory error ({family}), but "
+                                   f"gpushare's own measurements do not confirm it ({evidence}); the job was not "
+                                   "re-run on a larger GPU share. Ask for more GPU memory and resubmit.")
+    budget = cfg.oom.max_recoveries_per_user_day
+    if budget and user_recoveries >= budget:
+        why = f"this user's jobs already got {user_recoveries} OOM recoveries in 24 hours"
+        return Action("stay_failed", f"GPU out of memory, not requeued: {why} "
+                                     f"([oom] max_recoveries_per_user_day = {budget})",
+                      retry=spent, max_retries=limit,
+                      user_message=f"gpushare: the job ran out of GPU memory ({family}) and was not requeued: {why}, "
+                                   "the daily limit. Ask for more GPU memory and resubmit.")
     retry = spent + 1
     oom = {"n": retry, "max": limit, "fam": family, "from": job.tres_per_node, "to": new_gres}
     return Action("requeue", f"GPU out of memory ({family}); requeue with {why}", new_gres=new_gres,
-                  nice=-cfg.oom.priority_boost, retry=retry, max_retries=limit, oom=oom,
-                  user_message=f"gpushare: the job ran out of GPU memory ({family}); requeued with {why} at raised "
-                               f"priority (recovery {retry} of {limit}).")
+                  nice=(job.nice or 0) - cfg.oom.priority_boost, retry=retry, max_retries=limit, oom=oom,
+                  user_message=f"gpushare: the job ran out of GPU memory ({family}); requeued with {why}, "
+                               f"eligible at once (recovery {retry} of {limit}).")

@@ -12,13 +12,17 @@ step never leaves a job held: if the GRES change is refused the job is still rel
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import logging.handlers
 import os
 import re
+import subprocess
 import sys
+import time
 from typing import Any, Callable, Mapping
 
+from gpushare.epilog.corroborate import corroborate
 from gpushare.epilog.executor import execute, finish, resume_unfinished, spawn_finisher
 from gpushare.epilog.ledger import FINAL_STATES, Ledger
 from gpushare.epilog.oom_detect import OomVerdict, TailError, append_note, classify, compile_patterns, read_tail
@@ -27,7 +31,8 @@ from gpushare.epilog.recovery import RECOVERABLE_STATES, Action, JobFacts, decid
 from gpushare.config import Config, load_config
 from gpushare.gpus import GiB
 from gpushare.slurm.client import SlurmClient, SlurmError, check_job_id
-from gpushare.slurm.jobs import Job
+from gpushare.slurm.hostlist import expand_hostlist, first_host
+from gpushare.slurm.jobs import Job, log_paths
 
 log = logging.getLogger("gpushare.epilog")
 
@@ -65,11 +70,72 @@ def _succeeded(env: Mapping[str, str]) -> bool:
     return quick.exit_code == 0 and quick.exit_signal == 0
 
 
-def handle(job_id: str, env: Mapping[str, str], client: SlurmClient, cfg: Config, ledger: Ledger,
-           finish_later: Callable[[str, int], None] | None = None) -> str:
-    """Decide and act for one job; returns what happened (for the log and tests)."""
+def _ran_on_no_gpu_node(env: Mapping[str, str], cfg: Config) -> bool:
+    """True when ``[[nodes]]`` lists the GPU nodes and none of the job's nodes (slurmctld's own
+    SLURM_JOB_NODELIST) is one of them: such a job cannot have run out of GPU memory."""
+    nodes = env.get("SLURM_JOB_NODELIST", "")
+    if not cfg.nodes or not nodes:
+        return False
+    try:
+        gpu_nodes = {name for group in cfg.nodes for name in expand_hostlist(group.names)}
+        return not gpu_nodes.intersection(expand_hostlist(nodes))
+    except ValueError:
+        return False
+
+
+def env_log_paths(env: Mapping[str, str]) -> tuple[str, ...] | None:
+    """The job's log paths from the hook's environment alone (patterns expanded as Slurm does); None when
+    the environment cannot tell (no working directory), so the caller asks Slurm."""
+    work_dir = env.get("SLURM_JOB_WORK_DIR", "")
+    job_id = env.get("SLURM_JOB_ID", "")
+    if not work_dir.startswith("/") or not job_id:
+        return None
+    array_job, array_task = env.get("SLURM_ARRAY_JOB_ID", ""), env.get("SLURM_ARRAY_TASK_ID", "")
+    job = Job(job_id=job_id, states=(), name=env.get("SLURM_JOB_NAME", ""), user_name=env.get("SLURM_JOB_USER", ""),
+              work_dir=work_dir, std_out=env.get("SLURM_JOB_STDOUT", ""), std_err=env.get("SLURM_JOB_STDERR", ""),
+              array_job_id=int(array_job) if array_job.isdigit() else None,
+              array_task_id=int(array_task) if array_task.isdigit() else None)
+    return log_paths(job, first_host(env.get("SLURM_JOB_NODELIST", "")))
+
+
+def prefilter(env: Mapping[str, str], cfg: Config) -> tuple[str | None, OomVerdict | None]:
+    """Cheap checks before any Slurm query, lock or ledger write: (why nothing is to be done, None) or
+    (None, the verdict on the logs read from the environment's paths, or None when it cannot tell).
+
+    Why: the hook runs for every job that ends. A 1,000-task CPU array exiting 1 must cost 1,000 quick
+    exits, not 1,000 full-queue queries (22.05 has no single-job JSON read)."""
     if _succeeded(env):
-        return "none: exited 0"  # the common case costs no Slurm call at all
+        return "none: exited 0", None  # the common case costs no Slurm call at all
+    if _ran_on_no_gpu_node(env, cfg):
+        return "none: ran on no GPU node", None
+    paths = env_log_paths(env)
+    if paths is None:
+        return None, None
+    quick = JobFacts.from_job(None, env)
+    verdict = detect(dataclasses.replace(quick, log_paths=paths), cfg)
+    if not verdict.is_oom:
+        return f"none: {verdict.reason}", None
+    return None, verdict
+
+
+def handle(job_id: str, env: Mapping[str, str], client: SlurmClient, cfg: Config, ledger: Ledger,
+           finish_later: Callable[[str, int], None] | None = None, slot_wait_s: float = 60.0,
+           resume_later: Callable[[float], None] | None = None) -> str:
+    """Decide and act for one job; returns what happened (for the log and tests)."""
+    skip, early = prefilter(env, cfg)
+    if skip is not None:
+        return skip
+    with ledger.slot(cfg.oom.max_concurrent_hooks, slot_wait_s) as got:
+        if not got:
+            log.error("job %s: %d hook runs busy for %.0f s; this job is left as Slurm left it", job_id,
+                      cfg.oom.max_concurrent_hooks, slot_wait_s)
+            return "skipped: too many hook runs at once"
+        return _handle_heavy(job_id, env, client, cfg, ledger, finish_later, early, resume_later)
+
+
+def _handle_heavy(job_id: str, env: Mapping[str, str], client: SlurmClient, cfg: Config, ledger: Ledger,
+                  finish_later: Callable[[str, int], None] | None, early: OomVerdict | None,
+                  resume_later: Callable[[float], None] | None = None) -> str:
     job = JobFacts.from_job(_job(client, job_id), env)
     log.info("job %s: state %s exit %s:%s restarts %s gres %r node %s", job.job_id, job.state, job.exit_code,
              job.exit_signal, job.restarts, job.tres_per_node, job.node)
@@ -85,15 +151,20 @@ def handle(job_id: str, env: Mapping[str, str], client: SlurmClient, cfg: Config
             return "busy: another run is handling this job"
         entry = ledger.get(job.job_id, job.restarts)
         if entry is None:
-            verdict = detect(job, cfg)
+            verdict = early if early is not None and _same_paths(early, job) else detect(job, cfg)
             for problem in verdict.problems:
                 log.warning("job %s: %s", job.job_id, problem)
             needs_types = "gpu:" in job.tres_per_node
             action = decide(job, verdict, cfg, ledger.retries_used(job.job_id),
-                            mig_types(client) if needs_types else None, whole_gpu_as_gpu=_gres_across_names(client))
+                            mig_types(client) if needs_types else None,
+                            corroborate(cfg, job.record, job.tres_per_node, job.job_id, job.restarts),
+                            ledger.user_recoveries(job.uid), whole_gpu_as_gpu=_gres_across_names(client))
             if action.kind == "none":
                 return f"none: {action.reason}"
-            _learn(job, cfg, client)
+            if action.learn:
+                _learn(job, cfg, client)
+            if action.kind == "requeue":
+                ledger.note_user_recovery(job.uid)
             entry = ledger.put(_entry(job, verdict, action))
             ledger.append_history({"job": job.job_id, "restarts": job.restarts, "event": action.kind,
                                    "reason": action.reason, "message": verdict.message})
@@ -102,6 +173,8 @@ def handle(job_id: str, env: Mapping[str, str], client: SlurmClient, cfg: Config
                 _tell_user(job, action.user_message, cfg)
                 return f"stay_failed: {action.reason}"
             log.warning("job %s: %s; matched: %s", job.job_id, action.reason, verdict.message)
+            if resume_later is not None:  # if this run dies part-way, a detached process finishes it
+                resume_later(RESUME_DELAY_S)
             outcome = execute(entry, client, ledger, finish_later)
             _tell_user(job, action.user_message if outcome.startswith("requeue") else "", cfg)
             return outcome
@@ -110,11 +183,17 @@ def handle(job_id: str, env: Mapping[str, str], client: SlurmClient, cfg: Config
         return execute(entry, client, ledger, finish_later)
 
 
+def _same_paths(verdict: OomVerdict, job: JobFacts) -> bool:
+    """The early verdict read the same files Slurm's record names (else read them again)."""
+    return verdict.source is None or verdict.source in job.log_paths
+
+
 def _learn(job: JobFacts, cfg: Config, client: SlurmClient) -> None:
     """Raise the cached estimate of this batch script (gpushare.epilog.learn); never fatal."""
     try:
         script = client.run("scontrol", "write", "batch_script", check_job_id(job.job_id), "-")
-        path = learn_from_oom(cfg, script, job.job_id, job.tres_per_node, whole_gpu_shards(cfg, job.node) * GiB)
+        path = learn_from_oom(cfg, script, job.job_id, job.tres_per_node, whole_gpu_shards(cfg, job.node) * GiB,
+                              job.uid)
         if path is not None:
             log.info("job %s: raised the cached estimate of its batch script (%s)", job.job_id, path.name)
     except Exception as exc:  # noqa: BLE001 - learning is a bonus; recovery must go on
@@ -198,8 +277,39 @@ def _client(cfg: Config) -> SlurmClient:
     return SlurmClient(conf_path=slurm_conf_for(cfg), bin_dir=cfg.oom.slurm_bin_dir or None)
 
 
+RESUME_DELAY_S = 45.0  # past resume_unfinished's 30 s minimum age: a live hook run is never raced
+
+
+def spawn_resumer(delay_s: float) -> None:
+    """A detached ``--resume DELAY`` process: finishes this recovery if the hook dies part-way and no
+    other job ends afterwards (an idle cluster). A slurmctld restart under systemd kills it with the
+    hook; etc/systemd/gpushare-oom-resume.timer covers that case."""
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    if "GPUSHARE_CONFIG" in os.environ:
+        env["GPUSHARE_CONFIG"] = os.environ["GPUSHARE_CONFIG"]
+    subprocess.Popen([sys.executable, "-m", "gpushare.epilog.slurmctld_epilog", "--resume", f"{delay_s:.0f}"],
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     start_new_session=True, close_fds=True, env=env, cwd="/")
+
+
+def run_resume(cfg: Config, client: SlurmClient | None = None, delay_s: float = 0.0,
+               min_age_s: float = 30.0) -> str:
+    """``--resume [DELAY]``: finish recoveries left half done, without waiting for another job to end."""
+    if delay_s > 0:
+        time.sleep(delay_s)
+    ledger = Ledger(cfg.oom.ledger_dir)
+    if not ledger.dir.is_dir():
+        return "resume: no ledger"
+    ledger.ensure()
+    pending = ledger.unfinished(min_age_s)
+    if pending:
+        resume_unfinished(client or _client(cfg), ledger, min_age_s=min_age_s)
+    return f"resume: {len(pending)} interrupted recover{'y' if len(pending) == 1 else 'ies'} looked at"
+
+
 def run(env: Mapping[str, str], client: SlurmClient | None = None, cfg: Config | None = None,
-        finish_later: Callable[[str, int], None] | None = spawn_finisher) -> str:
+        finish_later: Callable[[str, int], None] | None = spawn_finisher,
+        resume_later: Callable[[float], None] | None = None) -> str:
     """The hook's work with injectable client and config (tests); raises on our own errors."""
     job_id = check_job_id(env.get("SLURM_JOB_ID", ""))
     cfg = cfg or load_config()
@@ -207,9 +317,13 @@ def run(env: Mapping[str, str], client: SlurmClient | None = None, cfg: Config |
     if _succeeded(env) and not ledger.dir.is_dir():
         return "none: exited 0"  # no ledger yet, so nothing to resume: create nothing for a good job
     ledger.ensure()
+    try:
+        ledger.prune(cfg.oom.retention_days * 86400)
+    except OSError as exc:
+        log.warning("ledger not pruned: %s", exc)
     client = client or _client(cfg)
     resume_unfinished(client, ledger, skip=job_id)
-    return handle(job_id, env, client, cfg, ledger, finish_later)
+    return handle(job_id, env, client, cfg, ledger, finish_later, resume_later=resume_later)
 
 
 def run_finisher(key: str, cfg: Config, client: SlurmClient | None = None, wait_s: float = 120.0) -> str:
@@ -239,8 +353,11 @@ def main(argv: list[str] | None = None) -> int:
         if len(args) == 2 and args[0] == "--finish":
             job = args[1][:24]
             outcome = run_finisher(args[1], cfg)
+        elif args and args[0] == "--resume":
+            job = "-"
+            outcome = run_resume(cfg, delay_s=float(args[1]) if len(args) > 1 else 0.0)
         else:
-            outcome = run(os.environ, cfg=cfg)
+            outcome = run(os.environ, cfg=cfg, resume_later=spawn_resumer)
         log.info("job %s: %s", job, outcome)
     except Exception as exc:  # noqa: BLE001 - STYLE #10: never fail the job on our account
         log.exception("job %s: OOM recovery failed: %s", job, exc)

@@ -15,8 +15,8 @@ Stopping: after the N-th step's post-hook a private ``BaseException`` unwinds th
 ``except Exception`` cannot swallow it. A framework that catches ``BaseException`` around training
 (Lightning's teardown moves the module back to the CPU and re-raises whatever it met) may turn the stop
 into another error or swallow it; ``stop_raised`` records that the capture was complete before that, so
-the caller (estimator_cli/capture.py) keeps the capture instead of reporting the teardown's error. Frees during that unwinding are not recorded (the recorder stops
-first), so what is alive at the stop is what would be alive on the GPU at that point.
+the caller (estimator_cli/capture.py) keeps the capture instead of reporting the teardown's error. Frees
+during that unwinding are not recorded (the recorder stops first), so what is alive at the stop is what would be alive on the GPU at that point.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from typing import Any, Callable, Protocol
 import torch
 from torch.nn.modules import module as module_mod
 from torch.optim import optimizer as optimizer_mod
-from torch.utils.weak import WeakIdKeyDictionary
 
 from gpushare.estimator_cli.events import Kind, Phase
 

@@ -34,7 +34,8 @@ def target_json(est: TargetEstimate) -> TargetJson:
 
 def build_document(*, estimates: list[TargetEstimate], script: str, args: list[str], mode: str,
                    requested_mode: str, fallback_reason: str | None, iterations: int, requested_iterations: int,
-                   stopped: bool, item_placeholders: int, value_reads: dict[str, dict[str, int]], elapsed_s: float, torch_version: str, cache_key: str,
+                   stopped: bool, item_placeholders: int, value_reads: dict[str, dict[str, int]], elapsed_s: float,
+                   torch_version: str, cache_key: str,
                    allocator_config: str, tool_version: str, capture_process: str,
                    capture_process_note: str | None, dependencies: list[dict[str, str]]) -> dict[str, Any]:
     doc: dict[str, Any] = {

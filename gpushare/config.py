@@ -94,7 +94,15 @@ class SubmitSection:
     """The job_submit shim and the gpushare-submitd service behind it."""
 
     socket: str = _opt("/run/gpushare/submitd.sock", None, "unix socket the Lua shim connects to")
-    timeout_ms: int = _opt(250, _between(5, 10000), "shim deadline; past it the job is accepted unchanged")
+    peer_uids: list = _opt([], lambda v: None if all(not isinstance(u, bool) and str(u).isdigit() for u in v)
+                           else "expects uids (non-negative integers)",
+                           "uids besides root and the service's own that may connect (SlurmUser if different)")
+    timeout_ms: int = _opt(250, _between(5, 1000),
+                           "shim deadline; past it the job is accepted unchanged (at most 1 s: slurmctld holds its "
+                           "job write lock meanwhile)")
+    breaker_timeouts: int = _opt(3, _between(1, 1000),
+                                 "deadlines in a row after which the shim skips the service for breaker_open_s")
+    breaker_open_s: int = _opt(30, _between(1, 3600), "how long the shim skips a service that keeps timing out")
     on_bad_directive: str = _opt("accept", _one_of("accept", "reject"),
                                  "a malformed #GPUSHARE directive: accept unchanged, or reject the job")
     max_script_bytes: int = _opt(65536, _between(1024, 16 << 20), "how much of a batch script is scanned")
@@ -122,6 +130,8 @@ class EstimationSection:
     poll_s: float = _opt(2.0, _between(0.1, 600.0), "how often held jobs and estimation jobs are checked")
     spool_dir: str = _opt("/var/lib/gpushare/estimation", None,
                           "per-job directories (owned by the user) where estimation results land")
+    spool_max_mib_per_user: int = _opt(256, _between(1, 1 << 20),
+                                       "a user's spool directories beyond this are removed, oldest first")
     command: str = _opt("", None, "estimator executable; empty: gpu-estimate next to the service's Python")
 
 
@@ -158,7 +168,20 @@ class OomSection:
                                 "extra regular expressions (Python syntax) that mark a log line as a GPU OOM")
     max_retries: int = _opt(1, _between(0, 10), "exclusive re-runs per job after a GPU OOM; 0 turns recovery off")
     tail_bytes: int = _opt(65536, _between(1024, 16 << 20), "how much of the end of each job log is read")
-    priority_boost: int = _opt(10000, _between(0, 1 << 30), "negative nice given to a recovered job")
+    priority_boost: int = _opt(0, _between(0, 1 << 30),
+                               "extra negative nice for a recovered job on top of its own; 0: it only gets its "
+                               "queue position back")
+    corroborate: str = _opt("yes", _one_of("yes", "no"),
+                            "yes: the larger re-run needs a gpushare 'shared' decision and measured GPU memory "
+                            "near the share; no: the log message alone suffices (trusted users only)")
+    corroborate_fraction: float = _opt(0.8, _between(0.1, 1.0),
+                                       "measured peak at least this share of the job's GPU memory backs an OOM")
+    max_recoveries_per_user_day: int = _opt(5, _between(0, 1000000),
+                                            "OOM requeues per user in any 24 hours; 0: no limit")
+    max_concurrent_hooks: int = _opt(4, _between(1, 1024),
+                                     "hook runs doing Slurm queries at once; the others wait (failed jobs only)")
+    retention_days: float = _opt(30.0, _between(1.0, 3650.0),
+                                 "finished ledger entries and history older than this are pruned")
     read_timeout_s: float = _opt(10.0, _between(0.5, 300.0), "limit on reading one job log (slow file systems)")
     ledger_dir: str = _opt("/var/lib/gpushare/oom-ledger", None, "where recovery decisions are recorded")
     slurm_bin_dir: str = _opt("", None, "directory holding scontrol; empty: /usr/bin, /usr/local/bin, ...")
@@ -235,6 +258,10 @@ class MigSection:
     cap_device_major: int = _opt(0, _between(0, 4095),
                                  "create missing nvidia-cap devices with this major; 0: the driver does")
     partitions: list = _opt([], None, "partitions whose pending jobs count as MIG demand; empty: all")
+    demand_min_age_s: float = _opt(300.0, _between(0.0, 86400.0),
+                                   "a pending job counts as MIG demand only after waiting this long")
+    demand_max_per_user: int = _opt(7, _between(0, 1000),
+                                    "MIG instances one user's pending jobs can ask a reshape for; 0: no cap")
 
 
 @dataclass

@@ -8,7 +8,8 @@ jobs' own requests (``tres_per_node`` in ``squeue --json``) say which profiles a
 Job fields are written by users and read here by a root daemon, so they are treated as hostile: only
 the structured state, reason, partition, priority, submit time, id and GRES requests of each
 :class:`~gpushare.slurm.jobs.Job` are read; a GRES item must match a strict pattern and name a profile of
-this node's GPU model; counts are capped. Only jobs waiting for resources count: a held job
+this node's GPU model; counts are capped, per job and per user, and a job counts only after a minimum
+time pending. Only jobs waiting for resources count: a held job
 (``JobHeldUser``, priority 0) or one waiting on a dependency or a begin time would otherwise let any user
 force reshapes that nobody runs on.
 """
@@ -16,6 +17,7 @@ force reshapes that nobody runs on.
 from __future__ import annotations
 
 import re
+import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -61,12 +63,21 @@ def waits_for_resources(job: Job) -> bool:
     return job.pending and not job.held and job.reason.startswith(_WAITING_FOR_RESOURCES)
 
 
-def pending_wants(jobs: Iterable[Job], profiles: Iterable[str], partitions: Sequence[str] = ()) -> list[Want]:
-    """Wanted instances from jobs waiting for resources, highest priority (then oldest) first."""
+def pending_wants(jobs: Iterable[Job], profiles: Iterable[str], partitions: Sequence[str] = (),
+                  min_age_s: float = 0.0, max_per_user: int = 0, now: float | None = None) -> list[Want]:
+    """Wanted instances from jobs waiting for resources, highest priority (then oldest) first.
+
+    ``min_age_s``: a job counts only once it has been pending that long (a job submitted and cancelled
+    in between reshape checks, to drain the node, is no demand). ``max_per_user`` (0: no cap): at most
+    that many wanted instances per user, so one user cannot make a node's whole layout theirs.
+    """
     names = tuple(profiles)
+    now = time.time() if now is None else now
     rows = []
     for job in jobs:
         if not waits_for_resources(job):
+            continue
+        if min_age_s > 0 and (job.submit_time is None or now - job.submit_time < min_age_s):
             continue
         if partitions and not ({p for p in job.partition.split(",") if p} & set(partitions)):
             continue
@@ -74,10 +85,18 @@ def pending_wants(jobs: Iterable[Job], profiles: Iterable[str], partitions: Sequ
         if not asked:
             continue
         key = (-(job.priority or 0), job.submit_time or 0)
-        rows.append((key, job.job_id[:20], asked))
+        rows.append((key, job.job_id[:20], asked, job.user_id))
     rows.sort(key=lambda r: r[0])
-    return [Want(name, job_id) for _, job_id, asked in rows for name, n in sorted(asked.items())
-            for _ in range(n)]
+    per_user: Counter[int | None] = Counter()
+    wants = []
+    for _, job_id, asked, user in rows:
+        for name, n in sorted(asked.items()):
+            for _ in range(n):
+                if max_per_user and per_user[user] >= max_per_user:
+                    break
+                per_user[user] += 1
+                wants.append(Want(name, job_id))
+    return wants
 
 
 def held_profiles(running: Mapping[str, Counter[str]]) -> Counter[str]:

@@ -16,9 +16,13 @@ Both files are written atomically (same directory, fsync, rename).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import re
 import stat
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from gpushare.atomic import write_text_atomic
@@ -84,8 +88,38 @@ def replace_node_gres(text: str, node: str, gres: str) -> str:
     return "\n".join(out) + "\n"
 
 
+@contextlib.contextmanager
+def conf_lock(slurm_conf: Path, timeout_s: float = 120.0) -> Iterator[None]:
+    """Exclusive lock for read-modify-write of the cluster's slurm.conf and gres.conf.
+
+    Why a file beside slurm.conf: the per-node journal lock does not stop two nodes' reshapes that
+    share one slurm.conf (a shared /etc/slurm) from reading the same text and each writing back only
+    its own ``Gres=`` edit. The files themselves are replaced by rename, so their inode cannot carry
+    the lock; ``.<name>.gpushare.lock`` beside them is seen by every writer of that file."""
+    path = slurm_conf.with_name(f".{slurm_conf.name}.gpushare.lock")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise GresFileError(f"{path}: held by another reshape for {timeout_s:.0f} s") from None
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)
+
+
 def rewrite_node_gres(slurm_conf: Path, gres_conf: Path, node: str, lines: list[str], gres: str) -> bool:
-    """Apply both edits; returns whether anything changed (assert-then-apply: no write when equal)."""
+    """Apply both edits under :func:`conf_lock`; returns whether anything changed (no write when equal)."""
+    with conf_lock(slurm_conf):
+        return _rewrite_node_gres(slurm_conf, gres_conf, node, lines, gres)
+
+
+def _rewrite_node_gres(slurm_conf: Path, gres_conf: Path, node: str, lines: list[str], gres: str) -> bool:
     old_slurm = slurm_conf.read_text(encoding="utf-8")
     old_gres = gres_conf.read_text(encoding="utf-8") if gres_conf.exists() else ""
     new_slurm = replace_node_gres(old_slurm, node, gres)

@@ -26,27 +26,38 @@ class EstimateUnavailable(ValueError):
 
 
 def read_user_file(path: str, work_dir: str | None, uid: int, max_bytes: int) -> bytes:
-    """Read a small regular file owned by ``uid`` without following a final symlink."""
+    """Read a small regular file owned by ``uid`` without following a final symlink.
+
+    Why ``O_PATH`` first: this runs with the service's privileges on a path the user chose. Opening it for
+    reading would already act (a device's open side effects, a FIFO's writer released), so the path is
+    only *looked up* (``O_PATH|O_NOFOLLOW``), checked on that descriptor (regular, the user's, small), and
+    re-opened for reading through it (same inode) only then. Every refusal is the same message, so the
+    answer never tells a user whether a path they cannot see exists.
+    """
+    refused = EstimateUnavailable(f"estimate={path[:200]}: not usable (it must be a regular file that you own, "
+                                  f"at most {max_bytes} bytes, not a symbolic link)")
     target = Path(path)
     if not target.is_absolute():
         if not work_dir:
-            raise EstimateUnavailable(f"estimate={path}: relative path and no working directory")
+            raise EstimateUnavailable(f"estimate={path[:200]}: relative path and no working directory")
         target = Path(work_dir) / target
     try:
-        fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise EstimateUnavailable(f"estimate={path}: cannot open ({exc.strerror})") from None
-    except ValueError:  # NUL byte in the path
-        raise EstimateUnavailable("estimate=: path contains a NUL byte") from None
+        handle = os.open(target, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except (OSError, ValueError):  # ValueError: a NUL byte in the path
+        raise refused from None
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise EstimateUnavailable(f"estimate={path}: not a regular file")
-        if uid >= 0 and info.st_uid != uid:
-            raise EstimateUnavailable(f"estimate={path}: must be owned by the submitting user")
-        if info.st_size > max_bytes:
-            raise EstimateUnavailable(f"estimate={path}: larger than {max_bytes} bytes")
+        info = os.fstat(handle)
+        if not stat.S_ISREG(info.st_mode) or (uid >= 0 and info.st_uid != uid) or info.st_size > max_bytes:
+            raise refused
+        fd = os.open(f"/proc/self/fd/{handle}", os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        raise refused from None
+    finally:
+        os.close(handle)
+    try:
         return os.read(fd, max_bytes + 1)[:max_bytes]
+    except OSError:
+        raise refused from None
     finally:
         os.close(fd)
 
@@ -83,14 +94,22 @@ def peak_total_from_json(document: Any, gpu_names: list[str]) -> tuple[int, str]
     return best
 
 
-def script_cache_key(script: str) -> str:
-    """Cache key of a batch script: what ``gpu-estimate --annotate`` stores estimates under."""
-    return hashlib.sha256(script.encode("utf-8", "surrogateescape")).hexdigest()
+def script_cache_key(script: str, uid: int) -> str:
+    """Cache key of one user's batch script: ``<uid>.<sha256 of the script>``.
+
+    Why the uid: the cache learns from OOMs (gpushare.epilog.learn); keyed by the script alone, one user's
+    (possibly faked) OOM would resize another user's identical script."""
+    if not isinstance(uid, int) or isinstance(uid, bool) or uid < 0:
+        raise ValueError(f"bad uid {uid!r}")
+    return f"{uid}.{hashlib.sha256(script.encode('utf-8', 'surrogateescape')).hexdigest()}"
 
 
-def cache_lookup(cfg: Config, script: str, gpu_names: list[str]) -> Estimate | None:
-    """An estimate cached for this exact batch script, if one exists and parses."""
-    path = Path(cfg.submit.cache_dir) / "by-script" / f"{script_cache_key(script)}.json"
+def cache_lookup(cfg: Config, script: str, gpu_names: list[str], uid: int) -> Estimate | None:
+    """An estimate cached for this exact batch script of this user, if one exists and parses."""
+    try:
+        path = Path(cfg.submit.cache_dir) / "by-script" / f"{script_cache_key(script, uid)}.json"
+    except ValueError:
+        return None
     try:
         document = json.loads(path.read_bytes()[: cfg.submit.max_estimate_file_bytes])
         total, gpu = peak_total_from_json(document, gpu_names)
@@ -112,4 +131,4 @@ def find_estimate(cfg: Config, directives: Directives, script: str, work_dir: st
             raise EstimateUnavailable(f"estimate={directives.estimate_path}: not JSON") from None
         total, gpu = peak_total_from_json(document, gpu_names)
         return Estimate(total, "directive:estimate", f"{Path(directives.estimate_path).name} for {gpu}")
-    return cache_lookup(cfg, script, gpu_names)
+    return cache_lookup(cfg, script, gpu_names, uid)

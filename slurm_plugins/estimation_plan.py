@@ -119,6 +119,12 @@ def plan(held: list[HeldJob], estimations: dict[int, EstimationJob], now: float,
         if est.state in ACTIVE_STATES and est.job_id in named:
             counts.per_user[est.user_id] = counts.per_user.get(est.user_id, 0) + 1
             counts.total += 1
+    # An estimation job of ours that no record names yet but whose held job is waiting: the service was
+    # killed between its sbatch and writing est_job into the record. It is adopted, never duplicated.
+    unattached: dict[int, int] = {}  # held job -> the first (lowest) such estimation job
+    for candidate in sorted(estimations.values(), key=lambda e: e.job_id):
+        if candidate.ours and candidate.state in ACTIVE_STATES and candidate.job_id not in named:
+            unattached.setdefault(candidate.for_job, candidate.job_id)
     by_key: dict[str, int] = {}  # key -> est job already serving it
     for job in held:
         if job.est_job is not None and job.key:
@@ -143,6 +149,14 @@ def plan(held: list[HeldJob], estimations: dict[int, EstimationJob], now: float,
             why = job.command.reason if isinstance(job.command, NotFound) else "batch script not readable"
             actions.append(fallback(job, why, now, cfg))
             continue
+        if job.job_id in unattached:
+            adopted = unattached[job.job_id]
+            actions.append(Attach(job.job_id, adopted, dict(job.record, est_job=adopted)))
+            referenced.add(adopted)
+            by_key.setdefault(job.key, adopted)
+            counts.total += 1
+            counts.per_user[job.user_id] = counts.per_user.get(job.user_id, 0) + 1
+            continue
         if job.key in by_key:
             actions.append(Attach(job.job_id, by_key[job.key], dict(job.record, est_job=by_key[job.key])))
             referenced.add(by_key[job.key])
@@ -160,8 +174,11 @@ def plan(held: list[HeldJob], estimations: dict[int, EstimationJob], now: float,
         counts.per_user[job.user_id] = counts.per_user.get(job.user_id, 0) + 1
     held_ids = {j.job_id for j in held}
     for est in estimations.values():
-        if est.ours and est.state in ACTIVE_STATES and est.job_id not in referenced and est.for_job not in held_ids:
-            actions.append(Cancel(est.job_id, f"job {est.for_job} no longer waits for it"))
+        if est.ours and est.state in ACTIVE_STATES and est.job_id not in referenced:
+            if est.for_job not in held_ids:
+                actions.append(Cancel(est.job_id, f"job {est.for_job} no longer waits for it"))
+            elif est.job_id not in named and unattached.get(est.for_job) != est.job_id:  # a second orphan
+                actions.append(Cancel(est.job_id, f"job {est.for_job} already has an estimation job"))
     for action in actions:  # watchdog releases: stop their estimation unless another job still waits on it
         if isinstance(action, Release) and action.outcome == "fallback" and action.record.get("est_job"):
             est_id = action.record["est_job"]

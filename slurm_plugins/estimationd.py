@@ -18,6 +18,7 @@ import json
 import logging
 import math
 import os
+import re
 import shlex
 import shutil
 import stat
@@ -45,6 +46,27 @@ log = logging.getLogger("gpushare.estimationd")
 _EXIT_REASONS = {2: "gpu-estimate usage error", 3: "the training script failed under gpu-estimate",
                  4: "gpu-estimate hit its time or memory limit", 5: "gpu-estimate cannot estimate this script",
                  90: "the job's working directory is not accessible to its user"}
+
+
+_SPOOL_NAME_RE = re.compile(r"^(\d{1,12})-(\d{1,12})$")
+MAX_SPOOL_ENTRIES = 10000  # a directory with more entries than this counts as over any size limit
+
+
+def spool_usage(directory: Path) -> int:
+    """Bytes under ``directory`` (symlinks not followed); a tree with more than MAX_SPOOL_ENTRIES entries
+    counts as infinitely large, so walking a hostile tree stays bounded."""
+    total, seen, stack = 0, 0, [directory]
+    while stack:
+        with os.scandir(stack.pop()) as listing:
+            for item in listing:
+                seen += 1
+                if seen > MAX_SPOOL_ENTRIES:
+                    return 1 << 62
+                info = item.stat(follow_symlinks=False)
+                total += info.st_blocks * 512
+                if stat.S_ISDIR(info.st_mode):
+                    stack.append(Path(item.path))
+    return total
 
 
 def cluster_gpu_names(cfg: Config) -> list[str]:
@@ -135,8 +157,11 @@ class EstimationService:
 
     # --- applying actions -------------------------------------------------------------------------
     def prune_spool(self) -> None:
-        """Remove result directories older than twice the watchdog: their jobs are long released.
+        """Remove result directories whose job was submitted more than twice the watchdog ago, and a
+        user's oldest directories while that user's spool use is over ``spool_max_mib_per_user``.
 
+        Why by name, not mtime: the directory belongs to the user, who can set any mtime (a future one kept
+        it forever); its name ``<job>-<submit time>`` is root's own record, written when root created it.
         ``shutil.rmtree`` works on directory descriptors on Linux, so a user's symlinks inside their own
         directory cannot redirect root's deletion elsewhere.
         """
@@ -146,13 +171,33 @@ class EstimationService:
             entries = list(spool.iterdir())
         except OSError:
             return
+        kept: dict[int, list[tuple[int, int, Path]]] = {}
         for entry in entries:
+            match = _SPOOL_NAME_RE.match(entry.name)
             try:
                 info = entry.lstat()
-                if stat.S_ISDIR(info.st_mode) and info.st_mtime < cutoff:
+                if not match or not stat.S_ISDIR(info.st_mode):
+                    continue
+                created = int(match.group(2))
+                if created < cutoff:
                     shutil.rmtree(entry)
+                    continue
+                kept.setdefault(info.st_uid, []).append((created, spool_usage(entry), entry))
             except OSError as exc:
                 log.warning("spool %s not pruned: %s", entry, exc)
+        limit = self.cfg.estimation.spool_max_mib_per_user * MiB
+        for uid, dirs in kept.items():
+            total = sum(size for _, size, _ in dirs)
+            for _, size, entry in sorted(dirs):
+                if total <= limit:
+                    break
+                log.warning("spool of uid %s uses %d MiB (limit %d MiB); removing %s", uid, total // MiB,
+                            limit // MiB, entry.name)
+                try:
+                    shutil.rmtree(entry)
+                    total -= size
+                except OSError as exc:
+                    log.warning("spool %s not pruned: %s", entry, exc)
 
     def tick(self) -> list[Action]:
         self._ticks += 1

@@ -10,6 +10,14 @@ local SOCKET_PATH = "@SOCKET_PATH@"
 local DEADLINE_S = @DEADLINE_S@
 local MAX_SCRIPT_BYTES = @MAX_SCRIPT_BYTES@
 local SHARED_FEATURE = "@SHARED_FEATURE@" -- node feature shared jobs need; empty: no withholding
+-- Circuit breaker: after BREAKER_TIMEOUTS deadlines in a row the service is skipped (jobs accepted
+-- unchanged at once) for BREAKER_OPEN_S, then tried again. Why: a hung or overloaded service would
+-- otherwise cost every GPU job the full deadline while slurmctld holds its job write lock. The state
+-- lives in this Lua state, which slurmctld keeps between calls.
+local BREAKER_TIMEOUTS = @BREAKER_TIMEOUTS@
+local BREAKER_OPEN_S = @BREAKER_OPEN_S@
+local timeouts_in_a_row = 0
+local skip_until = 0
 
 local have_socket, socket = pcall(require, "socket")
 local have_unix, unix = pcall(require, "socket.unix")
@@ -43,10 +51,17 @@ local function mentions_gpu(value)
 		or string.find(value, "mps", 1, true) ~= nil
 end
 
-local function ask(request)
-	if not (have_socket and have_unix) then
-		return nil, "lua-socket is not installed"
+local function timed_out(err)
+	timeouts_in_a_row = timeouts_in_a_row + 1
+	if timeouts_in_a_row >= BREAKER_TIMEOUTS then
+		skip_until = socket.gettime() + BREAKER_OPEN_S
+		slurm.log_error("gpushare: %d submit service timeouts in a row; skipping it for %d s", timeouts_in_a_row,
+			BREAKER_OPEN_S)
 	end
+	return nil, err
+end
+
+local function ask_service(request)
 	local new_stream = unix.stream or unix
 	local conn = new_stream()
 	local deadline = socket.gettime() + DEADLINE_S
@@ -54,11 +69,17 @@ local function ask(request)
 	local ok, err = conn:connect(SOCKET_PATH)
 	if not ok then
 		conn:close()
+		if err == "timeout" then
+			return timed_out("connect " .. SOCKET_PATH .. ": timeout")
+		end
 		return nil, "connect " .. SOCKET_PATH .. ": " .. tostring(err)
 	end
 	ok, err = conn:send(request)
 	if not ok then
 		conn:close()
+		if err == "timeout" then
+			return timed_out("send: timeout")
+		end
 		return nil, "send: " .. tostring(err)
 	end
 	local reply = {}
@@ -66,12 +87,15 @@ local function ask(request)
 		local left = deadline - socket.gettime()
 		if left <= 0 then
 			conn:close()
-			return nil, "no complete reply within the deadline"
+			return timed_out("no complete reply within the deadline")
 		end
 		conn:settimeout(left)
 		local line, receive_err = conn:receive("*l")
 		if not line then
 			conn:close()
+			if receive_err == "timeout" then
+				return timed_out("receive: timeout")
+			end
 			return nil, "receive: " .. tostring(receive_err)
 		end
 		if line == "end" then
@@ -85,7 +109,20 @@ local function ask(request)
 		reply[key] = value
 	end
 	conn:close()
+	timeouts_in_a_row = 0
 	return reply
+end
+
+local function ask(request)
+	if not (have_socket and have_unix) then
+		return nil, "lua-socket is not installed"
+	end
+	local now = socket.gettime()
+	if now < skip_until then
+		return nil, string.format("service skipped for %.0f s more after %d timeouts in a row", skip_until - now,
+			timeouts_in_a_row)
+	end
+	return ask_service(request)
 end
 
 -- A job we made shared must land on a node whose agent keeps SHARED_FEATURE active (docs/agent.md):

@@ -31,8 +31,21 @@ _PYTHON_RE = re.compile(r"^(?:.*/)?python(?:\d+(?:\.\d+)?)?$")
 _ASSIGN_RE = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(\S*)\s*$")
 _VAR_RE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
 _OPERATORS = {";", "&&", "||", "|", "&", ">", ">>", "<", "<<", ">&", "&>", "2>", "2>>", "(", ")", "|&"}
+_CANDIDATE_RE = re.compile(r"python|torchrun|accelerate")  # every recognised launcher names one of these
 _PREFIX_WORDS = {"exec", "time", "nohup", "command", "stdbuf"}
 _DISTRIBUTED_MODULES = {"torch.distributed.run", "torch.distributed.launch"}
+
+# Bounds on what a batch script can make this (privileged, per-request) code build. Why: ``A=<30 KB>``
+# then ``python t.py $A$A…`` once expanded to ~0.5 GB in one request. A real training command is a few
+# hundred bytes; anything past these limits is refused before it is built.
+MAX_WORD_BYTES = 4096  # one expanded argument
+MAX_COMMAND_BYTES = 8192  # the script path plus all its expanded arguments
+MAX_WORDS = 512  # arguments of one command
+MAX_CANDIDATES = 32  # launcher lines tokenised (the last ones: the last wins); earlier ones only counted
+
+
+class _TooLong(ValueError):
+    """An expansion went past MAX_WORD_BYTES / MAX_COMMAND_BYTES (detected before it is built)."""
 
 # Options that take no value, per launcher; any other option without "=" consumes the next word.
 _PYTHON_VALUE_OPTS = {"-W", "-X", "--check-hash-based-pycs"}
@@ -77,10 +90,20 @@ def find_training_command(batch_script: str, directive_script: str | None = None
     variables: dict[str, str] = {}
     candidates: list[TrainingCommand] = []
     skipped: list[str] = []
-    for line in _logical_lines(batch_script[:max_bytes]):
+    lines = _logical_lines(batch_script[:max_bytes])
+    launchers = [index for index, line in enumerate(lines) if _CANDIDATE_RE.search(line.text)]
+    examined = set(launchers[-MAX_CANDIDATES:])  # tokenising is the costly part: bounded per request
+    if len(launchers) > MAX_CANDIDATES:
+        skipped.append(f"{len(launchers)} launcher-like lines; only the last {MAX_CANDIDATES} examined")
+    for index, line in enumerate(lines):
         assign = _ASSIGN_RE.match(line.text)
         if assign:
             variables[assign.group(1)] = assign.group(2).strip("'\"")
+            continue
+        if index not in examined:
+            continue  # cheap: most lines of a batch script are never tokenised
+        if len(line.text) > 2 * MAX_COMMAND_BYTES:  # no command that long is usable: skip, never tokenise
+            skipped.append(f"line {line.number}: longer than {2 * MAX_COMMAND_BYTES} bytes")
             continue
         try:
             line.words = _split(line.text)
@@ -115,8 +138,27 @@ def _with_note(command: TrainingCommand, note: str) -> TrainingCommand:
     return TrainingCommand(command.script, command.args, command.how, command.line, (*command.notes, note))
 
 
+_RELEVANT_LINE_RE = re.compile(r"^[^\n]*(?:=|python|torchrun|accelerate)[^\n]*$", re.MULTILINE)
+
+
 def _logical_lines(text: str) -> list[_Line]:
-    """Join backslash continuations; drop comments, blank lines and here-doc bodies are kept as is."""
+    """Join backslash continuations; drop comments, blank lines and here-doc bodies are kept as is.
+
+    Without continuations only lines that can matter (an assignment or a launcher) are built, found by
+    one regular-expression scan: 64 KiB of short junk lines then costs a few milliseconds."""
+    if "\\\n" not in text and "\\\r" not in text:
+        lines, number, position = [], 1, 0
+        for match in _RELEVANT_LINE_RE.finditer(text):
+            number += text.count("\n", position, match.start())
+            position = match.start()
+            stripped = match.group(0).strip()
+            if stripped and not stripped.startswith("#"):
+                lines.append(_Line(number, stripped))
+        return lines
+    return _logical_lines_joined(text)
+
+
+def _logical_lines_joined(text: str) -> list[_Line]:
     lines: list[_Line] = []
     pending = ""
     start = 0
@@ -203,31 +245,57 @@ def _skip_options(words: list[str], flags: set[str]) -> list[str]:
 def _script_after(line: _Line, words: list[str], how: str, variables: dict[str, str]) -> TrainingCommand | NotFound:
     if not words:
         return NotFound(f"{how} without a script")
-    script, notes = _expand(words[0], variables)
+    if len(words) > MAX_WORDS:
+        return NotFound(f"{how} line has more than {MAX_WORDS} arguments")
+    budget = [MAX_COMMAND_BYTES]
+    try:
+        script, notes = _expand(words[0], variables, budget)
+        args = []
+        all_notes = list(notes)
+        for word in words[1:]:
+            value, word_notes = _expand(word, variables, budget)
+            args.append(value)
+            all_notes.extend(word_notes)
+    except _TooLong as exc:
+        return NotFound(f"the command on line {line.number} {exc}")
     if "$" in script:
         return NotFound(f"script path {words[0][:60]!r} uses an unknown variable")
     if not script.endswith(".py"):
         return NotFound(f"{script[:60]!r} is not a .py file")
-    args = []
-    all_notes = list(notes)
-    for word in words[1:]:
-        value, word_notes = _expand(word, variables)
-        args.append(value)
-        all_notes.extend(word_notes)
     return TrainingCommand(script, tuple(args), how, line.number, tuple(dict.fromkeys(all_notes)))
 
 
-def _expand(word: str, variables: dict[str, str]) -> tuple[str, list[str]]:
+def _expand(word: str, variables: dict[str, str], budget: list[int]) -> tuple[str, list[str]]:
+    """``word`` with known variables substituted; raises _TooLong *before* building a word longer than
+    MAX_WORD_BYTES or going past what is left of the command's ``budget`` (a one-item list, shared)."""
     notes: list[str] = []
-
-    def replace(match: re.Match[str]) -> str:
+    parts: list[str] = []
+    size = 0
+    position = 0
+    for match in _VAR_RE.finditer(word):
         name = match.group(1) or match.group(2)
         if name in variables:
-            return variables[name]
-        notes.append(f"${name} left unresolved")
-        return match.group(0)
-
-    return _VAR_RE.sub(replace, word), notes
+            value = variables[name]
+        else:
+            notes.append(f"${name} left unresolved")
+            value = match.group(0)
+        for piece in (word[position:match.start()], value):
+            size += len(piece)
+            if size > MAX_WORD_BYTES:
+                raise _TooLong(f"expands a word past {MAX_WORD_BYTES} bytes")
+            if size > budget[0]:
+                raise _TooLong(f"expands past {MAX_COMMAND_BYTES} bytes")
+            parts.append(piece)
+        position = match.end()
+    tail = word[position:]
+    size += len(tail)
+    if size > MAX_WORD_BYTES:
+        raise _TooLong(f"expands a word past {MAX_WORD_BYTES} bytes")
+    if size > budget[0]:
+        raise _TooLong(f"expands past {MAX_COMMAND_BYTES} bytes")
+    parts.append(tail)
+    budget[0] -= size
+    return "".join(parts), notes
 
 
 def describe(command: TrainingCommand) -> str:

@@ -38,7 +38,9 @@ def render_lua(cfg: Config) -> str:
     return (template.replace("@SOCKET_PATH@", socket_path)
             .replace("@DEADLINE_S@", f"{cfg.submit.timeout_ms / 1000:.3f}")
             .replace("@MAX_SCRIPT_BYTES@", str(cfg.submit.max_script_bytes))
-            .replace("@SHARED_FEATURE@", shared_feature(cfg)))
+            .replace("@SHARED_FEATURE@", shared_feature(cfg))
+            .replace("@BREAKER_TIMEOUTS@", str(cfg.submit.breaker_timeouts))
+            .replace("@BREAKER_OPEN_S@", str(int(cfg.submit.breaker_open_s))))
 
 
 def shared_feature(cfg: Config) -> str:

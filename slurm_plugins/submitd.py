@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import socketserver
+import struct
 import sys
 import threading
 import time
@@ -25,7 +26,7 @@ from gpushare.config import Config, ConfigError, load_config
 from gpushare.slurm_plugins.decision import Decision, SubmitRequest, decide
 from gpushare.slurm_plugins.directives import parse_directives
 from gpushare.slurm_plugins.estimate_source import EstimateUnavailable, find_estimate
-from gpushare.slurm_plugins.estimationd import EstimationService, start_thread
+from gpushare.slurm_plugins.estimation_process import Supervisor
 from gpushare.slurm_plugins.protocol import ProtocolError, decode_request, encode_reply
 
 log = logging.getLogger("gpushare.submitd")
@@ -54,6 +55,11 @@ class _Handler(socketserver.StreamRequestHandler):
     def handle(self) -> None:
         server: SubmitServer = self.server  # type: ignore[assignment]
         started = time.perf_counter()
+        peer = peer_uid(self.request)
+        if peer not in server.peer_uids:
+            log.warning("connection from uid %s refused: only slurmctld's user (uids %s) may ask", peer,
+                        sorted(server.peer_uids))
+            return
         try:
             line = self.rfile.readline(server.max_request_bytes)
         except (OSError, socket.timeout):
@@ -68,28 +74,79 @@ class _Handler(socketserver.StreamRequestHandler):
                                    "ms": round((time.perf_counter() - started) * 1000, 2)}))
 
 
+def peer_uid(conn: socket.socket) -> int | None:
+    """The uid of the process at the other end of a unix socket (SO_PEERCRED: the kernel's word)."""
+    try:
+        _pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                              struct.calcsize("3i")))
+    except OSError:
+        return None
+    return uid
+
+
+MAX_WORKERS = 8  # concurrent decisions; slurmctld serialises job_submit, so more only means an attack
+_SHED_REPLY = encode_reply(Decision(action="accept"))
+
+
 class SubmitServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    """One thread per connection, at most ``MAX_WORKERS`` at once.
+
+    Why a bound: every request may carry 64 KiB of hostile script and each thread costs memory; past the
+    bound a connection is answered "accept unchanged" at once from the accepting thread (load shed: the
+    shim fails open without waiting for its deadline) and counted in ``shed``.
+    """
+
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 256  # beyond the backlog an AF_UNIX connect fails at once (EAGAIN), not waits
 
-    def __init__(self, socket_path: str, cfg: Config) -> None:
+    def __init__(self, socket_path: str, cfg: Config, max_workers: int = MAX_WORKERS) -> None:
         self.cfg = cfg
+        self._slots = threading.BoundedSemaphore(max_workers)
+        self.shed = 0
         self.max_request_bytes = cfg.submit.max_script_bytes * 6 + 65536  # \u00XX escapes: 6 bytes a byte
         self._lock = threading.Lock()
-        self.estimation: EstimationService | None = None  # the async-estimation thread, when enabled
+        self.estimation: Supervisor | None = None  # the async-estimation process, when enabled
+        # who may ask: root, this service's own user (SlurmUser when co-located), and [submit] peer_uids
+        self.peer_uids = {0, os.geteuid(), *(int(u) for u in cfg.submit.peer_uids)}
         path = Path(socket_path)
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.is_socket():
             path.unlink()
-        super().__init__(str(path), _Handler)
+        old_umask = os.umask(0o117)  # the socket is born 0660: no window in which others may connect
+        try:
+            super().__init__(str(path), _Handler)
+        finally:
+            os.umask(old_umask)
         os.chmod(path, 0o660)  # slurmctld's user (owner) and group only
+
+    def process_request(self, request: socket.socket, client_address: object) -> None:  # type: ignore[override]
+        if not self._slots.acquire(blocking=False):
+            self.shed += 1
+            if self.shed == 1 or self.shed % 100 == 0:
+                log.warning("busy: %d workers; %d requests answered 'accept unchanged' so far", MAX_WORKERS,
+                            self.shed)
+            try:
+                request.settimeout(0.05)
+                request.sendall(_SHED_REPLY)
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        thread = threading.Thread(target=self._work, args=(request, client_address), daemon=True)
+        thread.start()
+
+    def _work(self, request: socket.socket, client_address: object) -> None:
+        try:
+            self.process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
     def reload(self, cfg: Config) -> None:
         with self._lock:
             self.cfg = cfg
             if self.estimation is not None:
-                self.estimation.cfg = cfg
+                self.estimation.reload()
 
     def decide_line(self, line: bytes) -> tuple[Decision, str]:
         job = "?"
@@ -108,13 +165,13 @@ class SubmitServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
 
 def serve(socket_path: str, cfg: Config, config_path: str | None) -> int:
     server = SubmitServer(socket_path, cfg)
-    stop_estimation = threading.Event()
 
     def _start_estimation_if_needed(current: Config) -> None:
-        # held jobs need the thread that releases them; once started it stays (jobs held before a
-        # switch away from async must still be released)
+        # held jobs need the process that releases them; once started it stays (jobs held before a
+        # switch away from async must still be released). Its own process: its squeue parses never
+        # stall submit answers.
         if current.policy.without_estimate == "async" and server.estimation is None:
-            server.estimation, _ = start_thread(current, stop_estimation)
+            server.estimation = Supervisor(config_path).start()
 
     def _reload(signum: int, frame: object) -> None:
         try:
@@ -136,7 +193,8 @@ def serve(socket_path: str, cfg: Config, config_path: str | None) -> int:
     try:
         server.serve_forever(poll_interval=0.2)
     finally:
-        stop_estimation.set()
+        if server.estimation is not None:
+            server.estimation.stop()
         server.server_close()
         try:
             os.unlink(socket_path)

@@ -266,3 +266,32 @@ def test_nvml_only_utilisation_is_never_risky(tmp_path, clock):
     run(agent, clock, 6)
     assert not agent.snapshot()["gpus"][0]["risky"]
     assert math.isnan(registry.get_sample_value("gpushare_gpu_risk_score", {"gpu": "0", "metric": "smact"}))
+
+
+def test_a_slow_mps_start_does_not_hold_the_agent(tmp_path, clock):
+    """An MPS start may take many seconds; the sampling loop and other Prologs must not wait for it."""
+    import threading
+    import time
+
+    agent, sim, _, _ = make_agent(tmp_path, clock)
+    started = threading.Event()
+
+    class SlowMps:
+        def running(self, device):
+            return False
+
+        def start(self, device):
+            started.set()
+            time.sleep(1.5)
+            return ("/pipe", "/log")
+
+    agent.mps = SlowMps()
+    worker = threading.Thread(target=agent.register, args=(job("21"),))
+    worker.start()
+    assert started.wait(2)
+    t0 = time.perf_counter()
+    agent.snapshot()
+    agent.register(job("22", uid=2000, gpus=(1,), shared=False))
+    assert time.perf_counter() - t0 < 0.5
+    worker.join(5)
+    assert agent.store.get("21")["caps"]["mode"] == "mps"

@@ -169,3 +169,13 @@ def test_jobs_their_user_released_get_their_record_closed_and_estimation_cancell
     assert release.outcome == "user" and release.tres_per_node is None
     assert release.record["decision"] == "exclusive" and "released by its user" in release.record["why"]
     assert cancel == Cancel(10, "job 1 no longer waits for it")
+
+
+def test_an_estimation_submitted_just_before_a_crash_is_adopted_not_duplicated():
+    """submitd killed between ``sbatch`` and writing est_job into the record: the restarted service finds
+    the estimation job (ours, for that held job) and attaches it instead of submitting a second one;
+    a second such orphan for the same job is cancelled."""
+    actions = plan([held(1)], {10: est(10, 1), 12: est(12, 1)}, 200.0, CFG)
+    assert Attach(1, 10, dict(RECORD, est_job=10)) in actions
+    assert not [a for a in actions if isinstance(a, Submit)]
+    assert Cancel(12, "job 1 already has an estimation job") in actions

@@ -84,7 +84,7 @@ def test_results_are_read_only_from_the_spool_and_only_when_owned(tmp_path):
     assert est.ours and est.outcome.total_bytes == 3 << 30
     other = svc._estimation(job_from_json({"job_id": 78, "user_id": os.getuid() + 1, "job_state": "COMPLETED",
                              "standard_output": str(directory / "slurm.out")}), 5)
-    assert "no usable result" in other.outcome and "owned" in other.outcome
+    assert "no usable result" in other.outcome and "that you own" in other.outcome
     outside = svc._estimation(job_from_json({"job_id": 79, "user_id": os.getuid(), "job_state": "COMPLETED",
                                "standard_output": str(tmp_path / "elsewhere" / "x" / "slurm.out")}), 5)
     assert not outside.ours and outside.outcome is None
@@ -94,12 +94,28 @@ def test_results_are_read_only_from_the_spool_and_only_when_owned(tmp_path):
     assert failed.outcome == "estimation job 77: the training script failed under gpu-estimate"
 
 
-def test_old_result_directories_are_pruned(tmp_path):
+def test_old_result_directories_are_pruned_by_roots_record_not_the_users_mtime(tmp_path):
+    """The directory is the user's: a future mtime once kept it forever. Its name is root's record."""
+    now = time.time()
     spool = tmp_path / "spool"
-    (spool / "old").mkdir(parents=True)
-    (spool / "new").mkdir()
-    past = time.time() - 3 * 3600 * 2
-    os.utime(spool / "old", (past, past))
-    svc = service(tmp_path, now=time.time())
+    old, new = spool / f"5-{int(now - 3 * 3600 * 2)}", spool / f"6-{int(now - 60)}"
+    old.mkdir(parents=True)
+    new.mkdir()
+    future = now + 10 * 365 * 86400
+    os.utime(old, (future, future))  # what a user can do to their own directory
+    svc = service(tmp_path, now=now)
     svc.prune_spool()
-    assert sorted(p.name for p in spool.iterdir()) == ["new"]
+    assert sorted(p.name for p in spool.iterdir()) == [new.name]
+
+
+def test_a_users_spool_is_bounded_oldest_first(tmp_path):
+    now = time.time()
+    spool = tmp_path / "spool"
+    names = [f"{job}-{int(now - 600 + job)}" for job in (1, 2, 3)]
+    for name in names:
+        (spool / name).mkdir(parents=True)
+        (spool / name / "fill").write_bytes(b"x" * (3 << 20))  # 3 MiB each, 9 MiB in all
+    svc = service(tmp_path, now=now)
+    svc.cfg.estimation.spool_max_mib_per_user = 7
+    svc.prune_spool()
+    assert sorted(p.name for p in spool.iterdir()) == names[1:]  # the oldest went

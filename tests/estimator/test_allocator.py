@@ -425,7 +425,8 @@ _ops = st.lists(
     max_size=60,
 )
 _configs = st.sampled_from(
-    ["", "expandable_segments:True", "max_split_size_mb:24", "roundup_power2_divisions:4", "max_split_size_mb:32,roundup_power2_divisions:[2:2,>:8]"]
+    ["", "expandable_segments:True", "max_split_size_mb:24", "roundup_power2_divisions:4",
+     "max_split_size_mb:32,roundup_power2_divisions:[2:2,>:8]"]
 )
 
 

@@ -81,3 +81,18 @@ def test_two_gpus_share_the_wants() -> None:
     full = (Instance("7g.40gb", 0),)
     target, _ = target_for({0: A100, 1: A100}, {0: full, 1: full}, wants)
     assert sorted(target) == [0, 1]
+
+
+def test_young_jobs_are_no_demand_and_each_user_is_capped() -> None:
+    """Alternating fresh 1g x7 / 7g x1 jobs must not drive reshapes; one user cannot claim a whole node."""
+    def owned(jid: int, tres: str, uid: int, submitted: float) -> Job:
+        return job_from_json({"job_id": jid, "job_state": "PENDING", "tres_per_node": tres, "priority": 100,
+                              "submit_time": submitted, "partition": "gpu", "state_reason": "Resources",
+                              "user_id": uid})
+    now = 10_000.0
+    jobs = [owned(1, "gres:gpu:1g.5gb:7", 1001, now - 10),  # just submitted: not yet demand
+            owned(2, "gres:gpu:1g.5gb:7", 1002, now - 900), owned(3, "gres:gpu:2g.10gb:2", 1002, now - 800),
+            owned(4, "gres:gpu:3g.20gb:1", 1003, now - 700)]
+    wants = pending_wants(jobs, PROFILES, min_age_s=300, max_per_user=4, now=now)
+    assert [w.job_id for w in wants] == ["2", "2", "2", "2", "4"]
+    assert len(pending_wants(jobs, PROFILES, now=now)) == 17  # without the bounds every instance counts

@@ -92,7 +92,8 @@ def test_pending_mig_jobs_reshape_the_node_and_run_on_their_profiles(tmp_path: P
         cfg = parse_config({"agent": {"device_backend": f"sim:{state}"}, "mig": {
             "journal_dir": str(base / "journal"), "slurm_conf": str(cluster.conf),
             "gres_conf": str(base / "etc" / "gres.conf"), "device_dir": str(cluster.device_dir("n1")),
-            "cap_device_major": 234, "poll_s": 0.2, "verify_timeout_s": 30, "wait_timeout_s": 30}})
+            "cap_device_major": 234, "poll_s": 0.2, "verify_timeout_s": 30, "wait_timeout_s": 30,
+            "demand_min_age_s": 0}})  # the jobs were just submitted; the age bound is tested in test_demand.py
         busy, _ = reshape_for_demand(cfg, build_executor(cfg, "n1", restart=cluster.restart_slurm, client=client), client)
         assert busy.outcome == "nothing" and "busy 7g.40gb@0" in busy.detail, busy
         assert "DRAIN" not in client.node_states()["n1"].upper()

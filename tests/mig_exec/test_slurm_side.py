@@ -53,7 +53,32 @@ def test_rewrite_is_atomic_and_reports_no_change_the_second_time(tmp_path: Path)
     gres.write_text(GRES_CONF)
     assert rewrite_node_gres(conf, gres, "n1", NEW, "gpu:3g.20gb:1,gpu:1g.5gb:1")
     assert not rewrite_node_gres(conf, gres, "n1", NEW, "gpu:3g.20gb:1,gpu:1g.5gb:1")
-    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    # no temporary file left; only the lock that serialises writers of this slurm.conf
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == [".slurm.conf.gpushare.lock"]
+
+
+def _rewrite_many(conf: str, gres: str, node: str, rounds: int) -> None:
+    for index in range(rounds):
+        rewrite_node_gres(Path(conf), Path(gres), node, [f"NodeName={node} Name=gpu Type=1g.5gb File=/dev/x{index}"],
+                          f"gpu:1g.5gb:{index % 7 + 1}")
+
+
+def test_two_nodes_reshaping_at_once_keep_each_others_edits(tmp_path: Path) -> None:
+    """Two MIG nodes sharing one slurm.conf: a per-node lock alone lost one node's Gres= edit."""
+    import multiprocessing
+
+    conf, gres = tmp_path / "slurm.conf", tmp_path / "gres.conf"
+    conf.write_text("NodeName=n1 CPUs=2 Gres=gpu:1\nNodeName=n2 CPUs=2 Gres=gpu:1\n")
+    gres.write_text("")
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_rewrite_many, args=(str(conf), str(gres), node, 150)) for node in ("n1", "n2")]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(60)
+    final = 149 % 7 + 1
+    assert conf.read_text() == f"NodeName=n1 CPUs=2 Gres=gpu:1g.5gb:{final}\nNodeName=n2 CPUs=2 Gres=gpu:1g.5gb:{final}\n"
+    assert "File=/dev/x149" in gres.read_text() and gres.read_text().count("NodeName=n") == 2
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mknod needs root")

@@ -44,6 +44,17 @@ def oom_settings(directory: Path) -> str:
     return f'[oom]\nledger_dir = "{directory}/oom-ledger"\nlog_file = "{directory}/oom.log"\n'
 
 
+def trust_log_messages(cluster: LocalCluster) -> LocalCluster:
+    """``[oom] corroborate = "no"`` in the running cluster's gpushare.toml (the hook reads it per run).
+
+    These tests drive the requeue mechanics with jobs that print a real OOM and no node agent measuring
+    them; corroboration itself is tested in test_hostile_oom.py and the hostile tier."""
+    text = cluster.gpushare_conf.read_text()
+    if 'corroborate = "no"' not in text:
+        cluster.gpushare_conf.write_text(text.replace("\n[oom]\n", '\n[oom]\ncorroborate = "no"\n', 1))
+    return cluster
+
+
 def ledger_of(cluster: LocalCluster) -> Ledger:
     return Ledger(cluster.config().oom.ledger_dir)
 

@@ -17,6 +17,8 @@ from oom_fake_slurm import FakeSlurm
 from gpushare.slurm.client import SlurmError
 
 ENV = {"SLURM_JOB_ID": "1", "SLURM_JOB_UID": str(os.geteuid()), "SLURM_JOB_GID": str(os.getegid())}
+# gpushare sized the job and the node agent measured it near its 4 GiB share: a corroborated OOM
+CORROBORATED = 'gpushare:{"decision":"shared","run":{"peak_gib":3.9},"v":1}'
 OOM_TEXT = "Traceback...\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has ...\n"
 
 
@@ -28,7 +30,8 @@ def setup(tmp_path: Path):  # type: ignore[no-untyped-def]
                         "submit": {"cache_dir": str(tmp_path / "cache")},
                         "nodes": [{"names": "n1", "gpu": "a100-40gb", "count": 2}]})
     fake = FakeSlurm({"StdErr": str(err), "StdOut": str(tmp_path / "out-1.txt"),
-                      "UserId": f"me({os.geteuid()})", "GroupId": f"me({os.getegid()})"})
+                      "UserId": f"me({os.geteuid()})", "GroupId": f"me({os.getegid()})",
+                      "AdminComment": CORROBORATED})
     return cfg, fake, err
 
 
@@ -52,7 +55,7 @@ def test_oom_job_is_requeued_on_all_shards_then_boosted(setup) -> None:  # type:
     fake.fields["AdminComment"] = 'gpushare:{"run":{"ttfk_s":1.5},"v":1}'
     fake.complete()  # slurmctld finishes completion; the detached finisher then runs
     assert hook.run_finisher("1.0", cfg, client=fake, wait_s=1).startswith("requeue:")
-    assert ("update", "1", "nice=-10000", "starttime=now") in fake.calls
+    assert ("update", "1", "nice=0", "starttime=now") in fake.calls
     record = json.loads(fake.fields["AdminComment"].removeprefix("gpushare:"))
     assert record["run"] == {"ttfk_s": 1.5} and record["oom"]["to"] == "gres:shard:40"  # both kept
     ledger = Ledger(cfg.oom.ledger_dir)
@@ -144,7 +147,8 @@ def test_refused_gres_change_still_releases_the_job(setup) -> None:  # type: ign
 def _concurrent(cfg_dir: str, err: str, calls: str) -> None:
     cfg = parse_config({"oom": {"ledger_dir": cfg_dir}, "submit": {"cache_dir": cfg_dir + "-cache"},
                         "nodes": [{"names": "n1", "gpu": "a100-40gb"}]})
-    fake = FakeSlurm({"StdErr": err, "UserId": f"me({os.geteuid()})"}, calls_file=calls)
+    fake = FakeSlurm({"StdErr": err, "UserId": f"me({os.geteuid()})", "AdminComment": CORROBORATED},
+                     calls_file=calls)
     try:
         hook.run(ENV, client=fake, cfg=cfg, finish_later=None)
     except Exception:  # noqa: BLE001 - only the shared call log matters here

@@ -36,10 +36,10 @@ def test_document_is_raised_never_lowered_and_capped() -> None:
 
 def test_the_submit_path_reads_the_lesson(tmp_path: Path) -> None:
     cfg = parse_config({"submit": {"cache_dir": str(tmp_path / "cache")}})
-    assert cache_lookup(cfg, SCRIPT, ["a100-80gb"]) is None
-    path = learn_from_oom(cfg, SCRIPT, "5", "gres:shard:8", 80 * GiB)
+    assert cache_lookup(cfg, SCRIPT, ["a100-80gb"], 1000) is None
+    path = learn_from_oom(cfg, SCRIPT, "5", "gres:shard:8", 80 * GiB, 1000)
     assert path is not None and json.loads(path.read_text())["peak_total_bytes"] == 12 * GiB
-    estimate = cache_lookup(cfg, SCRIPT, ["a100-80gb"])
+    estimate = cache_lookup(cfg, SCRIPT, ["a100-80gb"], 1000)
     assert estimate is not None and estimate.total_bytes == 12 * GiB
 
 
@@ -50,5 +50,13 @@ def test_a_symlinked_cache_directory_is_refused(tmp_path: Path) -> None:
     (tmp_path / "cache" / "by-script").symlink_to(elsewhere)
     cfg = parse_config({"submit": {"cache_dir": str(tmp_path / "cache")}})
     with pytest.raises(PermissionError, match="not a directory owned by root"):
-        learn_from_oom(cfg, SCRIPT, "5", "gres:shard:8", 80 * GiB)
+        learn_from_oom(cfg, SCRIPT, "5", "gres:shard:8", 80 * GiB, 1000)
     assert list(elsewhere.iterdir()) == []
+
+
+def test_one_users_oom_never_resizes_another_users_identical_script(tmp_path: Path) -> None:
+    cfg = parse_config({"submit": {"cache_dir": str(tmp_path / "cache")}})
+    learn_from_oom(cfg, SCRIPT, "5", "gres:shard:8", 80 * GiB, 1000)
+    assert cache_lookup(cfg, SCRIPT, ["a100-80gb"], 1000) is not None
+    assert cache_lookup(cfg, SCRIPT, ["a100-80gb"], 1001) is None
+    assert learn_from_oom(cfg, SCRIPT, "6", "gres:shard:8", 80 * GiB, None) is None  # owner unknown: no lesson

@@ -19,7 +19,7 @@ import pytest
 
 from gpushare.atomic import write_json_atomic
 from gpushare.slurm.gres_request import plain_gres
-from oom_slurm_util import JOB, exclusive_gres, ledger_of, oom_log, oom_settings, wait_final
+from oom_slurm_util import JOB, exclusive_gres, ledger_of, oom_log, oom_settings, trust_log_messages, wait_final
 from gpushare.slurm_plugins.estimate_source import cache_lookup
 from devcluster.local_cluster import LocalCluster, missing_requirements
 
@@ -31,7 +31,8 @@ def cluster(make_cluster: Callable[..., LocalCluster], tmp_path: Path) -> LocalC
     """A fresh cluster from the shared harness (tests/conftest.py) with our [oom] settings; no submit
     hook, so the jobs keep exactly the shard requests they ask for."""
     os.chmod(tmp_path, 0o755)
-    return make_cluster(gpu="a100-40gb", toml_extra=oom_settings(tmp_path), with_hook=False, with_submitd=False)
+    return trust_log_messages(make_cluster(gpu="a100-40gb", toml_extra=oom_settings(tmp_path), with_hook=False,
+                                           with_submitd=False))
 
 
 def submit(cluster: LocalCluster, need: int, fail_other: bool = False, gres: str = "shard:4",
@@ -47,7 +48,7 @@ def test_oom_on_a_shard_is_requeued_once_on_the_whole_gpu_and_completes(cluster:
     fields = wait_final(cluster, job_id, restarts=1)
     assert fields.state == "COMPLETED" and fields.restarts == 1, oom_log(cluster)
     assert plain_gres(fields.tres_per_node) == exclusive_gres(cluster)  # a whole GPU
-    assert fields.nice == -10000
+    assert not fields.nice  # its own nice (0) back: its place in the queue, no fixed boost
     record = json.loads(fields.admin_comment.removeprefix("gpushare:"))
     oom = {**record["oom"], "from": plain_gres(record["oom"]["from"]), "to": plain_gres(record["oom"]["to"])}
     assert oom == {"n": 1, "max": 1, "fam": "pytorch", "from": "shard:4", "to": exclusive_gres(cluster)}
@@ -59,7 +60,7 @@ def test_oom_on_a_shard_is_requeued_once_on_the_whole_gpu_and_completes(cluster:
     assert [h["event"] for h in history] == ["requeue", "requeued"]
     # the submit path's cache now knows this batch script needs more than the 4 GiB it failed in
     script = JOB.format(python=sys.executable, need=20, fail_other=False)
-    estimate = cache_lookup(cluster.config(), script, ["a100-40gb"])
+    estimate = cache_lookup(cluster.config(), script, ["a100-40gb"], os.geteuid())
     assert estimate is not None and estimate.total_bytes == 6 << 30
 
 

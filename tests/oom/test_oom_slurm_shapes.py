@@ -14,7 +14,7 @@ from typing import Callable
 
 import pytest
 
-from oom_slurm_util import JOB, exclusive_gres, oom_log, oom_settings, wait_final
+from oom_slurm_util import JOB, exclusive_gres, oom_log, oom_settings, trust_log_messages, wait_final
 from gpushare.slurm.gres_request import plain_gres
 from devcluster.local_cluster import LocalCluster, missing_requirements
 
@@ -42,6 +42,7 @@ def test_mig_job_moves_to_the_next_larger_slice(tmp_path_factory: pytest.TempPat
     mig = MigCluster(base=base, gpu="a100-80gb", toml_extra=oom_settings(base), with_hook=False,
                      with_submitd=False)
     mig.start()
+    trust_log_messages(mig)
     try:
         script = ("#!/bin/bash\necho \"restart=${SLURM_RESTART_COUNT:-0} gpu=$CUDA_VISIBLE_DEVICES\"\n"
                   "if [ \"${SLURM_RESTART_COUNT:-0}\" = 0 ]; then\n"
@@ -62,7 +63,7 @@ def test_end_to_end_from_submission_sized_share_to_exclusive_rerun(
     """The whole story with our job_submit hook: gpu:1 + '#GPUSHARE mem=2G' becomes shard:3 at submit,
     the job runs out of GPU memory, and it is re-run once on all 40 shards with the record extended."""
     os.chmod(tmp_path, 0o755)
-    full = make_cluster(gpu="a100-40gb", toml_extra=oom_settings(tmp_path))
+    full = trust_log_messages(make_cluster(gpu="a100-40gb", toml_extra=oom_settings(tmp_path)))
     base = full.base
     script = "#!/bin/bash\n#GPUSHARE mem=2G\n" + JOB.format(python=sys.executable, need=20,
                                                              fail_other=False).partition("\n")[2]

@@ -77,7 +77,7 @@ def test_shard_job_gets_all_shards_of_its_gpu() -> None:
     action = decide(job(), OOM, cfg(), retries_used=0)
     assert action.kind == "requeue"
     assert action.new_gres == "gres:shard:40"  # a100-40gb = 40 GiB = 40 shards on n1
-    assert action.nice == -10000 and action.retry == 1
+    assert action.nice == 0 and action.retry == 1  # its own nice back: its place in the queue, no boost
     assert action.oom == {"n": 1, "max": 1, "fam": "pytorch", "from": "gres:shard:4", "to": "gres:shard:40"}
     assert "requeued" in action.user_message
 

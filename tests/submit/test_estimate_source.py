@@ -46,32 +46,32 @@ def test_relative_estimate_path_uses_work_dir(tmp_path):
 def test_file_of_another_user_refused(tmp_path):
     target = tmp_path / "est.json"
     target.write_text(json.dumps({"peak_total_bytes": 3 * GiB}))
-    with pytest.raises(EstimateUnavailable, match="owned by the submitting user"):
+    with pytest.raises(EstimateUnavailable, match="not usable"):
         read_user_file(str(target), None, UID + 1, 1 << 20)
 
 
 def test_symlink_refused(tmp_path):
     os.symlink("/etc/passwd", tmp_path / "est.json")
-    with pytest.raises(EstimateUnavailable, match="cannot open"):
+    with pytest.raises(EstimateUnavailable, match="not usable"):
         read_user_file(str(tmp_path / "est.json"), None, UID, 1 << 20)
 
 
 def test_fifo_refused_without_blocking(tmp_path):
     os.mkfifo(tmp_path / "est.json")
-    with pytest.raises(EstimateUnavailable, match="not a regular file"):
+    with pytest.raises(EstimateUnavailable, match="not usable"):
         read_user_file(str(tmp_path / "est.json"), None, UID, 1 << 20)
 
 
 def test_large_file_refused(tmp_path):
     (tmp_path / "est.json").write_bytes(b" " * 5000)
-    with pytest.raises(EstimateUnavailable, match="larger than"):
+    with pytest.raises(EstimateUnavailable, match="not usable"):
         read_user_file(str(tmp_path / "est.json"), None, UID, 1024)
 
 
 def test_cache_hit_by_script(tmp_path):
     cfg = cfg_for(tmp_path)
     script = "#!/bin/sh\npython train.py\n"
-    write_json_atomic(tmp_path / "cache" / "by-script" / f"{script_cache_key(script)}.json",
+    write_json_atomic(tmp_path / "cache" / "by-script" / f"{script_cache_key(script, UID)}.json",
                       {"targets": [{"gpu": "a100-40gb", "peak_total_bytes": 6 * GiB}]})
     found = find_estimate(cfg, parse_directives(script), script, None, UID, ["a100-40gb"])
     assert found.total_bytes == 6 * GiB and found.source == "cache"

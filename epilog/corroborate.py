@@ -1,0 +1,83 @@
+"""Whether a job's OOM message is backed by something the user cannot write: gpushare's own records.
+
+Why: a log line is the user's text. A ``shard:1`` job that prints PyTorch's OOM message and exits 1 would
+otherwise be re-run on a whole GPU, and many cheap jobs could repeat that. So the whole-GPU (or larger MIG)
+re-run is granted only when root-written records agree that the job really filled its share:
+
+- the job was sized by gpushare (its ``gpushare:`` AdminComment record says ``decision: shared``); a job
+  that asked for shards itself gets no free upgrade (MIG slices are exempt from this part: their memory
+  limit is enforced by the hardware, and the upgrade is one profile);
+- and the node agent measured the job's device memory at least ``[oom] corroborate_fraction`` of its share,
+  either in the record's ``run.peak_gib`` (written by the agent and the node Epilog) or in the per-job
+  record under ``[agent] records_dir`` when the controller can read it (co-located or shared).
+
+NVML reports no per-process "out of memory" event, so the device itself cannot testify; peak memory near
+the cap is the evidence a real OOM leaves. ``[oom] corroborate = "no"`` restores trust in the log alone.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+from gpushare.config import Config
+from gpushare.epilog.learn import failed_size_bytes
+from gpushare.epilog.records import RecordLedger
+from gpushare.gpus import GiB
+from gpushare.slurm.gres_request import parse_gres
+
+
+def measured_peak_bytes(record: dict[str, Any] | None, records_dir: str, job_id: str, restarts: int) -> int | None:
+    """The largest device memory gpushare measured for this run of the job; None when nobody measured it."""
+    peaks: list[int] = []
+    run = (record or {}).get("run")
+    if isinstance(run, dict) and isinstance(run.get("peak_gib"), (int, float)) and not isinstance(
+            run.get("peak_gib"), bool):
+        peaks.append(int(float(run["peak_gib"]) * GiB))
+    directory = Path(records_dir)
+    try:
+        info = os.lstat(directory)
+        trusted = stat.S_ISDIR(info.st_mode) and info.st_uid in (0, os.geteuid()) and not info.st_mode & 0o002
+    except OSError:
+        trusted = False
+    if trusted:
+        try:
+            for entry in RecordLedger(directory).get(job_id, restarts):
+                for gpu in (entry.get("gpus") or {}).values():
+                    value = gpu.get("peak_bytes") if isinstance(gpu, dict) else None
+                    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                        peaks.append(value)
+        except (OSError, ValueError):
+            pass
+    return max(peaks) if peaks else None
+
+
+def _is_mig(tres_per_node: str, cfg: Config) -> bool:
+    try:
+        items = parse_gres(tres_per_node)
+    except ValueError:
+        return False
+    names = {p.name for m in cfg.gpus.values() for p in m.mig_profiles}
+    return any(item.name == "gpu" and item.type in names for item in items)
+
+
+def corroborate(cfg: Config, record: dict[str, Any] | None, tres_per_node: str, job_id: str,
+                restarts: int) -> tuple[bool, str]:
+    """(True, evidence) when the OOM is backed by our own records, else (False, what is missing)."""
+    if cfg.oom.corroborate == "no":
+        return True, "not checked ([oom] corroborate = no)"
+    if not _is_mig(tres_per_node, cfg) and (record or {}).get("decision") != "shared":
+        return False, "its GPU share was not sized by gpushare (no 'shared' decision in its record)"
+    share = failed_size_bytes(tres_per_node, cfg)
+    if not share:
+        return False, f"the size of its GPU share ({tres_per_node[:60]!r}) is unknown"
+    peak = measured_peak_bytes(record, cfg.agent.records_dir, job_id, restarts)
+    if peak is None:
+        return False, "no measurement of its GPU memory (node agent) backs the message"
+    need = cfg.oom.corroborate_fraction * share
+    if peak < need:
+        return False, (f"its measured GPU memory peaked at {peak / GiB:.1f} GiB, below "
+                       f"{cfg.oom.corroborate_fraction:.0%} of its {share / GiB:.1f} GiB share")
+    return True, f"measured peak {peak / GiB:.1f} GiB of a {share / GiB:.1f} GiB share"

@@ -1,0 +1,38 @@
+"""Which job a GPU process belongs to: the kernel's cgroup record, not the process's own environment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpushare.agent.sampler import process_job
+
+
+def _proc(tmp_path: Path, pid: int, cgroup: str, environ: bytes) -> str:
+    (tmp_path / str(pid)).mkdir()
+    (tmp_path / str(pid) / "cgroup").write_text(cgroup)
+    (tmp_path / str(pid) / "environ").write_bytes(environ)
+    return str(tmp_path)
+
+
+def test_a_spoofed_slurm_job_id_does_not_move_a_process_to_another_job(tmp_path: Path) -> None:
+    """A process may export SLURM_JOB_ID=<someone else's job> (to shift its memory or energy onto that
+    job, or to inflate a job's measured peak); its cgroup says where Slurm put it."""
+    proc = _proc(tmp_path, 10, "0::/system.slice/slurmstepd.scope/job_123/step_0/user/task_0\n",
+                 b"PATH=/bin\0SLURM_JOB_ID=999\0")
+    assert process_job(10, proc) == "123"
+    v1 = _proc(tmp_path, 11, "12:memory:/slurm/uid_1000/job_77/step_batch\n4:cpuset:/slurm/uid_1000/job_77\n",
+               b"SLURM_JOB_ID=999\0")
+    assert process_job(11, v1) == "77"
+
+
+def test_a_slurm_daemon_is_no_job_and_no_cgroups_falls_back_to_the_environment(tmp_path: Path) -> None:
+    proc = _proc(tmp_path, 12, "0::/system.slice/slurmstepd.scope/system\n", b"SLURM_JOB_ID=5\0")
+    assert process_job(12, proc) is None
+    plain = _proc(tmp_path, 13, "0::/user.slice/user-1000.slice/session-1.scope\n", b"SLURM_JOB_ID=5\0")
+    no_cgroups = tmp_path / "cgroup-none"
+    no_cgroups.mkdir()
+    assert process_job(13, plain, str(no_cgroups)) == "5"  # proctrack/linuxproc: the environment is all
+    with_cgroups = tmp_path / "cgroup-slurm"
+    (with_cgroups / "system.slice" / "slurmstepd.scope").mkdir(parents=True)
+    assert process_job(13, plain, str(with_cgroups)) is None  # an ssh session claiming a job: no job
+    assert process_job(14, str(tmp_path)) is None  # gone
