@@ -1,6 +1,6 @@
 """Per-job caps for shared GPU jobs and the environment the TaskProlog exports for them. Pure.
 
-Why these caps (DESIGN.md §5): Slurm's shard accounting keeps the *requests* on a GPU within its memory,
+Why these caps (docs/architecture.md): Slurm's shard accounting keeps the *requests* on a GPU within its memory,
 but nothing stops a job from using more than it asked for. Under MPS, ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``
 = estimate + margin makes a job that outgrows its estimate fail alone instead of OOM-ing its neighbours.
 

@@ -1,7 +1,7 @@
 """``gpushare-agent``: the node agent. Samples GPUs, keeps CARMA's risk and TTFK state, runs MPS daemons,
 withholds busy nodes from new shared jobs, serves the local API and Prometheus metrics.
 
-Why one small class with injected parts (STYLE #11): the clock, the device backend, the Slurm lever and
+Why one small class with injected parts (docs/style.md #11): the clock, the device backend, the Slurm lever and
 the metrics registry are constructor arguments, so unit tests step ``tick()`` with a fake clock over the
 simulated backend, and the integration tests run the very same object as a daemon against a real Slurm.
 

@@ -1,4 +1,4 @@
-"""Prometheus metrics of the agent, produced at scrape time from its state (registry injectable, STYLE #11).
+"""Prometheus metrics of the agent, produced at scrape time from its state (registry injectable, docs/style.md #11).
 
 Why a custom collector rather than gauges set every tick: the sampling loop then pays nothing for
 metrics, and finished jobs disappear from the output without bookkeeping. Tests build the agent with

@@ -16,7 +16,7 @@ the last value of the recursive average ``e₀ = s₀, eᵢ = α·sᵢ + (1−α
 number; CARMA weights them separately, so the median effectively carries 0.3.
 
 A GPU is *risky* when score(SMACT) ≥ 0.80 and (score(SMOCC) ≥ 0.45 or score(DRAMA) ≥ 0.40) (CARMA §2.3,
-DESIGN.md §5): no headroom for more concurrent kernels and already contended.
+docs/architecture.md): no headroom for more concurrent kernels and already contended.
 
 TTFK (CARMA §2.2, Table 1): a GPU that just received a job is *warming* and withheld from new shared
 jobs until that job's first kernel has been seen and then one full monitoring window has passed, so the

@@ -2,7 +2,7 @@
 
 Each ``tick(now)`` reads memory, running processes, utilisation and the energy counter of every GPU,
 feeds CARMA's risk window (``gpushare.agent.risk.MetricWindow``), the TTFK table (``risk.TtfkTable``) and
-the per-job accumulators. The clock value comes from the caller and the backend is injected (STYLE #11),
+the per-job accumulators. The clock value comes from the caller and the backend is injected (docs/style.md #11),
 so tests drive it with a fake clock and the simulated backend.
 
 Attribution of processes to jobs: ``pid_job(pid)`` (default :func:`process_job`: the ``job_<id>`` component

@@ -19,7 +19,7 @@ node of its partition is refused ("Requested node configuration is not available
 slurm.conf also declares one hidden ``State=FUTURE`` standby node with the feature and the shape of the
 largest GPU node: it keeps submissions valid while every real node is withheld and never runs a job.
 
-Assert, then apply (STYLE #4): the node's features are read first and ``scontrol`` runs only when they
+Assert, then apply (docs/style.md #4): the node's features are read first and ``scontrol`` runs only when they
 differ from what they should be; other features of the node are kept as they are.
 """
 

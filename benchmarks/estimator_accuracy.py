@@ -1,7 +1,7 @@
 """Accuracy of gpu-estimate against published real-GPU peak memory measurements.
 
 Ground truth rows (each cites its source):
-- CARMA (Yousefzadeh-Asl-Miandoab et al., shared/papers/carma-…, appendix Table 2; per-run values from
+- CARMA (Yousefzadeh-Asl-Miandoab et al., CARMA paper, appendix Table 2; per-run values from
   the authors' artifact itu-rad/CARMA ``workloads/ehsan-summary.csv``, column "Max memory.used [MB]",
   i.e. nvidia-smi MiB *including* the CUDA context): A100-SXM4-40GB, PyTorch 2.7.1, CUDA 13.0.
   Workloads reproduced by ``benchmarks/estimator_workloads/carma_vision.py``.

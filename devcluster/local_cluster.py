@@ -2,7 +2,7 @@
 
 Everything is Debian's own daemons (munged, slurmctld, slurmd) configured under one scratch directory,
 with GPUs as character devices (``mknod c 195 N``: Slurm ignores plain files for CUDA_VISIBLE_DEVICES,
-SLURM-FACTS.md). The slurm.conf GRES lines, gres.conf and job_submit.lua come from the same generators
+docs/compatibility.md). The slurm.conf GRES lines, gres.conf and job_submit.lua come from the same generators
 admins use (``gpushare slurm-config``), so the tests exercise what gets deployed.
 
 Needs root (mknod, daemons as SlurmUser=root). Daemons are started with ``setsid`` and all standard

@@ -8,7 +8,7 @@ then adds its usual margin on top. Raising never lowers: a larger estimate that 
 
 Why a factor and not the true peak: an OOM tells us only that the need exceeded the request; the re-run
 on a whole GPU does not report its peak here. A factor of 1.5 on the failed request (which already held
-the margin) covers an under-estimate of up to 50 % in one step (DESIGN.md §3 measured a 13 % median and
+the margin) covers an under-estimate of up to 50 % in one step (docs/estimator.md records a 13 % median and
 30-45 % for large-batch convnets), and the cap keeps it from ever asking for more than a GPU.
 
 The cache directory is written as root, so it must be a real directory owned by root (or by us): a

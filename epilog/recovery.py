@@ -1,7 +1,7 @@
 """What to do with a job that ended: requeue it on a whole GPU (or a bigger MIG slice), leave it failed,
 or nothing. Pure: job facts, the OOM verdict and the config in, an Action out; no I/O, no clock.
 
-Why these actions (SLURM-FACTS.md): a held job's GRES may change only within the same name and typed
+Why these actions (docs/compatibility.md): a held job's GRES may change only within the same name and typed
 form, so a ``shard`` job is re-sized to *all the shards of one GPU* (exclusive in effect, since shard
 count = GiB of the GPU) rather than turned back into ``gpu:1``, and a MIG job moves to the next larger
 profile of the same model. Requeue keeps the job id, so the user sees one job. A negative nice raises the

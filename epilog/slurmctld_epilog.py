@@ -6,7 +6,7 @@ job's user (gpushare.epilog.oom_detect), decides (gpushare.epilog.recovery) and 
 each step in the ledger (gpushare.epilog.ledger) so that a second run, or a run after a crash, finishes the same
 recovery instead of starting another one.
 
-Fail-safe (STYLE #10): every problem of ours is logged loudly and the exit status is always 0; a failed
+Fail-safe (docs/style.md #10): every problem of ours is logged loudly and the exit status is always 0; a failed
 step never leaves a job held: if the GRES change is refused the job is still released.
 """
 
@@ -359,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             outcome = run(os.environ, cfg=cfg, resume_later=spawn_resumer)
         log.info("job %s: %s", job, outcome)
-    except Exception as exc:  # noqa: BLE001 - STYLE #10: never fail the job on our account
+    except Exception as exc:  # noqa: BLE001 - docs/style.md #10: never fail the job on our account
         log.exception("job %s: OOM recovery failed: %s", job, exc)
     return 0
 

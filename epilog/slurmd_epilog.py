@@ -4,10 +4,10 @@ It closes the job's record: asks the agent to stop tracking the job (its final f
 attributed energy, peak memory and timeline come back), adds the whole-device energy delta from the
 counters and the exit status Slurm reports while the job is completing, writes the record to the durable
 ledger (``gpushare.epilog.records``) and, where the job still has no foreign admin comment, into its AdminComment
-(``scontrol update`` works while the job is COMPLETING, not after; SLURM-FACTS.md). Without the agent it
+(``scontrol update`` works while the job is COMPLETING, not after; docs/compatibility.md). Without the agent it
 builds the same record from the store entry the Prolog wrote (no TTFK or share then: nobody watched).
 
-A failing Epilog drains the node (SLURM-FACTS.md), so this entry point catches everything and exits 0:
+A failing Epilog drains the node (docs/compatibility.md), so this entry point catches everything and exits 0:
 our own problems are logged, never turned into a drained node.
 """
 

@@ -152,7 +152,7 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Console entry point; returns the exit code (STYLE.md #12)."""
+    """Console entry point; returns the exit code (docs/style.md #12)."""
     previous = signal.signal(signal.SIGTERM, _interrupt)  # scancel / kill: never leave the script running
     try:
         code = command.main(args=argv, prog_name="gpu-estimate", standalone_mode=False)

@@ -3,7 +3,7 @@
 Why: scripts choose their code path from ``torch.cuda.is_available()``, size buffers from
 ``get_device_properties(0).total_memory``, call ``synchronize()`` and ``max_memory_allocated()``. On the
 CPU-only wheel those raise or say "no GPU", and the script would take its CPU path, which is not what
-runs on the cluster. Every patch is recorded and undone on exit (STYLE.md #9).
+runs on the cluster. Every patch is recorded and undone on exit (docs/style.md #9).
 """
 
 from __future__ import annotations

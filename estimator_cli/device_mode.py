@@ -1,6 +1,6 @@
 """Present a ``cuda`` device to an unmodified script, backed by ``meta`` (fake mode) or ``cpu`` (profile).
 
-Why this design (DESIGN.md §3 records the obstacle): FakeTensorMode can create tensors "on" cuda, but on
+Why this design (docs/estimator.md records the obstacle): FakeTensorMode can create tensors "on" cuda, but on
 the CPU-only wheel any autograd graph through them aborts the process (``InputMetadata`` asks the
 missing CUDA device guard for the device; measured here, it is a C++ ``terminate``, not an exception),
 and ``model.to('cuda')`` fails before that. So the capture runs the script for real on the CPU, and every

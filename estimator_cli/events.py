@@ -1,4 +1,4 @@
-"""The capture format: what the child process hands the parent (a contract, STYLE.md #8).
+"""The capture format: what the child process hands the parent (a contract, docs/style.md #8).
 
 One capture is a list of events in program order. An allocation carries its size in bytes (the storage's
 ``nbytes``, before any allocator rounding), the stream (always 0: scripts we capture run on the default

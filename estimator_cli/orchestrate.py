@@ -1,4 +1,4 @@
-"""Turn a capture into the allocation sequence the GPU would see (xMem §3.3, DESIGN.md §3).
+"""Turn a capture into the allocation sequence the GPU would see (xMem §3.3, docs/estimator.md).
 
 Lifetimes: the capture runs the script's real Python, so parameters and buffers persist, optimizer state
 exists from step 1 on, batches live for their iteration, and gradients live until the next ``zero_grad``

@@ -16,7 +16,8 @@ Stopping: after the N-th step's post-hook a private ``BaseException`` unwinds th
 (Lightning's teardown moves the module back to the CPU and re-raises whatever it met) may turn the stop
 into another error or swallow it; ``stop_raised`` records that the capture was complete before that, so
 the caller (estimator_cli/capture.py) keeps the capture instead of reporting the teardown's error. Frees
-during that unwinding are not recorded (the recorder stops first), so what is alive at the stop is what would be alive on the GPU at that point.
+during that unwinding are not recorded (the recorder stops first), so what is alive at the stop is what
+would be alive on the GPU at that point.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""capture → orchestrate → simulate → report, for every requested target (DESIGN.md §3).
+"""capture → orchestrate → simulate → report, for every requested target (docs/estimator.md).
 
 Targets are grouped by what changes the *allocation sequence* (not its size limit): compute capability
 class decides the SDPA kernel (flash needs sm80+) and whether bf16 autocast is supported, so sm_8x+ and

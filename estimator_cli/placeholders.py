@@ -1,7 +1,7 @@
 """Placeholder values for `.item()` on tensors that have no data, and the error that ends fake capture.
 
 Why: nearly every real training script calls ``loss.item()`` to log the loss, yet in fake mode the GPU
-tensors have no values. Returning a made-up number is dangerous (DESIGN.md §3: a dummy value silently
+tensors have no values. Returning a made-up number is dangerous (docs/estimator.md: a dummy value silently
 built a 3k-parameter RegNet), so the number we return is a *tainted* float/int: it may be printed,
 formatted and summed (logging), but the moment it reaches control flow (``if``, comparisons), a shape
 (``range``, indexing) or a tensor operation, it raises :class:`DataDependent`, and ``auto`` mode falls

@@ -1,7 +1,7 @@
 """What to ask Slurm for, given a peak: a shared request in GiB shards, a MIG profile, or a whole GPU.
 
 Pure policy (no I/O). The margin and thresholds are the cluster's ``[policy]`` settings
-(gpushare/config.py), so the estimator's advice and the submit hook's rewrite agree. DESIGN.md §5: a
+(gpushare/config.py), so the estimator's advice and the submit hook's rewrite agree. docs/architecture.md: a
 shared job asks for ``shard:<estimate + margin in GiB>``; one shard is one GiB of the GPU.
 """
 

@@ -1,4 +1,4 @@
-"""The ``--json`` document: a versioned contract (STYLE.md #5, #8). docs/estimator.md lists every field.
+"""The ``--json`` document: a versioned contract (docs/style.md #5, #8). docs/estimator.md lists every field.
 
 Readers check ``schema_version``; new fields may be added within a version, none removed or changed.
 Bytes are integers; ``peak_total_bytes`` is what nvidia-smi would show for the process:

@@ -6,7 +6,7 @@ simulated device backend needs all of it to behave like the real card. Keeping t
 three disagree about what an "a100-40gb" is.
 
 Sources: memory totals are what ``nvidia-smi``/``cudaMemGetInfo`` report for the whole card; MIG rows are
-from ``shared/MIG-PROFILES.md`` (NVIDIA MIG User Guide v580 listings). At run time NVML is the source of
+from `docs/mig-profiles.md` (NVIDIA MIG User Guide v580 listings). At run time NVML is the source of
 truth; this table seeds the planner, the estimator and the simulated backend. Sites add models in the
 config file (``[gpus.<name>]``).
 """
@@ -123,7 +123,7 @@ _H100_PROFILES = _ampere_hopper_profiles(
     usable={"1g": 9.75, "1g+me": 9.75, "1g.2x": 19.62, "2g": 19.62, "3g": 39.50, "4g": 39.50, "7g": 79.25},
     sms={"1g": 16, "1g+me": 16, "1g.2x": 26, "2g": 32, "3g": 60, "4g": 64, "7g": 132},
 )
-# H200: ids 19/20/14/0 confirmed; 15/9/5 by analogy with H100 (MIG-PROFILES.md).
+# H200: ids 19/20/14/0 confirmed; 15/9/5 by analogy with H100 (docs/mig-profiles.md).
 _H200_PROFILES = _ampere_hopper_profiles(
     names={"1g": "1g.18gb", "1g+me": "1g.18gb+me", "1g.2x": "1g.35gb", "2g": "2g.35gb",
            "3g": "3g.71gb", "4g": "4g.71gb", "7g": "7g.141gb"},

@@ -1,6 +1,6 @@
 """The device interface: what every node-side part may ask of a GPU, as plain records and one Protocol.
 
-Why a Protocol with two implementations (STYLE #3): the agent, the MIG executor and the simulator are
+Why a Protocol with two implementations (docs/style.md #3): the agent, the MIG executor and the simulator are
 written once against :class:`GpuBackend`; ``gpushare.gres.nvml_backend`` answers from the driver and
 ``gpushare.gres.sim_backend`` from a scenario with NVML's own semantics and error codes, so the same code is
 tested here without a GPU and runs unchanged on a node.

@@ -1,6 +1,6 @@
 """``GpuError``: the one exception the device interface raises, carrying NVML's own error code.
 
-Why NVML's codes and not our own taxonomy (STYLE #3): the MIG executor and the agent decide what to do
+Why NVML's codes and not our own taxonomy (docs/style.md #3): the MIG executor and the agent decide what to do
 from the code (INSUFFICIENT_RESOURCES → the placement is taken, IN_USE → try again once the GPU is idle,
 GPU_IS_LOST → drain the node), and both backends must produce the same codes for the same situation so
 that code tested on the simulated backend behaves the same on a real GPU. Values are NVML's

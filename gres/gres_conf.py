@@ -1,9 +1,9 @@
 """gres.conf lines and the node line's ``Gres=`` string for a GPU node.
 
-Why generated: the shard counts must equal each GPU's memory in GiB (DESIGN §5: a shared job asks for
+Why generated: the shard counts must equal each GPU's memory in GiB (docs/architecture.md: a shared job asks for
 ``shard:<GiB>``, so Slurm's own accounting keeps estimates within memory), MIG devices need the right
 nvidia-cap minors, and after every MIG repartition the lines must be rewritten exactly — by hand that is
-how nodes go INVAL. What Slurm 22.05 accepts (SLURM-FACTS.md, "Simulated GPUs"):
+how nodes go INVAL. What Slurm 22.05 accepts (docs/compatibility.md, "Simulated GPUs"):
 - whole GPUs: ``Name=gpu Type=<model> File=<dev>/nvidia[0-1]`` (File= must name character devices);
 - shards: one line per GPU, ``Name=shard Count=<GiB> File=<dev>/nvidia<minor>``;
 - MIG devices: ``Name=gpu Type=<profile> MultipleFiles=<dev>/nvidia<minor>,<dev>/nvidia-caps/nvidia-cap<gi>,…``

@@ -1,6 +1,6 @@
 """The ``NA`` value: what a metric the GPU does not support reads as.
 
-Why a value and not an exception (STYLE #1, after nvitop's ``NA``): the agent, the exporter and the
+Why a value and not an exception (docs/style.md #1, after nvitop's ``NA``): the agent, the exporter and the
 simulator read dozens of metrics per GPU per second, and many GPUs lack some of them (no power sensor on a
 GeForce card, no per-process memory under some drivers, no energy counter before Volta). If each missing
 metric raised, every caller would need a branch; with ``NA`` they compute as usual and get NaN, and a

@@ -1,4 +1,4 @@
-"""The one choke point for NVML calls (STYLE #2, after nvitop's ``libnvml``).
+"""The one choke point for NVML calls (docs/style.md #2, after nvitop's ``libnvml``).
 
 Why one place: NVML needs ``nvmlInit`` before and ``nvmlShutdown`` after use; drivers and bindings differ
 in which versioned functions exist (``…_v3``/``_v2``/plain); and "this GPU cannot report that" must read as

@@ -2,11 +2,11 @@
 
 Why: the agent, the MIG executor and the trace simulator must be testable — and demonstrable on a Slurm
 test cluster — without a GPU, and the fake must fail the way the driver does or the tests prove nothing
-(STYLE #3). Models, memory, MIG profiles, ids and placements come from ``gpushare.gpus`` (never copied);
+(docs/style.md #3). Models, memory, MIG profiles, ids and placements come from ``gpushare.gpus`` (never copied);
 the timeline, power and knobs from the scenario (``gpushare.gres.sim_scenario``); MIG rules from ``gpushare.gres.sim_mig``;
 energy from ``gpushare.gres.sim_timeline``. State lives in memory or in a shared JSON file (``gpushare.gres.sim_state``).
 
-Time is ``clock() - epoch`` with ``clock`` injected (STYLE #11): tests pass a fake clock and advance it;
+Time is ``clock() - epoch`` with ``clock`` injected (docs/style.md #11): tests pass a fake clock and advance it;
 separate processes sharing a state file use the default wall clock so they agree on "now".
 
 CLI: ``python -m gpushare.gres.sim_backend init SCENARIO.toml STATE.json [--force]`` writes a fresh state file.

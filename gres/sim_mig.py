@@ -1,7 +1,7 @@
 """MIG semantics of the simulated backend, as pure functions on one GPU's state dict.
 
 Why separate: these rules are what the MIG executor is tested against, so they must match the driver's
-behaviour (MIG-PROFILES.md "Behaviour worth knowing") and be readable on their own:
+behaviour (docs/mig-profiles.md "Behaviour worth knowing") and be readable on their own:
 - instances need MIG mode *currently* enabled, else NOT_SUPPORTED;
 - a GPU instance is created at an explicit placement; an unknown profile or a start that is not one of
   the profile's legal placements is INVALID_ARGUMENT; overlapping memory slices, too many of a profile or

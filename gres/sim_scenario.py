@@ -1,6 +1,6 @@
 """Scenario files for the simulated backend: load, validate strictly, normalise.
 
-Why strict (STYLE #5): a scenario drives integration tests and simulator runs; a misspelt key that is
+Why strict (docs/style.md #5): a scenario drives integration tests and simulator runs; a misspelt key that is
 silently ignored (``lost_at`` for ``lost_at_s``) would make a test pass for the wrong reason. Every error is
 one line naming the file and the key path, e.g. ``s.toml: gpus[1].modle: unknown key (known: …)``.
 

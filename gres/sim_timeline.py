@@ -4,7 +4,7 @@ and how much energy the GPU has used.
 Why pure and closed-form: the energy counter must be exact and identical in every process that reads the
 state file, whatever its sampling rate. Power is piecewise constant between timeline events (a process
 starts, ends or changes step), so the energy is a finite sum over those segments — no accumulator that a
-missed sample or a second reader could corrupt, and no sleeping in tests (STYLE #11).
+missed sample or a second reader could corrupt, and no sleeping in tests (docs/style.md #11).
 
 Power model (documented, simple on purpose): ``idle_power_w + (max_power_w - idle_power_w) * min(1, Σ
 SMACT)`` over the processes running on the GPU.

@@ -1,7 +1,7 @@
 """Idempotent MIG instance operations on a backend: read a GPU's layout, destroy or create one instance.
 
 Why idempotent: the executor may be killed between a driver call and the journal line that records it.
-Each operation therefore first asserts whether its effect is already there (STYLE #4) — a destroy whose
+Each operation therefore first asserts whether its effect is already there (docs/style.md #4) — a destroy whose
 instance is gone, a create whose instance exists — and only then calls the driver. A half-done destroy
 (compute instance gone, GPU instance left) or create (GPU instance without its compute instance) is
 finished the same way. Everything goes through :class:`gpushare.gres.device.GpuBackend`, with explicit placements.
@@ -66,7 +66,7 @@ def create_instance(backend: GpuBackend, op: Op) -> bool:
     """Create ``op``'s GPU instance at its explicit placement, then its compute instance.
 
     False when both already existed. The profile id is looked up by name on this GPU (ids differ between
-    models, MIG-PROFILES.md).
+    models, docs/mig-profiles.md).
     """
     gi = find_instance(backend, op.gpu, op.profile, op.start)
     made = False

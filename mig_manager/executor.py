@@ -1,6 +1,6 @@
 """The node-side MIG executor: move a node's GPUs to a target layout without touching a busy instance.
 
-Slurm cannot repartition MIG (DESIGN §5), so the executor does what sites do by hand, one journaled step
+Slurm cannot repartition MIG (docs/architecture.md), so the executor does what sites do by hand, one journaled step
 at a time (``gpushare.mig_manager.journal.STEPS``):
 
   planned       journal written: layout before, target, the destroy/create ops, the drain Reason
@@ -12,7 +12,7 @@ at a time (``gpushare.mig_manager.journal.STEPS``):
   verified      slurmctld reports the new GPU counts and the node is not INVAL
   resumed       the node resumed — only if it still carries our own drain Reason
 
-Assert, then apply (STYLE #4): a target already in place with Slurm agreeing returns at once, and every
+Assert, then apply (docs/style.md #4): a target already in place with Slurm agreeing returns at once, and every
 step checks before acting, so a rerun is harmless. ``reconcile`` converges after a kill anywhere: a run
 that changed no device yet is rolled back (resume, done); one that did is finished, and if an instance it
 must destroy is busy past the timeout it is rolled back instead (created instances destroyed when idle,

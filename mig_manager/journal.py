@@ -5,7 +5,7 @@ driver calls. The executor may be killed anywhere in between (node reboot, OOM k
 Before each step it writes down what it is about to do; ``reconcile`` reads that back and either finishes
 the change or undoes it, so the node never stays drained and Slurm's GRES never disagree with the GPU.
 
-Format (a contract, STYLE #5 and #8): one JSON file per node, ``<journal_dir>/<node>.json``, written
+Format (a contract, docs/style.md #5 and #8): one JSON file per node, ``<journal_dir>/<node>.json``, written
 atomically (temp file + fsync + rename), so a reader sees the previous or the next state, never half.
 Unknown keys and a different ``version`` are refused with a message naming the file.
 """

@@ -2,7 +2,7 @@
 
 Syntax: comma-separated ``PROFILE@START`` items, ``*`` after an item marks it busy (a job runs in it);
 ``empty`` (or an empty string) is the unpartitioned GPU. Example: ``3g.20gb@0*,2g.10gb@4,1g.5gb@6``.
-Why explicit starts: the driver's own placement depends on creation order (MIG-PROFILES.md), so a layout
+Why explicit starts: the driver's own placement depends on creation order (docs/mig-profiles.md), so a layout
 is only meaningful with its placements, and the planner creates with explicit placements too.
 
 Parsing checks everything the state machine would reject and says which item is wrong and what would be

@@ -84,7 +84,7 @@ def demand_target(cfg: Config, executor: Executor, client: SlurmClient) -> tuple
 def restore_after_reset(cfg: Config, executor: Executor) -> Result | None:
     """Recreate the last applied layout on GPUs that came back empty; None when there is nothing to do.
 
-    MIG instances do not survive a reboot or GPU reset (MIG-PROFILES.md), while gres.conf still lists
+    MIG instances do not survive a reboot or GPU reset (docs/mig-profiles.md), while gres.conf still lists
     them and Slurm would hand jobs devices that are gone. Only a GPU with *no* instance is restored
     (nothing can be busy on it, and a layout an admin changed by hand is left alone); the rate limit
     does not apply, since this restores the configuration Slurm already has.

@@ -1,6 +1,6 @@
 """What the MIG executor asks of Slurm, as one small interface, and its implementation on the CLIs.
 
-Why an interface (STYLE #3, #11): the executor's state machine is tested step by step — with crashes
+Why an interface (docs/style.md #3, #11): the executor's state machine is tested step by step — with crashes
 injected between steps — against a fake that records drains, resumes and restarts; the same code then
 drives a real slurmctld/slurmd through :class:`SlurmNodeActions`.
 

@@ -5,7 +5,7 @@ job's caps where the TaskProlog, which runs as the user, can read them. When the
 the same registration itself (``gpushare.agent.jobs``: same entry, memory-fraction caps only since no
 MPS daemon can be vouched for), so a job started during an agent restart still gets its energy record.
 
-A failing Prolog drains the node (SLURM-FACTS.md), so this entry point catches everything and exits 0:
+A failing Prolog drains the node (docs/compatibility.md), so this entry point catches everything and exits 0:
 our own problems are logged, never turned into a drained node.
 """
 

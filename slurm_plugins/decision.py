@@ -5,7 +5,7 @@ fuzzed directly, and the service around it stays a thin transport.
 
 Why shards sized in GiB: each GPU's ``shard`` count equals its memory in GiB (gres.conf from
 ``gpushare slurm-config``), so a job asking for ``shard:<estimate + margin>`` lets Slurm's own GRES
-accounting guarantee that the estimates placed on one GPU never sum past its memory (DESIGN.md §5).
+accounting guarantee that the estimates placed on one GPU never sum past its memory (docs/architecture.md).
 """
 
 from __future__ import annotations

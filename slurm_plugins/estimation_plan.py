@@ -1,6 +1,6 @@
 """The asynchronous-estimation state machine: held jobs and estimation jobs in, actions out.
 
-Pure (STYLE.md #13): the driver (``estimationd.py``) reads Slurm, builds these snapshots, passes ``now`` and
+Pure (docs/style.md #13): the driver (``estimationd.py``) reads Slurm, builds these snapshots, passes ``now`` and
 applies the actions. All state lives in Slurm itself, in each held job's AdminComment record, so a restarted
 service picks up where it stopped:
 

@@ -1,7 +1,7 @@
 """``gpushare slurm-config``: the slurm.conf and gres.conf lines, and job_submit.lua, for a site's config.
 
 Why generated: shard counts must equal each GPU's memory in GiB for shared requests to mean anything
-(DESIGN.md §5), and the Lua shim must carry the service socket and deadline from gpushare.toml; writing
+(docs/architecture.md), and the Lua shim must carry the service socket and deadline from gpushare.toml; writing
 those by hand is how clusters drift from their config.
 """
 

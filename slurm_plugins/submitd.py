@@ -2,7 +2,7 @@
 
 Why a service: slurmctld holds its job write lock while job_submit runs, so the hook must cost
 milliseconds; starting Python per job (``io.popen``) costs ~90 ms, a unix-socket round trip ~4 ms
-(SLURM-FACTS.md). Why it may fail: it may; the shim then accepts the job unchanged after its deadline,
+(docs/compatibility.md). Why it may fail: it may; the shim then accepts the job unchanged after its deadline,
 and this process accepts the job unchanged whenever its own logic raises (fail open, log loudly).
 """
 

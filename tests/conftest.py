@@ -71,7 +71,7 @@ def _dump_logs(cluster: LocalCluster) -> None:
 
 
 class FakeClock:
-    """An injectable clock (STYLE #11): tests advance it instead of sleeping."""
+    """An injectable clock (docs/style.md #11): tests advance it instead of sleeping."""
 
     def __init__(self, start: float = 1_000_000.0) -> None:
         self.t = start

@@ -1,4 +1,4 @@
-"""NA: the value an unsupported metric reads as (STYLE #1)."""
+"""NA: the value an unsupported metric reads as (docs/style.md #1)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ from gpushare.gres import GpuError, NvmlCode
 from gpushare.gres.device import ci_cap_minor, gi_cap_minor
 from gpushare.gres.sim_backend import SimBackend
 
-# A100-40GB GI profile ids (MIG-PROFILES.md)
+# A100-40GB GI profile ids (docs/mig-profiles.md)
 P1G, P2G, P3G, P4G, P7G, P1G_ME = 19, 14, 9, 5, 0, 20
 
 

@@ -1,4 +1,4 @@
-"""The MIG state machine: layout counts from MIG-PROFILES.md, reachability, NVML-built models."""
+"""The MIG state machine: layout counts from docs/mig-profiles.md, reachability, NVML-built models."""
 
 from __future__ import annotations
 

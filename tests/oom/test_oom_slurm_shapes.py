@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow,
 
 
 class MigCluster(LocalCluster):
-    """The same local cluster with two MIG-typed GPUs (SLURM-FACTS: typed ``gpu`` GRES on character
+    """The same local cluster with two MIG-typed GPUs (docs/compatibility.md: typed ``gpu`` GRES on character
     devices) instead of shards: ``gpu:1g.10gb:1`` and ``gpu:2g.20gb:1`` of an A100-80GB."""
 
     def write_files(self) -> None:
