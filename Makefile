@@ -14,7 +14,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 CHROOT_SLURM ?= 24.11 26.05
 SLURM ?=
 
-.PHONY: setup system-packages demo test slurm-chroots bench clean
+.PHONY: setup system-packages demo lint check test slurm-chroots bench clean
 
 setup: system-packages $(VENV)/.installed
 
@@ -37,9 +37,19 @@ $(VENV)/.installed: pyproject.toml
 demo: setup
 	$(PY) -m devcluster.demo $(if $(SLURM),--slurm $(SLURM))
 
+# The packages and the tests pass ruff; mypy checks the installed packages' folders.
+PACKAGES := gpushare gres estimator_cli mig_manager agent slurm_plugins prolog epilog simulator
+lint: setup
+	$(PY) -m ruff check $(PACKAGES) devcluster tests benchmarks
+	$(PY) -m mypy $(PACKAGES)
+
+# The fast tier for the edit loop: no Slurm daemons, no torch captures, nothing slow or hostile.
+check: lint
+	$(PY) -m pytest -q -m "not slurm and not torch and not slow and not hostile"
+
 # Every run happens even when an earlier one failed; make fails if any did. Exit 5 ("no tests collected")
 # is not a failure: a version may simply have no tests selected.
-test: setup
+test: setup lint
 	@status=0; \
 	echo "== whole suite on the host's Slurm"; \
 	GPUSHARE_TEST_SLURM=22.05 $(PY) -m pytest -q; rc=$$?; \

@@ -80,6 +80,7 @@ def _claimer(directory: str, counter: str, barrier) -> None:  # type: ignore[no-
                 handle.write("won\n")
 
 
+@pytest.mark.slow
 def test_one_hundred_concurrent_writers(tmp_path: Path) -> None:
     ctx = multiprocessing.get_context("fork")
     procs = [ctx.Process(target=_writer, args=(str(tmp_path), i)) for i in range(100)]
@@ -96,6 +97,7 @@ def test_one_hundred_concurrent_writers(tmp_path: Path) -> None:
     assert not list(tmp_path.glob(".*.tmp"))
 
 
+@pytest.mark.slow
 def test_concurrent_claims_decide_once(tmp_path: Path) -> None:
     ctx = multiprocessing.get_context("fork")
     barrier = ctx.Barrier(40)

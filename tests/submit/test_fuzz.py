@@ -3,6 +3,7 @@ a silent rewrite (every rewrite carries a record and a message, and only gpu:1 b
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -33,6 +34,7 @@ gres_strings = st.one_of(
 @settings(max_examples=2500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(lines=script_lines, per_node=gres_strings, per_job=gres_strings, nodes=st.one_of(st.none(), st.integers(0, 2**32)),
        uid=st.integers(-5, 2**32), raw_tail=st.binary(max_size=64))
+@pytest.mark.slow
 def test_generated_requests_never_crash_or_rewrite_silently(lines, per_node, per_job, nodes, uid, raw_tail):
     script = "\n".join(lines)
     line = encode_request({"op": "submit", "user_id": uid, "tres_per_node": per_node, "tres_per_job": per_job,
