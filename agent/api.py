@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from gpushare.errors import GpushareError
+
 log = logging.getLogger("gpushare.agent.api")
 MAX_REQUEST = 64 * 1024
 Handler = Callable[[dict[str, Any]], dict[str, Any]]
@@ -38,7 +40,7 @@ def node_name(cfg: Any) -> str:
     return cfg.node_name or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
 
 
-class AgentUnavailable(OSError):
+class AgentUnavailable(GpushareError, OSError):
     """The agent did not answer (not running, socket missing, timeout, garbage)."""
 
 

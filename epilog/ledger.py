@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+from gpushare.errors import GpushareError
 from gpushare.atomic import read_json_object, write_json_atomic
 
 LEDGER_VERSION = 1
@@ -44,7 +45,7 @@ FINAL_STATES = ("done", "stay_failed", "gone")
 _JOB_RE = re.compile(r"^\d{1,10}(?:_\d{1,10})?$")
 
 
-class LedgerError(OSError):
+class LedgerError(GpushareError, OSError):
     """The ledger directory is unusable (missing permissions, not a directory, unsafe owner)."""
 
 

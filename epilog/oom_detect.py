@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
+from gpushare.errors import GpushareError
+
 MAX_MESSAGE_CHARS = 300  # what we keep of a matched line: the ledger and the admin comment stay small
 
 
@@ -138,7 +140,7 @@ def classify(tails: list[tuple[str, str | None]], exit_code: int, exit_signal: i
 # --- bounded, unprivileged reading ------------------------------------------------------------------
 
 
-class TailError(OSError):
+class TailError(GpushareError, OSError):
     """A log could not be read safely; the message says why (for the ledger, never for a decision)."""
 
 

@@ -23,13 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpushare.errors import GpushareError
 from gpushare.atomic import write_text_atomic
 
 ANNOTATION_DIR = ".gpushare"
 _ESTIMATE_DIRECTIVE_RE = re.compile(r"^\s*#\s*GPUSHARE\b.*\b(mem|estimate)=", re.IGNORECASE)
 
 
-class AnnotateError(ValueError):
+class AnnotateError(GpushareError, ValueError):
     """A usage problem, phrased for the user (the CLI maps it to exit code 2)."""
 
 

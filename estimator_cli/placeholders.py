@@ -12,10 +12,12 @@ from __future__ import annotations
 
 from typing import Any, NoReturn
 
+from gpushare.errors import GpushareError
+
 PLACEHOLDER_VALUE = 1.0  # positive and finite, so `math.isnan(loss)`-style guards pass as they would
 
 
-class DataDependent(RuntimeError):
+class DataDependent(GpushareError, RuntimeError):
     """The script needs a GPU tensor's *value*; fake capture cannot continue faithfully."""
 
 

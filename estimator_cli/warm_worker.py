@@ -46,6 +46,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+from gpushare.errors import GpushareError
+
 PROTOCOL = 1
 _IMPORT_ENV_PREFIXES = ("TORCH", "PYTORCH", "OMP_", "MKL_", "KMP_", "CUDA", "NVIDIA", "GOMP", "ATEN")
 _IMPORT_ENV_KEYS = ("PYTHONPATH", "PYTHONHOME", "PYTHONNOUSERSITE", "PYTHONSAFEPATH", "PYTHONUSERBASE",
@@ -55,7 +57,7 @@ _PRELOAD = ("torch", "torch.optim", "torch.utils.data", "torch._refs", "torch._p
             "gpushare.estimator_cli.runner", "gpushare.estimator_cli.capture", "gpushare.estimator_cli.profile_capture")
 
 
-class WarmUnavailable(Exception):
+class WarmUnavailable(GpushareError):
     """No warm worker can be used; the caller starts a cold child (the reason is for --verbose)."""
 
 

@@ -13,6 +13,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from gpushare.errors import GpushareError
+
 
 def write_bytes_atomic(path: str | os.PathLike[str], data: bytes, mode: int = 0o644) -> None:
     target = Path(path)
@@ -46,7 +48,7 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any, mode: int = 0o644)
     write_bytes_atomic(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8"), mode)
 
 
-class FormatVersionError(ValueError):
+class FormatVersionError(GpushareError, ValueError):
     """A state file written by a newer gpushare than this one (its ``v`` is higher than we read)."""
 
 

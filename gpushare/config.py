@@ -19,13 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpushare.errors import GpushareError
 from gpushare.gpus import BUILTIN_GPUS, GiB, MiB, GpuModel
 
 DEFAULT_PATH = Path("/etc/slurm/gpushare.toml")
 CONFIG_VERSION = 1
 
 
-class ConfigError(ValueError):
+class ConfigError(GpushareError, ValueError):
     """A configuration problem, phrased as one line the admin can act on."""
 
 

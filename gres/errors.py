@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from enum import IntEnum
 
+from gpushare.errors import GpushareError
+
 
 class NvmlCode(IntEnum):
     """NVML return codes (``nvmlReturn_t``), same names without the ``NVML_ERROR_`` prefix."""
@@ -62,7 +64,7 @@ class NvmlCode(IntEnum):
         raise ValueError(f"unknown NVML error {value!r}; known: {known}")
 
 
-class GpuError(Exception):
+class GpuError(GpushareError):
     """A real device fault or a refused operation, with NVML's code.
 
     ``code`` is an :class:`NvmlCode`; ``str(err)`` reads ``"<what we tried>: NVML_ERROR_<NAME> (<n>)"``

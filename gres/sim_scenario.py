@@ -16,6 +16,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from gpushare.errors import GpushareError
 from gpushare.gpus import BUILTIN_GPUS, GpuModel
 from gpushare.gres.errors import NvmlCode
 
@@ -35,7 +36,7 @@ _PROC = {"pid": True, "gpu": True, "start_s": False, "end_s": False, "memory_mib
 _STEP = {"after_s": True, "memory_mib": False, "smact": False, "smocc": False, "drama": False}
 
 
-class ScenarioError(ValueError):
+class ScenarioError(GpushareError, ValueError):
     """A scenario that cannot be used; the message is one line naming the bad key."""
 
 

@@ -25,12 +25,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from gpushare.errors import GpushareError
 from gpushare.atomic import write_text_atomic
 
 _GRES_VALUE_RE = re.compile(r"^[A-Za-z0-9_.+:,-]+$")
 
 
-class GresFileError(RuntimeError):
+class GresFileError(GpushareError, RuntimeError):
     """A file this module will not edit as asked; the message says what to change."""
 
 

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from gpushare.errors import GpushareError
 from gpushare.atomic import write_json_atomic
 
 JOURNAL_VERSION = 1
@@ -32,7 +33,7 @@ STEPS = ("planned", "drained", "idle", "applied", "gres_written", "restarted", "
 HISTORY_KEEP = 50  # finished reshapes remembered for the rate limit
 
 
-class JournalError(ValueError):
+class JournalError(GpushareError, ValueError):
     """An unreadable or foreign journal; the message names the file."""
 
 

@@ -21,13 +21,14 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpushare.errors import GpushareError
 from gpushare.simulator import workload
 
 TTFK_RANGE_S = {"light": (8.0, 20.0), "medium": (15.0, 45.0), "heavy": (30.0, 90.0)}  # our assumption
 RICH_COLUMNS = ("job_id", "submit_s", "gpus", "model", "batch", "duration_s", "mem_gib", "util", "ttfk_s")
 
 
-class TraceError(ValueError):
+class TraceError(GpushareError, ValueError):
     """A trace problem, one line, with ``file:line:`` in front."""
 
 

@@ -16,12 +16,13 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from gpushare.errors import GpushareError
 from gpushare.config import Config
 from gpushare.slurm_plugins.decision import Estimate
 from gpushare.slurm_plugins.directives import MAX_GPU_MEMORY, Directives
 
 
-class EstimateUnavailable(ValueError):
+class EstimateUnavailable(GpushareError, ValueError):
     """The job named an estimate we cannot use; the message is safe to show the user."""
 
 

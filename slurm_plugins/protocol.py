@@ -14,13 +14,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from gpushare.errors import GpushareError
 from gpushare.slurm_plugins.decision import Decision, SubmitRequest
 
 MAX_REQUEST_BYTES = 8 << 20
 _NO_VAL_LIMIT = 0xFFFFFFF0  # Slurm's NO_VAL family (0xfffffffe, ...) marks unset numbers
 
 
-class ProtocolError(ValueError):
+class ProtocolError(GpushareError, ValueError):
     pass
 
 

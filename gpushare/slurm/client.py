@@ -23,6 +23,7 @@ import subprocess
 import threading
 from pathlib import Path
 
+from gpushare.errors import GpushareError
 from gpushare.slurm.jobs import Job, check_job_id, job_from_json, parse_scontrol_record
 from gpushare.slurm.version import SlurmVersion
 
@@ -33,7 +34,7 @@ _VERSIONS: dict[tuple[str, str | None], SlurmVersion] = {}
 _VERSIONS_LOCK = threading.Lock()
 
 
-class SlurmError(RuntimeError):
+class SlurmError(GpushareError, RuntimeError):
     """A Slurm command failed; the message carries the command and its stderr."""
 
 

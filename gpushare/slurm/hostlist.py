@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import re
 
+from gpushare.errors import GpushareError
 
-class HostlistError(ValueError):
+
+class HostlistError(GpushareError, ValueError):
     """A hostlist we cannot expand; the message names the expression and the part."""
 
 

@@ -70,3 +70,23 @@ def test_no_module_imports_upward_or_the_test_harness() -> None:
                 if target is not None and LAYERS[target] > LAYERS[own]:
                     problems.append(f"{path.relative_to(ROOT)} ({own}) imports {module} ({target}): upward")
     assert not problems, "\n".join(problems)
+
+
+def test_every_error_class_of_ours_has_one_root() -> None:
+    """Entry points tell our errors (one-line message, exit status) from bugs (traceback, fail open) by
+    ``gpushare.errors.GpushareError``; a new error class must derive from it or from one that does."""
+    ours: dict[str, list[str]] = {}
+    for name, folder in _package_dirs().items():
+        for path in folder.rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.ClassDef) and node.name.endswith(("Error", "Unavailable", "Gone", "Dependent")):
+                    ours[node.name] = [base.id if isinstance(base, ast.Name) else ast.unparse(base) for base in node.bases]
+    rooted = {"GpushareError"}
+    changed = True
+    while changed:
+        changed = False
+        for cls, bases in ours.items():
+            if cls not in rooted and (rooted.intersection(bases) or any(b.endswith("ClickException") for b in bases)):
+                rooted.add(cls)
+                changed = True
+    assert set(ours) <= rooted, f"not under GpushareError: {sorted(set(ours) - rooted)}"
