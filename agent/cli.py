@@ -15,12 +15,11 @@ from typing import Any, Callable
 log = logging.getLogger("gpushare.agent")
 
 
-def setup_logging(log_file: str, level: str = "INFO") -> None:
-    handler: logging.Handler = logging.FileHandler(log_file) if log_file else logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
-    root = logging.getLogger("gpushare")
-    root.handlers[:] = [handler]
-    root.setLevel(level)
+def setup_logging(log_file: str, level: str = "INFO", program: str = "gpushare-agent") -> None:
+    """The agent's (and the node hooks') logging: gpushare.logs, with syslog when no file is usable."""
+    from gpushare.logs import setup_logging as setup
+
+    setup(program, log_file, level, syslog_fallback=True)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

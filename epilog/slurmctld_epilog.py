@@ -22,6 +22,7 @@ import sys
 import time
 from typing import Any, Callable, Mapping
 
+from gpushare.logs import setup_logging
 from gpushare.epilog.corroborate import corroborate
 from gpushare.epilog.executor import execute, finish, resume_unfinished, spawn_finisher
 from gpushare.epilog.ledger import FINAL_STATES, Ledger
@@ -237,24 +238,8 @@ def _tell_user(job: JobFacts, message: str, cfg: Config) -> None:
 
 
 def _setup_logging(cfg: Config | None) -> None:
-    log.setLevel(logging.INFO)
-    form = logging.Formatter(f"%(asctime)s gpushare-epilog-slurmctld[{os.getpid()}] %(levelname)s %(message)s")
-    handlers: list[logging.Handler] = []
-    if cfg is not None and cfg.oom.log_file:
-        try:
-            handlers.append(logging.FileHandler(cfg.oom.log_file))
-        except OSError:
-            pass
-    if not handlers:
-        handlers.append(logging.StreamHandler(sys.stderr))
-        if os.path.exists("/dev/log"):
-            try:
-                handlers.append(logging.handlers.SysLogHandler(address="/dev/log"))
-            except OSError:
-                pass
-    for handler in handlers:
-        handler.setFormatter(form)
-        log.addHandler(handler)
+    setup_logging("gpushare-epilog-slurmctld", cfg.oom.log_file if cfg is not None else "", "INFO",
+                  syslog_fallback=True)
 
 
 def slurm_conf_for(cfg: Config) -> str | None:

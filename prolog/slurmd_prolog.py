@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         from gpushare.agent.cli import setup_logging
 
         cfg = load_config().agent
-        setup_logging(cfg.log_file)
+        setup_logging(cfg.log_file, program="gpushare-prolog")
         register(os.environ, cfg)
     except Exception:  # noqa: BLE001 - never fail a job or drain a node on our account
         log.exception("prolog failed; job proceeds")

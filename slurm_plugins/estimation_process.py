@@ -24,6 +24,7 @@ from pathlib import Path
 
 import click
 
+from gpushare.logs import setup_logging
 from gpushare.config import Config, ConfigError, load_config
 
 log = logging.getLogger("gpushare.estimationd")
@@ -129,10 +130,7 @@ def cli(config_path: str | None, parent: int) -> int:
     _die_with_parent(parent)
     os.nice(10)  # its squeue parses yield the CPU to the submit service's answers
     cfg = load_config(config_path)
-    handler: logging.Handler = (logging.FileHandler(cfg.submit.log_file) if cfg.submit.log_file
-                                else logging.StreamHandler(sys.stderr))
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(level="INFO", handlers=[handler])
+    setup_logging("gpushare-estimationd", cfg.submit.log_file, "INFO")
     return run_loop(cfg, config_path)
 
 

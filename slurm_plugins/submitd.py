@@ -22,6 +22,7 @@ from pathlib import Path
 
 import click
 
+from gpushare.logs import setup_logging
 from gpushare.config import Config, ConfigError, load_config
 from gpushare.slurm_plugins.decision import Decision, SubmitRequest, decide
 from gpushare.slurm_plugins.directives import parse_directives
@@ -211,10 +212,7 @@ def serve(socket_path: str, cfg: Config, config_path: str | None) -> int:
 def cli(config_path: str | None, socket_path: str | None, log_level: str) -> int:
     """Serve job_submit decisions on a unix socket."""
     cfg = load_config(config_path)
-    handler: logging.Handler = (logging.FileHandler(cfg.submit.log_file) if cfg.submit.log_file
-                                else logging.StreamHandler(sys.stderr))
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(level=log_level, handlers=[handler])
+    setup_logging("gpushare-submitd", cfg.submit.log_file, log_level)
     return serve(socket_path or cfg.submit.socket, cfg, config_path)
 
 
