@@ -6,11 +6,13 @@ restarts it; the message names the key or backend to fix).
 
 from __future__ import annotations
 
-import argparse
 import logging
 import signal
 import threading
+from dataclasses import dataclass
 from typing import Any, Callable
+
+import click
 
 log = logging.getLogger("gpushare.agent")
 
@@ -22,13 +24,34 @@ def setup_logging(log_file: str, level: str = "INFO", program: str = "gpushare-a
     setup(program, log_file, level, syslog_fallback=True)
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="gpushare-agent", description="gpushare node agent")
-    parser.add_argument("--config", help="gpushare.toml (default: $GPUSHARE_CONFIG, else /etc/slurm/gpushare.toml)")
-    parser.add_argument("--node", help="this node's Slurm name (overrides [agent] node_name)")
-    parser.add_argument("--backend", help="nvml or sim:<state.json> (overrides [agent] device_backend)")
-    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-    return parser.parse_args(argv)
+@dataclass(frozen=True)
+class AgentArgs:
+    config: str | None = None
+    node: str | None = None
+    backend: str | None = None
+    log_level: str = "INFO"
+
+
+@click.command(name="gpushare-agent", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--config", help="gpushare.toml (default: $GPUSHARE_CONFIG, else /etc/slurm/gpushare.toml)")
+@click.option("--node", help="this node's Slurm name (overrides [agent] node_name)")
+@click.option("--backend", help="nvml or sim:<state.json> (overrides [agent] device_backend)")
+@click.option("--log-level", default="INFO", show_default=True, type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
+def _command(config: str | None, node: str | None, backend: str | None, log_level: str) -> AgentArgs:
+    """The gpushare node agent."""
+    return AgentArgs(config, node, backend, log_level)
+
+
+def parse_args(argv: list[str]) -> AgentArgs:
+    """Command-line options; usage errors exit 2 through click's own path, --help exits 0."""
+    try:
+        result = _command.main(args=argv, prog_name="gpushare-agent", standalone_mode=False)
+    except click.ClickException as exc:
+        exc.show()
+        raise SystemExit(exc.exit_code) from None
+    if not isinstance(result, AgentArgs):  # --help printed its text
+        raise SystemExit(0)
+    return result
 
 
 def run_agent(argv: list[str], agent_cls: type, open_backend: Callable[[str | None], Any]) -> int:
