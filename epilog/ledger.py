@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from gpushare.errors import GpushareError
-from gpushare.atomic import read_json_object, write_json_atomic
+from gpushare.atomic import flock_within, read_json_object, write_json_atomic
 
 LEDGER_VERSION = 1
 FINAL_STATES = ("done", "stay_failed", "gone")
@@ -83,17 +83,10 @@ class Ledger:
         than ``wait_s``."""
         key = entry_key(job_id, restarts)
         fd = os.open(self._path(key, ".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        deadline = time.monotonic() + wait_s
         try:
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() >= deadline:
-                        yield False
-                        return
-                    time.sleep(0.05)
+            if not flock_within(fd, wait_s):
+                yield False
+                return
             yield True
         finally:
             os.close(fd)  # closing releases the lock

@@ -7,7 +7,9 @@ renaming over the target means a reader sees the old file or the new one, never 
 
 from __future__ import annotations
 
+import fcntl
 import json
+import time
 import os
 import tempfile
 from pathlib import Path
@@ -77,3 +79,17 @@ def read_json_object(path: str | os.PathLike[str], max_bytes: int, version: int 
         raise FormatVersionError(f"{path}: format v{found!s:.10} is not one this gpushare reads (v{version} and "
                                  "older); was it written by a newer release?")
     return data
+
+
+def flock_within(fd: int, timeout_s: float, poll_s: float = 0.05) -> bool:
+    """Take an exclusive ``flock`` on ``fd`` within ``timeout_s`` (0: one try); False when another holder
+    keeps it longer. Polling, not a blocking call: a hook must be able to give up and go on."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(poll_s)

@@ -17,16 +17,14 @@ Both files are written atomically (same directory, fsync, rename).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import re
 import stat
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from gpushare.errors import GpushareError
-from gpushare.atomic import write_text_atomic
+from gpushare.atomic import flock_within, write_text_atomic
 
 _GRES_VALUE_RE = re.compile(r"^[A-Za-z0-9_.+:,-]+$")
 
@@ -99,16 +97,9 @@ def conf_lock(slurm_conf: Path, timeout_s: float = 120.0) -> Iterator[None]:
     the lock; ``.<name>.gpushare.lock`` beside them is seen by every writer of that file."""
     path = slurm_conf.with_name(f".{slurm_conf.name}.gpushare.lock")
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    deadline = time.monotonic() + timeout_s
     try:
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise GresFileError(f"{path}: held by another reshape for {timeout_s:.0f} s") from None
-                time.sleep(0.05)
+        if not flock_within(fd, timeout_s):
+            raise GresFileError(f"{path}: held by another reshape for {timeout_s:.0f} s")
         yield
     finally:
         os.close(fd)
