@@ -45,7 +45,7 @@ class OomPattern:
     after the first (``after``) or last (``not_after``) head gives the same answer in linear time.
     """
 
-    family: str  # "pytorch", "cuda-runtime", "cuda-libraries", "nccl", "tensorflow", "xla", "site"
+    family: str  # "pytorch", "cuda-runtime", "cuda-libraries", "nccl", "tensorflow", "xla", "gpushare-backstop", "site"
     regex: re.Pattern[str]
     source: str  # where the text is formatted (file in the upstream repository)
     after: str | None = None
@@ -81,6 +81,8 @@ BUILTIN_PATTERNS: tuple[OomPattern, ...] = (
        not_after="device:CPU"),
     _p("xla", r"(?:RESOURCE_EXHAUSTED|XlaRuntimeError)\b", "xla stream_executor/integrations/tf_allocator_adapter.cc",
        after="Out of memory while trying to allocate"),
+    _p("gpushare-backstop", r"^gpushare-agent: GPU out of memory \(backstop\): job \S+ stopped",
+       "gpushare agent/backstop.py oom_message (the agent stopped the job over its memory cap)"),
     _p("xla", r"RESOURCE_EXHAUSTED: Failed to allocate request for ", "xla stream_executor/stream_executor_memory_allocator.cc",
        after=" on device ordinal"),
 )

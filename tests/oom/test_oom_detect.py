@@ -26,7 +26,7 @@ root_only = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to drop to 
 
 def _family(path: Path) -> str:
     stem = path.stem[len("pos_"):]
-    return next(f for f in ("pytorch", "cuda_runtime", "cuda_libraries", "nccl", "tensorflow", "xla")
+    return next(f for f in ("pytorch", "cuda_runtime", "cuda_libraries", "nccl", "tensorflow", "xla", "gpushare_backstop")
                 if stem.startswith(f)).replace("_", "-")
 
 
@@ -231,3 +231,16 @@ def test_unprivileged_slurmuser_reads_only_what_it_may(open_tmp: Path) -> None:
         proc.join(20)
     assert results[0] == ("ok", "CUDA error: out of memory\n")
     assert results[1][0] == "error" and "Permission denied" in results[1][1]
+
+
+def test_the_agents_backstop_stop_is_an_oom_of_the_job_its_own() -> None:
+    """The line the agent writes when it stops a job over its cap is recognised (corroboration still
+    decides whether it earns a re-run, as for any other message)."""
+    from gpushare.agent.backstop import oom_message, oom_record
+    from gpushare.epilog.oom_detect import BUILTIN_PATTERNS, classify
+
+    record = oom_record(0, 9 << 30, 6 << 30, 1 << 29, 100.0, 112.0, "stop")
+    verdict = classify([("/home/a/job.err", "step 1\n" + oom_message("42", record))], 0, 9, BUILTIN_PATTERNS)
+    assert verdict.is_oom and verdict.family == "gpushare-backstop"
+    warned = oom_record(0, 9 << 30, 6 << 30, 1 << 29, 100.0, 112.0, "record")  # only recorded, not stopped
+    assert not classify([("/e", oom_message("42", warned))], 1, 0, BUILTIN_PATTERNS).is_oom
