@@ -66,12 +66,19 @@ class Caps:
 
 
 def need_mib(est_gib: float | None, margin_gib: float | None, shards: int | None) -> int | None:
-    """The job's memory need: the submit record's estimate + margin, else its shard count (GiB)."""
+    """The job's memory need: the submit record's estimate + margin, or its shard grant (GiB) where that is larger.
+
+    The grant wins when it is more than the estimate rounded up to whole shards: the job was given more on
+    purpose (OOM recovery moved it to a whole GPU, or the user asked for more), and capping it at the old
+    estimate would stop the rerun exactly where the first run stopped.
+    """
+    granted = int(shards) * 1024 if shards else None
     if est_gib is not None and est_gib > 0:
-        return max(1, math.ceil((est_gib + max(margin_gib or 0.0, 0.0)) * 1024))
-    if shards:
-        return int(shards) * 1024
-    return None
+        need = max(1, math.ceil((est_gib + max(margin_gib or 0.0, 0.0)) * 1024))
+        if granted is not None and granted > math.ceil(need / 1024) * 1024:
+            return granted
+        return need
+    return granted
 
 
 def decide_caps(policy: str, *, shared: bool, gpus: int, uid: int, need: int | None, gpu_total_bytes: int,

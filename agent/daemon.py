@@ -25,10 +25,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gpushare.gres import GpuError, open_backend
+from gpushare.agent.adopt import Adopter
 from gpushare.agent.api import node_name
 from gpushare.agent.backstop import forecast_message, oom_message
 from gpushare.agent.guard import Action, Guard
-from gpushare.agent.jobs import build_entry, clean_facts, tenants_of
+from gpushare.agent.jobs import build_entry, clean_facts, registration_facts, tenants_of
 from gpushare.agent.sampler import Sampler, process_job
 from gpushare.agent.store import JobStore, check_job
 from gpushare.agent.withhold import NodeFeature, node_open
@@ -55,8 +56,10 @@ class Agent:
         self._annotate: queue.Queue[dict[str, Any]] = queue.Queue()
         self.guard = Guard.from_config(cfg)
         self.pid_job = pid_job
-        self._followups: queue.Queue[tuple[Action, str]] = queue.Queue()  # log messages, early requeues
-        self.counters = {"backstop_stops": 0, "backstop_records": 0, "forecast_warnings": 0, "oom_avoided": 0}
+        self._followups: queue.Queue[tuple[Action, str]] = queue.Queue()  # log messages, early requeues, adoptions
+        self.adopter = Adopter()
+        self.counters = {"backstop_stops": 0, "backstop_records": 0, "forecast_warnings": 0, "oom_avoided": 0,
+                         "adopted": 0}
         self._annotated: set[str] = set()
         self._expired: set[str] = set()
         self._last_flush = clock()
@@ -82,6 +85,7 @@ class Agent:
         with self.lock:
             now = self.clock()
             self.sampler.tick(now)
+            self._queue_adoptions(now)
             self._guard(now)
             self._expire_warming(now)
             self._queue_annotations()
@@ -106,6 +110,35 @@ class Agent:
                 entry = self.store.get(acc.job) or {}
                 self._annotate.put({"job": acc.job, "node": node_name(self.cfg), "ttfk_s": acc.fields()["ttfk_s"],
                                     "caps": entry.get("caps")})
+
+    def _queue_adoptions(self, now: float) -> None:
+        """Jobs running on our GPUs that nobody registered (their Prolog did not run): look them up off the lock."""
+        if self.slurm is None:
+            return
+        for job, where in self.adopter.due(self.sampler.strays, now):
+            self._followups.put((Action("adopt", job, min(where), {"where": where}), ""))
+
+    def adopt(self, job: str, where: dict[int, list[int]]) -> dict[str, Any] | None:
+        """Register a running job from Slurm's record of it (``gpushare.agent.adopt``); None: not adopted."""
+        try:
+            slurm_job = self.slurm.job(job)
+        except Exception as exc:  # noqa: BLE001 - Slurm busy or down: tried again after the retry period
+            log.warning("job %s: running on GPU(s) %s unregistered; Slurm's record unavailable (%s)", job,
+                        sorted(where), exc)
+            return None
+        refusal = self.adopter.refusal(slurm_job, node_name(self.cfg), where)
+        if refusal is not None:
+            log.info("job %s: processes on GPU(s) %s but no registration; not adopted: %s", job, sorted(where), refusal)
+            return None
+        facts = registration_facts(job, int(slurm_job.user_id), slurm_job.user_name, sorted(where), slurm_job)
+        entry = self.register(facts, by="agent-adopted")
+        if entry.get("registered_by") != "agent-adopted":  # the Prolog was only late: its registration stands
+            return entry
+        self.counters["adopted"] += 1
+        log.warning("job %s: running on GPU(s) %s without a registration (its Prolog did not run); adopted from "
+                    "Slurm's record, cap %s MiB, backstop only", job, sorted(where),
+                    (entry.get("caps") or {}).get("mem_limit_mib"))
+        return entry
 
     def _guard(self, now: float) -> None:
         """Backstop and forecaster (``gpushare.agent.guard``): stop at once, record, message off the lock."""
@@ -142,6 +175,9 @@ class Agent:
             except queue.Empty:
                 return done
             done += 1
+            if action.kind == "adopt" and self.slurm is not None:
+                self.adopt(action.job, action.record["where"])
+                continue
             if self.slurm is None:
                 log.warning("job %s: no Slurm client; message only in the agent log", action.job)
                 continue
@@ -230,11 +266,13 @@ class Agent:
                 log.error("MPS stop for GPU %d: %s", gpu, exc)
 
     # -- API operations ----------------------------------------------------------------------------
-    def register(self, raw: dict[str, Any]) -> dict[str, Any]:
-        """Track a job the Prolog announces. Starting an MPS daemon (up to tens of seconds) happens outside
-        the sampling lock: the Prolog waits only a few seconds, and other jobs' Prologs and the sampling
-        loop must not queue behind one slow MPS start."""
+    def register(self, raw: dict[str, Any], by: str = "agent") -> dict[str, Any]:
+        """Track a job the Prolog announces (or the agent adopts). Starting an MPS daemon (up to tens of
+        seconds) happens outside the sampling lock: the Prolog waits only a few seconds, and other jobs'
+        Prologs and the sampling loop must not queue behind one slow MPS start. An adopted job is already
+        running without an MPS pipe: it never gets one."""
         facts = clean_facts(raw)
+        adopted = by == "agent-adopted"
         with self.lock:
             existing = self.store.get(facts["job"])
             if existing is not None and not existing.get("closed") and existing.get("restarts") == facts["restarts"]:
@@ -242,11 +280,14 @@ class Agent:
                 self._withhold(self.clock())
                 return existing
             tenants = tenants_of(self.store.all(), facts["gpus"], facts["job"])
-            entry = build_entry(facts, self.cfg, self.backend, tenants, self.clock(), by="agent")
-        mps_ok = self._ensure_mps(entry)  # its own lock; never hand out an MPS pipe in vain
+            entry = build_entry(facts, self.cfg, self.backend, tenants, self.clock(), by=by, mps_ok=not adopted)
+        mps_ok = adopted or self._ensure_mps(entry)  # its own lock; never hand out an MPS pipe in vain
         with self.lock:
             if not mps_ok:
-                entry = build_entry(facts, self.cfg, self.backend, tenants, self.clock(), by="agent", mps_ok=False)
+                entry = build_entry(facts, self.cfg, self.backend, tenants, self.clock(), by=by, mps_ok=False)
+            if adopted:  # its start was not seen: no TTFK, and its GPU is not "warming" for it
+                entry = {**entry, "kernel_at": entry["start"], "ttfk_source": "adopted",
+                         "caps": {**entry["caps"], "reason": "adopted running (its Prolog did not run): backstop only"}}
             self.store.put(entry)
             self.sampler.track(entry)
             self._withhold(self.clock())
@@ -262,6 +303,7 @@ class Agent:
                 self._stop_idle_mps(acc.gpus)
             self._annotated.discard(job)
             self._expired.discard(job)
+            self.adopter.forget(job)
             self.guard.forget(job)
             self._withhold(self.clock())
             return entry

@@ -11,17 +11,50 @@ from __future__ import annotations
 import logging
 import re
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpushare.gres import GpuError, is_na
 from gpushare.gres.mps import mps_dirs
 from gpushare.agent.caps import Caps, decide_caps, need_mib, task_env
 from gpushare.agent.store import check_job
 
+if TYPE_CHECKING:
+    from gpushare.slurm.jobs import Job
+
 RECORD_VERSION = 1  # the per-run job record (docs/formats.md); gpushare.epilog.records reads it
 
 log = logging.getLogger("gpushare.agent")
 _USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@-]{0,63}$")
+_SHARD_RE = re.compile(r"(?:^|,)(?:gres[:/])?shard(?::[A-Za-z0-9_.-]+)?:(\d{1,6})(?:,|$)")
+
+
+def shards_of(tres: str | None) -> int | None:
+    """Shard count of a TRES string like ``gres:shard:12`` / ``gres/shard:12`` (None if no shards)."""
+    if not tres:
+        return None
+    match = _SHARD_RE.search(tres.strip())
+    return int(match.group(1)) if match else None
+
+
+def registration_facts(job: str, uid: int, user: str, gpus: list[int], slurm_job: "Job | None") -> dict[str, Any]:
+    """What a registration says about a job: who and where from the caller (the Prolog's environment, or
+    the agent's own observation of the job's processes), grant and estimate from Slurm's structured record
+    of the job (may be None: registered uncapped). ``clean_facts`` validates the result."""
+    from gpushare.slurm.record import parse as parse_record
+
+    shards = shards_of(slurm_job.tres_per_node if slurm_job else None)
+    record = parse_record(slurm_job.admin_comment if slurm_job else None) or {}
+    facts: dict[str, Any] = {
+        "job": job, "uid": uid, "user": user, "gpus": gpus,
+        "restarts": max(0, slurm_job.restarts) if slurm_job else 0,
+        "shared": shards is not None, "shards": shards, "est_gib": None, "margin_gib": None,
+    }
+    if record.get("decision") == "shared":
+        for key in ("est_gib", "margin_gib"):
+            value = record.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1 << 20:
+                facts[key] = float(value)
+    return facts
 
 
 def clean_facts(raw: dict[str, Any]) -> dict[str, Any]:
@@ -118,7 +151,8 @@ def final_record(entry: dict[str, Any], backend: Any, end: float | None = None, 
             "est_gib": entry.get("est_gib"), "margin_gib": entry.get("margin_gib"), "shards": entry.get("shards"),
             "caps": entry.get("caps"), "start": entry.get("start"), "end": round(end, 3),
             "duration_s": round(end - float(entry.get("start", end)), 3),
-            "ttfk_s": None if kernel is None else round(float(kernel) - float(entry["start"]), 3),
+            "ttfk_s": None if kernel is None or entry.get("ttfk_source") == "adopted"
+            else round(float(kernel) - float(entry["start"]), 3),
             "gpus": gpus, "series": entry.get("series") or {},
             "oom": entry.get("oom"), "forecast": entry.get("forecast"),
             "ttfk_source": entry.get("ttfk_source"),

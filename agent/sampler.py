@@ -126,7 +126,8 @@ class JobAcc:
         return {"kernel_at": self.kernel_at, "ttfk_source": self.ttfk_source, "share_mj": self.share_mj,
                 "active_s": self.active_s,
                 "peak_bytes": self.peak_bytes, "series": self.series, "series_stride": self.stride,
-                "ttfk_s": None if self.kernel_at is None else round(self.kernel_at - self.start, 3)}
+                "ttfk_s": None if self.kernel_at is None or self.ttfk_source == "adopted"
+                else round(self.kernel_at - self.start, 3)}
 
     def add_point(self, gpu: str, point: list[float]) -> None:
         stride = self.stride.get(gpu, 1)
@@ -171,6 +172,8 @@ class Sampler:
         self._last: dict[int, tuple[float, float]] = {}  # gpu -> (time, energy mJ)
         self._pid_cache: dict[int, str | None] = {}
         self._util_since: dict[int, int] = {}  # per GPU: newest per-process utilisation sample seen (µs)
+        # processes of Slurm jobs nobody registered, per job and GPU (latest sample only): gpushare.agent.adopt
+        self.strays: dict[str, dict[int, list[int]]] = {}
         for info in backend.gpus():
             self.views[info.index] = GpuView(info.index, total=info.total_bytes)
             self.windows[info.index] = MetricWindow(size=window_samples)
@@ -197,6 +200,7 @@ class Sampler:
     # -- sampling ----------------------------------------------------------------------------------
     def tick(self, now: float) -> None:
         live_pids: set[int] = set()
+        self.strays = {}
         for acc in self.jobs.values():  # a GPU that fails to answer leaves no stale reading behind
             acc.now_bytes.clear()
             acc.now_pids.clear()
@@ -236,6 +240,8 @@ class Sampler:
         for proc in procs:
             live_pids.add(proc.pid)
             owner = self._job_of(proc.pid)
+            if owner is not None and owner not in self.jobs:
+                self.strays.setdefault(owner, {}).setdefault(index, []).append(proc.pid)
             placed = owner in self.jobs and index in self.jobs[owner].gpus
             if not placed:
                 owner = tracked[0].job if len(tracked) == 1 else None

@@ -27,7 +27,7 @@ from gpushare.gres.device import (ComputeInstance, GiProfile, GpuInfo, GpuInstan
 from gpushare.gres.errors import GpuError, NvmlCode
 from gpushare.gres.mps import SimMps
 from gpushare.gres.na import NA, NaType
-from gpushare.gres.sim_control import SimControl
+from gpushare.gres.sim_control import SimControl, alive
 from gpushare.gres.sim_scenario import load_scenario, validate_scenario
 from gpushare.gres.sim_state import FileStore, MemoryStore
 
@@ -117,9 +117,17 @@ class SimBackend(SimControl):
 
     def _read(self, index: int, metric: str | None) -> tuple[dict, dict, float, bool]:
         state = self.store.read()
+        if any(p.get("host") for p in state["processes"]) and self._dead_host_process(state):
+            with self.store.transaction() as fresh:
+                self._reap_dead_host_processes(fresh)
+            state = self.store.read()
         gpu = self._gpu(state, index)
         na = self._check(state, gpu, metric) is _NOT_SUPPORTED
         return state, gpu, self._t(state), na
+
+    def _dead_host_process(self, state: dict[str, Any]) -> bool:
+        t = self._t(state)
+        return any(p.get("host") and tl.active(p, t) and not alive(int(p["pid"])) for p in state["processes"])
 
     def _model(self, gpu: dict[str, Any]) -> GpuModel:
         return self.catalogue[gpu["model"]]

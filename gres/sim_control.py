@@ -23,8 +23,10 @@ class SimControl:
     store: Any
 
     def start_process(self, index: int, pid: int, memory_bytes: int, smact: float = 0.0, smocc: float = 0.0,
-                      drama: float = 0.0, gi: int | None = None) -> None:
-        """A process appears on a GPU now (the trace simulator launching a job)."""
+                      drama: float = 0.0, gi: int | None = None, host: bool = False) -> None:
+        """A process appears on a GPU now (the trace simulator launching a job). ``host``: ``pid`` is a real
+        process of this machine, and the GPU forgets it once that process is gone, killed or not, as the
+        driver frees a dead process's context."""
         with self.store.transaction() as state:
             g = self._gpu(state, index)
             self._check(state, g, None)
@@ -39,7 +41,7 @@ class SimControl:
                 raise GpuError(NvmlCode.INVALID_ARGUMENT, f"pid {pid} is already running")
             state["processes"].append({"pid": pid, "gpu": index, "start_s": t, "end_s": None,
                                        "memory_mib": memory_bytes / MiB, "smact": smact, "smocc": smocc,
-                                       "drama": drama, "gi": gi, "steps": []})
+                                       "drama": drama, "gi": gi, "steps": [], **({"host": True} if host else {})})
 
     def update_process(self, pid: int, **values: float) -> None:
         """Change a running process's memory_mib/smact/smocc/drama from now on."""
@@ -49,6 +51,14 @@ class SimControl:
         with self.store.transaction() as state:
             proc = self._running_proc(state, pid)
             proc["steps"].append({"after_s": self._t(state) - proc["start_s"], **values})
+
+    def _reap_dead_host_processes(self, state: dict[str, Any]) -> bool:
+        """End host processes that no longer exist (in ``state``, inside a transaction); True if any ended."""
+        t, ended = self._t(state), False
+        for proc in state["processes"]:
+            if proc.get("host") and tl.active(proc, t) and not alive(int(proc["pid"])):
+                proc["end_s"], ended = t, True
+        return ended
 
     def end_process(self, pid: int) -> None:
         with self.store.transaction() as state:
@@ -79,3 +89,16 @@ class SimControl:
                 errors.pop(metric, None)
             else:
                 errors[metric] = NvmlCode.parse(code).name
+
+
+def alive(pid: int) -> bool:
+    """Whether a process of this machine exists (a zombie counts until reaped)."""
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by another user
+        return True
+    return True

@@ -22,7 +22,6 @@ log = logging.getLogger("gpushare.prolog")
 _JOB_RE = re.compile(r"^\d{1,10}$")
 _USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@-]{0,63}$")
 _GPUS_RE = re.compile(r"^\d{1,4}(,\d{1,4}){0,63}$")
-_SHARD_RE = re.compile(r"(?:^|,)(?:gres[:/])?shard(?::[A-Za-z0-9_.-]+)?:(\d{1,6})(?:,|$)")
 
 
 @dataclass(frozen=True)
@@ -50,28 +49,8 @@ def job_from_env(env: Mapping[str, str] = os.environ) -> HookJob | None:
     return HookJob(job, uid, user if _USER_RE.match(user) else "", sorted({int(g) for g in gpus_text.split(",")}))
 
 
-def shards_of(tres: str | None) -> int | None:
-    """Shard count of a TRES string like ``gres:shard:12`` / ``gres/shard:12`` (None if no shards)."""
-    if not tres:
-        return None
-    match = _SHARD_RE.search(tres.strip())
-    return int(match.group(1)) if match else None
-
-
 def slurm_facts(job: HookJob, slurm_job: Job | None) -> dict[str, Any]:
     """Registration facts for the agent from the hook's job and Slurm's structured record of it (may be None)."""
-    from gpushare.slurm.record import parse as parse_record
+    from gpushare.agent.jobs import registration_facts
 
-    shards = shards_of(slurm_job.tres_per_node if slurm_job else None)
-    record = parse_record(slurm_job.admin_comment if slurm_job else None) or {}
-    facts: dict[str, Any] = {
-        "job": job.job, "uid": job.uid, "user": job.user, "gpus": job.gpus,
-        "restarts": max(0, slurm_job.restarts) if slurm_job else 0,
-        "shared": shards is not None, "shards": shards, "est_gib": None, "margin_gib": None,
-    }
-    if record.get("decision") == "shared":
-        for key in ("est_gib", "margin_gib"):
-            value = record.get(key)
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1 << 20:
-                facts[key] = float(value)
-    return facts
+    return registration_facts(job.job, job.uid, job.user, job.gpus, slurm_job)

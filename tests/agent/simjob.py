@@ -30,7 +30,7 @@ def main() -> None:
     backend = open_backend(load_config().agent.device_backend)
     gpu = int(os.environ["SLURM_JOB_GPUS"].split(",")[0])
     time.sleep(args.delay)
-    backend.start_process(gpu, os.getpid(), int(args.mem_mib * 2**20), args.smact, args.smocc, args.drama)
+    backend.start_process(gpu, os.getpid(), int(args.mem_mib * 2**20), args.smact, args.smocc, args.drama, host=True)
     try:
         started, mib = time.monotonic(), args.mem_mib
         while time.monotonic() - started < args.seconds:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -13,6 +14,8 @@ from gpushare.agent.daemon import Agent
 from gpushare.agent.caps import decide_caps, need_mib, task_env
 from gpushare.agent.jobs import clean_facts, final_record
 from gpushare.agent.withhold import node_open
+from gpushare.agent.adopt import MAX_REMEMBERED, Adopter
+from gpushare.slurm.jobs import job_from_json
 
 GiB = 1 << 30
 SCENARIO = {"version": 1, "name": "unit", "processes": [],
@@ -200,6 +203,8 @@ def test_caps_policy_same_user_mps_else_fraction():
     assert decide_caps("mps", uid=1, tenants=[], **{**kw, "shared": False}).mode == "none"
     assert decide_caps("mps", uid=1, tenants=[], **{**kw, "gpus": 2}).mode == "fraction"
     assert need_mib(4.0, 1.0, 5) == 5120 and need_mib(None, None, 7) == 7168 and need_mib(None, None, None) is None
+    # a grant beyond the rounded estimate (OOM recovery's whole GPU) is the cap; rounding up to a shard is not
+    assert need_mib(4.0, 1.0, 40) == 40 * 1024 and need_mib(4.5, 1.0, 6) == 5632
 
 
 def test_task_env_for_mps_and_fraction():
@@ -295,3 +300,97 @@ def test_a_slow_mps_start_does_not_hold_the_agent(tmp_path, clock):
     assert time.perf_counter() - t0 < 0.5
     worker.join(5)
     assert agent.store.get("21")["caps"]["mode"] == "mps"
+
+
+# -- adoption of a job whose Prolog did not run (the real path: tests/agent/test_safe_sharing_slurm.py) --
+
+
+def slurm_job(job_id: str = "9", state: str = "RUNNING", uid: int = 1000, nodes: str = "n1",
+              tres: str = "gres:shard:40", comment: str = "") -> Any:
+    return job_from_json({"job_id": int(job_id), "job_state": state, "user_id": uid, "user_name": f"u{uid}",
+                          "nodes": nodes, "batch_host": nodes, "tres_per_node": tres, "restart_cnt": 1,
+                          "admin_comment": comment})
+
+
+class FakeSlurm:
+    """Stands in for SlurmClient.job(): Slurm's record of each job, or an error."""
+
+    def __init__(self, jobs: dict[str, Any], error: Exception | None = None) -> None:
+        self.jobs, self.error, self.asked = jobs, error, []
+
+    def job(self, job_id: str) -> Any:
+        self.asked.append(job_id)
+        if self.error is not None:
+            raise self.error
+        return self.jobs.get(job_id)
+
+
+def test_a_stray_job_is_looked_up_when_new_processes_appear_or_once_per_retry_period_and_the_table_stays_bounded() -> None:
+    adopter = Adopter(retry_s=30.0)
+    strays = {"9": {0: [501]}}
+    assert [job for job, _ in adopter.due(strays, 100.0)] == ["9"]
+    assert adopter.due(strays, 120.0) == []
+    assert [job for job, _ in adopter.due(strays, 130.0)] == ["9"]
+    assert [job for job, _ in adopter.due({"9": {0: [501, 502]}}, 131.0)] == ["9"]  # a new process: at once
+    assert adopter.due({"9": {0: [502]}}, 132.0) == []
+    many = {str(n): {0: [n]} for n in range(MAX_REMEMBERED + 50)}
+    assert len(adopter.due(many, 200.0)) == MAX_REMEMBERED + 50
+    assert len(adopter._tried) == MAX_REMEMBERED
+
+
+def test_slurm_must_confirm_a_running_job_of_this_node_and_of_the_processes_owner() -> None:
+    adopter = Adopter(uid_of={501: 1000, 502: 1001}.get)
+    where = {0: [501]}
+    assert adopter.refusal(slurm_job(), "n1", where) is None
+    assert "does not know" in adopter.refusal(None, "n1", where)
+    assert "PENDING" in adopter.refusal(slurm_job(state="PENDING"), "n1", where)
+    assert "not on n1" in adopter.refusal(slurm_job(nodes="n[2-3]"), "n1", where)
+    assert adopter.refusal(slurm_job(nodes="n[1-3]"), "n1", where) is None
+    # a process that set SLURM_JOB_ID itself (no cgroups on the node) cannot adopt another user's job
+    assert "uid" in adopter.refusal(slurm_job(uid=1000), "n1", {0: [502]})
+    assert "uid" in adopter.refusal(slurm_job(uid=1000), "n1", {0: [501], 1: [502]})
+
+
+def test_the_agent_adopts_a_job_running_without_its_prolog_with_its_grant_as_cap(tmp_path, clock) -> None:
+    comment = 'gpushare:{"v":1,"decision":"shared","est_gib":4.0,"margin_gib":1.0,"new":"gres:shard:5"}'
+    fake = FakeSlurm({"9": slurm_job(comment=comment)})
+    agent, sim, _, _ = make_agent(tmp_path, clock, pids={501: "9"}, node_name="n1", collocation="mps")
+    agent.slurm = fake
+    agent.adopter.uid_of = {501: 1000}.get
+    sim.start_process(1, 501, 3 * GiB)
+    run(agent, clock, 2)
+    assert agent.followup_pending() >= 1 and fake.asked == ["9"]
+    entry = agent.store.get("9")
+    assert entry["registered_by"] == "agent-adopted" and entry["gpus"] == [1] and entry["uid"] == 1000
+    assert entry["caps"]["mode"] != "mps" and entry["env"].get("CUDA_MPS_PIPE_DIRECTORY") is None
+    assert entry["caps"]["mem_limit_mib"] == 40 * 1024  # the whole-GPU grant of the rerun, not the old estimate
+    run(agent, clock, 3)
+    assert agent.sampler.jobs["9"].peak_bytes["1"] == 3 * GiB and agent.counters["adopted"] == 1
+    assert final_record(agent.close("9"), sim)["ttfk_s"] is None  # its start was never seen
+    assert "9" not in agent.sampler.strays
+
+
+def test_the_agent_leaves_a_job_slurm_does_not_confirm_and_asks_again_later(tmp_path, clock) -> None:
+    fake = FakeSlurm({"9": slurm_job(state="COMPLETING")})
+    agent, sim, _, _ = make_agent(tmp_path, clock, pids={501: "9"}, node_name="n1")
+    agent.slurm = fake
+    agent.adopter.uid_of = {501: 1000}.get
+    sim.start_process(0, 501, 1 * GiB)
+    run(agent, clock, 5)
+    agent.followup_pending()
+    assert agent.store.get("9") is None and fake.asked == ["9"]
+    fake.error = OSError("slurmctld not responding")
+    run(agent, clock, 30)
+    agent.followup_pending()
+    assert agent.store.get("9") is None and fake.asked == ["9", "9"]
+
+
+def test_registered_jobs_and_processes_of_no_job_are_never_strays(tmp_path, clock) -> None:
+    agent, sim, _, _ = make_agent(tmp_path, clock, pids={501: "7"}, collocation="fraction")
+    agent.slurm = FakeSlurm({})
+    agent.register({"job": "7", "uid": 1000, "user": "u1000", "gpus": [0], "shared": True, "est_gib": 4.0,
+                    "margin_gib": 1.0, "shards": 5})
+    sim.start_process(0, 501, 1 * GiB)
+    sim.start_process(1, 777, 1 * GiB)  # a process outside any Slurm job
+    run(agent, clock, 2)
+    assert agent.sampler.strays == {} and agent.followup_pending() == 0

@@ -16,7 +16,8 @@ from gpushare.agent.api import AgentUnavailable, ApiServer, call
 from gpushare.agent.comment import comment_with_run
 from gpushare.agent.store import JobStore
 from gpushare.prolog import task_prolog
-from gpushare.prolog.hook_env import job_from_env, shards_of, slurm_facts
+from gpushare.agent.jobs import shards_of
+from gpushare.prolog.hook_env import job_from_env, slurm_facts
 from gpushare.prolog.slurmd_prolog import register, write_caps
 from gpushare.slurm.jobs import job_from_json
 

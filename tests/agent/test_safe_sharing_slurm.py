@@ -130,7 +130,7 @@ def test_backstop_stops_a_job_growing_past_its_cap_while_its_neighbour_completes
                                                   'forecast_action = "none"')
     # 4 GiB + 1 GiB margin = 5 GiB cap; the offender starts at 3000 MiB and leaks 1 GiB/s
     offender = submit(cluster, out_dir, script("4G", "--mem-mib 3000 --grow-mib-per-s 1024 --seconds 30"),
-                      "--gres=gpu:1")
+                      "--gres=gpu:1", "--open-mode=append")  # a rerun keeps the first run's message
     neighbour = submit(cluster, out_dir, script("4G", "--mem-mib 3000 --seconds 10"), "--gres=gpu:1")
     # stopped by the backstop, an OOM of its own: it stays failed, or recovery re-ran it once on a whole GPU
     after = _stopped_then(cluster, offender)
@@ -141,8 +141,12 @@ def test_backstop_stops_a_job_growing_past_its_cap_while_its_neighbour_completes
         assert after.state == "COMPLETED" and plain_gres(after.tres_per_node) == whole
     assert cluster.wait_job(neighbour, 60).state == "COMPLETED"
     ledger = RecordLedger(cluster.agent_cfg().records_dir)
-    cluster.wait_for(lambda: bool(ledger.get(str(offender))) and bool(ledger.get(str(neighbour))), 20, "no record")
-    oom = ledger.get(str(offender))[0]["oom"]
+    cluster.wait_for(lambda: bool(ledger.get(str(offender), 0)) and bool(ledger.get(str(neighbour))), 20, "no record")
+    oom = ledger.get(str(offender), 0)[0]["oom"]  # the first run's record; a rerun has its own
+    if after.restarts:  # the rerun was capped at its whole-GPU grant, not at the old estimate
+        cluster.wait_for(lambda: bool(ledger.get(str(offender), 1)), 20, "no record of the rerun")
+        rerun = ledger.get(str(offender), 1)
+        assert rerun[0].get("oom") is None and rerun[0]["caps"]["mem_limit_mib"] in (None, 40 * 1024)
     assert oom["source"] == "agent-backstop" and oom["action"] == "stop"
     assert str(oom["gpu"]) == job_env(out_dir, neighbour)["SLURM_JOB_GPUS"]  # it was stopped beside the neighbour
     assert oom["cap_bytes"] == 5 << 30 and oom["peak_bytes"] > (5 << 30) + (256 << 20)

@@ -125,3 +125,21 @@ def test_process_utilization_reports_processes_running_kernels(clock):
     clock.advance(1.0)
     assert sim.process_utilization(0, since_us=sample.timestamp_us)[0].timestamp_us > sample.timestamp_us
     assert sim.process_utilization(1) is NA  # a GPU that cannot sample per process
+
+
+def test_a_killed_host_process_leaves_the_gpu_like_a_dead_process_leaves_the_driver(tmp_path, clock):
+    import subprocess
+
+    sim = SimBackend.from_scenario({"version": 1, "gpus": [{"model": "a100-40gb"}]}, tmp_path / "sim.json", clock=clock)
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        sim.start_process(0, child.pid, 2048 * MiB, smact=0.5, host=True)
+        sim.start_process(0, 999_999_999, 1024 * MiB)  # a simulated process of no host process stays
+        clock.advance(5)
+        assert sorted(p.pid for p in sim.processes(0)) == sorted([child.pid, 999_999_999])
+        child.kill()
+        child.wait()  # reaped: gone, as a process whose job the backstop stopped
+        assert [p.pid for p in sim.processes(0)] == [999_999_999] and sim.memory(0).used == 1024 * MiB
+        assert SimBackend.open(tmp_path / "sim.json", clock=clock).memory(0).used == 1024 * MiB  # persisted
+    finally:
+        child.kill()
