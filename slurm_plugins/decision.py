@@ -45,7 +45,7 @@ class Estimate:
     """Peak GPU memory a job needs as nvidia-smi would show it (reserved + CUDA context)."""
 
     total_bytes: int
-    source: str  # "directive:mem", "directive:estimate", "cache", "default"
+    source: str  # "directive:mem", "directive:estimate", "cache", "learned" (raised after an OOM), "default"
     detail: str = ""
 
 

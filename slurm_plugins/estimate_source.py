@@ -105,23 +105,56 @@ def script_cache_key(script: str, uid: int) -> str:
     return f"{uid}.{hashlib.sha256(script.encode('utf-8', 'surrogateescape')).hexdigest()}"
 
 
-def cache_lookup(cfg: Config, script: str, gpu_names: list[str], uid: int) -> Estimate | None:
-    """An estimate cached for this exact batch script of this user, if one exists and parses."""
+def _cached_document(cfg: Config, script: str, uid: int) -> Any:
+    """The cache document of this exact batch script of this user (None: none, or unreadable)."""
     try:
         path = Path(cfg.submit.cache_dir) / "by-script" / f"{script_cache_key(script, uid)}.json"
-    except ValueError:
-        return None
-    try:
-        document = json.loads(path.read_bytes()[: cfg.submit.max_estimate_file_bytes])
-        total, gpu = peak_total_from_json(document, gpu_names)
+        return json.loads(path.read_bytes()[: cfg.submit.max_estimate_file_bytes])
     except (OSError, ValueError):
         return None
-    return Estimate(total, "cache", f"cached estimate for {gpu}")
+
+
+def cache_lookup(cfg: Config, script: str, gpu_names: list[str], uid: int) -> Estimate | None:
+    """An estimate cached for this exact batch script of this user, if one exists and parses."""
+    document = _cached_document(cfg, script, uid)
+    if document is None:
+        return None
+    try:
+        total, gpu = peak_total_from_json(document, gpu_names)
+    except ValueError:
+        return None
+    source = "learned" if isinstance(document, dict) and isinstance(document.get("learned"), dict) else "cache"
+    return Estimate(total, source, _learned_detail(document) if source == "learned" else f"cached estimate for {gpu}")
+
+
+def _learned_detail(document: dict[str, Any]) -> str:
+    lesson = document["learned"]
+    job = str(lesson.get("from_job", "?"))[:12]
+    failed = lesson.get("failed_gib")
+    failed_text = f"{failed} GiB" if isinstance(failed, (int, float)) and not isinstance(failed, bool) else "its share"
+    return f"raised after job {job} ran out of GPU memory in {failed_text}"
 
 
 def find_estimate(cfg: Config, directives: Directives, script: str, work_dir: str | None, uid: int,
                   gpu_names: list[str]) -> Estimate | None:
-    """The estimate to size the job with; raises EstimateUnavailable for a named but unusable file."""
+    """The estimate to size the job with; raises EstimateUnavailable for a named but unusable file.
+
+    An OOM lesson (gpushare.epilog.learn) is a floor under the script's own directives: a ``#GPUSHARE mem=``
+    or ``estimate=`` line that an OOM has proven too small would otherwise size the rerun, or the next
+    submission of the same script, into the same OOM. A directive above the lesson still wins.
+    """
+    chosen = _directive_estimate(cfg, directives, work_dir, uid, gpu_names)
+    if chosen is None:
+        return cache_lookup(cfg, script, gpu_names, uid)
+    lesson = cache_lookup(cfg, script, gpu_names, uid)
+    if lesson is not None and lesson.source == "learned" and lesson.total_bytes > chosen.total_bytes:
+        return Estimate(lesson.total_bytes, "learned", f"{lesson.detail}; {chosen.source} said "
+                                                       f"{chosen.total_bytes / (1 << 30):.1f} GiB")
+    return chosen
+
+
+def _directive_estimate(cfg: Config, directives: Directives, work_dir: str | None, uid: int,
+                        gpu_names: list[str]) -> Estimate | None:
     if directives.mem_bytes is not None:
         return Estimate(directives.mem_bytes, "directive:mem", f"line {directives.lines.get('mem', '?')}")
     if directives.estimate_path:
@@ -132,4 +165,4 @@ def find_estimate(cfg: Config, directives: Directives, script: str, work_dir: st
             raise EstimateUnavailable(f"estimate={directives.estimate_path}: not JSON") from None
         total, gpu = peak_total_from_json(document, gpu_names)
         return Estimate(total, "directive:estimate", f"{Path(directives.estimate_path).name} for {gpu}")
-    return cache_lookup(cfg, script, gpu_names, uid)
+    return None

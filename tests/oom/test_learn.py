@@ -60,3 +60,21 @@ def test_one_users_oom_never_resizes_another_users_identical_script(tmp_path: Pa
     assert cache_lookup(cfg, SCRIPT, ["a100-80gb"], 1000) is not None
     assert cache_lookup(cfg, SCRIPT, ["a100-80gb"], 1001) is None
     assert learn_from_oom(cfg, SCRIPT, "6", "gres:shard:8", 80 * GiB, None) is None  # owner unknown: no lesson
+
+
+def test_the_lesson_is_a_floor_under_the_scripts_own_directives(tmp_path: Path) -> None:
+    from gpushare.slurm_plugins.directives import parse_directives
+    from gpushare.slurm_plugins.estimate_source import find_estimate
+
+    cfg = parse_config({"submit": {"cache_dir": str(tmp_path / "cache")}})
+    small = SCRIPT.replace("#SBATCH --gres=gpu:1\n", "#SBATCH --gres=gpu:1\n#GPUSHARE mem=4G\n")
+    before = find_estimate(cfg, parse_directives(small), small, None, 1000, ["a100-80gb"])
+    assert before is not None and (before.source, before.total_bytes) == ("directive:mem", 4 * GiB)
+    learn_from_oom(cfg, small, "5", "gres:shard:5", 80 * GiB, 1000)  # 4 GiB + margin was not enough
+    after = find_estimate(cfg, parse_directives(small), small, None, 1000, ["a100-80gb"])
+    assert after is not None and after.source == "learned" and after.total_bytes == int(7.5 * GiB)
+    assert "job 5" in after.detail and "directive:mem said 4.0 GiB" in after.detail
+    big = small.replace("mem=4G", "mem=20G")  # a directive above the lesson (another script: no lesson) wins
+    learn_from_oom(cfg, big, "6", "gres:shard:5", 80 * GiB, 1000)
+    assert find_estimate(cfg, parse_directives(big), big, None, 1000, ["a100-80gb"]).source == "directive:mem"
+    assert find_estimate(cfg, parse_directives(small), small, None, 1001, ["a100-80gb"]).source == "directive:mem"
