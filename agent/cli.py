@@ -80,7 +80,7 @@ def run_agent(argv: list[str], agent_cls: type, open_backend: Callable[[str | No
 
     from gpushare.slurm.client import SlurmClient
 
-    slurm = SlurmClient(agent_cfg.slurm_conf or None)
+    slurm = SlurmClient.from_config(cfg)
     feature = None
     if agent_cfg.withhold == "feature":
         from gpushare.agent.withhold import NodeFeature

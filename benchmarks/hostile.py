@@ -70,7 +70,7 @@ def start_service(base: Path, queue_jobs: int, poll_s: float = 0.1) -> tuple[sub
         f'version = 1\n[policy]\nwithout_estimate = "async"\n'
         f'[submit]\nsocket = "{sock}"\ncache_dir = "{base}/cache"\nlog_file = "{base}/submitd.log"\n'
         f'[estimation]\npartition = "cpu"\npoll_s = {poll_s}\nspool_dir = "{base}/spool"\n'
-        f'[oom]\nslurm_bin_dir = "{bin_dir}"\nledger_dir = "{base}/ledger"\n'
+        f'[oom]\nledger_dir = "{base}/ledger"\n[slurm]\nbin_dir = "{bin_dir}"\n'
         '[[nodes]]\nnames = "n1"\ngpu = "a100-40gb"\ncount = 2\n')
     executable = os.path.join(os.path.dirname(sys.executable), "gpushare-submitd")
     proc = subprocess.Popen([executable, "--config", str(config), "--log-level", "WARNING"],

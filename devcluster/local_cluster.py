@@ -153,7 +153,7 @@ class LocalCluster:
             for name in self.node_names)
         extra_submit = "".join(f"{key} = {json.dumps(value)}\n" for key, value in self.submit_settings.items())
         # Our commands run on the host (tests, gpushare CLI) must reach this cluster's tools, not the host's.
-        slurm_bin = f'slurm_bin_dir = "{self.slurm_bin_dir}"\n' if self.slurm_bin_dir else ""
+        slurm_bin = f'\n[slurm]\nbin_dir = "{self.slurm_bin_dir}"\n' if self.slurm_bin_dir else ""
         return (f"version = 1\n{self.toml_extra}\n[submit]\nsocket = \"{self.submitd_socket}\"\n"
                 f"cache_dir = \"{self.base / 'cache'}\"\nlog_file = \"{self.base / 'log' / 'submitd.log'}\"\n"
                 f"timeout_ms = 500\n{extra_submit}"

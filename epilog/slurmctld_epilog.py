@@ -242,24 +242,8 @@ def _setup_logging(cfg: Config | None) -> None:
                   syslog_fallback=True)
 
 
-def slurm_conf_for(cfg: Config) -> str | None:
-    """Which slurm.conf scontrol should read: the hook gets no SLURM_CONF from slurmctld.
-
-    ``[oom] slurm_conf`` when set; else a ``slurm.conf`` beside the gpushare config file (both live in
-    /etc/slurm on a standard install, and in one directory for any cluster built around its own
-    slurm.conf); else /etc/slurm/slurm.conf; else scontrol's built-in default.
-    """
-    if cfg.oom.slurm_conf:
-        return cfg.oom.slurm_conf
-    candidates = [] if cfg.source.startswith("<") else [os.path.join(os.path.dirname(cfg.source), "slurm.conf")]
-    for path in [*candidates, "/etc/slurm/slurm.conf"]:
-        if os.path.isfile(path):
-            return path
-    return None
-
-
 def _client(cfg: Config) -> SlurmClient:
-    return SlurmClient(conf_path=slurm_conf_for(cfg), bin_dir=cfg.oom.slurm_bin_dir or None)
+    return SlurmClient.from_config(cfg)
 
 
 RESUME_DELAY_S = 45.0  # past resume_unfinished's 30 s minimum age: a live hook run is never raced

@@ -88,7 +88,7 @@ def _slurm_job(env: Mapping[str, str], cfg: Any, client: Any, job: str) -> tuple
         if client is None:
             from gpushare.slurm.client import SlurmClient
 
-            client = SlurmClient(cfg.slurm_conf or env.get("SLURM_CONF") or None)
+            client = SlurmClient(env.get("SLURM_CONF") or None)
         return client.job(job), client
     except Exception as exc:  # noqa: BLE001
         log.warning("job %s: Slurm record unavailable (%s); exit status and AdminComment skipped", job, exc)
@@ -100,9 +100,12 @@ def main(argv: list[str] | None = None) -> int:
         from gpushare.config import load_config
         from gpushare.agent.cli import setup_logging
 
-        cfg = load_config().agent
+        from gpushare.slurm.client import SlurmClient
+
+        full = load_config()
+        cfg = full.agent
         setup_logging(cfg.log_file, program="gpushare-epilog")
-        close_job(os.environ, cfg)
+        close_job(os.environ, cfg, client=SlurmClient.from_config(full))
     except Exception:  # noqa: BLE001 - never fail a job or drain a node on our account
         log.exception("epilog failed; node stays up")
     return 0

@@ -185,9 +185,6 @@ class OomSection:
                                  "finished ledger entries and history older than this are pruned")
     read_timeout_s: float = _opt(10.0, _between(0.5, 300.0), "limit on reading one job log (slow file systems)")
     ledger_dir: str = _opt("/var/lib/gpushare/oom-ledger", None, "where recovery decisions are recorded")
-    slurm_bin_dir: str = _opt("", None, "directory holding scontrol; empty: /usr/bin, /usr/local/bin, ...")
-    slurm_conf: str = _opt("", None, "slurm.conf for scontrol (the hook gets no SLURM_CONF); empty: the one "
-                                     "beside this file, else /etc/slurm/slurm.conf")
     log_file: str = _opt("", None, "epilog log; empty: standard error and syslog")
 
 
@@ -218,7 +215,6 @@ class AgentSection:
                                    "withhold the node when any GPU (safe) or all GPUs (more packing) are busy")
     metrics_port: int = _opt(9402, _between(0, 65535), "Prometheus port on 127.0.0.1; 0 turns metrics off")
     admin_comment: str = _opt("yes", _one_of("yes", "no"), "write each job's record into its AdminComment")
-    slurm_conf: str = _opt("", None, "slurm.conf for scontrol/squeue; empty: $SLURM_CONF or Slurm's default")
     framework_caps: str = _opt("yes", _one_of("yes", "no"),
                                "time-sliced shared jobs also get PYTORCH_CUDA_ALLOC_CONF per_process_memory_fraction "
                                "and JAX's XLA_PYTHON_CLIENT_MEM_FRACTION, merged with the user's own settings")
@@ -250,9 +246,7 @@ class MigSection:
     poll_s: float = _opt(5.0, _between(0.01, 600.0), "seconds between busy checks")
     max_reconfigurations_per_hour: int = _opt(2, _between(0, 3600), "reshapes of one node per hour; 0: never")
     journal_dir: str = _opt("/var/lib/gpushare/mig", None, "per-node repartition journals")
-    slurm_conf: str = _opt("", None, "slurm.conf whose NodeName= Gres= is rewritten; empty: $SLURM_CONF, "
-                           "else /etc/slurm/slurm.conf")
-    gres_conf: str = _opt("", None, "gres.conf to rewrite; empty: gres.conf next to slurm_conf")
+    gres_conf: str = _opt("", None, "gres.conf to rewrite; empty: gres.conf next to [slurm] conf's slurm.conf")
     restart_commands: list = _opt(["systemctl restart slurmctld", "systemctl restart slurmd"], None,
                                   "run in order after the files change (22.05 needs both restarts)")
     device_dir: str = _opt("/dev", None, "where nvidiaN and nvidia-caps/ live, for gres.conf")
@@ -263,6 +257,24 @@ class MigSection:
                                    "a pending job counts as MIG demand only after waiting this long")
     demand_max_per_user: int = _opt(7, _between(0, 1000),
                                     "MIG instances one user's pending jobs can ask a reshape for; 0: no cap")
+
+
+@dataclass
+class SlurmSection:
+    """Where Slurm is, for every gpushare command that runs Slurm's tools or rewrites its files.
+
+    One place on purpose: the hooks run under slurmctld or slurmd with different environments (the
+    EpilogSlurmctld gets no ``SLURM_CONF``), and a path set in one component but not in another would make
+    them talk to different clusters."""
+
+    conf: str = _opt("", None, "slurm.conf; empty: $SLURM_CONF, else a slurm.conf beside this file, else "
+                               "/etc/slurm/slurm.conf, else Slurm's built-in default")
+    bin_dir: str = _opt("", None, "directory holding scontrol, squeue, sbatch; empty: $PATH, then /usr/bin")
+
+
+# Older names of [slurm] settings, still read: (section, key) -> [slurm] key
+LEGACY_SLURM_KEYS = {("oom", "slurm_conf"): "conf", ("agent", "slurm_conf"): "conf", ("mig", "slurm_conf"): "conf",
+                     ("oom", "slurm_bin_dir"): "bin_dir"}
 
 
 @dataclass
@@ -301,9 +313,26 @@ class Config:
     oom: OomSection = field(default_factory=OomSection)
     agent: AgentSection = field(default_factory=AgentSection)
     mig: MigSection = field(default_factory=MigSection)
+    slurm: SlurmSection = field(default_factory=SlurmSection)
     nodes: list[NodeGroup] = field(default_factory=list)
     gpus: dict[str, GpuModel] = field(default_factory=lambda: dict(BUILTIN_GPUS))
     source: str = "<defaults>"
+
+    def slurm_conf_path(self, environ: typing.Mapping[str, str] | None = None) -> str | None:
+        """The slurm.conf Slurm's tools should read (None: their built-in default).
+
+        ``[slurm] conf``; else ``$SLURM_CONF``; else a ``slurm.conf`` beside this configuration file (both
+        live in /etc/slurm on a standard install); else /etc/slurm/slurm.conf when it exists."""
+        env = os.environ if environ is None else environ
+        if self.slurm.conf:
+            return self.slurm.conf
+        if env.get("SLURM_CONF"):
+            return env["SLURM_CONF"]
+        candidates = [] if self.source.startswith("<") else [os.path.join(os.path.dirname(self.source), "slurm.conf")]
+        for path in [*candidates, "/etc/slurm/slurm.conf"]:
+            if os.path.isfile(path):
+                return path
+        return None
 
     def gpu(self, name: str) -> GpuModel:
         try:
@@ -314,7 +343,7 @@ class Config:
 
 _SECTIONS: dict[str, type] = {"policy": PolicySection, "submit": SubmitSection, "estimator": EstimatorSection,
                              "estimation": EstimationSection, "oom": OomSection, "agent": AgentSection,
-                             "mig": MigSection}
+                             "mig": MigSection, "slurm": SlurmSection}
 
 
 def _coerce(where: str, value: Any, expected: Any) -> Any:
@@ -409,6 +438,7 @@ def parse_config(data: dict[str, Any], source: str = "<string>") -> Config:
     if version != CONFIG_VERSION:
         raise ConfigError(f"{source}: version: this gpushare reads version {CONFIG_VERSION}, got {version!r}")
     cfg = Config(source=source)
+    data = _fold_legacy_slurm_keys(data, source)
     for name, cls in _SECTIONS.items():
         setattr(cfg, name, _build(cls, data.get(name, {}), f"{source}: [{name}]", f"GPUSHARE_{name.upper()}"))
     for gpu_name, table in (data.get("gpus") or {}).items():
@@ -437,6 +467,26 @@ def parse_config(data: dict[str, Any], source: str = "<string>") -> Config:
         except ValueError as exc:
             raise ConfigError(f"{source}: [estimator].gpus: {exc}") from None
     return cfg
+
+
+def _fold_legacy_slurm_keys(data: dict[str, Any], source: str) -> dict[str, Any]:
+    """Move the older per-section Slurm paths into ``[slurm]``; the same setting twice must agree."""
+    out = {name: dict(table) if isinstance(table, dict) else table for name, table in data.items()}
+    slurm = out.setdefault("slurm", {})
+    if not isinstance(slurm, dict):
+        return out  # _build reports it
+    for (section, key), target in LEGACY_SLURM_KEYS.items():
+        table = out.get(section)
+        if not isinstance(table, dict) or key not in table:
+            continue
+        value = table.pop(key)
+        if value in ("", None):
+            continue
+        if slurm.get(target, "") not in ("", value):
+            raise ConfigError(f"{source}: [{section}] {key} = {value!r} disagrees with [slurm] {target} = "
+                              f"{slurm[target]!r}; set it once, in [slurm]")
+        slurm[target] = value
+    return out
 
 
 def _check_estimation(cfg: Config, data: dict[str, Any], source: str) -> None:

@@ -90,7 +90,7 @@ def apply_command(node: str | None, targets: tuple[str, ...], from_demand: bool,
     try:
         executor = build_executor(cfg, node_name(cfg, node))
         if from_demand:
-            result, notes = reshape_for_demand(cfg, executor, SlurmClient(slurm_paths(cfg)[0]))
+            result, notes = reshape_for_demand(cfg, executor, SlurmClient(slurm_paths(cfg)[0], cfg.slurm.bin_dir or None))
         else:
             result, notes = executor.apply(_targets(cfg, executor.backend, targets)), []
     except (GpuError, SlurmError, JournalError, OSError, RuntimeError, ValueError) as exc:

@@ -42,7 +42,7 @@ def settings(cfg: Config) -> ExecSettings:
 
 
 def slurm_paths(cfg: Config) -> tuple[Path, Path]:
-    conf = Path(cfg.mig.slurm_conf or os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf")
+    conf = Path(cfg.slurm_conf_path() or "/etc/slurm/slurm.conf")
     return conf, Path(cfg.mig.gres_conf) if cfg.mig.gres_conf else conf.with_name("gres.conf")
 
 
@@ -54,7 +54,7 @@ def build_executor(cfg: Config, node: str, backend: GpuBackend | None = None,
         backend = open_backend(cfg.agent.device_backend or None)
     if slurm is None:
         conf, gres = slurm_paths(cfg)
-        client = client or SlurmClient(conf)
+        client = client or SlurmClient(conf, cfg.slurm.bin_dir or None)
         slurm = (SlurmNodeActions(client, conf, gres, restart) if restart is not None else
                  SlurmNodeActions.with_commands(client, conf, gres, list(cfg.mig.restart_commands)))
     return Executor(node, backend, slurm, JournalStore(cfg.mig.journal_dir), settings(cfg), hook=hook)

@@ -52,7 +52,7 @@ def register(env: Mapping[str, str], cfg: Any, client: Any = None, backend: Any 
         if client is None:
             from gpushare.slurm.client import SlurmClient
 
-            client = SlurmClient(cfg.slurm_conf or env.get("SLURM_CONF") or None)
+            client = SlurmClient(env.get("SLURM_CONF") or None)
         slurm_job = client.job(job.job)
     except Exception as exc:  # noqa: BLE001 - without Slurm's record the job is registered uncapped
         log.warning("job %s: Slurm record unavailable (%s); registered without estimate", job.job, exc)
@@ -90,9 +90,12 @@ def main(argv: list[str] | None = None) -> int:
         from gpushare.config import load_config
         from gpushare.agent.cli import setup_logging
 
-        cfg = load_config().agent
+        from gpushare.slurm.client import SlurmClient
+
+        full = load_config()
+        cfg = full.agent
         setup_logging(cfg.log_file, program="gpushare-prolog")
-        register(os.environ, cfg)
+        register(os.environ, cfg, client=SlurmClient.from_config(full))
     except Exception:  # noqa: BLE001 - never fail a job or drain a node on our account
         log.exception("prolog failed; job proceeds")
     return 0

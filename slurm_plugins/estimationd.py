@@ -79,7 +79,7 @@ class EstimationService:
     def __init__(self, cfg: Config, client: SlurmClient | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.cfg = cfg
-        self.client = client or SlurmClient(cfg.oom.slurm_conf or None, cfg.oom.slurm_bin_dir or None)
+        self.client = client or SlurmClient.from_config(cfg)
         self.clock = clock
         self._scripts: dict[int, tuple[str, TrainingCommand | Any]] = {}  # job id -> (key, command)
         self._ticks = 0

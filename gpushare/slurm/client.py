@@ -22,10 +22,14 @@ import shutil
 import subprocess
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpushare.errors import GpushareError
 from gpushare.slurm.jobs import Job, check_job_id, job_from_json, parse_scontrol_record
 from gpushare.slurm.version import SlurmVersion
+
+if TYPE_CHECKING:
+    from gpushare.config import Config
 
 __all__ = ["JobGone", "SlurmClient", "SlurmError", "check_job_id", "parse_scontrol_record"]
 
@@ -50,6 +54,11 @@ class SlurmClient:
         self.conf_path = str(conf_path) if conf_path else os.environ.get("SLURM_CONF")
         self.bin_dir = bin_dir
         self.timeout_s = timeout_s
+
+    @classmethod
+    def from_config(cls, cfg: "Config", timeout_s: float = 30.0) -> "SlurmClient":
+        """The client every gpushare component uses: the ``[slurm]`` section's paths."""
+        return cls(cfg.slurm_conf_path(), cfg.slurm.bin_dir or None, timeout_s)
 
     @property
     def version(self) -> SlurmVersion:

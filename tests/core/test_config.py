@@ -117,3 +117,16 @@ def test_state_files_of_a_newer_format_are_refused_not_misread(tmp_path) -> None
     with pytest.raises(FormatVersionError, match="entry.json: format v2"):
         read_json_object(path, 4096, version=1)
     assert read_json_object(path, 4096) == {"v": 2, "job": "1"}  # callers that do not check get it as is
+
+
+def test_slurm_paths_live_in_one_section_and_the_older_names_still_read() -> None:
+    from gpushare.config import ConfigError, parse_config
+
+    cfg = parse_config({"oom": {"slurm_bin_dir": "/opt/slurm/bin", "slurm_conf": "/opt/slurm/etc/slurm.conf"},
+                        "agent": {"slurm_conf": "/opt/slurm/etc/slurm.conf"}})
+    assert (cfg.slurm.conf, cfg.slurm.bin_dir) == ("/opt/slurm/etc/slurm.conf", "/opt/slurm/bin")
+    assert cfg.slurm_conf_path({}) == "/opt/slurm/etc/slurm.conf"
+    with pytest.raises(ConfigError, match=r"\[mig\] slurm_conf = '/b' disagrees with \[slurm\] conf = '/a'"):
+        parse_config({"slurm": {"conf": "/a"}, "mig": {"slurm_conf": "/b"}})
+    with pytest.raises(ConfigError, match=r"\[slurm\]: unknown key 'slurm_conf'"):
+        parse_config({"slurm": {"slurm_conf": "/a"}})

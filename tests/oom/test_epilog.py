@@ -178,9 +178,11 @@ def test_slurm_conf_is_found_beside_the_gpushare_config(tmp_path: Path) -> None:
     (tmp_path / "gpushare.toml").write_text("[oom]\n")
     (tmp_path / "slurm.conf").write_text("ClusterName=x\n")
     cfg = parse_config({}, source=str(tmp_path / "gpushare.toml"))
-    assert hook.slurm_conf_for(cfg) == str(tmp_path / "slurm.conf")
-    explicit = parse_config({"oom": {"slurm_conf": "/opt/slurm/etc/slurm.conf"}}, source=str(tmp_path / "g.toml"))
-    assert hook.slurm_conf_for(explicit) == "/opt/slurm/etc/slurm.conf"
+    assert cfg.slurm_conf_path({}) == str(tmp_path / "slurm.conf")  # the EpilogSlurmctld gets no SLURM_CONF
+    assert cfg.slurm_conf_path({"SLURM_CONF": "/srv/slurm.conf"}) == "/srv/slurm.conf"
+    explicit = parse_config({"slurm": {"conf": "/opt/slurm/etc/slurm.conf"}}, source=str(tmp_path / "g.toml"))
+    assert explicit.slurm_conf_path({"SLURM_CONF": "/srv/slurm.conf"}) == "/opt/slurm/etc/slurm.conf"
+    assert hook._client(explicit).conf_path == "/opt/slurm/etc/slurm.conf"
 
 
 def test_main_always_exits_0(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -188,7 +190,7 @@ def test_main_always_exits_0(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("SLURM_JOB_ID", "1")
     assert hook.main([]) == 0  # unreadable config
     conf = tmp_path / "g.toml"
-    conf.write_text(f'[oom]\nledger_dir = "{tmp_path / "l"}"\nslurm_bin_dir = "{tmp_path}"\n'
+    conf.write_text(f'[oom]\nledger_dir = "{tmp_path / "l"}"\n[slurm]\nbin_dir = "{tmp_path}"\n'
                     f'[submit]\ncache_dir = "{tmp_path / "c"}"\n')
     monkeypatch.setenv("GPUSHARE_CONFIG", str(conf))
     monkeypatch.setenv("SLURM_JOB_ID", "1; rm -rf /")
