@@ -22,7 +22,6 @@ import sys
 import time
 from typing import Any, Callable, Mapping
 
-from gpushare.logs import setup_logging
 from gpushare.epilog.corroborate import corroborate
 from gpushare.epilog.executor import execute, finish, resume_unfinished, spawn_finisher
 from gpushare.epilog.ledger import FINAL_STATES, Ledger
@@ -237,11 +236,6 @@ def _tell_user(job: JobFacts, message: str, cfg: Config) -> None:
         log.info("job %s: could not add a note to the job log: %s", job.job_id, exc)
 
 
-def _setup_logging(cfg: Config | None) -> None:
-    setup_logging("gpushare-epilog-slurmctld", cfg.oom.log_file if cfg is not None else "", "INFO",
-                  syslog_fallback=True)
-
-
 def _client(cfg: Config) -> SlurmClient:
     return SlurmClient.from_config(cfg)
 
@@ -308,29 +302,24 @@ def run_finisher(key: str, cfg: Config, client: SlurmClient | None = None, wait_
 
 
 def main(argv: list[str] | None = None) -> int:
+    from gpushare.hooks import run_hook
+
     args = sys.argv[1:] if argv is None else argv
-    cfg = None
-    try:
-        cfg = load_config()
-    except Exception as exc:  # noqa: BLE001 - a bad config must not fail jobs
-        _setup_logging(None)
-        log.error("configuration unusable, OOM recovery skipped: %s", exc)
-        return 0
-    _setup_logging(cfg)
+    return run_hook("gpushare-epilog-slurmctld", lambda cfg: _main(args, cfg), lambda cfg: cfg.oom.log_file,
+                    "OOM recovery skipped, the job stays as Slurm left it")
+
+
+def _main(args: list[str], cfg: Config) -> None:
     job = os.environ.get("SLURM_JOB_ID", "?")[:20]
-    try:
-        if len(args) == 2 and args[0] == "--finish":
-            job = args[1][:24]
-            outcome = run_finisher(args[1], cfg)
-        elif args and args[0] == "--resume":
-            job = "-"
-            outcome = run_resume(cfg, delay_s=float(args[1]) if len(args) > 1 else 0.0)
-        else:
-            outcome = run(os.environ, cfg=cfg, resume_later=spawn_resumer)
-        log.info("job %s: %s", job, outcome)
-    except Exception as exc:  # noqa: BLE001 - docs/style.md #10: never fail the job on our account
-        log.exception("job %s: OOM recovery failed: %s", job, exc)
-    return 0
+    if len(args) == 2 and args[0] == "--finish":
+        job = args[1][:24]
+        outcome = run_finisher(args[1], cfg)
+    elif args and args[0] == "--resume":
+        job = "-"
+        outcome = run_resume(cfg, delay_s=float(args[1]) if len(args) > 1 else 0.0)
+    else:
+        outcome = run(os.environ, cfg=cfg, resume_later=spawn_resumer)
+    log.info("job %s: %s", job, outcome)
 
 
 if __name__ == "__main__":

@@ -96,19 +96,11 @@ def _slurm_job(env: Mapping[str, str], cfg: Any, client: Any, job: str) -> tuple
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        from gpushare.config import load_config
-        from gpushare.agent.cli import setup_logging
+    from gpushare.hooks import run_hook
+    from gpushare.slurm.client import SlurmClient
 
-        from gpushare.slurm.client import SlurmClient
-
-        full = load_config()
-        cfg = full.agent
-        setup_logging(cfg.log_file, program="gpushare-epilog")
-        close_job(os.environ, cfg, client=SlurmClient.from_config(full))
-    except Exception:  # noqa: BLE001 - never fail a job or drain a node on our account
-        log.exception("epilog failed; node stays up")
-    return 0
+    return run_hook("gpushare-epilog", lambda cfg: close_job(os.environ, cfg.agent, client=SlurmClient.from_config(cfg)),
+                    lambda cfg: cfg.agent.log_file, "node stays up")
 
 
 if __name__ == "__main__":

@@ -86,19 +86,11 @@ def _register_locally(facts: dict[str, Any], cfg: Any, backend: Any) -> dict[str
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        from gpushare.config import load_config
-        from gpushare.agent.cli import setup_logging
+    from gpushare.hooks import run_hook
+    from gpushare.slurm.client import SlurmClient
 
-        from gpushare.slurm.client import SlurmClient
-
-        full = load_config()
-        cfg = full.agent
-        setup_logging(cfg.log_file, program="gpushare-prolog")
-        register(os.environ, cfg, client=SlurmClient.from_config(full))
-    except Exception:  # noqa: BLE001 - never fail a job or drain a node on our account
-        log.exception("prolog failed; job proceeds")
-    return 0
+    return run_hook("gpushare-prolog", lambda cfg: register(os.environ, cfg.agent, client=SlurmClient.from_config(cfg)),
+                    lambda cfg: cfg.agent.log_file, "job proceeds")
 
 
 if __name__ == "__main__":

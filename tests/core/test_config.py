@@ -130,3 +130,21 @@ def test_slurm_paths_live_in_one_section_and_the_older_names_still_read() -> Non
         parse_config({"slurm": {"conf": "/a"}, "mig": {"slurm_conf": "/b"}})
     with pytest.raises(ConfigError, match=r"\[slurm\]: unknown key 'slurm_conf'"):
         parse_config({"slurm": {"slurm_conf": "/a"}})
+
+
+def test_a_hook_exits_0_and_logs_whatever_fails(tmp_path, monkeypatch, capsys) -> None:
+    from gpushare.hooks import run_hook
+
+    monkeypatch.setenv("GPUSHARE_CONFIG", str(tmp_path / "missing.toml"))
+    assert run_hook("gpushare-test-hook", lambda cfg: None, lambda cfg: "", "job proceeds") == 0
+    assert "configuration unusable" in capsys.readouterr().err
+    (tmp_path / "g.toml").write_text(f'[agent]\nlog_file = "{tmp_path / "hook.log"}"\n')
+    monkeypatch.setenv("GPUSHARE_CONFIG", str(tmp_path / "g.toml"))
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+
+    def body(cfg):
+        raise RuntimeError("boom")
+
+    assert run_hook("gpushare-test-hook", body, lambda cfg: cfg.agent.log_file, "job proceeds") == 0
+    text = (tmp_path / "hook.log").read_text()
+    assert "gpushare-test-hook failed (job 42); job proceeds" in text and "RuntimeError: boom" in text
