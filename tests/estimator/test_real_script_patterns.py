@@ -3,23 +3,13 @@ that catch the stop signal, chained failures."""
 
 from __future__ import annotations
 
-import json
-import textwrap
-
 import pytest
 
-from gpushare.estimator_cli.cli import EXIT_OK, EXIT_SCRIPT, main
+from estimator_run import estimate
+
+from gpushare.estimator_cli.cli import EXIT_OK, EXIT_SCRIPT
 
 pytestmark = pytest.mark.torch
-
-
-def estimate(capsys, tmp_path, source: str, *extra: str) -> tuple[int, dict | None, str]:
-    script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent(source))
-    capsys.readouterr()
-    code = main(["--json", "--no-cache", "--no-warm", "--gpu", "a100-40gb", *extra, str(script)])
-    out, err = capsys.readouterr()
-    return code, (json.loads(out) if code == EXIT_OK else None), err
 
 
 def test_manual_update_without_optimizer_compile_and_accelerator(capsys, tmp_path):
