@@ -25,8 +25,9 @@ RELEVANT_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CUBLAS_WORKSPA
                 "CUDA_MODULE_LOADING", "CUBLASLT_WORKSPACE_SIZE", "PYTORCH_NO_CUDA_MEMORY_CACHING")
 # Version of the estimate's model (orchestrator, device model). Bump it when the same capture would give a
 # different estimate, so entries made by an older model are not served as current. 2: cuDNN workspaces
-# from convolution geometry (estimator_cli/conv_workspace.py).
-MODEL_VERSION = 3
+# from convolution geometry (estimator_cli/conv_workspace.py). 4: documents carry the persistent/ephemeral
+# split (estimator_cli/persistent.py), which an older entry lacks.
+MODEL_VERSION = 4
 
 
 MAX_ARG_FILE_BYTES = 4 << 20

@@ -15,6 +15,7 @@ from gpushare.estimator_cli.allocator import AllocatorConfig, ReplayResult, repl
 from gpushare.estimator_cli.device_model import DeviceModel, device_for
 from gpushare.estimator_cli.events import Capture
 from gpushare.estimator_cli.orchestrate import Orchestrated, orchestrate
+from gpushare.estimator_cli.persistent import MemorySplit, split_peak
 from gpushare.estimator_cli.recommend import Recommendation, recommend
 from gpushare.config import Config
 
@@ -31,6 +32,7 @@ class TargetEstimate:
     context_bytes: int
     peak_total_bytes: int
     fits: bool
+    split: MemorySplit  # persistent / ephemeral parts of the reserved peak (estimator_cli/persistent.py)
     top_modules: list[tuple[str, int]] = field(default_factory=list)
     by_phase: list[tuple[str, int]] = field(default_factory=list)
     by_kind: list[tuple[str, int]] = field(default_factory=list)
@@ -75,14 +77,17 @@ def estimate_target(capture: Capture, target: str, cfg: Config, env: dict[str, s
     orch = orchestrate(capture, probe.cublas_workspace_bytes)
     device = device_for(target, cfg.gpus, uses_cublas=orch.uses_cublas, uses_cudnn=orch.uses_cudnn,
                         cublas_workspace_config=env.get("CUBLAS_WORKSPACE_CONFIG"))
-    result = replay(orch.events, device.capacity_bytes, allocator_config(env),
+    config = allocator_config(env)
+    result = replay(orch.events, device.capacity_bytes, config,
                     reserved_elsewhere=device.context_bytes, keep_trace=keep_trace)
+    split = split_peak(orch, capture.steps, (result.peak_allocated_bytes, result.peak_reserved_bytes),
+                       device.capacity_bytes, config, device.context_bytes, result.oom)
     peak_total = result.peak_reserved_bytes + device.context_bytes + OTHER_DRIVER_BYTES
     rec = recommend(peak_total, device.model, device.mig_profile, cfg.policy, result.oom)
     fits = not result.oom and peak_total <= device.capacity_bytes
     index = result.peak_allocated_event_index if result.peak_allocated_event_index >= 0 else result.peak_event_index
     top_modules, by_phase, by_kind = _breakdown(orch, live_at(orch, index)) if index >= 0 else ([], [], [])
-    return TargetEstimate(device, result, orch, rec, device.context_bytes, peak_total, fits,
+    return TargetEstimate(device, result, orch, rec, device.context_bytes, peak_total, fits, split,
                           top_modules, by_phase, by_kind)
 
 

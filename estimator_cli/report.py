@@ -29,6 +29,8 @@ def target_json(est: TargetEstimate) -> TargetJson:
         "share_of_gpu": round(est.peak_total_bytes / cap, 4),
         "recommendation": est.recommendation.to_json(),
         "top_modules": _named(est.top_modules), "by_phase": _named(est.by_phase), "by_kind": _named(est.by_kind),
+        "persistent_bytes": int(est.split.persistent_bytes), "ephemeral_bytes": int(est.split.ephemeral_bytes),
+        "persistent_allocated_bytes": int(est.split.persistent_allocated_bytes),
     }  # type: ignore[return-value]
 
 
@@ -56,6 +58,17 @@ def _gib(n: int) -> str:
     return f"{n / GiB:.2f} GiB" if n >= GiB else f"{n / MiB:.0f} MiB"
 
 
+def _split_lines(targets: list[dict[str, Any]]) -> list[str]:
+    """One line per target: what stays on the GPU between iterations and what one iteration adds on top
+    (Salus-style admission). Documents from before the split have no such fields and get no lines."""
+    lines = []
+    for t in targets:
+        if "persistent_bytes" in t:
+            lines.append(f"{t['gpu']:<22} reserved = persistent {_gib(t['persistent_bytes'])} (kept between "
+                         f"iterations) + ephemeral {_gib(t['ephemeral_bytes'])} (within one)")
+    return lines
+
+
 def render_text(doc: dict[str, Any]) -> str:
     lines = []
     mode = doc["mode"]
@@ -78,6 +91,7 @@ def render_text(doc: dict[str, Any]) -> str:
             advice += f"  (or MIG {rec['mig_profile']})"
         lines.append(f"{t['gpu']:<22} {_gib(t['peak_allocated_bytes']):>10} {_gib(t['peak_reserved_bytes']):>10} "
                      f"{_gib(t['context_bytes']):>9} {_gib(t['peak_total_bytes']):>10} {t['share_of_gpu']:>6.0%}  {advice}")
+    lines += _split_lines(doc["targets"])
     first = doc["targets"][0]
     lines.append(f"margin: {_gib(first['recommendation']['margin_bytes'])} added before sizing "
                  "([policy] margin_fraction / margin_min_gib)")

@@ -3,11 +3,14 @@
 Readers check ``schema_version``; new fields may be added within a version, none removed or changed.
 Bytes are integers; ``peak_total_bytes`` is what nvidia-smi would show for the process:
 ``peak_reserved_bytes + context_bytes + other_driver_bytes``.
+
+Fields added within version 1 are ``NotRequired``: documents written before them (the estimate cache,
+the estimation spool) still validate, and when present they are checked like the others.
 """
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 SCHEMA_VERSION = 1
 
@@ -32,6 +35,10 @@ class TargetJson(TypedDict):
     top_modules: list[Named]
     by_phase: list[Named]
     by_kind: list[Named]
+    # Added within version 1 (estimator_cli/persistent.py): Salus-style split of the reserved peak.
+    persistent_bytes: NotRequired[int]  # reserved for blocks alive at every steady-state iteration boundary
+    ephemeral_bytes: NotRequired[int]  # peak_reserved_bytes - persistent_bytes: needed only during an iteration
+    persistent_allocated_bytes: NotRequired[int]  # allocated bytes of those blocks (<= persistent_bytes)
 
 
 class ReportJson(TypedDict):
@@ -59,8 +66,9 @@ class ReportJson(TypedDict):
 
 _TARGET_INT = ("capacity_bytes", "peak_allocated_bytes", "peak_reserved_bytes", "context_bytes",
                "other_driver_bytes", "peak_total_bytes")
+_SPLIT_INT = ("persistent_bytes", "ephemeral_bytes", "persistent_allocated_bytes")
 _TOP_FIELDS = set(ReportJson.__annotations__)
-_TARGET_FIELDS = set(TargetJson.__annotations__)
+_TARGET_FIELDS = set(TargetJson.__annotations__) - set(_SPLIT_INT)  # postponed annotations hide NotRequired
 
 
 def validate(doc: Any) -> list[str]:
@@ -84,6 +92,24 @@ def validate(doc: Any) -> list[str]:
                 problems.append(f"targets[{i}]: peak_total != reserved + context + other")
             if target["peak_allocated_bytes"] > target["peak_reserved_bytes"]:
                 problems.append(f"targets[{i}]: allocated peak above reserved peak")
+            problems += [f"targets[{i}]: {p}" for p in _split_problems(target)]
     if not doc.get("targets"):
         problems.append("no targets")
+    return problems
+
+
+def _split_problems(target: dict[str, Any]) -> list[str]:
+    """The persistent/ephemeral fields: all three or none, and they must split the reserved peak exactly."""
+    present = [k for k in _SPLIT_INT if k in target]
+    if not present:
+        return []  # a document written before the split
+    if len(present) != len(_SPLIT_INT):
+        return [f"missing {k!r}" for k in _SPLIT_INT if k not in target]
+    if not all(isinstance(target[k], int) and target[k] >= 0 for k in _SPLIT_INT):
+        return ["persistent/ephemeral bytes: not non-negative integers"]
+    problems = []
+    if target["persistent_bytes"] + target["ephemeral_bytes"] != target["peak_reserved_bytes"]:
+        problems.append("persistent + ephemeral != peak_reserved")
+    if target["persistent_allocated_bytes"] > target["persistent_bytes"]:
+        problems.append("persistent allocated above persistent reserved")
     return problems

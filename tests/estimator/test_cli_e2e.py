@@ -254,3 +254,39 @@ def test_lifetimes_in_the_capture(tmp_path):
             assert len(grads) == 12 and sum(a.id in freed for a in grads) == 8  # 3 steps; last grads alive
         else:
             assert len(grads) == 4 and not any(a.id in freed for a in grads)  # zeroed in place, kept
+
+
+@pytest.fixture(scope="module")
+def split_runs():
+    """The zero_grad example (4 × Linear(2048, 2048) + Linear(2048, 10), Adam) at two placements and batch
+    sizes: what stays between iterations is the same model and state in both."""
+    docs = {}
+    for placement, batch in (("top", "64"), ("before-backward", "256")):
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            code = main(["--json", "--no-cache", "--gpu", "a100-40gb", str(EXAMPLES / "zero_grad_placement.py"),
+                         "--placement", placement, "--batch-size", batch])
+        assert code == EXIT_OK
+        docs[placement] = json.loads(buf.getvalue())
+    return docs
+
+
+def test_persistent_memory_is_the_model_and_its_optimizer_state(split_runs):
+    """Persistent blocks = parameters + Adam's two moments (its step counters stay on the CPU) + the two cuBLAS
+    workspaces (forward and backward threads, device_model.py), exactly up to 1 MiB of allocator rounding.
+    Persistent *reserved* bytes add the segments those blocks sit in — a workspace (1-10 MiB) pins a 20 MiB
+    segment that the iteration's blocks shared, the biases 2 MiB small segments: tolerance 48 MiB above the
+    blocks. Gradients, batches and activations are per-iteration blocks: ephemeral."""
+    from gpushare.estimator_cli.device_model import CUBLAS_WORKSPACE_DEFAULT
+
+    params = 4 * (2048 * 2048 + 2048) * 4 + (2048 * 10 + 10) * 4
+    expected = 3 * params + 2 * CUBLAS_WORKSPACE_DEFAULT
+    for placement, doc in split_runs.items():
+        assert validate(doc) == []
+        target = doc["targets"][0]
+        assert 0 <= target["persistent_allocated_bytes"] - expected <= 1 << 20, placement
+        assert 0 <= target["persistent_bytes"] - target["persistent_allocated_bytes"] <= 48 << 20, placement
+        assert target["persistent_bytes"] + target["ephemeral_bytes"] == target["peak_reserved_bytes"]
+        assert target["ephemeral_bytes"] >= params  # this iteration's gradients at least
+    top, before = (split_runs[p]["targets"][0] for p in ("top", "before-backward"))
+    assert top["persistent_allocated_bytes"] == before["persistent_allocated_bytes"]  # same model and state
