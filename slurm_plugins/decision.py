@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpushare.config import Config
-from gpushare.gpus import GiB
+from gpushare.gpus import GiB, GpuModel, MigProfile
 from gpushare.slurm_plugins.directives import Directives
 from gpushare.slurm import record as record_format
 from gpushare.slurm.gres_request import GresItem, format_gres, parse_gres
@@ -38,6 +38,7 @@ class SubmitRequest:
     array: bool = False
     het_offset: int | None = None  # set for components of heterogeneous jobs
     script: str = ""
+    partition: str | None = None  # the job's --partition list as given; None: the default partition
 
 
 @dataclass(frozen=True)
@@ -178,9 +179,66 @@ def _not_shareable(request: SubmitRequest, per_node: list[GresItem], per_job: li
     return None
 
 
+def mig_models_for(partition: str | None, cfg: Config) -> list[GpuModel]:
+    """The GPU models of the job's partitions when every node there is a gpushare MIG node, else [].
+
+    Why only then: a slice request (``gpu:3g.20gb:1``) cannot run on a shard node and a shard request cannot
+    run on a MIG node, so the choice is made only where the job's partitions leave no doubt. A job that
+    names no partition goes to the default one, which the hook cannot see: it keeps the shard path."""
+    wanted = {name.strip() for name in (partition or "").split(",") if name.strip()}
+    groups = [group for group in cfg.nodes if group.partition in wanted]
+    if not groups or not all(group.mig for group in groups):
+        return []
+    return [cfg.gpu(name) for name in sorted({group.gpu for group in groups})]
+
+
+def mig_profile_for(need_bytes: int, models: list[GpuModel]) -> tuple[MigProfile | None, MigProfile | None]:
+    """(the smallest slice whose usable memory holds ``need_bytes``, the largest slice) among the profiles
+    every one of ``models`` has: the request names one profile, so it must exist on each GPU model the job
+    may land on. Media-extension variants are left out (they exist for video work and are scarcer)."""
+    if not models:
+        return None, None
+    names = set.intersection(*({p.name for p in m.mig_profiles if not p.media_extensions} for m in models))
+    variants = {name: [p for m in models for p in m.mig_profiles if p.name == name] for name in names}
+
+    def rank(name: str) -> tuple[int, int]:
+        return min(p.usable_bytes for p in variants[name]), max(p.compute_slices for p in variants[name])
+
+    ranked = sorted(names, key=rank)
+    if not ranked:
+        return None, None
+    fits = next((name for name in ranked if rank(name)[0] >= need_bytes), None)
+    smallest = min(variants[fits], key=lambda p: p.usable_bytes) if fits else None
+    return smallest, min(variants[ranked[-1]], key=lambda p: p.usable_bytes)
+
+
+def _size_mig(request: SubmitRequest, per_node: list[GresItem], gpu: GresItem, estimate: Estimate, margin: float,
+              models: list[GpuModel]) -> Decision:
+    """A single-GPU job on MIG-only partitions: the smallest slice that holds its estimate + margin."""
+    base = {"est_gib": _gib(estimate.total_bytes), "src": estimate.source, "margin_gib": _gib(int(margin))}
+    profile, largest = mig_profile_for(int(estimate.total_bytes + margin), models)
+    why = f"fits {profile.name} ({profile.usable_gib:.1f} GiB usable)" if profile else ""
+    if profile is None:
+        if largest is None:
+            return _keep(request, "typed", "the partition's GPUs share no MIG profile; request unchanged", estimate)
+        # an untyped gpu:1 would land on whichever slice is free, small ones included: the largest is the best bet
+        profile, why = largest, f"needs more than any slice; the largest, {largest.name}, is the closest"
+    new_value = format_gres([gpu.replaced("gpu", profile.name, 1) if item is gpu else item for item in per_node])
+    record = {"v": RECORD_VERSION, "decision": "mig", **base, "old": request.tres_per_node, "new": new_value,
+              "why": why}
+    if estimate.detail:
+        record["detail"] = estimate.detail[:120]
+    message = (f"gpushare: estimated {base['est_gib']} GiB ({estimate.source}) + {base['margin_gib']} GiB margin "
+               f"-> MIG slice gpu:{profile.name}:1")
+    return Decision(action="modify", tres_per_node=new_value, record=record, user_message=message)
+
+
 def _size_shared(request: SubmitRequest, per_node: list[GresItem], gpu: GresItem, estimate: Estimate,
                  cfg: Config) -> Decision:
     margin = max(estimate.total_bytes * cfg.policy.margin_fraction, cfg.policy.margin_min_gib * GiB)
+    models = mig_models_for(request.partition, cfg)
+    if models:
+        return _size_mig(request, per_node, gpu, estimate, margin, models)
     shards = max(1, math.ceil((estimate.total_bytes + margin) / GiB))
     gpu_gib = smallest_cluster_gpu_gib(cfg)
     base = {"est_gib": _gib(estimate.total_bytes), "src": estimate.source, "margin_gib": _gib(int(margin))}

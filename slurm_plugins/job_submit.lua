@@ -159,6 +159,7 @@ local function submit(job_desc, submit_uid)
 		'"tres_per_job":' .. json_string(job_desc.tres_per_job),
 		'"tres_per_task":' .. json_string(job_desc.tres_per_task),
 		'"min_nodes":' .. json_number(job_desc.min_nodes),
+		'"partition":' .. json_string(job_desc.partition),
 		'"array_inx":' .. json_string(job_desc.array_inx),
 		'"het_job_offset":' .. json_number(job_desc.het_job_offset),
 		'"work_dir":' .. json_string(job_desc.work_dir),

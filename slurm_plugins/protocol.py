@@ -65,6 +65,7 @@ def decode_request(line: bytes) -> tuple[str, SubmitRequest, dict[str, Any]]:
         array=bool(array) and array != "0",
         het_offset=het,
         script=fields.get("script") or "",
+        partition=str(fields.get("partition") or "")[:1024] or None,
     )
     return str(fields.get("op", "submit")), request, fields
 

@@ -134,3 +134,34 @@ def test_record_is_compact_json():
     assert decision.admin_comment.startswith("gpushare:{")
     assert len(decision.admin_comment) < 400
     json.loads(decision.admin_comment[len("gpushare:"):])
+
+
+MIG_CFG = parse_config({"nodes": [{"names": "n1", "gpu": "a100-40gb", "count": 2},
+                                  {"names": "m[1-2]", "gpu": "a100-40gb", "mig": True, "partition": "mig"},
+                                  {"names": "m3", "gpu": "a100-80gb", "mig": True, "partition": "mig80"}]})
+
+
+def test_a_job_sent_to_mig_partitions_gets_the_smallest_slice_that_holds_its_estimate():
+    decision = run(est_gib=4, cfg=MIG_CFG, partition="mig")  # 4 + 1 GiB margin: 1g.5gb (4.75 GiB) is too small
+    assert decision.action == "modify" and decision.tres_per_node == "gres:gpu:1g.10gb:1"
+    record = parse_record(decision.admin_comment)
+    assert record["decision"] == "mig" and record["new"] == "gres:gpu:1g.10gb:1" and "9.6 GiB usable" in record["why"]
+    assert run(est_gib=3, cfg=MIG_CFG, partition="mig").tres_per_node == "gres:gpu:1g.5gb:1"
+    assert run(est_gib=12, cfg=MIG_CFG, partition="mig").tres_per_node == "gres:gpu:3g.20gb:1"
+    # the separator the request came with is kept (23.02+ hands the hook gres/)
+    assert run(tres="gres/gpu:1", est_gib=12, cfg=MIG_CFG, partition="mig").tres_per_node == "gres/gpu:3g.20gb:1"
+
+
+def test_a_slice_request_names_a_profile_every_gpu_of_the_partitions_has():
+    # a100-40gb and a100-80gb share 2g/3g/... names only where their memory agrees: 1g.10gb exists on both
+    decision = run(est_gib=4, cfg=MIG_CFG, partition="mig,mig80")
+    assert decision.tres_per_node == "gres:gpu:1g.10gb:1"
+    # bigger than any slice: the largest (an untyped gpu:1 could land on a 1g.5gb slice)
+    big = run(est_gib=80, cfg=MIG_CFG, partition="mig80")
+    assert big.tres_per_node == "gres:gpu:7g.80gb:1" and "needs more than any slice" in parse_record(big.admin_comment)["why"]
+
+
+def test_partitions_with_shard_nodes_or_none_named_keep_the_shard_path():
+    assert run(est_gib=4, cfg=MIG_CFG).tres_per_node == "gres:shard:5"
+    assert run(est_gib=4, cfg=MIG_CFG, partition="gpu,mig").tres_per_node == "gres:shard:5"
+    assert run(est_gib=4, cfg=MIG_CFG, partition="unknown").tres_per_node == "gres:shard:5"
