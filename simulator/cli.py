@@ -14,7 +14,9 @@ import click
 from gpushare.gpus import BUILTIN_GPUS, parse_target
 from gpushare.simulator.policies import POLICIES, make_policy
 from gpushare.simulator import estimators, report
-from gpushare.simulator.engine import SimConfig, Simulation
+from gpushare.simulator.engine import SimConfig
+from gpushare.simulator.runner import simulation
+from gpushare.simulator.sweep import hyperparameter_sweep
 from gpushare.simulator.interference import MODES
 from gpushare.simulator.trace import TraceError, read
 
@@ -60,17 +62,19 @@ def _check(policy: str, estimator: str, gpu: str) -> None:
 @click.option("--caps/--no-caps", default=None,
               help="jobs that outgrow their share grow mid-run, held to it (--caps: framework caps + the agent's "
                    "backstop) or not (--no-caps); unset: memory reaches its peak at the first kernel")
+@click.option("--sweep", "sweep_jobs", type=click.IntRange(0), default=0, show_default=True,
+              help="instead of a trace, a seeded hyper-parameter sweep of this many small-model jobs (docs/simulator.md)")
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False), default=None, help="write PNG plots here")
 def command(trace_path: str | None, nodes: int, gpus_per_node: int, gpu: str, policy: str, estimator: str, seed: int,
             interference: str, throughputs: str | None, data_dir_flag: str | None, no_recovery: bool, as_json: bool,
-            plot_dir: str | None, caps: bool | None) -> None:
+            plot_dir: str | None, caps: bool | None, sweep_jobs: int = 0) -> None:
     """Replay a job trace against simulated GPUs through one placement policy."""
     data = data_dir(data_dir_flag)
     policy = policy.lower()
     _check(policy, estimator, gpu)
     path = Path(trace_path) if trace_path else data / TRACE_NAME
     try:
-        jobs = read(path, seed=seed)
+        jobs = hyperparameter_sweep(sweep_jobs, seed) if sweep_jobs else read(path, seed=seed)
     except TraceError as exc:
         raise click.ClickException(str(exc)) from None
     if policy in MIG_POLICIES:
@@ -82,7 +86,7 @@ def command(trace_path: str | None, nodes: int, gpus_per_node: int, gpu: str, po
     config = SimConfig(nodes=nodes, gpus_per_node=gpus_per_node, gpu=gpu, policy=policy, estimator=estimator,
                        seed=seed, recovery=not no_recovery, throughputs=gavel, interference=interference,
                        caps=caps)
-    sim = Simulation(jobs, config).run()
+    sim = simulation(jobs, config).run()
     click.echo(report.to_json(sim) if as_json else report.to_text(report.summarise(sim)))
     if plot_dir:
         from gpushare.simulator import plots  # matplotlib only when asked for

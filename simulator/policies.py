@@ -20,6 +20,13 @@ slurm-shards-  the same over the GPUs the agent has not withheld (risky or warmi
 withheld       Slurm still picks
 slurm-shards-  Slurm 24.11+ with ``LL_SHARED_GRES``: the GPU with the fewest shards allocated that fits
 ll
+salus-pack     Salus lanes (see ``SalusLanes``): admission by lane safety, turns by PACK / SRTF / FAIR
+salus-srtf,
+salus-fair
+gimbal-jct,    Gimbal packing (see ``GimbalPacking``): two jobs per GPU, MPS thread caps by Gimbal's
+gimbal-        Algorithm 1 for JCT / makespan; ``gimbal-free``: the same packing, caps at 100 %
+makespan,
+gimbal-free
 =============  ==========================================================================================
 
 Eligible (ff, bf, magm, lug): not holding an exclusive job, not warming (TTFK), not risky (CARMA §2.3;
@@ -82,6 +89,7 @@ class Policy:
 
     name = "policy"
     collocates = True
+    engine = "placement"  # which simulation runs it: placement (engine.py), salus (salus.py), gimbal (gimbal.py)
     needs_telemetry = False  # whether GpuState.risky/smact matter (drivers may skip computing them)
 
     def choose(self, job: JobRequest, gpus: Sequence[GpuState]) -> list[int] | None:
@@ -222,10 +230,63 @@ class SlurmShardLeastLoaded(Policy):
         return _by_node(fits, job.gpus, key=lambda g: (g.shards_total - g.shards_free, g.index))
 
 
+class SalusLanes(Policy):
+    """Salus' GPU lanes (``gpushare.agent.lane_policy``): the simulation offers only GPUs whose lane layout
+    admits the job (safety condition); among them the one with the fewest jobs, then the most free memory,
+    so lanes spread over GPUs before they time-share. ``lane_policy`` picks the turn inside a lane."""
+
+    name = "salus-pack"
+    engine = "salus"
+    lane_policy = "pack"
+
+    def _choose_shared(self, job: JobRequest, gpus: list[GpuState]) -> list[int] | None:
+        usable = [g for g in gpus if not g.exclusive]
+        return _by_node(usable, job.gpus, key=lambda g: (g.jobs, -g.free_bytes, g.index))
+
+
+class SalusSrtf(SalusLanes):
+    name = "salus-srtf"
+    lane_policy = "srtf"
+
+
+class SalusFair(SalusLanes):
+    name = "salus-fair"
+    lane_policy = "fair"
+
+
+GIMBAL_MAX_JOBS = 2  # Gimbal §5.1: at most two workers on one GPU
+
+
+class GimbalPacking(Policy):
+    """Gimbal's aggressive packing: at most two jobs per GPU, no risk filter (interference is what the
+    thread caps of ``gpushare.agent.gimbal`` tame), free memory ≥ the job's need; most free memory first.
+    ``objective`` None is free competition (every cap 100 %), the baseline Gimbal compares with."""
+
+    name = "gimbal-jct"
+    engine = "gimbal"
+    objective: str | None = "jct"
+
+    def _choose_shared(self, job: JobRequest, gpus: list[GpuState]) -> list[int] | None:
+        need = max(job.mem_bytes or 0, MIN_FREE_BYTES)
+        fits = [g for g in gpus if not g.exclusive and g.jobs < GIMBAL_MAX_JOBS and g.free_bytes >= need]
+        return _by_node(fits, job.gpus, key=lambda g: (-g.free_bytes, g.index))
+
+
+class GimbalMakespan(GimbalPacking):
+    name = "gimbal-makespan"
+    objective = "makespan"
+
+
+class FreeCompetition(GimbalPacking):
+    name = "gimbal-free"
+    objective = None
+
+
 POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
     for cls in (Exclusive, RoundRobin, FirstFit, BestFit, MostAvailableMemory, LeastUtilised, SlurmShardFirstFit,
-                SlurmShardWithheld, SlurmShardLeastLoaded)
+                SlurmShardWithheld, SlurmShardLeastLoaded, SalusLanes, SalusSrtf, SalusFair, GimbalPacking,
+                GimbalMakespan, FreeCompetition)
 }
 
 
