@@ -81,3 +81,54 @@ def test_hung_service_trips_the_breaker(tmp_path: Path) -> None:
 def test_the_deadline_is_capped_near_one_second() -> None:
     with pytest.raises(ConfigError, match="timeout_ms"):
         parse_config({"submit": {"timeout_ms": 5000}})
+
+
+FIELDS_DRIVER = r"""
+slurm = {SUCCESS = 0, ERROR = -1, log_error = function(fmt, ...) end, log_info = function(fmt, ...) end,
+  log_user = function(fmt, ...) end}
+dofile(arg[1])
+local job = {tres_per_node = "gres/gpu:1", script = "#!/bin/sh\n#GPUSHARE mem=4G\n", name = "j", partition = "mig,mig80",
+  min_nodes = 1}
+print(slurm_job_submit(job, {}, 1000), job.tres_per_node)
+local plain = {tres_per_node = "gres/gpu:1", script = "#!/bin/sh\n", name = "k"}
+print(slurm_job_submit(plain, {}, 1000), plain.tres_per_node)
+"""
+
+
+def test_the_shim_sends_what_the_decision_reads_partition_included(tmp_path: Path) -> None:
+    """The real shim's request, decoded by the service's own parser: the fields the decision uses arrive
+    (the partition is what lets an estimate pick a MIG slice), and the service's reply is applied."""
+    from gpushare.slurm_plugins.protocol import decode_request
+
+    lua = shutil.which("lua5.1")
+    if not lua or subprocess.run([lua, "-e", 'require("socket.unix")'], capture_output=True).returncode:
+        pytest.skip("lua5.1 with lua-socket not installed")
+    path = tmp_path / "s.sock"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(path))
+    server.listen(8)
+    server.settimeout(20)
+    lines: list[bytes] = []
+
+    def answer() -> None:
+        for reply in (b"action=modify\ntres_per_node=gres/gpu:1g.10gb:1\nend\n", b"action=accept\nend\n"):
+            conn = server.accept()[0]
+            with conn, conn.makefile("rb") as reader:
+                lines.append(reader.readline())
+                conn.sendall(reply)
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    shim, driver = tmp_path / "job_submit.lua", tmp_path / "driver.lua"
+    shim.write_text(render_lua(parse_config({"submit": {"socket": str(path), "timeout_ms": 900}})))
+    driver.write_text(FIELDS_DRIVER)
+    try:
+        out = subprocess.run([lua, str(driver), str(shim)], capture_output=True, text=True, timeout=30, check=True)
+    finally:
+        thread.join(5)
+        server.close()
+    assert out.stdout.split() == ["0", "gres/gpu:1g.10gb:1", "0", "gres/gpu:1"]
+    _, request, _ = decode_request(lines[0])
+    assert (request.partition, request.tres_per_node, request.min_nodes) == ("mig,mig80", "gres/gpu:1", 1)
+    assert "#GPUSHARE mem=4G" in request.script and request.user_id == 1000
+    assert decode_request(lines[1])[1].partition is None  # no --partition: Slurm's default one
