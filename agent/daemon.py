@@ -29,7 +29,7 @@ from gpushare.agent.adopt import Adopter
 from gpushare.agent.api import node_name
 from gpushare.agent.backstop import forecast_message, oom_message
 from gpushare.agent.guard import Action, Guard
-from gpushare.agent.jobs import build_entry, clean_facts, registration_facts, tenants_of
+from gpushare.agent.jobs import build_entry, clean_facts, mps_corunners, registration_facts, tenants_of
 from gpushare.agent.sampler import Sampler, process_job
 from gpushare.agent.store import JobStore, check_job
 from gpushare.agent.withhold import NodeFeature, node_open
@@ -279,8 +279,11 @@ class Agent:
                 self.sampler.track(existing)  # a Prolog retried: idempotent
                 self._withhold(self.clock())
                 return existing
-            tenants = tenants_of(self.store.all(), facts["gpus"], facts["job"])
-            entry = build_entry(facts, self.cfg, self.backend, tenants, self.clock(), by=by, mps_ok=not adopted)
+            entries = self.store.all()
+            tenants = tenants_of(entries, facts["gpus"], facts["job"])
+            corunners = mps_corunners(entries, facts["gpus"], facts["job"])
+            entry = build_entry(facts, self.cfg, self.backend, tenants, self.clock(), by=by, mps_ok=not adopted,
+                                corunners=corunners)
         mps_ok = adopted or self._ensure_mps(entry)  # its own lock; never hand out an MPS pipe in vain
         with self.lock:
             if not mps_ok:

@@ -40,14 +40,17 @@ def registration_facts(job: str, uid: int, user: str, gpus: list[int], slurm_job
     """What a registration says about a job: who and where from the caller (the Prolog's environment, or
     the agent's own observation of the job's processes), grant and estimate from Slurm's structured record
     of the job (may be None: registered uncapped). ``clean_facts`` validates the result."""
+    from gpushare.slurm.jobs import number
     from gpushare.slurm.record import parse as parse_record
 
     shards = shards_of(slurm_job.tres_per_node if slurm_job else None)
     record = parse_record(slurm_job.admin_comment if slurm_job else None) or {}
+    limit_min = number(slurm_job.raw.get("time_limit")) if slurm_job else None
     facts: dict[str, Any] = {
         "job": job, "uid": uid, "user": user, "gpus": gpus,
         "restarts": max(0, slurm_job.restarts) if slurm_job else 0,
         "shared": shards is not None, "shards": shards, "est_gib": None, "margin_gib": None,
+        "time_limit_s": float(limit_min) * 60.0 if limit_min is not None and 0 < limit_min < 1 << 24 else None,
     }
     if record.get("decision") == "shared":
         for key in ("est_gib", "margin_gib"):
@@ -74,6 +77,7 @@ def clean_facts(raw: dict[str, Any]) -> dict[str, Any]:
         "est_gib": _num(raw.get("est_gib")),
         "margin_gib": _num(raw.get("margin_gib")),
         "shards": _int(raw["shards"], "shards", 0, 1 << 20) if raw.get("shards") is not None else None,
+        "time_limit_s": _num(raw.get("time_limit_s")),
     }
     return facts
 
@@ -102,9 +106,36 @@ def read_energy(backend: Any, gpus: list[int]) -> dict[str, int | None]:
     return out
 
 
+DEFAULT_REMAINING_S = 4 * 3600.0  # a job whose time limit Slurm did not give: a typical training run
+
+
+def thread_percentage_for(facts: dict[str, Any], corunners: list[dict[str, Any]], cfg: Any, now: float) -> int:
+    """The MPS thread share of a job starting beside ``corunners`` (MPS store entries on its GPU).
+
+    ``fixed``: ``mps_thread_percentage``. ``gimbal-*``: Gimbal's coordination (gpushare.agent.gimbal) over
+    the GPU's jobs, of which only the starting job's share is applied: MPS fixes a process's share when it
+    starts, so a running job keeps its own until its next start (Gimbal's runtime recalibration needs a
+    rewritten CUDA context pool inside PyTorch). Remaining work is the Slurm time limit left; solo SM
+    demand is not known before a job runs and is taken as a busy GPU (1.0), which squeezes the side
+    the objective values less."""
+    policy = getattr(cfg, "thread_policy", "fixed")
+    if policy == "fixed" or not corunners:
+        return int(cfg.mps_thread_percentage)
+    from gpushare.agent.gimbal import GimbalJob, coordinate
+
+    def remaining(limit: Any, start: float) -> float:
+        return max(60.0, (float(limit) if limit else DEFAULT_REMAINING_S) - max(0.0, now - start))
+
+    jobs = [GimbalJob(str(e["job"]), remaining(e.get("time_limit_s"), float(e.get("start", now))), 1.0)
+            for e in corunners]
+    jobs.append(GimbalJob(facts["job"], remaining(facts.get("time_limit_s"), now), 1.0))
+    return coordinate(jobs, policy.removeprefix("gimbal-"))[facts["job"]]
+
+
 def build_entry(facts: dict[str, Any], cfg: Any, backend: Any, tenants: list[tuple[int, str]], now: float,
-                by: str, mps_ok: bool = True) -> dict[str, Any]:
-    """A new store entry for a registered job (``cfg`` is the ``[agent]`` section)."""
+                by: str, mps_ok: bool = True, corunners: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A new store entry for a registered job (``cfg`` is the ``[agent]`` section; ``corunners``: the store
+    entries of the MPS jobs already on its GPU, for the thread share)."""
     gpu0 = facts["gpus"][0]
     try:
         total = int(backend.gpu(gpu0).total_bytes)
@@ -113,7 +144,8 @@ def build_entry(facts: dict[str, Any], cfg: Any, backend: Any, tenants: list[tup
     policy = cfg.collocation if mps_ok else ("fraction" if cfg.collocation != "none" else "none")
     caps = decide_caps(policy, shared=facts["shared"], gpus=len(facts["gpus"]), uid=facts["uid"],
                        need=need_mib(facts["est_gib"], facts["margin_gib"], facts["shards"]),
-                       gpu_total_bytes=total, tenants=tenants, thread_percentage=cfg.mps_thread_percentage)
+                       gpu_total_bytes=total, tenants=tenants,
+                       thread_percentage=thread_percentage_for(facts, corunners or [], cfg, now))
     if not mps_ok and cfg.collocation.startswith("mps") and caps.mode == "fraction":
         caps = Caps(**{**caps.as_dict(), "reason": "agent not running: no MPS daemon, memory fraction only"})
     pipe = mps_dirs(cfg.run_dir, gpu0)[0] if caps.mode == "mps" else None
@@ -121,6 +153,12 @@ def build_entry(facts: dict[str, Any], cfg: Any, backend: Any, tenants: list[tup
     return {**facts, "caps": caps.as_dict(), "pipe_dir": pipe, "env": env, "start": now,
             "start_energy_mj": read_energy(backend, facts["gpus"]), "kernel_at": None, "share_mj": {},
             "active_s": {}, "peak_bytes": {}, "series": {}, "registered_by": by}
+
+
+def mps_corunners(entries: list[dict[str, Any]], gpus: list[int], job: str) -> list[dict[str, Any]]:
+    """The running MPS jobs sharing any of ``gpus`` (whose thread shares a new job's share must respect)."""
+    return [e for e in entries if str(e.get("job")) != job and not e.get("closed")
+            and (e.get("caps") or {}).get("mode") == "mps" and set(e.get("gpus", [])) & set(gpus)]
 
 
 def tenants_of(entries: list[dict[str, Any]], gpus: list[int], job: str) -> list[tuple[int, str]]:

@@ -207,6 +207,9 @@ class AgentSection:
                             "caps of shared jobs: MPS among one user's jobs (else fraction), MPS always, "
                             "memory fraction only, or none")
     mps_thread_percentage: int = _opt(100, _between(1, 100), "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE of shared MPS jobs")
+    thread_policy: str = _opt("fixed", _one_of("fixed", "gimbal-jct", "gimbal-makespan"),
+                              "MPS thread share of a job starting beside others: mps_thread_percentage (fixed), or "
+                              "Gimbal's coordination for mean completion time or makespan (docs/agent.md)")
     withhold: str = _opt("none", _one_of("feature", "none"),
                          "feature: shared jobs need withhold_feature, which the agent deactivates on busy nodes")
     withhold_feature: str = _opt("gpushare_open", lambda v: None if _FEATURE_RE.match(v) else

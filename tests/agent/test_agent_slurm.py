@@ -67,6 +67,21 @@ def test_two_shared_jobs_on_one_gpu_get_their_caps(agent_cluster, tmp_path):
     assert gpushare_main(["status", "--config", str(cluster.gpushare_conf)]) == 0  # the real agent answers
 
 
+def test_gimbal_thread_shares_reach_the_jobs_through_the_taskprolog(agent_cluster, tmp_path):
+    cluster = agent_cluster(extra='thread_policy = "gimbal-makespan"')
+    long = submit(cluster, tmp_path, script("4G", "--mem-mib 3000 --seconds 8"), "--gres=gpu:1", "--time=100")
+    cluster.wait_for(lambda: (tmp_path / f"env.{long}").exists(), 60, "the long job never started")
+    short = submit(cluster, tmp_path, script("4G", "--mem-mib 3000 --seconds 2"), "--gres=gpu:1", "--time=5")
+    for job in (long, short):
+        assert cluster.wait_job(job, 60).state == "COMPLETED"
+    env_long, env_short = job_env(tmp_path, long), job_env(tmp_path, short)
+    assert env_long["SLURM_JOB_GPUS"] == env_short["SLURM_JOB_GPUS"]  # packed on one GPU, both under MPS
+    assert env_long["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "100"  # alone when it started
+    # makespan: the job with less work left is squeezed (Gimbal's coordination, docs/agent.md)
+    share = int(env_short["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"])
+    assert share < 100 and share % 10 == 0
+
+
 def test_job_beside_another_users_job_is_time_sliced_with_the_guard(agent_cluster, tmp_path):
     cluster = agent_cluster(withhold="none")  # the fake tenants below never start a process
     for gpu in (0, 1):  # another user's shared jobs, as their Prologs registered them

@@ -394,3 +394,30 @@ def test_registered_jobs_and_processes_of_no_job_are_never_strays(tmp_path, cloc
     sim.start_process(1, 777, 1 * GiB)  # a process outside any Slurm job
     run(agent, clock, 2)
     assert agent.sampler.strays == {} and agent.followup_pending() == 0
+
+
+def test_gimbal_picks_the_thread_share_of_a_job_starting_beside_an_mps_job(tmp_path, clock) -> None:
+    agent, _, _, _ = make_agent(tmp_path, clock, collocation="mps", thread_policy="gimbal-makespan")
+    first = agent.register({**job("1", uid=1000), "time_limit_s": 6000.0})
+    assert first["caps"]["thread_percentage"] == 100  # alone: the whole GPU
+    clock.advance(60)
+    second = agent.register({**job("2", uid=1000), "time_limit_s": 600.0})
+    # makespan: the shorter job is squeezed so the longer one finishes sooner (docs/agent.md)
+    share = second["caps"]["thread_percentage"]
+    assert share < 100 and share % 10 == 0 and second["env"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == str(share)
+    assert agent.store.get("1")["caps"]["thread_percentage"] == 100  # a running job keeps its share
+    fixed, _, _, _ = make_agent(tmp_path / "fixed", clock, collocation="mps", mps_thread_percentage=70)
+    fixed.register(job("1"))
+    assert fixed.register(job("2"))["caps"]["thread_percentage"] == 70
+
+
+def test_the_time_limit_reaches_the_registration_from_slurms_record() -> None:
+    from gpushare.agent.jobs import registration_facts
+
+    for raw in ({"time_limit": 90}, {"time_limit": {"set": True, "infinite": False, "number": 90}}):
+        job_ = job_from_json({"job_id": 3, "job_state": "RUNNING", **raw})
+        assert registration_facts("3", 1000, "u", [0], job_)["time_limit_s"] == 5400.0
+    unlimited = job_from_json({"job_id": 3, "job_state": "RUNNING",
+                               "time_limit": {"set": True, "infinite": True, "number": 0}})
+    assert registration_facts("3", 1000, "u", [0], unlimited)["time_limit_s"] is None
+    assert clean_facts({**job("3"), "time_limit_s": "9e99"})["time_limit_s"] is None
