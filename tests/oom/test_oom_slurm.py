@@ -131,3 +131,25 @@ def test_recovery_interrupted_by_a_controller_restart_is_finished(cluster: Local
     assert ledger.get(str(job_id), 0)["state"] == "done", oom_log(cluster)
     fields = cluster.client.require_job(job_id)
     assert plain_gres(fields.tres_per_node) == "shard:40" and fields.priority != 0  # the ledger's own entry
+
+
+def test_a_directive_an_oom_proved_too_small_is_raised_on_the_next_submission(
+        make_cluster: Callable[..., LocalCluster], tmp_path: Path) -> None:
+    os.chmod(tmp_path, 0o755)
+    cluster = trust_log_messages(make_cluster(gpu="a100-40gb", toml_extra=oom_settings(tmp_path)))
+    script = JOB.format(python=sys.executable, need=20, fail_other=False).replace(
+        "#!/bin/bash\n", "#!/bin/bash\n#GPUSHARE mem=3G\n", 1)
+
+    def submit_script() -> int:
+        job_id, _ = cluster.client.sbatch("--gres=gpu:1", "-o", str(cluster.base / "job-%j.out"), script=script)
+        return job_id
+
+    first = submit_script()  # 3 GiB + 1 GiB margin: shard:4, where it runs out of memory
+    assert plain_gres(cluster.client.require_job(first).tres_per_node) == "shard:4"
+    assert wait_final(cluster, first, restarts=1).state == "COMPLETED", oom_log(cluster)
+    second = submit_script()  # the same script, its directive unchanged: the lesson is the floor
+    job = cluster.client.require_job(second)
+    record = json.loads(job.admin_comment.removeprefix("gpushare:"))
+    assert plain_gres(job.tres_per_node) == "shard:7" and record["src"] == "learned", record  # 1.5 × 4 + 1
+    assert f"job {first}" in record["detail"] and "directive:mem said 3.0 GiB" in record["detail"]
+    cluster.client.run("scancel", str(second), check=False)
