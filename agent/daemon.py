@@ -141,16 +141,21 @@ class Agent:
         return entry
 
     def _guard(self, now: float) -> None:
-        """Backstop and forecaster (``gpushare.agent.guard``): stop at once, record, message off the lock."""
+        """Backstop and forecaster (``gpushare.agent.guard``): record now; evidence, message and stop off the lock.
+
+        A stop waits for its follow-up (milliseconds) so that the job's AdminComment carries the measured
+        peak and its log the agent's message before the job ends: OOM recovery, which runs as soon as the
+        job ends, then finds both (docs/agent.md). Without a Slurm client there is nothing to write first."""
         from gpushare.agent.enforce import stop_processes
 
         for action in self.guard.check(now, list(self.sampler.jobs.values())):
             record = dict(action.record)
             if action.kind == "oom":
-                if record["action"] == "stop":
-                    stopped = stop_processes(action.job, list(action.pids), self.pid_job)
-                    record["pids"] = stopped
+                if record["action"] == "stop" and self.slurm is None:
+                    record["pids"] = stop_processes(action.job, list(action.pids), self.pid_job)
                     self.counters["backstop_stops"] += 1
+                elif record["action"] == "stop":
+                    record["pids"] = []  # filled in when the follow-up stops them
                 else:
                     self.counters["backstop_records"] += 1
                 log.warning("job %s: %s", action.job, oom_message(action.job, record).strip())
@@ -182,7 +187,12 @@ class Agent:
                 log.warning("job %s: no Slurm client; message only in the agent log", action.job)
                 continue
             entry = self.store.get(action.job) or {}
+            stopping = action.kind == "oom" and action.record.get("action") == "stop"
+            if stopping:
+                self._leave_evidence(action, entry)
             write_job_message(self.slurm, action.job, int(entry.get("uid", -1)), text, node_name(self.cfg))
+            if stopping:
+                self._stop(action)
             if action.kind != "forecast":
                 continue
             if action.record.get("action") != "requeue":
@@ -194,6 +204,29 @@ class Agent:
                 self.counters["oom_avoided"] += 1
             else:
                 self._forecast_outcome(action.job, "requeue-failed")
+
+    def _leave_evidence(self, action: Action, entry: dict[str, Any]) -> None:
+        """The measured peak into the job's AdminComment (``run.peak_gib``) while Slurm still takes updates:
+        what OOM recovery's corroboration reads on the controller (epilog/corroborate.py)."""
+        from gpushare.agent.comment import annotate
+
+        gpu = str(action.gpu)
+        peaks = {**(entry.get("peak_bytes") or {})}
+        peaks[gpu] = max(int(peaks.get(gpu) or 0), int(action.record.get("peak_bytes") or 0))
+        record = {"node": node_name(self.cfg), "caps": entry.get("caps"),
+                  "gpus": {g: {"peak_bytes": value} for g, value in peaks.items()}}
+        kernel, start = entry.get("kernel_at"), entry.get("start")
+        if kernel is not None and start is not None and entry.get("ttfk_source") != "adopted":
+            record["ttfk_s"] = round(float(kernel) - float(start), 3)
+        annotate(self.slurm, action.job, record)
+
+    def _stop(self, action: Action) -> None:
+        from gpushare.agent.enforce import stop_processes
+
+        stopped = stop_processes(action.job, list(action.pids), self.pid_job)
+        self.counters["backstop_stops"] += 1
+        with self.lock:
+            self.store.update(action.job, lambda e: {**e, "oom": {**(e.get("oom") or {}), "pids": stopped}})
 
     def _forecast_outcome(self, job: str, outcome: str) -> None:
         with self.lock:

@@ -109,8 +109,7 @@ def test_two_users_jobs_on_one_gpu_get_framework_caps(agent_cluster, out_dir, mo
 
 
 def _stopped_then(cluster, job_id: int, timeout_s: float = 120.0):  # type: ignore[no-untyped-def]
-    """The job after the backstop stopped its first run: that run failed, and the job either stays failed
-    or, where OOM recovery's corroboration found the agent's measurement in time, was re-run and ended."""
+    """The job after the backstop stopped its first run and OOM recovery decided (a re-run, or none)."""
     deadline = time.monotonic() + timeout_s
     job = None
     while time.monotonic() < deadline:
@@ -132,13 +131,11 @@ def test_backstop_stops_a_job_growing_past_its_cap_while_its_neighbour_completes
     offender = submit(cluster, out_dir, script("4G", "--mem-mib 3000 --grow-mib-per-s 1024 --seconds 30"),
                       "--gres=gpu:1", "--open-mode=append")  # a rerun keeps the first run's message
     neighbour = submit(cluster, out_dir, script("4G", "--mem-mib 3000 --seconds 10"), "--gres=gpu:1")
-    # stopped by the backstop, an OOM of its own: it stays failed, or recovery re-ran it once on a whole GPU
+    # stopped by the backstop, an OOM of its own, corroborated by the peak the agent wrote into its
+    # AdminComment before stopping it: recovery re-runs it once on a whole GPU, where it completes
     after = _stopped_then(cluster, offender)
-    if after.restarts == 0:
-        assert after.state == "FAILED"
-    else:
-        whole = "gpu:1" if cluster.client.version.held_gres_across_names else "shard:40"  # docs/compatibility.md
-        assert after.state == "COMPLETED" and plain_gres(after.tres_per_node) == whole
+    whole = "gpu:1" if cluster.client.version.held_gres_across_names else "shard:40"  # docs/compatibility.md
+    assert (after.restarts, after.state, plain_gres(after.tres_per_node)) == (1, "COMPLETED", whole), after
     assert cluster.wait_job(neighbour, 60).state == "COMPLETED"
     ledger = RecordLedger(cluster.agent_cfg().records_dir)
     cluster.wait_for(lambda: bool(ledger.get(str(offender), 0)) and bool(ledger.get(str(neighbour))), 20, "no record")
