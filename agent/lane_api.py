@@ -63,7 +63,10 @@ class _Session(socketserver.StreamRequestHandler):
 
     def handle(self) -> None:
         owner = self.server.lanes
-        pid, uid, _ = peer_creds(self.connection)
+        try:
+            pid, uid, _ = peer_creds(self.connection)
+        except OSError:
+            return
         if not owner.enter(uid):
             self._reply({"ok": False, "error": "too many lane sessions"})
             return
