@@ -41,7 +41,7 @@ POLICIES = ("mps-same-user", "mps", "fraction", "none")
 # What the TaskProlog may export; anything else in a caps file is ignored.
 EXPORTABLE = ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
               "CUDA_VISIBLE_DEVICES", "GPUSHARE_MEMORY_FRACTION", "GPUSHARE_MEM_LIMIT_MIB", "GPUSHARE_CAPS_MODE",
-              "GPUSHARE_FRAMEWORK_CAPS")
+              "GPUSHARE_FRAMEWORK_CAPS", "GPUSHARE_LANES", "GPUSHARE_LANE_SOCKET")
 # Computed by the TaskProlog from GPUSHARE_MEMORY_FRACTION and the user's own environment (framework_caps.py)
 FRAMEWORK_EXPORTS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "XLA_PYTHON_CLIENT_MEM_FRACTION",
                      "XLA_PYTHON_CLIENT_PREALLOCATE")

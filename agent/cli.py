@@ -103,6 +103,10 @@ def run_agent(argv: list[str], agent_cls: type, open_backend: Callable[[str | No
         except OSError as exc:
             log.error("metrics on 127.0.0.1:%d unavailable: %s; agent continues", agent_cfg.metrics_port, exc)
     api = agent_cls_api(socket_path(agent_cfg), agent.handle)
+    from gpushare.agent.lane_api import LaneServer, lanes_socket_path
+
+    lanes = LaneServer(lanes_socket_path(agent_cfg.run_dir), agent.lanes, agent.lane_owner,
+                       max_sessions=agent_cfg.lane_sessions).start()
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -112,6 +116,7 @@ def run_agent(argv: list[str], agent_cls: type, open_backend: Callable[[str | No
         agent.run(stop)
     finally:
         api.stop()
+        lanes.stop()
         if metrics_server is not None:
             metrics_server.shutdown()
         log.info("agent stopped")

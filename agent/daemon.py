@@ -29,6 +29,7 @@ from gpushare.agent.adopt import Adopter
 from gpushare.agent.api import node_name
 from gpushare.agent.backstop import forecast_message, oom_message
 from gpushare.agent.guard import Action, Guard
+from gpushare.agent.lane_service import LaneFacts, LaneRefused, LaneService
 from gpushare.agent.jobs import build_entry, clean_facts, mps_corunners, registration_facts, tenants_of
 from gpushare.agent.sampler import Sampler, process_job
 from gpushare.agent.store import JobStore, check_job
@@ -65,6 +66,8 @@ class Agent:
         self._last_flush = clock()
         self._last_assert = -math.inf
         self.registry = registry
+        # lanes (Salus): the service has its own lock, taken before self.lock, never after (lane_service.py)
+        self.lanes = LaneService(self.lane_facts, turn_limit_s=cfg.lane_turn_limit_s)
         if registry is not None:
             from gpushare.agent.metrics import register
 
@@ -342,7 +345,45 @@ class Agent:
             self.adopter.forget(job)
             self.guard.forget(job)
             self._withhold(self.clock())
-            return entry
+        self.lanes.leave(job, "closed by its Epilog")  # after self.lock: lock order (lane_service.py)
+        return entry
+
+    # -- lanes (gpushare.agent.lanes) ----------------------------------------------------------------
+    def lane_facts(self, job: str) -> LaneFacts:
+        """A registered, open lane job's lane facts, with its GPU's memory left to lane jobs (the GPU's
+        memory less the caps of the non-lane jobs on it); LaneRefused otherwise."""
+        with self.lock:
+            entry = self.store.get(job)
+            if entry is None or entry.get("closed"):
+                raise LaneRefused(f"job {job} is not running here")
+            if not entry.get("lanes") or len(entry.get("gpus") or []) != 1:
+                raise LaneRefused(f"job {job} is not a single-GPU lane job (#GPUSHARE lanes)")
+            gpu = int(entry["gpus"][0])
+            try:
+                total = int(self.backend.gpu(gpu).total_bytes)
+            except GpuError as exc:
+                raise LaneRefused(f"GPU {gpu} unreadable: {exc}") from None
+            others = [e for e in self.store.all() if not e.get("closed") and not e.get("lanes")
+                      and gpu in (e.get("gpus") or [])]
+            held = 0
+            for other in others:
+                need = (other.get("caps") or {}).get("mem_limit_mib")
+                held += int(need) << 20 if need else (total if not other.get("shared") else 0)
+            return LaneFacts(job, int(entry.get("uid", -1)), gpu, int(entry.get("persistent_bytes") or 0),
+                             int(entry.get("ephemeral_bytes") or 0), bool(entry.get("own_lane")),
+                             max(0, total - held))
+
+    def lane_owner(self, job: str, uid: int, pid: int) -> str | None:
+        """None when the peer (uid, pid from SO_PEERCRED) may act for lane job ``job``; else the refusal."""
+        try:
+            facts = self.lane_facts(job)
+        except LaneRefused as exc:
+            return str(exc)
+        if uid != facts.uid:
+            return f"job {job} belongs to another user"
+        if self.pid_job(pid) != job:
+            return f"the connecting process is not one of job {job}'s processes"
+        return None
 
     def snapshot(self) -> dict[str, Any]:
         with self.lock:
@@ -359,7 +400,8 @@ class Agent:
             jobs = [{"job": a.job, "uid": a.uid, "gpus": a.gpus, "mode": a.mode, "start": a.start,
                      **{k: v for k, v in a.fields().items() if k not in ("series", "series_stride")}}
                     for a in self.sampler.jobs.values()]
-            return {"now": now, "node_open": self.open, "gpus": gpus, "jobs": jobs, "guard": dict(self.counters)}
+            state = {"now": now, "node_open": self.open, "gpus": gpus, "jobs": jobs, "guard": dict(self.counters)}
+        return {**state, "lanes": self.lanes.snapshot()}
 
     def handle(self, request: dict[str, Any]) -> dict[str, Any]:
         op = request.get("op")

@@ -25,6 +25,7 @@ RECORD_VERSION = 1  # the per-run job record (docs/formats.md); gpushare.epilog.
 
 log = logging.getLogger("gpushare.agent")
 _USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@-]{0,63}$")
+GIB = 1 << 30
 _SHARD_RE = re.compile(r"(?:^|,)(?:gres[:/])?shard(?::[A-Za-z0-9_.-]+)?:(\d{1,6})(?:,|$)")
 
 
@@ -57,7 +58,22 @@ def registration_facts(job: str, uid: int, user: str, gpus: list[int], slurm_job
             value = record.get(key)
             if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1 << 20:
                 facts[key] = float(value)
+        facts.update(lane_facts_of(record.get("lanes")))
     return facts
+
+
+def lane_facts_of(lanes: Any) -> dict[str, Any]:
+    """Registration facts of a lane job from the record's ``lanes`` field (docs/formats.md); {} if none.
+
+    ``p_gib``/``e_gib``: its persistent and ephemeral memory at submit time; ``own``: no split was known,
+    so it never shares a lane (``gpushare.agent.lanes``)."""
+    if not isinstance(lanes, dict):
+        return {}
+    p, e = _num(lanes.get("p_gib")), _num(lanes.get("e_gib"))
+    if p is None or e is None:
+        return {}
+    return {"lanes": True, "persistent_bytes": int(p * GIB), "ephemeral_bytes": int(e * GIB),
+            "own_lane": bool(lanes.get("own"))}
 
 
 def clean_facts(raw: dict[str, Any]) -> dict[str, Any]:
@@ -79,6 +95,10 @@ def clean_facts(raw: dict[str, Any]) -> dict[str, Any]:
         "shards": _int(raw["shards"], "shards", 0, 1 << 20) if raw.get("shards") is not None else None,
         "time_limit_s": _num(raw.get("time_limit_s")),
     }
+    if raw.get("lanes") is True:
+        facts.update({"lanes": True, "own_lane": bool(raw.get("own_lane")),
+                      "persistent_bytes": _int(raw.get("persistent_bytes"), "persistent_bytes", 0, 1 << 44),
+                      "ephemeral_bytes": _int(raw.get("ephemeral_bytes"), "ephemeral_bytes", 0, 1 << 44)})
     return facts
 
 
@@ -150,6 +170,10 @@ def build_entry(facts: dict[str, Any], cfg: Any, backend: Any, tenants: list[tup
         caps = Caps(**{**caps.as_dict(), "reason": "agent not running: no MPS daemon, memory fraction only"})
     pipe = mps_dirs(cfg.run_dir, gpu0)[0] if caps.mode == "mps" else None
     env = task_env(caps, pipe, framework=getattr(cfg, "framework_caps", "yes") == "yes")
+    if facts.get("lanes") and facts["shared"] and len(facts["gpus"]) == 1:
+        from gpushare.agent.lane_api import lanes_socket_path
+
+        env.update({"GPUSHARE_LANES": "1", "GPUSHARE_LANE_SOCKET": str(lanes_socket_path(cfg.run_dir))})
     return {**facts, "caps": caps.as_dict(), "pipe_dir": pipe, "env": env, "start": now,
             "start_energy_mj": read_energy(backend, facts["gpus"]), "kernel_at": None, "share_mj": {},
             "active_s": {}, "peak_bytes": {}, "series": {}, "registered_by": by}

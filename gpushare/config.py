@@ -232,6 +232,11 @@ class AgentSection:
     forecast_horizon_s: float = _opt(120.0, _between(1.0, 86400.0), "how far ahead a forecast crossing counts")
     forecast_window: int = _opt(120, _between(5, 100000), "samples in the forecaster's fit")
     forecast_confirm: int = _opt(5, _between(1, 10000), "consecutive positive forecasts before acting")
+    lane_turn_limit_s: float = _opt(60.0, _between(0.1, 86400.0),
+                                    "a lane job holding its lane's turn longer than this while others wait loses it "
+                                    "(demoted to the back)")
+    lane_sessions: int = _opt(64, _between(1, 4096), "open lane sessions (connections to the lanes socket) at most; "
+                                                     "a quarter of them per user")
     log_file: str = _opt("", None, "agent/prolog/epilog log; empty: standard error")
 
 

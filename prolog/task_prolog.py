@@ -11,6 +11,9 @@ caps, merged here because only this hook sees the user's environment: ``PYTORCH_
 ``per_process_memory_fraction`` (the user's other keys kept, a stricter fraction of theirs kept), and
 JAX's ``XLA_PYTHON_CLIENT_MEM_FRACTION`` / ``XLA_PYTHON_CLIENT_PREALLOCATE=false``
 (``gpushare.agent.framework_caps``).
+
+A lane job (``GPUSHARE_LANES=1``, docs/agent.md *Lanes*) gets ``PYTHONPATH`` with the package's
+``lane_site`` directory first and the user's own entries after it (merged, never replaced).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Mapping, TextIO
 _VALUE_RE = re.compile(r"^[A-Za-z0-9_./,:=%+-]{1,512}$")
 _ALLOC_RE = re.compile(r"^[A-Za-z0-9_.,:>\[\]+-]{1,1024}$")  # allocator settings: brackets allowed
 _JOB_RE = re.compile(r"^\d{1,10}$")
+_PATH_RE = re.compile(r"^[A-Za-z0-9_./:+@-]{1,4096}$")  # PYTHONPATH: paths may be longer than other values
 
 
 def exports(env: Mapping[str, str], run_dir: str) -> list[str]:
@@ -47,7 +51,34 @@ def exports(env: Mapping[str, str], run_dir: str) -> list[str]:
              if isinstance(values.get(key), str) and _VALUE_RE.match(values[key])]
     if values.get("GPUSHARE_FRAMEWORK_CAPS") == "1":
         lines += framework_lines(env, values.get("GPUSHARE_MEMORY_FRACTION"))
+    if values.get("GPUSHARE_LANES") == "1":
+        lines += lane_lines(env)
     return lines
+
+
+def lane_site_dir() -> str:
+    """The directory with the ``sitecustomize.py`` of lane jobs (shipped in the package)."""
+    from pathlib import Path
+
+    import gpushare.agent
+
+    return str(Path(gpushare.agent.__file__).resolve().parent / "lane_site")
+
+
+def lane_lines(env: Mapping[str, str]) -> list[str]:
+    """``PYTHONPATH`` with the lanes ``sitecustomize`` first, the user's own entries kept after it.
+
+    A user value this hook cannot pass through safely (characters outside the safe set) leaves the job
+    without lanes rather than with a mangled ``PYTHONPATH``."""
+    site = lane_site_dir()
+    user = env.get("PYTHONPATH", "")
+    parts = [site] + [p for p in user.split(":") if p and p != site]
+    value = ":".join(parts)
+    if not _PATH_RE.match(value):
+        sys.stderr.write("gpushare-task-prolog: PYTHONPATH has characters that cannot be passed on; "
+                         "lanes are off for this job\n")
+        return ["export GPUSHARE_LANES=0"]
+    return [f"export PYTHONPATH={value}"]
 
 
 def framework_lines(env: Mapping[str, str], fraction_text: object) -> list[str]:

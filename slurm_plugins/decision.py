@@ -48,6 +48,10 @@ class Estimate:
     total_bytes: int
     source: str  # "directive:mem", "directive:estimate", "cache", "learned" (raised after an OOM), "default"
     detail: str = ""
+    # the estimate's split for the chosen GPU (Salus: weights + optimizer state vs per-iteration memory);
+    # None when the estimate document has none
+    persistent_bytes: int | None = None
+    ephemeral_bytes: int | None = None
 
 
 @dataclass
@@ -113,7 +117,25 @@ def decide(request: SubmitRequest, directives: Directives, estimate: Estimate | 
                 return held
             mode, why = cfg.estimation.fallback, held
         return without_estimate(request, per_node, gpu_items[0], mode, why, cfg)
-    return _size_shared(request, per_node, gpu_items[0], estimate, cfg)
+    return _size_shared(request, per_node, gpu_items[0], estimate, cfg, lanes=directives.lanes)
+
+
+# A lane job is charged its persistent memory plus 1/LANE_SHARE of its ephemeral memory: Slurm's shards
+# assume each lane is shared by this many jobs. The node agent's admission is what keeps the GPU safe when
+# more lane jobs land on a GPU than its lanes hold: the surplus waits at its first turn (docs/submit-path.md).
+LANE_SHARE = 2
+
+
+def lane_charge(estimate: Estimate) -> tuple[int, dict[str, Any]]:
+    """Bytes a lane job is charged in shards (before the margin) and the record's ``lanes`` field.
+
+    Without a persistent/ephemeral split the whole estimate counts as ephemeral, and the job gets a lane of
+    its own (``own``): sharing a lane is only safe when the persistent part, which stays resident between
+    turns, is known. So it is charged in full: no discount without the split."""
+    p, e = estimate.persistent_bytes, estimate.ephemeral_bytes
+    if p is None or e is None:
+        return estimate.total_bytes, {"p_gib": 0.0, "e_gib": _gib(estimate.total_bytes), "own": True}
+    return p + math.ceil(e / LANE_SHARE), {"p_gib": _gib(p), "e_gib": _gib(e)}
 
 
 def without_estimate(request: SubmitRequest, per_node: list[GresItem], gpu: GresItem, mode: str, why: str,
@@ -234,12 +256,13 @@ def _size_mig(request: SubmitRequest, per_node: list[GresItem], gpu: GresItem, e
 
 
 def _size_shared(request: SubmitRequest, per_node: list[GresItem], gpu: GresItem, estimate: Estimate,
-                 cfg: Config) -> Decision:
+                 cfg: Config, lanes: bool = False) -> Decision:
     margin = max(estimate.total_bytes * cfg.policy.margin_fraction, cfg.policy.margin_min_gib * GiB)
     models = mig_models_for(request.partition, cfg)
-    if models:
+    if models:  # a slice is isolated in hardware: lanes (a shard-side mechanism) do not apply there
         return _size_mig(request, per_node, gpu, estimate, margin, models)
-    shards = max(1, math.ceil((estimate.total_bytes + margin) / GiB))
+    charged, lane_field = lane_charge(estimate) if lanes else (estimate.total_bytes, None)
+    shards = max(1, math.ceil((charged + margin) / GiB))
     gpu_gib = smallest_cluster_gpu_gib(cfg)
     base = {"est_gib": _gib(estimate.total_bytes), "src": estimate.source, "margin_gib": _gib(int(margin))}
     if gpu_gib <= 0 or shards > cfg.policy.exclusive_above_fraction * gpu_gib:
@@ -256,10 +279,16 @@ def _size_shared(request: SubmitRequest, per_node: list[GresItem], gpu: GresItem
               "new": new_value, "why": f"fits {shards} of {gpu_gib} GiB"}
     if request.array:
         record["array"] = True
+    if lane_field is not None:
+        record["lanes"] = lane_field
     if estimate.detail:
         record["detail"] = estimate.detail[:120]
     message = (f"gpushare: estimated {base['est_gib']} GiB ({estimate.source}) + {base['margin_gib']} GiB margin "
                f"-> shared GPU request shard:{shards} (1 shard = 1 GiB)")
+    if lane_field is not None:
+        message += (f"; lanes: persistent {lane_field['p_gib']} GiB + ephemeral {lane_field['e_gib']} GiB"
+                    + (" (no split known: a lane of its own)" if lane_field.get("own")
+                       else f", charged 1/{LANE_SHARE} of its ephemeral memory"))
     return Decision(action="modify", tres_per_node=new_value, record=record, user_message=message)
 
 

@@ -1,7 +1,7 @@
 """``#GPUSHARE`` directives in a batch script: the user's way to hand the submit hook an estimate.
 
 Why a directive: ``sbatch`` keeps the whole script, and job_submit can read it, so a line such as
-``#GPUSHARE mem=12G`` or ``#GPUSHARE estimate=est.json`` travels with the job without new sbatch flags.
+``#GPUSHARE mem=12G``, ``#GPUSHARE estimate=est.json`` or ``#GPUSHARE lanes`` travels with the job without new sbatch flags.
 
 Scripts are hostile input here (they reach a root-run service): lines are scanned only within the
 configured byte limit, values are length-capped, and every problem is reported with its line number
@@ -17,7 +17,7 @@ from gpushare.config import parse_size
 
 MAX_GPU_MEMORY = 16 << 40  # 16 TiB: larger than any GPU for years; beyond is a typo, not a job
 _DIRECTIVE_RE = re.compile(r"^\s*#\s*GPUSHARE\b(.*)$", re.IGNORECASE)
-_KEYS = ("mem", "estimate", "script", "mode")
+_KEYS = ("mem", "estimate", "script", "mode", "lanes")
 
 
 @dataclass
@@ -28,6 +28,7 @@ class Directives:
     estimate_path: str | None = None
     script: str | None = None
     mode: str | None = None  # "exclusive" or "shared": the user's own override
+    lanes: bool = False  # ``#GPUSHARE lanes`` (or lanes=yes): Salus lanes, turns per iteration (docs/agent.md)
     problems: list[tuple[int, str]] = field(default_factory=list)
     lines: dict[str, int] = field(default_factory=dict)  # key -> line number, for messages
 
@@ -60,6 +61,8 @@ def parse_directives(script: str, max_bytes: int = 65536) -> Directives:
 def _apply(found: Directives, number: int, token: str) -> None:
     key, sep, value = token.partition("=")
     key = key.lower()
+    if key == "lanes" and not sep:
+        token, sep, value = "lanes=yes", "=", "yes"  # the bare flag
     if not sep or not value:
         found.problems.append((number, f"expected key=value, got {token[:60]!r}"))
         return
@@ -89,3 +92,8 @@ def _apply(found: Directives, number: int, token: str) -> None:
             found.problems.append((number, f"mode: expected exclusive or shared, got {value[:30]!r}"))
             return
         found.mode = value.lower()
+    elif key == "lanes":
+        if value.lower() not in ("yes", "no"):
+            found.problems.append((number, f"lanes: expected yes or no, got {value[:30]!r}"))
+            return
+        found.lanes = value.lower() == "yes"

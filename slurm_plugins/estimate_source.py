@@ -95,6 +95,31 @@ def peak_total_from_json(document: Any, gpu_names: list[str]) -> tuple[int, str]
     return best
 
 
+def split_from_json(document: Any, gpu: str) -> tuple[int, int] | None:
+    """(persistent_bytes, ephemeral_bytes) of the estimate's target ``gpu``, when the document has both
+    for it (lanes, docs/agent.md); None otherwise or when implausible."""
+    targets = document.get("targets") if isinstance(document, dict) else None
+    if isinstance(targets, dict):
+        targets = [dict(value, gpu=key) for key, value in targets.items() if isinstance(value, dict)]
+    rows = [t for t in targets if isinstance(t, dict) and str(t.get("gpu", "?")) == gpu] if isinstance(
+        targets, list) else []
+    if not rows and isinstance(document, dict):
+        rows = [document]  # a hand-written file with top-level fields
+    for row in rows:
+        p, e = row.get("persistent_bytes"), row.get("ephemeral_bytes")
+        if (isinstance(p, int) and isinstance(e, int) and not isinstance(p, bool) and not isinstance(e, bool)
+                and p >= 0 and e >= 0 and p + e <= MAX_GPU_MEMORY):
+            return p, e
+    return None
+
+
+def _with_split(estimate: Estimate, document: Any, gpu: str) -> Estimate:
+    split = split_from_json(document, gpu)
+    if split is None:
+        return estimate
+    return Estimate(estimate.total_bytes, estimate.source, estimate.detail, split[0], split[1])
+
+
 def script_cache_key(script: str, uid: int) -> str:
     """Cache key of one user's batch script: ``<uid>.<sha256 of the script>``.
 
@@ -124,7 +149,8 @@ def cache_lookup(cfg: Config, script: str, gpu_names: list[str], uid: int) -> Es
     except ValueError:
         return None
     source = "learned" if isinstance(document, dict) and isinstance(document.get("learned"), dict) else "cache"
-    return Estimate(total, source, _learned_detail(document) if source == "learned" else f"cached estimate for {gpu}")
+    estimate = Estimate(total, source, _learned_detail(document) if source == "learned" else f"cached estimate for {gpu}")
+    return estimate if source == "learned" else _with_split(estimate, document, gpu)
 
 
 def _learned_detail(document: dict[str, Any]) -> str:
@@ -164,5 +190,6 @@ def _directive_estimate(cfg: Config, directives: Directives, work_dir: str | Non
         except (UnicodeDecodeError, ValueError):
             raise EstimateUnavailable(f"estimate={directives.estimate_path}: not JSON") from None
         total, gpu = peak_total_from_json(document, gpu_names)
-        return Estimate(total, "directive:estimate", f"{Path(directives.estimate_path).name} for {gpu}")
+        return _with_split(Estimate(total, "directive:estimate", f"{Path(directives.estimate_path).name} for {gpu}"),
+                           document, gpu)
     return None

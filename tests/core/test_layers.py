@@ -78,6 +78,8 @@ def test_every_error_class_of_ours_has_one_root() -> None:
     ours: dict[str, list[str]] = {}
     for name, folder in _package_dirs().items():
         for path in folder.rglob("*.py"):
+            if path.parent.name == "lane_site":
+                continue  # runs in the job's own interpreter, standard library only; its errors never leave it
             for node in ast.walk(ast.parse(path.read_text(), str(path))):
                 if isinstance(node, ast.ClassDef) and node.name.endswith(("Error", "Unavailable", "Gone", "Dependent")):
                     ours[node.name] = [base.id if isinstance(base, ast.Name) else ast.unparse(base) for base in node.bases]
