@@ -121,11 +121,16 @@ class ApiServer:
         return self
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-        self.path.unlink(missing_ok=True)
+        stop_server(self._server, self.path)
+        self._server = None
+
+
+def stop_server(server: socketserver.BaseServer | None, path: Path) -> None:
+    """Stop a socket server started with ``serve_forever`` in a thread, and remove its socket file."""
+    if server is not None:
+        server.shutdown()
+        server.server_close()
+    path.unlink(missing_ok=True)
 
 
 def _connect(sock: socket.socket, path: str, deadline: float) -> None:

@@ -34,6 +34,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
+from gpushare.agent.api import stop_server
 from gpushare.agent.lane_service import LaneRefused, LaneService
 from gpushare.agent.store import check_job
 
@@ -144,11 +145,8 @@ class LaneServer:
         return self
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-        self.path.unlink(missing_ok=True)
+        stop_server(self._server, self.path)
+        self._server = None
 
     def enter(self, uid: int) -> bool:
         with self._lock:
