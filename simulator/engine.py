@@ -24,6 +24,7 @@ import heapq
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 from gpushare.gpus import GiB, capacity_bytes, parse_target
 from gpushare.agent import risk
@@ -192,11 +193,15 @@ class Simulation:
             gpu.exclusive = gpu.exclusive or exclusive
             self.cluster.launch(index, job.spec.job_id, int(job.spec.mem_gib * GiB), util, shards)
             self.ttfk.dispatched(index, job.spec.job_id, self.now)
+        self._mark_started(job, chosen)
+        return True
+
+    def _mark_started(self, job: JobRun, chosen: Sequence[int]) -> None:
+        """Bookkeeping of a job placed on ``chosen``: waiting ends, its first kernel is due after its TTFK."""
         job.state, job.gpus, job.dispatched_t = "starting", list(chosen), self.now
         job.wait_s += self.now - job.queued_since
         job.first_start = self.now if job.first_start is None else job.first_start
         self._push(self.now + job.spec.ttfk_s, "kernel", job.spec.job_id)
-        return True
 
     def _share(self, job: JobRun) -> int:
         """The job's own memory share: estimate + margin, else its shards; the whole GPU when recovered

@@ -79,10 +79,7 @@ class SalusSimulation(Simulation):
             self.cluster.launch(index, job.spec.job_id, entry.persistent_bytes + entry.ephemeral_bytes, util, 0)
             self.ttfk.dispatched(index, job.spec.job_id, self.now)
             self._sync_memory(index)
-        job.state, job.gpus, job.dispatched_t = "starting", list(chosen), self.now
-        job.wait_s += self.now - job.queued_since
-        job.first_start = self.now if job.first_start is None else job.first_start
-        self._push(self.now + job.spec.ttfk_s, "kernel", job.spec.job_id)
+        self._mark_started(job, chosen)
         return True
 
     def _sync_memory(self, index: int) -> None:
