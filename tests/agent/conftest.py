@@ -26,6 +26,7 @@ from gpushare.agent.api import AgentUnavailable, call
 from gpushare.agent.withhold import STANDBY_PREFIX, NodeFeature, standby_node_line
 from devcluster.local_cluster import LocalCluster, missing_requirements
 
+sys.path.insert(0, str(Path(__file__).parent))  # the tests' shared helpers (lane_log) under --import-mode=importlib
 BIN_DIR = os.path.dirname(sys.executable)
 FEATURE = "gpushare_open"
 

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
+from lane_log import completed_turns
+
 from gpushare.agent.daemon import Agent
 from gpushare.agent.lane_api import LaneServer, lanes_socket_path
 
@@ -82,18 +84,7 @@ def node(tmp_path):
 
 
 def turns(node: Node, jobs: list[str]) -> list[tuple[float, float, str]]:
-    """(start, end, job) of every completed turn, in time order."""
-    out = []
-    for job in jobs:
-        start = None
-        for line in node.log(job):
-            kind, _, value = line.partition(" ")
-            if kind == "start":
-                start = float(value)
-            elif kind == "end" and start is not None:
-                out.append((start, float(value), job))
-                start = None
-    return sorted(out)
+    return completed_turns({job: node.log(job) for job in jobs})
 
 
 def wait_done(procs, timeout_s: float) -> None:

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from lane_log import completed_turns
+
 from gpushare.slurm.record import parse as parse_record
 
 pytestmark = pytest.mark.slurm
@@ -41,17 +43,7 @@ def job_env(out: Path, job_id: int) -> dict[str, str]:
 
 def turns(out: Path, jobs: list[int]) -> list[tuple[float, float, int]]:
     """(start, end, job) of every completed turn (lane_worker.py's log), in time order."""
-    found = []
-    for job in jobs:
-        start = None
-        for line in (out / f"{job}.log").read_text().splitlines():
-            kind, _, value = line.partition(" ")
-            if kind == "start":
-                start = float(value)
-            elif kind == "end" and start is not None:
-                found.append((start, float(value), job))
-                start = None
-    return sorted(found)
+    return completed_turns({job: (out / f"{job}.log").read_text().splitlines() for job in jobs})
 
 
 def test_two_lane_jobs_take_turns_and_complete(agent_cluster, out_dir):

@@ -34,13 +34,24 @@ end
 """
 
 
-def test_hung_service_trips_the_breaker(tmp_path: Path) -> None:
+def lua_with_sockets() -> str:
+    """The lua5.1 interpreter the shim runs under, with lua-socket; the test is skipped without them."""
     lua = shutil.which("lua5.1")
     if not lua or subprocess.run([lua, "-e", 'require("socket.unix")'], capture_output=True).returncode:
         pytest.skip("lua5.1 with lua-socket not installed")
-    path = tmp_path / "s.sock"
+    return lua
+
+
+def unix_server(path: Path) -> socket.socket:
     server = socket.socket(socket.AF_UNIX)
     server.bind(str(path))
+    return server
+
+
+def test_hung_service_trips_the_breaker(tmp_path: Path) -> None:
+    lua = lua_with_sockets()
+    path = tmp_path / "s.sock"
+    server = unix_server(path)
     server.listen(64)
     held: list[socket.socket] = []
     stop = threading.Event()
@@ -100,12 +111,9 @@ def test_the_shim_sends_what_the_decision_reads_partition_included(tmp_path: Pat
     (the partition is what lets an estimate pick a MIG slice), and the service's reply is applied."""
     from gpushare.slurm_plugins.protocol import decode_request
 
-    lua = shutil.which("lua5.1")
-    if not lua or subprocess.run([lua, "-e", 'require("socket.unix")'], capture_output=True).returncode:
-        pytest.skip("lua5.1 with lua-socket not installed")
+    lua = lua_with_sockets()
     path = tmp_path / "s.sock"
-    server = socket.socket(socket.AF_UNIX)
-    server.bind(str(path))
+    server = unix_server(path)
     server.listen(8)
     server.settimeout(20)
     lines: list[bytes] = []
