@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
+import shutil
 import signal
 import socket
 import subprocess
@@ -40,6 +42,26 @@ REPO = Path(__file__).resolve().parents[1]  # bound into chroots: the virtualenv
 
 class ClusterError(RuntimeError):
     pass
+
+
+LOGIN_TEST_USER = "gpushare-test"
+
+
+def ensure_login_user(name: str = LOGIN_TEST_USER) -> pwd.struct_passwd:
+    """An ordinary user with a login shell for jobs submitted as another user, created when missing.
+
+    The login shell matters: Slurm 26.05 loads the login environment of a job root submits with ``--uid`` and
+    holds the job (``user_env_retrieval_failed_requeued_held``) when it cannot, as for ``nobody``'s nologin
+    shell (measured; 22.05 and 24.11 run it). Create the user before the cluster starts, so the chroot's
+    copy of the accounts has it.
+    """
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        if not shutil.which("useradd"):
+            raise ClusterError(f"no user {name} and no useradd to create it") from None
+        subprocess.run(["useradd", "-M", "-d", "/nonexistent", "-s", "/bin/sh", name], check=True)
+        return pwd.getpwnam(name)
 
 
 def missing_requirements(slurm_version: str | None = None) -> str | None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from devcluster.local_cluster import ensure_login_user
 from gpushare.epilog.records import RecordLedger
 from gpushare.slurm.gres_request import plain_gres
 from gpushare.slurm.jobs import ENDED_STATES
@@ -20,7 +21,6 @@ from gpushare.estimator_cli.allocator_config import AllocatorConfig
 
 pytestmark = pytest.mark.slurm
 SIMJOB = Path(__file__).with_name("simjob.py")
-NOBODY = 65534
 
 
 def script(mem: str, args: str) -> str:
@@ -77,22 +77,19 @@ def torch_accepts(value: str) -> None:
 
 def test_two_users_jobs_on_one_gpu_get_framework_caps(agent_cluster, out_dir, monkeypatch):
     pytest.importorskip("torch")
+    other = ensure_login_user()  # with a login shell: 26.05 holds a --uid job whose login environment fails
     cluster = agent_cluster(withhold="none", extra='collocation = "fraction"', other_users=True)
-    if cluster.slurm_version == "26.05":
-        # Seen on 26.05.5 only: the second user's (--uid) job stays PENDING here for the whole 90 s, while a
-        # plain --uid job on 26.05 runs at once; not understood yet (docs/compatibility.md, open questions).
-        pytest.xfail("second user's shared job stays pending on Slurm 26.05 in this setup (open question)")
     open_to_other_users(cluster)
     # the users' own allocator settings, in the submitting environment (--export=ALL carries them)
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:256,roundup_power2_divisions:[256:1,>:4]")
     monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.05")
     a = submit(cluster, out_dir, script("4.5G", "--mem-mib 3000 --seconds 4"), "--gres=gpu:1")
     b = submit(cluster, out_dir, script("10G", "--mem-mib 9000 --seconds 4"), "--gres=gpu:1",
-               f"--uid={NOBODY}", f"--gid={NOBODY}")
+               f"--uid={other.pw_uid}", f"--gid={other.pw_gid}")
     for job in (a, b):
         log = out_dir / f"job-{job}.out"
         assert cluster.wait_job(job, 90).state == "COMPLETED", log.read_text() if log.exists() else "no log"
-    assert cluster.client.require_job(b).user_id == NOBODY and cluster.client.require_job(a).user_id == 0
+    assert cluster.client.require_job(b).user_id == other.pw_uid and cluster.client.require_job(a).user_id == 0
     env_a, env_b = job_env(out_dir, a), job_env(out_dir, b)
     assert env_a["SLURM_JOB_GPUS"] == env_b["SLURM_JOB_GPUS"]  # one GPU, two users
     for env, need_mib in ((env_a, 5.5 * 1024), (env_b, 11 * 1024)):

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 from types import SimpleNamespace
 
-from devcluster.local_cluster import LocalCluster, missing_requirements
+from devcluster.local_cluster import LOGIN_TEST_USER, LocalCluster, ensure_login_user, missing_requirements
 
 BIN_DIR = os.path.dirname(sys.executable)
-TEST_USER = "gpushare-test"
+TEST_USER = LOGIN_TEST_USER
 # The real estimator the test user runs: ours, unless its Python sits under a private home (pyenv in /root);
 # then GPUSHARE_TEST_ESTIMATOR names a gpu-estimate from a virtual environment other users can execute.
 REAL_ESTIMATOR = os.environ.get("GPUSHARE_TEST_ESTIMATOR") or f"{BIN_DIR}/gpu-estimate"
@@ -43,14 +43,6 @@ exec @REAL@ "$@"
 """
 
 
-def ensure_user() -> pwd.struct_passwd:
-    try:
-        return pwd.getpwnam(TEST_USER)
-    except KeyError:
-        subprocess.run(["useradd", "-M", "-d", "/nonexistent", "-s", "/bin/sh", TEST_USER], check=True)
-        return pwd.getpwnam(TEST_USER)
-
-
 def user_can_run_estimator(cluster: LocalCluster) -> str | None:
     """Why the test user cannot run the real gpu-estimate where the cluster's jobs run (its Python under a
     0700 home), or None."""
@@ -67,7 +59,7 @@ def user() -> pwd.struct_passwd:
         pytest.skip(f"real Slurm unavailable: {missing_requirements()}")
     if not shutil.which("runuser") or not shutil.which("useradd"):
         pytest.skip("needs runuser and useradd to submit as a non-root user")
-    return ensure_user()
+    return ensure_login_user(TEST_USER)
 
 
 def estimation_toml(spool: Path, fake: Path, extra: str = "") -> str:

@@ -18,9 +18,9 @@ from gpushare.slurm_plugins.decision import parse_record
 from gpushare.slurm_plugins.estimation_plan import ESTIMATION_JOB_PREFIX
 from gpushare.slurm.gres_request import plain_gres
 from gpushare.slurm.jobs import Job
-from devcluster.local_cluster import LocalCluster
+from devcluster.local_cluster import LOGIN_TEST_USER, LocalCluster
 
-TEST_USER = "gpushare-test"  # created by conftest.ensure_user
+TEST_USER = LOGIN_TEST_USER  # created by conftest (ensure_login_user)
 
 pytestmark = pytest.mark.slurm
 
