@@ -30,7 +30,7 @@ from gpushare.agent.api import node_name
 from gpushare.agent.backstop import forecast_message, oom_message
 from gpushare.agent.guard import Action, Guard
 from gpushare.agent.lane_service import LaneFacts, LaneRefused, LaneService
-from gpushare.agent.jobs import build_entry, clean_facts, mps_corunners, registration_facts, tenants_of
+from gpushare.agent.jobs import build_entry, clean_facts, mps_corunners, registration_facts, tenants_of, time_left
 from gpushare.agent.sampler import Sampler, process_job
 from gpushare.agent.store import JobStore, check_job
 from gpushare.agent.withhold import NodeFeature, node_open
@@ -67,7 +67,7 @@ class Agent:
         self._last_assert = -math.inf
         self.registry = registry
         # lanes (Salus): the service has its own lock, taken before self.lock, never after (lane_service.py)
-        self.lanes = LaneService(self.lane_facts, turn_limit_s=cfg.lane_turn_limit_s)
+        self.lanes = LaneService(self.lane_facts, policy=cfg.lane_policy, turn_limit_s=cfg.lane_turn_limit_s)
         if registry is not None:
             from gpushare.agent.metrics import register
 
@@ -351,7 +351,7 @@ class Agent:
     # -- lanes (gpushare.agent.lanes) ----------------------------------------------------------------
     def lane_facts(self, job: str) -> LaneFacts:
         """A registered, open lane job's lane facts, with its GPU's memory left to lane jobs (the GPU's
-        memory less the caps of the non-lane jobs on it); LaneRefused otherwise."""
+        memory less the caps of the non-lane jobs on it) and its time limit left; LaneRefused otherwise."""
         with self.lock:
             entry = self.store.get(job)
             if entry is None or entry.get("closed"):
@@ -371,7 +371,7 @@ class Agent:
                 held += int(need) << 20 if need else (total if not other.get("shared") else 0)
             return LaneFacts(job, int(entry.get("uid", -1)), gpu, int(entry.get("persistent_bytes") or 0),
                              int(entry.get("ephemeral_bytes") or 0), bool(entry.get("own_lane")),
-                             max(0, total - held))
+                             max(0, total - held), time_left(entry, self.clock()))
 
     def lane_owner(self, job: str, uid: int, pid: int) -> str | None:
         """None when the peer (uid, pid from SO_PEERCRED) may act for lane job ``job``; else the refusal."""

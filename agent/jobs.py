@@ -143,13 +143,17 @@ def thread_percentage_for(facts: dict[str, Any], corunners: list[dict[str, Any]]
         return int(cfg.mps_thread_percentage)
     from gpushare.agent.gimbal import GimbalJob, coordinate
 
-    def remaining(limit: Any, start: float) -> float:
-        return max(60.0, (float(limit) if limit else DEFAULT_REMAINING_S) - max(0.0, now - start))
-
-    jobs = [GimbalJob(str(e["job"]), remaining(e.get("time_limit_s"), float(e.get("start", now))), 1.0)
-            for e in corunners]
-    jobs.append(GimbalJob(facts["job"], remaining(facts.get("time_limit_s"), now), 1.0))
+    jobs = [GimbalJob(str(e["job"]), max(60.0, time_left(e, now)), 1.0) for e in corunners]
+    jobs.append(GimbalJob(facts["job"], max(60.0, time_left({**facts, "start": now}, now)), 1.0))
     return coordinate(jobs, policy.removeprefix("gimbal-"))[facts["job"]]
+
+
+def time_left(entry: dict[str, Any], now: float) -> float:
+    """Seconds of a job's Slurm time limit left at ``now`` (its store entry's ``time_limit_s`` and
+    ``start``); a job whose limit Slurm did not give counts as ``DEFAULT_REMAINING_S`` from its start.
+    Remaining work as the lanes' SRTF sees it: nothing on the node knows how much work a job has left."""
+    limit = entry.get("time_limit_s")
+    return max(0.0, (float(limit) if limit else DEFAULT_REMAINING_S) - max(0.0, now - float(entry.get("start", now))))
 
 
 def build_entry(facts: dict[str, Any], cfg: Any, backend: Any, tenants: list[tuple[int, str]], now: float,

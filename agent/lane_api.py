@@ -13,7 +13,10 @@ which is how a crashed job's turn is reclaimed: the kernel closes a killed proce
   (its cgroup, ``gpushare.agent.sampler.process_job``). One live session per job.
 * ``{"op": "lane_turn", "wait_s": 30}`` blocks (≤ 30 s) until the job holds its lane's turn:
   ``{"ok": true, "granted": true}``, else ``"granted": false`` and the client asks again.
-* ``{"op": "lane_release"}`` gives the turn back: ``"released": false`` when it had been taken away.
+* ``{"op": "lane_release", "again": true}`` gives the turn back: ``"released": false`` when it had been
+  taken away. ``again`` (default false) asks for the next turn in the same step, so the turn policy can
+  hand it straight back (PACK, SRTF) instead of always passing it on; the following ``lane_turn`` answers
+  at once when it did.
 * ``{"op": "lane_status"}``: the job's lanes view.
 
 Hostile input: lines ≤ 4 KiB, at most ``max_sessions`` sessions in all and a quarter of that per uid,
@@ -72,6 +75,7 @@ class _Session(socketserver.StreamRequestHandler):
             self._reply({"ok": False, "error": "too many lane sessions"})
             return
         job: str | None = None
+        owner.track(self.connection)
         try:
             while True:
                 line = self.rfile.readline(MAX_LINE + 1)
@@ -95,6 +99,7 @@ class _Session(socketserver.StreamRequestHandler):
         except OSError:
             return
         finally:
+            owner.untrack(self.connection)
             owner.leave(uid, job)
 
     def _alive(self) -> bool:
@@ -129,6 +134,7 @@ class LaneServer:
         self.per_uid = max(1, max_sessions // 4)
         self._count: Counter[int] = Counter()
         self._sessions: set[str] = set()
+        self._connections: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._server: _Server | None = None
 
@@ -145,8 +151,26 @@ class LaneServer:
         return self
 
     def stop(self) -> None:
+        """Stop serving and end every open session, as the agent's exit would: each client sees its
+        connection close (and rejoins a restarted agent, ``lane_site``) instead of talking to a service
+        that is going away."""
         stop_server(self._server, self.path)
         self._server = None
+        with self._lock:
+            connections = list(self._connections)
+        for connection in connections:
+            try:
+                connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def track(self, connection: socket.socket) -> None:
+        with self._lock:
+            self._connections.add(connection)
+
+    def untrack(self, connection: socket.socket) -> None:
+        with self._lock:
+            self._connections.discard(connection)
 
     def enter(self, uid: int) -> bool:
         with self._lock:
@@ -192,7 +216,10 @@ class LaneServer:
                 raise LaneRefused("wait_s: expected seconds in 0..3600")
             return {"ok": True, **self.service.turn(job, alive, float(wait))}, job
         if op == "lane_release":
-            return {"ok": True, **self.service.release(job)}, job
+            again = request.get("again", False)
+            if not isinstance(again, bool):
+                raise LaneRefused("again: expected true or false")
+            return {"ok": True, **self.service.release(job, again)}, job
         if op == "lane_status":
             return {"ok": True, "job": job, **self.service.snapshot()}, job
         raise LaneRefused(f"unknown op {op[:30]!r} (known: lane_join, lane_turn, lane_release, lane_status)")

@@ -1,7 +1,8 @@
 """Salus' GPU lanes: admission, lane assignment and per-iteration turn choice, as pure functions.
 
-Why a module of its own: the simulator models Salus with it today, and a live lane service in the node
-agent can reuse exactly the same decisions later, so nothing here reads a clock, a device or a file.
+Why a module of its own: the simulator models Salus with it, and the node agent's live lane service
+chooses turns with the same ``next_turn`` (``gpushare.agent.lanes.salus_policy``), so both make exactly
+the same decisions; nothing here reads a clock, a device or a file.
 
 Model (Salus, "Fine-Grained GPU Sharing Primitives for Deep Learning Applications", §3.2–§4):
 

@@ -12,12 +12,13 @@ lanes. Waits wake at least every ``POLL_S`` to demote overdue holders and to not
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from gpushare.agent.lanes import LaneBoard, Member, TurnPolicy, round_robin
+from gpushare.agent.lanes import LaneBoard, Member, TurnPolicy, policy_name, turn_policy
 
 log = logging.getLogger("gpushare.agent.lanes")
 POLL_S = 0.2
@@ -39,13 +40,16 @@ class LaneFacts:
     ephemeral_bytes: int
     own_lane: bool
     capacity_bytes: int  # the GPU's memory left to lane jobs
+    remaining_s: float = math.inf  # its Slurm time limit left when these facts were read (SRTF)
 
 
 class LaneService:
-    def __init__(self, facts: Callable[[str], LaneFacts], policy: TurnPolicy = round_robin,
+    """``policy``: a :data:`~gpushare.agent.lanes.TurnPolicy`, or its ``[agent] lane_policy`` name."""
+
+    def __init__(self, facts: Callable[[str], LaneFacts], policy: TurnPolicy | str = "fair",
                  turn_limit_s: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.facts = facts
-        self.board = LaneBoard(policy)
+        self.board = LaneBoard(turn_policy(policy) if isinstance(policy, str) else policy)
         self.turn_limit_s = turn_limit_s
         self.clock = clock
         self.cond = threading.Condition()
@@ -54,8 +58,9 @@ class LaneService:
     def join(self, job: str) -> dict[str, Any]:
         """Put a registered lane job on its GPU's lanes (or the pending list); its identity was checked."""
         facts = self.facts(job)
+        now = self.clock()
         member = Member(job, facts.gpu, facts.persistent_bytes, facts.ephemeral_bytes, facts.own_lane,
-                        joined_at=self.clock())
+                        joined_at=now, deadline=now + max(0.0, facts.remaining_s))
         with self.cond:
             admitted = self.board.join(member, facts.capacity_bytes)
             lane = self.board.members[job].lane
@@ -81,12 +86,13 @@ class LaneService:
                     return {"granted": False, "admitted": admitted}
                 self.cond.wait(POLL_S)
 
-    def release(self, job: str) -> dict[str, Any]:
+    def release(self, job: str, again: bool = False) -> dict[str, Any]:
+        """Give the turn back; ``again``: and ask for the next one in the same step (``LaneBoard.release``)."""
         with self.cond:
             member = self.board.members.get(job)
             if member is None:
                 raise LaneRefused("not a lane member")
-            held = self.board.release(job, self.clock())
+            held = self.board.release(job, self.clock(), again)
             self.cond.notify_all()
             # not held: its turn was taken away (demoted) while it ran, or it never had one
             return {"released": held, "demoted": member.demoted}
@@ -104,7 +110,8 @@ class LaneService:
 
     def snapshot(self) -> dict[str, Any]:
         with self.cond:
-            return {"lanes": self.board.snapshot(), "demotions": self.demotions, "turn_limit_s": self.turn_limit_s}
+            return {"lanes": self.board.snapshot(), "demotions": self.demotions, "turn_limit_s": self.turn_limit_s,
+                    "policy": policy_name(self.board.policy)}
 
     def _demote(self, now: float) -> None:
         for job in self.board.overdue(now, self.turn_limit_s):

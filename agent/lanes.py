@@ -11,34 +11,77 @@ region: its size is the largest ephemeral of its jobs, and exactly one of them h
 so iteration-granularity time sharing inside a lane can never run the GPU out of memory.
 
 Pure: no threads, no clock, no I/O. ``gpushare.agent.lane_service`` wraps this in a lock and a condition
-variable; the unit tests drive it directly. The turn order is the pluggable :data:`TurnPolicy`
-(:func:`round_robin` here; other policies are functions of the same type, see ``docs/agent.md``).
+variable; the unit tests drive it directly. The turn order is the pluggable :data:`TurnPolicy`:
+:func:`round_robin`, or Salus' PACK / SRTF / FAIR through :func:`salus_policy`, which calls
+``gpushare.agent.lane_policy.next_turn`` (the same decision the simulator makes, so the two cannot drift).
+``[agent] lane_policy`` names one (:func:`turn_policy`; ``docs/agent.md``).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
+
+from gpushare.agent.lane_policy import LanePolicy, TurnState, joining_service, next_turn
 
 
 @dataclass(frozen=True)
 class Waiter:
-    """What a turn policy may know about one job waiting for its lane's turn."""
+    """What a turn policy may know about one job waiting for its lane's turn.
+
+    The last three are what Salus' policies decide on (``lane_policy.TurnState``); they have defaults so
+    a policy that needs only the first five can be tried with hand-made waiters."""
 
     job: str
     queued_at: float  # when it asked for this turn (the service's monotonic clock)
     turns: int  # turns it has had so far
     held_s: float  # seconds it has held turns so far
     ephemeral_bytes: int
+    admitted_seq: int = 0  # admission order on this node (PACK; every policy's tie-break)
+    remaining_s: float = math.inf  # work left: the Slurm time limit left (SRTF)
+    service_s: float = 0.0  # turn seconds received, from the lane's least service when it joined (FAIR)
 
 
 TurnPolicy = Callable[[Sequence[Waiter]], str]
+ROUND_ROBIN = "round-robin"
+POLICY_NAMES = (ROUND_ROBIN, *(p.value for p in LanePolicy))  # what ``[agent] lane_policy`` accepts
 
 
 def round_robin(waiting: Sequence[Waiter]) -> str:
     """FIFO: the job that has waited longest. A job that releases and asks again queues behind every job
-    already waiting, so the jobs of a busy lane alternate (round-robin)."""
+    already waiting, so the jobs of a busy lane alternate (round-robin): equal *turns*, whatever each
+    turn's length (FAIR equalises turn *seconds* instead)."""
     return min(waiting, key=lambda w: (w.queued_at, w.job)).job
+
+
+def salus_policy(policy: LanePolicy) -> TurnPolicy:
+    """A :data:`TurnPolicy` that decides with ``lane_policy.next_turn``: one implementation of PACK, SRTF
+    and FAIR for the simulator and the live service."""
+
+    def choose(waiting: Sequence[Waiter]) -> str:
+        chosen = next_turn(policy, [TurnState(w.job, w.admitted_seq, w.remaining_s, w.service_s) for w in waiting])
+        if chosen is None:
+            raise ValueError("no job waits for the turn")
+        return chosen
+
+    choose.__name__ = policy.value
+    return choose
+
+
+def turn_policy(name: str) -> TurnPolicy:
+    """The policy ``[agent] lane_policy`` names: ``round-robin`` or one of ``lane_policy.LanePolicy``."""
+    if name == ROUND_ROBIN:
+        return round_robin
+    try:
+        return salus_policy(LanePolicy(name))
+    except ValueError:
+        raise ValueError(f"unknown lane policy {name!r} (known: {', '.join(POLICY_NAMES)})") from None
+
+
+def policy_name(policy: TurnPolicy) -> str:
+    """How ``gpushare status`` names a policy (a function's name; the config names for the shipped ones)."""
+    return ROUND_ROBIN if policy is round_robin else getattr(policy, "__name__", repr(policy))
 
 
 @dataclass
@@ -52,9 +95,16 @@ class Member:
     own_lane: bool = False  # no persistent/ephemeral split known: never shares a lane (docs/agent.md)
     lane: int | None = None  # lane id once admitted
     joined_at: float = 0.0
+    deadline: float = math.inf  # when its Slurm time limit runs out (the board's clock): SRTF's remaining
+    admitted_seq: int = 0  # set on admission
+    service_base: float = 0.0  # FAIR: the lane's least service when it joined (lane_policy.joining_service)
     turns: int = 0
     held_s: float = 0.0
     demoted: int = 0
+    skip_next: bool = False  # demoted: passed over at its lane's next grant, whatever the policy
+
+    def service_s(self) -> float:
+        return self.service_base + self.held_s
 
 
 @dataclass
@@ -77,6 +127,7 @@ class LaneBoard:
         self.lanes: dict[int, Lane] = {}
         self.pending: list[str] = []  # not admitted yet, in arrival order
         self._next_id = 1
+        self._next_seq = 0
 
     # -- admission ---------------------------------------------------------------------------------
     def size(self, lane: Lane) -> int:
@@ -129,8 +180,12 @@ class LaneBoard:
             self._next_id += 1
             self.lanes[lane.id] = lane
             where = lane.id
-        self.lanes[where].members.append(job)
-        member.lane = where
+        lane = self.lanes[where]
+        member.service_base = joining_service([TurnState(j, self.members[j].admitted_seq, 0.0,
+                                                         self.members[j].service_s()) for j in lane.members])
+        lane.members.append(job)
+        member.lane, member.admitted_seq = where, self._next_seq
+        self._next_seq += 1
         self.pending.remove(job)
         return True
 
@@ -147,8 +202,12 @@ class LaneBoard:
         self._grant(lane, now)
         return lane.holder == job
 
-    def release(self, job: str, now: float) -> bool:
-        """The job gives its turn back; False when it did not hold it (demoted meanwhile, or never had it)."""
+    def release(self, job: str, now: float, again: bool = False) -> bool:
+        """The job gives its turn back; False when it did not hold it (demoted meanwhile, or never had it).
+
+        ``again``: it asks for its next turn in the same step (a training loop between two iterations), so
+        the policy weighs it against the jobs already waiting: PACK and SRTF may hand the turn straight
+        back, where a release followed by a separate request would always pass it on."""
         member = self.members.get(job)
         if member is None or member.lane is None:
             return False
@@ -156,6 +215,8 @@ class LaneBoard:
         if lane.holder != job:
             return False
         self._end_turn(lane, now)
+        if again:
+            lane.waiting.setdefault(job, now)
         self._grant(lane, now)
         return True
 
@@ -180,12 +241,14 @@ class LaneBoard:
 
     def overdue(self, now: float, limit_s: float) -> list[str]:
         """Holders past ``limit_s`` while another job of their lane waits: their turn is taken away
-        (demoted); they queue behind everyone when they ask again."""
+        (demoted); when they ask again they are passed over once, whatever the policy (under PACK or SRTF
+        they would otherwise win the very next grant back)."""
         demoted = []
         for lane in self.lanes.values():
             if lane.holder is not None and lane.waiting and now - lane.held_since > limit_s:
                 job = lane.holder
                 self.members[job].demoted += 1
+                self.members[job].skip_next = True
                 self._end_turn(lane, now)
                 self._grant(lane, now)
                 demoted.append(job)
@@ -203,14 +266,22 @@ class LaneBoard:
     def _grant(self, lane: Lane, now: float) -> None:
         if lane.holder is not None or not lane.waiting:
             return
-        waiting = [Waiter(j, at, self.members[j].turns, self.members[j].held_s, self.members[j].ephemeral_bytes)
-                   for j, at in lane.waiting.items()]
-        chosen = self.policy(waiting)
-        if chosen not in lane.waiting:  # a policy must pick one of the waiting jobs
+        skipped = [j for j in lane.waiting if self.members[j].skip_next]
+        candidates = [j for j in lane.waiting if j not in skipped] or list(lane.waiting)
+        chosen = self.policy([self.waiter(j, lane.waiting[j], now) for j in candidates])
+        if chosen not in candidates:  # a policy must pick one of the jobs it was given
             raise ValueError(f"turn policy chose {chosen!r}, not a waiting job")
+        for job in skipped:
+            self.members[job].skip_next = False  # passed over once (or chosen: nobody else waited)
         del lane.waiting[chosen]
         lane.holder, lane.held_since = chosen, now
         self.members[chosen].turns += 1
+
+    def waiter(self, job: str, queued_at: float, now: float) -> Waiter:
+        """What the policy sees of a waiting job at ``now``."""
+        m = self.members[job]
+        return Waiter(job, queued_at, m.turns, m.held_s, m.ephemeral_bytes, m.admitted_seq,
+                      max(0.0, m.deadline - now), m.service_s())
 
     def snapshot(self) -> list[dict[str, Any]]:
         """Lanes for ``gpushare status`` and the tests."""

@@ -234,7 +234,11 @@ class AgentSection:
     forecast_confirm: int = _opt(5, _between(1, 10000), "consecutive positive forecasts before acting")
     lane_turn_limit_s: float = _opt(60.0, _between(0.1, 86400.0),
                                     "a lane job holding its lane's turn longer than this while others wait loses it "
-                                    "(demoted to the back)")
+                                    "(demoted: passed over at its lane's next grant)")
+    lane_policy: str = _opt("fair", _one_of("fair", "srtf", "pack", "round-robin"),
+                            "which waiting job of a lane gets its next turn: the least turn time so far (fair), "
+                            "the least Slurm time limit left (srtf), the earliest admitted (pack), or the "
+                            "longest waiting (round-robin); docs/agent.md")
     lane_sessions: int = _opt(64, _between(1, 4096), "open lane sessions (connections to the lanes socket) at most; "
                                                      "a quarter of them per user")
     log_file: str = _opt("", None, "agent/prolog/epilog log; empty: standard error")

@@ -7,8 +7,13 @@ user's interpreter, which need not have gpushare installed.
 Turn boundaries (Salus' iteration granularity): the turn is taken before the first forward of any module
 (a global forward pre-hook, removed once used) or, failing that, before the first ``optimizer.step()``;
 after every ``optimizer.step()`` the job frees its cached ephemeral memory (``torch.cuda.empty_cache()``
-when CUDA is initialised), gives the turn back and waits for its next one. Any problem with the agent
-(socket missing, refusal, agent restart) switches lanes off for the rest of the run, with one line on
+when CUDA is initialised), gives the turn back and waits for its next one, in one request
+(``"again": true``) so the agent's turn policy weighs it against the jobs already waiting.
+
+An agent restart drops every lane session (the agent keeps lanes in memory only): the session notices the
+closed connection, reconnects and joins its lane again, retrying for up to ``RECONNECT_S`` while the new
+agent comes up, then asks for its turn as before. Any other problem (socket missing at the start, a
+refusal, no agent within ``RECONNECT_S``) switches lanes off for the rest of the run, with one line on
 standard error: the job then runs ungated, as it would without lanes.
 """
 
@@ -19,59 +24,109 @@ import json
 import os
 import socket
 import sys
+import time
 from typing import Any
 
 WAIT_S = 30.0
+RECONNECT_S = 60.0  # how long a dropped session tries to reach a restarted agent before lanes go off
+RECONNECT_EVERY_S = 0.5
 
 
 class LaneError(RuntimeError):
     """The agent refused or could not be reached."""
 
 
-class LaneSession:
-    """One connection to the lanes socket for one job: join, then turns and releases."""
+class LaneUnreachable(LaneError):
+    """The lanes socket cannot be reached, or a joined session's connection broke (the agent stopped or
+    restarted): worth trying again, unlike a refusal."""
 
-    def __init__(self, path: str, job: str, connect_timeout_s: float = 5.0) -> None:
+
+class LaneSession:
+    """One connection to the lanes socket for one job: join, then turns and releases; rejoins once the
+    connection is lost (``rejoin``)."""
+
+    def __init__(self, path: str, job: str, connect_timeout_s: float = 5.0,
+                 reconnect_s: float = RECONNECT_S) -> None:
+        self.path = path
+        self.job = job
+        self.connect_timeout_s = connect_timeout_s
+        self.reconnect_s = reconnect_s
+        self.rejoins = 0
+        self.joined = self._open()
+
+    def _open(self) -> dict[str, Any]:
+        """Connect and join; LaneError when the socket cannot be reached or the join is refused."""
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(connect_timeout_s)
+        self.sock.settimeout(self.connect_timeout_s)
         try:
-            self.sock.connect(path)
+            self.sock.connect(self.path)
         except OSError as exc:
             self.sock.close()
-            raise LaneError(f"lanes socket {path}: {exc}") from exc
+            raise LaneUnreachable(f"lanes socket {self.path}: {exc}") from exc
         self.sock.settimeout(WAIT_S + 30.0)  # a turn wait answers within WAIT_S
         self.reader = self.sock.makefile("rb")
-        self.job = job
-        self.joined = self.call({"op": "lane_join", "job": job})
+        try:
+            return self.call({"op": "lane_join", "job": self.job})
+        except LaneError:
+            self.close()
+            raise
 
     def call(self, request: dict[str, Any]) -> dict[str, Any]:
         try:
             self.sock.sendall((json.dumps(request) + "\n").encode())
             line = self.reader.readline(65536)
         except OSError as exc:
-            raise LaneError(f"lanes socket: {exc}") from exc
+            raise LaneUnreachable(f"lanes socket: {exc}") from exc
         if not line:
-            raise LaneError("the agent closed the lanes session")
+            raise LaneUnreachable("the agent closed the lanes session")
         reply = json.loads(line)
         if not isinstance(reply, dict) or not reply.get("ok"):
             raise LaneError(str(reply.get("error") if isinstance(reply, dict) else reply))
         return reply
 
-    def turn(self) -> dict[str, Any]:
-        """Block until this job holds its lane's turn."""
+    def rejoin(self) -> None:
+        """Reconnect and join again after a lost connection, retrying while the socket is missing or not
+        yet answering (a restarting agent) for up to ``reconnect_s``. A refusal ends it at once (the job
+        is no longer a lane job there, or its Epilog closed it): LaneError."""
+        self.close()
+        deadline = time.monotonic() + self.reconnect_s
         while True:
-            reply = self.call({"op": "lane_turn", "wait_s": WAIT_S})
+            try:
+                self.joined = self._open()
+                self.rejoins += 1
+                sys.stderr.write("gpushare lanes: the agent's session was lost; joined the lane again\n")
+                return
+            except LaneUnreachable:
+                pass  # not up yet; a refusal (LaneError) ends the rejoin
+            if time.monotonic() >= deadline:
+                raise LaneError(f"the agent did not come back within {self.reconnect_s:g} s")
+            time.sleep(RECONNECT_EVERY_S)
+
+    def turn(self) -> dict[str, Any]:
+        """Block until this job holds its lane's turn (rejoining first if the agent restarted)."""
+        while True:
+            try:
+                reply = self.call({"op": "lane_turn", "wait_s": WAIT_S})
+            except LaneUnreachable:
+                self.rejoin()
+                continue
             if reply.get("granted"):
                 return reply
 
-    def release(self) -> dict[str, Any]:
-        return self.call({"op": "lane_release"})
+    def release(self, again: bool = False) -> dict[str, Any]:
+        """Give the turn back (``again``: and ask for the next one in the same request). After a lost
+        connection there is nothing to give back: the restarted agent never granted this session a turn."""
+        try:
+            return self.call({"op": "lane_release", "again": again})
+        except LaneUnreachable:
+            self.rejoin()
+            return {"ok": True, "released": True, "rejoined": True}
 
     def close(self) -> None:
         try:
             self.reader.close()
             self.sock.close()
-        except OSError:
+        except (OSError, AttributeError):
             pass
 
 
@@ -112,7 +167,7 @@ class TorchLanes:
                 cuda.empty_cache()  # ephemeral memory back to the lane before the turn goes
         except Exception:  # noqa: BLE001 - a failed cache release must not end the job
             pass
-        self._release()
+        self._release(again=True)
         self._acquire()
 
     def _acquire(self) -> None:
@@ -126,12 +181,12 @@ class TorchLanes:
         except (LaneError, ValueError) as exc:
             self._switch_off(exc)
 
-    def _release(self) -> None:
+    def _release(self, again: bool = False) -> None:
         if self.off or not self.holding or self.session is None:
             return
         self.holding = False
         try:
-            reply = self.session.release()
+            reply = self.session.release(again)
             if not reply.get("released"):
                 sys.stderr.write("gpushare lanes: this job held its turn past the limit and was demoted\n")
         except (LaneError, ValueError) as exc:

@@ -34,19 +34,32 @@ SCENARIO = {"version": 1, "name": "lanes", "processes": [], "gpus": [{"model": "
 class Node:
     """A real Agent and its lanes socket; ``spawn`` starts a job's training process."""
 
-    def __init__(self, tmp: Path, turn_limit_s: float) -> None:
-        cfg = parse_config({"agent": {"state_dir": str(tmp / "state"), "run_dir": str(tmp / "run"),
-                                      "collocation": "fraction", "lane_turn_limit_s": turn_limit_s}}).agent
-        self.agent = Agent(cfg, SimBackend.from_scenario(SCENARIO), registry=CollectorRegistry(),
-                           pid_job=environ_job)
-        self.path = lanes_socket_path(cfg.run_dir)
-        self.server = LaneServer(self.path, self.agent.lanes, self.agent.lane_owner).start()
+    def __init__(self, tmp: Path, turn_limit_s: float, policy: str) -> None:
+        self.cfg = parse_config({"agent": {"state_dir": str(tmp / "state"), "run_dir": str(tmp / "run"),
+                                           "collocation": "fraction", "lane_turn_limit_s": turn_limit_s,
+                                           "lane_policy": policy}}).agent
+        self.path = lanes_socket_path(self.cfg.run_dir)
+        self._start()
         self.tmp = tmp
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def register(self, job: str, persistent_gib: float = 1.0, ephemeral_gib: float = 4.0) -> None:
+    def _start(self) -> None:
+        self.agent = Agent(self.cfg, SimBackend.from_scenario(SCENARIO), registry=CollectorRegistry(),
+                           pid_job=environ_job)
+        self.agent.load()
+        self.server = LaneServer(self.path, self.agent.lanes, self.agent.lane_owner).start()
+
+    def restart(self) -> None:
+        """What an agent restart does to lanes: every session ends, and a new agent with empty lanes
+        picks the jobs up from its store."""
+        self.server.stop()
+        self._start()
+
+    def register(self, job: str, persistent_gib: float = 1.0, ephemeral_gib: float = 4.0,
+                 time_limit_s: float | None = None) -> None:
         self.agent.register({"job": job, "uid": os.getuid(), "user": "u", "gpus": [0], "shared": True,
                              "est_gib": persistent_gib + ephemeral_gib, "margin_gib": 1.0, "shards": 5,
+                             "time_limit_s": time_limit_s,
                              "lanes": True, "persistent_bytes": int(persistent_gib * GiB),
                              "ephemeral_bytes": int(ephemeral_gib * GiB)})
 
@@ -74,8 +87,8 @@ class Node:
 def node(tmp_path):
     made: list[Node] = []
 
-    def _make(turn_limit_s: float = 600.0) -> Node:
-        made.append(Node(tmp_path, turn_limit_s))
+    def _make(turn_limit_s: float = 600.0, policy: str = "round-robin") -> Node:
+        made.append(Node(tmp_path, turn_limit_s, policy))
         return made[-1]
 
     yield _make
@@ -94,7 +107,7 @@ def wait_done(procs, timeout_s: float) -> None:
 
 
 def test_three_processes_take_turns_in_rotation(node, tmp_path):
-    n = node()
+    n = node(policy="round-robin")
     jobs = ["101", "102", "103"]
     for job in jobs:
         n.register(job)
@@ -176,3 +189,52 @@ def test_only_the_jobs_own_processes_may_join(node, tmp_path):
         done = subprocess.run([sys.executable, "-c", code, lane_site_dir(), str(n.path), job], env=env,
                               capture_output=True, text=True, timeout=60)
         assert done.stdout.startswith("refused") and expect in done.stdout, done.stdout + done.stderr
+
+
+def test_srtf_runs_the_job_with_the_least_time_limit_left_first(node, tmp_path):
+    n = node(policy="srtf")
+    limits = {"601": 7200.0, "602": 600.0}
+    for job, limit in limits.items():
+        n.register(job, time_limit_s=limit)
+    go = tmp_path / "go"
+    procs = [n.spawn(job, "8", "0.05", str(go)) for job in limits]
+    deadline = time.monotonic() + 120
+    while not all(any(line.startswith("pid") for line in n.log(job)) for job in limits):
+        assert time.monotonic() < deadline, "workers did not start"
+        time.sleep(0.1)
+    go.touch()
+    wait_done(procs, 180)
+    assert [p.returncode for p in procs] == [0, 0], [(tmp_path / f"{j}.err").read_text() for j in limits]
+    seq = [job for _, _, job in turns(n, list(limits))]
+    assert len(seq) == 16
+    # once the short job has its first turn it keeps the lane to its end; the long one gets the rest
+    first = seq.index("602")
+    assert seq[first:first + 8] == ["602"] * 8 and set(seq[first + 8:]) <= {"601"}, seq
+
+
+def test_jobs_rejoin_their_lane_after_an_agent_restart(node, tmp_path):
+    n = node(policy="round-robin")
+    jobs = ["501", "502"]
+    for job in jobs:
+        n.register(job)
+    procs = [n.spawn(job, "40", "0.05") for job in jobs]
+    deadline = time.monotonic() + 120
+    while len(turns(n, jobs)) < 6:
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "no turns before the restart"
+        time.sleep(0.05)
+    n.restart()
+    restarted_at = time.time()
+    while set(n.agent.lanes.board.members) != set(jobs):
+        assert time.monotonic() < deadline + 60, "the jobs did not join the restarted agent's lanes"
+        time.sleep(0.05)
+    wait_done(procs, 180)
+    errs = [(tmp_path / f"{j}.err").read_text() for j in jobs]
+    assert [p.returncode for p in procs] == [0, 0], errs
+    assert all("joined the lane again" in err and "off for this run" not in err for err in errs), errs
+    order = turns(n, jobs)
+    assert len(order) == 80
+    # after the iteration in flight at the restart, turns never overlap again: the new agent gates them
+    later = [t for t in order if t[0] > restarted_at + 1.0]
+    assert len(later) > 10 and {job for _, _, job in later} == set(jobs)
+    for (_, end, _), (start, _, _) in zip(later, later[1:]):
+        assert end <= start, "two jobs of one lane ran an iteration at the same time after the restart"
