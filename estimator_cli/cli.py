@@ -6,7 +6,8 @@ Exit codes (docs/estimator.md):
   1  internal error of gpu-estimate
   2  usage error (bad option, unknown GPU, unreadable script, bad config)
   3  the script failed by itself: its traceback tail is printed, never an estimate
-  4  the time limit (--timeout) or the memory limit (--max-cpu-memory) was hit
+  4  the time limit (--timeout) or the memory limit (--max-cpu-memory) was hit (in profile mode, after
+     reduced-batch profiles could not stand in for the full batch: estimator_cli/reduced_batch.py)
   5  the requested mode cannot estimate this script (e.g. --mode fake on data-dependent control flow)
 """
 

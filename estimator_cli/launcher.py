@@ -25,11 +25,17 @@ from gpushare.estimator_cli.events import Capture
 class CaptureFailed(Exception):
     """The capture produced no estimate. ``status`` picks the exit code (see estimator_cli/cli.py)."""
 
-    def __init__(self, status: str, message: str, traceback_tail: str = "", output: str = "") -> None:
+    def __init__(self, status: str, message: str, traceback_tail: str = "", output: str = "",
+                 mode: str | None = None, fallback_reason: str | None = None,
+                 batch: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.status = status  # "script_error" | "timeout" | "limit" | "internal"
         self.traceback_tail = traceback_tail
         self.output = output
+        # Set on a memory-limit failure, for the reduced-batch fallback (estimator_cli/reduced_batch.py):
+        self.mode = mode  # the capture mode that hit the limit
+        self.fallback_reason = fallback_reason  # why fake mode was abandoned before it, when it was
+        self.batch = batch  # the child's BatchKnob.to_json(): which batch knob the script has, if any
 
 
 @dataclass
@@ -42,6 +48,7 @@ class CaptureOutcome:
     process: str = "cold"  # "warm": forked by the warm worker; "cold": a fresh interpreter
     process_note: str | None = None  # why the warm worker was not used, when it was wanted
     local_modules: list[str] = field(default_factory=list)  # the script's own imported modules
+    batch: dict[str, Any] | None = None  # profile mode: the child's BatchKnob.to_json() (reduced_batch.py)
 
 
 @dataclass
@@ -71,14 +78,14 @@ def _start(runner_args: list[str], env: dict[str, str], log: str, log_handle: An
 
 
 def _run_child(mode: str, script: str, args: list[str], steps: int, gpu: PresentedGpu, limits: Limits,
-               deadline: float, on_progress: Callable[[str], None] | None
+               deadline: float, on_progress: Callable[[str], None] | None, batch_divisor: int = 1
                ) -> tuple[dict[str, Any], str, str, str | None]:
     """The child's result document and output, with the kind of child (see ``_start``)."""
     with tempfile.TemporaryDirectory(prefix="gpu-estimate-") as tmp:
         out, status, log = (os.path.join(tmp, n) for n in ("result.json", "status", "output.log"))
         runner_args = ["--mode", mode, "--steps", str(steps), "--out", out, "--status", status,
                        "--max-address-space", str(limits.max_address_space), "--gpu", json.dumps(asdict(gpu)),
-                       script, "--", *args]
+                       "--batch-divisor", str(batch_divisor), script, "--", *args]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         with open(log, "wb") as log_handle:
             proc, process, note = _start(runner_args, env, log, log_handle, limits, deadline, on_progress)
@@ -134,24 +141,27 @@ def _read(path: str) -> str:
 
 
 def run_capture(script: str, args: list[str], mode: str, steps: int, gpu: PresentedGpu, limits: Limits,
-                on_progress: Callable[[str], None] | None = None) -> CaptureOutcome:
-    """Capture in ``mode`` ("fake", "profile" or "auto": fake, then profile when fake cannot go on)."""
+                on_progress: Callable[[str], None] | None = None, batch_divisor: int = 1) -> CaptureOutcome:
+    """Capture in ``mode`` ("fake", "profile" or "auto": fake, then profile when fake cannot go on).
+    ``batch_divisor`` > 1 divides the script's batch size in profile mode (estimator_cli/reduced_batch.py)."""
     deadline = time.monotonic() + limits.timeout_s
     order = ["fake", "profile"] if mode == "auto" else [mode]
     outputs: list[str] = []
     attempts: list[dict[str, Any]] = []
     fallback: str | None = None
     for attempt in order:
-        result, output, process, note = _run_child(attempt, script, args, steps, gpu, limits, deadline, on_progress)
+        result, output, process, note = _run_child(attempt, script, args, steps, gpu, limits, deadline, on_progress,
+                                                   batch_divisor)
         outputs.append(output)
         status, error = result["status"], result.get("error") or {}
         attempts.append({"mode": attempt, "status": status, "error": error.get("message")})
         if status == "ok":
             return CaptureOutcome(Capture.from_json(result["capture"]), attempt, fallback, "".join(outputs), attempts,
-                                  process, note, list(result.get("local_modules") or []))
+                                  process, note, list(result.get("local_modules") or []), result.get("batch"))
         if status == "limit":
             raise CaptureFailed("limit", f"the script ran out of memory in {attempt} mode ({error.get('message')}); "
-                                "raise --max-cpu-memory", error.get("traceback", ""), "".join(outputs))
+                                "raise --max-cpu-memory", error.get("traceback", ""), "".join(outputs),
+                                attempt, fallback, result.get("batch"))
         retry = mode == "auto" and attempt == "fake" and status in ("data_dependent", "fake_error")
         if retry:
             message = error.get("message", "").split(". ")[0]  # first sentence: torch's are long

@@ -18,7 +18,9 @@ from typing import Any
 from gpushare.estimator_cli.events import PresentedGpu
 from gpushare.estimator_cli.device_model import DeviceModel, device_for
 from gpushare.estimator_cli.estimate import TargetEstimate, allocator_config, estimate_target, phase_per_event
-from gpushare.estimator_cli.launcher import CaptureOutcome, Limits, run_capture
+from gpushare.estimator_cli.launcher import CaptureFailed, CaptureOutcome, Limits, run_capture
+from gpushare.estimator_cli import reduced_batch
+from gpushare.estimator_cli.allocator_config import K_LARGE_BUFFER
 from gpushare.estimator_cli.progress import Progress
 from gpushare.estimator_cli.report import build_document
 from gpushare.config import Config
@@ -55,6 +57,7 @@ def run(request: Request, key: str, show_progress: bool, tool_version: str) -> t
     progress = Progress(show_progress)
     devices = [device_for(t, request.cfg.gpus) for t in request.targets]
     captures: dict[bool, CaptureOutcome] = {}
+    series: dict[bool, reduced_batch.Series] = {}  # groups whose full batch did not fit --max-cpu-memory
     remaining = dataclasses.replace(request.limits)
     try:
         for device in devices:
@@ -63,8 +66,13 @@ def run(request: Request, key: str, show_progress: bool, tool_version: str) -> t
                 continue
             progress.update(f"capturing on {device.name}", force=True)
             remaining.timeout_s = max(1.0, request.limits.timeout_s - (time.monotonic() - start))
-            captures[group] = run_capture(request.script, request.args, request.mode, request.iterations,
-                                          presented(device), remaining, progress.update)
+            try:
+                captures[group] = run_capture(request.script, request.args, request.mode, request.iterations,
+                                              presented(device), remaining, progress.update)
+            except CaptureFailed as exc:  # reduced-batch profiles and extrapolation, or exc again
+                series[group] = _reduced_series(request, device, start, progress, exc)
+                largest = series[group].points[-1].outcome
+                captures[group] = dataclasses.replace(largest, fallback_reason=exc.fallback_reason)
         estimates: list[TargetEstimate] = []
         for name, device in zip(request.targets, devices):
             progress.update(f"simulating {device.name}", force=True)
@@ -89,8 +97,23 @@ def run(request: Request, key: str, show_progress: bool, tool_version: str) -> t
         allocator_config=os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""), tool_version=tool_version,
         capture_process=first.process, capture_process_note=first.process_note,
         dependencies=dependencies(first.local_modules))
+    if series:
+        reduced_batch.apply_series(doc, request.targets, [_arch_class(d) for d in devices], series, request.cfg,
+                                   K_LARGE_BUFFER)
     output = "".join(c.output for c in captures.values())
     return doc, output
+
+
+def _reduced_series(request: Request, device: DeviceModel, start: float, progress: Progress,
+                    failure: CaptureFailed) -> reduced_batch.Series:
+    """Profile captures at reduced batches within what is left of the time limit (reduced_batch.py)."""
+    def capture(divisor: int) -> CaptureOutcome:
+        limits = dataclasses.replace(request.limits, timeout_s=max(
+            1.0, request.limits.timeout_s - (time.monotonic() - start)))
+        return run_capture(request.script, request.args, "profile", request.iterations, presented(device),
+                           limits, progress.update, batch_divisor=divisor)
+
+    return reduced_batch.run_series(failure, capture, lambda text: progress.update(text, force=True))
 
 
 def dependencies(paths: list[str]) -> list[dict[str, str]]:

@@ -69,6 +69,25 @@ def _split_lines(targets: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _reduced_batch_lines(doc: dict[str, Any]) -> list[str]:
+    """What was extrapolated and by how much it may be off (estimator_cli/reduced_batch.py); nothing for a
+    document measured at the full batch."""
+    block = doc.get("reduced_batch")
+    if not block:
+        return []
+    batches = ", ".join(str(b) for b in block["measured_batches"])
+    lines = [f"EXTRAPOLATED: the full batch ({block['knob']} = {block['full_batch']}) did not fit --max-cpu-memory; "
+             f"profiled at batch {batches} and fitted peak ≈ a + k·batch; the breakdowns below are at batch "
+             f"{block['measured_batches'][-1]}"]
+    for t in doc["targets"]:
+        ex = t.get("extrapolation")
+        if ex:
+            lines.append(f"{t['gpu']:<22} extrapolated total {_gib(ex['extrapolated_total_bytes'])} "
+                         f"± {_gib(ex['uncertainty_bytes'])} (the total above adds the {_gib(ex['uncertainty_bytes'])}); "
+                         f"{ex['slope_bytes_per_sample'] / MiB:.3f} MiB per sample")
+    return lines
+
+
 def render_text(doc: dict[str, Any]) -> str:
     lines = []
     mode = doc["mode"]
@@ -92,6 +111,7 @@ def render_text(doc: dict[str, Any]) -> str:
         lines.append(f"{t['gpu']:<22} {_gib(t['peak_allocated_bytes']):>10} {_gib(t['peak_reserved_bytes']):>10} "
                      f"{_gib(t['context_bytes']):>9} {_gib(t['peak_total_bytes']):>10} {t['share_of_gpu']:>6.0%}  {advice}")
     lines += _split_lines(doc["targets"])
+    lines += _reduced_batch_lines(doc)
     first = doc["targets"][0]
     lines.append(f"margin: {_gib(first['recommendation']['margin_bytes'])} added before sizing "
                  "([policy] margin_fraction / margin_min_gib)")

@@ -126,13 +126,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--status")
     parser.add_argument("--max-address-space", type=int, default=0)
     parser.add_argument("--gpu", required=True, help="JSON of PresentedGpu fields")
+    parser.add_argument("--batch-divisor", type=int, default=1, help="profile mode: divide the batch size")
     parser.add_argument("script")
     parser.add_argument("args", nargs=argparse.REMAINDER)
     opts = parser.parse_args(argv)
     args = opts.args[1:] if opts.args[:1] == ["--"] else opts.args
     result: dict[str, Any] = {"status": "ok", "capture": None, "error": None}
+    knob = None
     try:
         _set_limits(opts.max_address_space)
+        if opts.mode == "profile":  # observe (divisor 1) or reduce the batch: estimator_cli/reduced_batch.py
+            from gpushare.estimator_cli.reduced_batch import install
+
+            knob = install(max(1, opts.batch_divisor))
         from gpushare.estimator_cli.capture import ScriptRun, capture_fake, capture_profile
         from gpushare.estimator_cli.cuda_api import PresentedGpu
         from gpushare.estimator_cli.placeholders import DataDependent
@@ -171,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
                 result.update(status="fake_error" if opts.mode == "fake" else "script_error", error=_error(exc))
     except BaseException as exc:  # noqa: BLE001 - anything else is still reported, never lost
         result.update(status="script_error", error=_error(exc))
+    if knob is not None:
+        result["batch"] = knob.to_json()
     sys.stdout.flush()
     sys.stderr.flush()
     with open(opts.out, "w", encoding="utf-8") as handle:

@@ -39,6 +39,9 @@ class TargetJson(TypedDict):
     persistent_bytes: NotRequired[int]  # reserved for blocks alive at every steady-state iteration boundary
     ephemeral_bytes: NotRequired[int]  # peak_reserved_bytes - persistent_bytes: needed only during an iteration
     persistent_allocated_bytes: NotRequired[int]  # allocated bytes of those blocks (<= persistent_bytes)
+    # Added within version 1 (estimator_cli/reduced_batch.py): present when the peak_* fields were
+    # extrapolated from reduced-batch profiles; they then include its uncertainty_bytes.
+    extrapolation: NotRequired[dict[str, Any]]
 
 
 class ReportJson(TypedDict):
@@ -62,13 +65,16 @@ class ReportJson(TypedDict):
     cache_key: str  # sha256 hex of script bytes, args, relevant env, torch version, targets, settings
     allocator_config: str  # PYTORCH_CUDA_ALLOC_CONF used for the simulation
     targets: list[TargetJson]
+    # Added within version 1 (estimator_cli/reduced_batch.py): the full batch did not fit --max-cpu-memory in
+    # profile mode, so smaller batches were profiled: {knob, full_batch, measured_batches, reason, fit}.
+    reduced_batch: NotRequired[dict[str, Any]]
 
 
 _TARGET_INT = ("capacity_bytes", "peak_allocated_bytes", "peak_reserved_bytes", "context_bytes",
                "other_driver_bytes", "peak_total_bytes")
 _SPLIT_INT = ("persistent_bytes", "ephemeral_bytes", "persistent_allocated_bytes")
-_TOP_FIELDS = set(ReportJson.__annotations__)
-_TARGET_FIELDS = set(TargetJson.__annotations__) - set(_SPLIT_INT)  # postponed annotations hide NotRequired
+_TOP_FIELDS = set(ReportJson.__annotations__) - {"reduced_batch"}  # postponed annotations hide NotRequired
+_TARGET_FIELDS = set(TargetJson.__annotations__) - set(_SPLIT_INT) - {"extrapolation"}
 
 
 def validate(doc: Any) -> list[str]:
@@ -93,8 +99,50 @@ def validate(doc: Any) -> list[str]:
             if target["peak_allocated_bytes"] > target["peak_reserved_bytes"]:
                 problems.append(f"targets[{i}]: allocated peak above reserved peak")
             problems += [f"targets[{i}]: {p}" for p in _split_problems(target)]
+            problems += [f"targets[{i}]: {p}" for p in _extrapolation_problems(target)]
     if not doc.get("targets"):
         problems.append("no targets")
+    problems += _reduced_batch_problems(doc)
+    return problems
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _reduced_batch_problems(doc: dict[str, Any]) -> list[str]:
+    """``reduced_batch``: absent, or at least two measured batches, ascending and below the full batch."""
+    block = doc.get("reduced_batch")
+    if block is None:
+        return []
+    if not isinstance(block, dict):
+        return ["reduced_batch: not an object"]
+    problems = [f"reduced_batch: missing {k!r}" for k in ("knob", "full_batch", "measured_batches") if k not in block]
+    batches, full = block.get("measured_batches"), block.get("full_batch")
+    if not isinstance(batches, list) or len(batches) < 2 or not all(_is_count(b) and b > 0 for b in batches):
+        problems.append("reduced_batch.measured_batches: fewer than two positive integers")
+    elif batches != sorted(set(batches)) or not _is_count(full) or batches[-1] >= full:
+        problems.append("reduced_batch.measured_batches: not ascending below full_batch")
+    if not any("extrapolation" in t for t in doc.get("targets") or []):
+        problems.append("reduced_batch without any extrapolated target")
+    return problems
+
+
+def _extrapolation_problems(target: dict[str, Any]) -> list[str]:
+    """``extrapolation``: the reserved peak is the extrapolated value plus the stated uncertainty."""
+    block = target.get("extrapolation")
+    if block is None:
+        return []
+    if not isinstance(block, dict):
+        return ["extrapolation: not an object"]
+    central, extra = block.get("extrapolated_reserved_bytes"), block.get("uncertainty_bytes")
+    if not (isinstance(central, int) and isinstance(extra, int) and _is_count(central) and _is_count(extra)):
+        return ["extrapolation: extrapolated_reserved_bytes / uncertainty_bytes not non-negative integers"]
+    problems = []
+    if central + extra != target["peak_reserved_bytes"]:
+        problems.append("extrapolation: peak_reserved != extrapolated + uncertainty")
+    if len(block.get("measured") or []) < 2:
+        problems.append("extrapolation: fewer than two measured batches")
     return problems
 
 
