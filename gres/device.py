@@ -17,16 +17,18 @@ Conventions for every method:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, TypeAlias, runtime_checkable
 
 from gpushare.gres.na import NaType
 
 if TYPE_CHECKING:
     from gpushare.gres.mps import MpsControl
 
-Number = int | NaType
-Fraction = float | NaType
-UtilSource = Literal["dcgm", "nvml"]
+# Explicit aliases: mypy sees ``NaType`` only through the installed ``gpushare.gres`` name, which it cannot
+# resolve (package-dir mapping), so an implicit alias of ``int | <Any>`` would not count as a type.
+Number: TypeAlias = int | NaType
+Fraction: TypeAlias = float | NaType
+UtilSource: TypeAlias = Literal["dcgm", "nvml"]
 
 
 @dataclass(frozen=True)

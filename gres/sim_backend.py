@@ -70,11 +70,9 @@ class SimBackend(SimControl):
     def from_scenario(cls, scenario: dict[str, Any] | str | Path, state_path: str | Path | None = None,
                       clock: Callable[[], float] = time.time, overwrite: bool = False) -> "SimBackend":
         """Start a simulation: in memory, or written to ``state_path`` for other processes to open."""
-        if isinstance(scenario, (str, Path)):
-            scenario = load_scenario(scenario)
-        else:
-            scenario = validate_scenario(scenario)
-        state = initial_state(scenario, clock())
+        valid: dict[str, Any] = (load_scenario(scenario) if isinstance(scenario, (str, Path))
+                                 else validate_scenario(scenario))
+        state = initial_state(valid, clock())
         if state_path is None:
             return cls(MemoryStore(state), clock)
         store = FileStore(state_path)

@@ -9,7 +9,7 @@ integral (``gpushare.gres.sim_timeline``). Mixed into :class:`gpushare.gres.sim_
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpushare.gpus import MiB
 from gpushare.gres import sim_timeline as tl
@@ -21,6 +21,14 @@ class SimControl:
     """Sim-only methods; expects ``store``, ``_gpu``, ``_check`` and ``_t`` from SimBackend."""
 
     store: Any
+
+    if TYPE_CHECKING:  # SimBackend's, declared here so the mixin type-checks; absent at run time (no MRO change)
+        def _t(self, state: dict[str, Any]) -> float: ...
+
+        @staticmethod
+        def _gpu(state: dict[str, Any], index: int) -> dict[str, Any]: ...
+
+        def _check(self, state: dict[str, Any], gpu: dict[str, Any], metric: str | None) -> object: ...
 
     def start_process(self, index: int, pid: int, memory_bytes: int, smact: float = 0.0, smocc: float = 0.0,
                       drama: float = 0.0, gi: int | None = None, host: bool = False) -> None:
