@@ -46,7 +46,8 @@ def _profile_set(model: GpuModel, everything: bool, listed: str | None) -> tuple
 
 def _strip(space: MigSpace, layout: frozenset) -> str:
     """A slice map: each instance as its compute size repeated over its memory slices, '.' = free."""
-    cells, slice_ = [], 0
+    cells: list[str] = []
+    slice_ = 0
     for name, start in sorted(layout, key=lambda p: p[1]):
         cells.extend("." for _ in range(start - slice_))
         profile = space.profile(name)

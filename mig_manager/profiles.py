@@ -17,14 +17,15 @@ data, not from names: for each compute-slice count, the non-media profile with t
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Union
+from typing import Any, Union
 
 from gpushare.gpus import GiB, GpuModel, MigProfile
 
 # An NVML-like record: (name, gi profile id, memory slices, compute slices, placements) and optionally
 # (..., max count, usable bytes, SMs). Placements may be start slices or (start, size) pairs, the shape of
-# nvmlGpuInstancePlacement_t.
-NvmlProfileRecord = Sequence[object]
+# nvmlGpuInstancePlacement_t. The fields differ in type (and come from NVML, JSON or tests as ints or numeric
+# strings), so a record is a sequence of Any; profiles_from_nvml converts each field with int()/str().
+NvmlProfileRecord = Sequence[Any]
 PlacementLike = Union[int, tuple[int, int]]
 
 
@@ -102,13 +103,13 @@ def profiles_from_nvml(records: Iterable[NvmlProfileRecord]) -> tuple[MigProfile
     rows = [tuple(r) for r in records]
     if not rows:
         raise ValueError("no MIG profiles given")
-    budget = max(int(r[3]) for r in rows)  # type: ignore[call-overload]
+    budget = max(int(r[3]) for r in rows)
     out = []
     for row in rows:
         if not 5 <= len(row) <= 8:
             raise ValueError(f"profile record {row!r}: expected 5 to 8 fields")
         name, gid, mem, comp, places = str(row[0]), int(row[1]), int(row[2]), int(row[3]), row[4]
-        starts = _starts(name, mem, places)  # type: ignore[arg-type]
+        starts = _starts(name, mem, places)
         disjoint = _max_disjoint(starts, mem)
         max_count = int(row[5]) if len(row) > 5 else min(disjoint, budget // comp)
         usable = int(row[6]) if len(row) > 6 else 0

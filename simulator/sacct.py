@@ -46,7 +46,7 @@ def convert(text: str, name: str = "<sacct>", mem_gib: float = 8.0, util: str = 
     if missing:
         raise TraceError(f"{name}:{lines[0][0]}: sacct export lacks {', '.join(missing)} "
                          f"(use --parsable2 --format=JobID,Submit,Start,End,AllocTRES)")
-    rows = []
+    rows: list[tuple[datetime, str, int, float, float]] = []  # submit, job id, GPUs, run seconds, GiB
     for number, line in lines[1:]:
         where = f"{name}:{number}"
         fields = dict(zip(header, line.split("|")))

@@ -84,7 +84,8 @@ def parse(text: str, name: str = "<trace>", seed: int = 0) -> list[JobSpec]:
 
 
 def _parse_philly(lines: list[tuple[int, str]], name: str, rng: random.Random) -> list[JobSpec]:
-    jobs, now = [], 0.0
+    jobs: list[JobSpec] = []
+    now = 0.0
     for number, line in lines:
         where = f"{name}:{number}"
         fields = [f for f in line.split(",")]
@@ -111,7 +112,7 @@ def _parse_rich(lines: list[tuple[int, str]], name: str, rng: random.Random) -> 
         raise TraceError(f"{name}:{header_no}: unknown column {unknown[0]!r}; known: {', '.join(RICH_COLUMNS)}")
     if "submit_s" not in header:
         raise TraceError(f"{name}:{header_no}: header must name a submit_s column")
-    jobs = []
+    jobs: list[JobSpec] = []
     for number, line in lines[1:]:
         where = f"{name}:{number}"
         values = next(csv.reader(io.StringIO(line)))
@@ -141,8 +142,16 @@ def _rich_job(row: dict[str, str], where: str, rng: random.Random, index: int) -
     gpus = int(_number(row["gpus"], where, "gpus", int)) if row.get("gpus") else (base.gpus if base else 1)
     if gpus < 1:
         raise TraceError(f"{where}: gpus must be at least 1, got {gpus}")
-    solo = _number(row["duration_s"], where, "duration_s") if row.get("duration_s") else base.solo_seconds(base.epochs[0])
-    mem = _number(row["mem_gib"], where, "mem_gib") if row.get("mem_gib") else base.mem_gib
+    if row.get("duration_s"):
+        solo = _number(row["duration_s"], where, "duration_s")
+    else:
+        assert base is not None  # a missing column without a known model raised above
+        solo = base.solo_seconds(base.epochs[0])
+    if row.get("mem_gib"):
+        mem = _number(row["mem_gib"], where, "mem_gib")
+    else:
+        assert base is not None  # as above
+        mem = base.mem_gib
     ttfk = _number(row["ttfk_s"], where, "ttfk_s") if row.get("ttfk_s") else _ttfk(util, rng)
     return JobSpec(
         job_id=row.get("job_id") or f"j{index:03d}", submit_s=_number(row["submit_s"], where, "submit_s"),
