@@ -412,8 +412,8 @@ class Agent:
                 entry = self.register(request.get("job") or {})
                 return {"ok": True, "caps": entry["caps"], "env": entry["env"]}
             if op == "close":
-                entry = self.close(str(request.get("job", "")))
-                return {"ok": True, "entry": entry}
+                closed = self.close(str(request.get("job", "")))  # None: the agent did not know the job
+                return {"ok": True, "entry": closed}
             if op == "status":
                 return {"ok": True, **self.snapshot()}
         except ValueError as exc:

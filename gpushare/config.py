@@ -503,7 +503,8 @@ def _fold_legacy_slurm_keys(data: dict[str, Any], source: str) -> dict[str, Any]
 
 def _check_estimation(cfg: Config, data: dict[str, Any], source: str) -> None:
     """Cross-field rules of asynchronous estimation, and its default where a CPU partition exists."""
-    policy = data.get("policy") if isinstance(data.get("policy"), dict) else {}
+    raw_policy = data.get("policy")
+    policy = raw_policy if isinstance(raw_policy, dict) else {}
     chosen = "without_estimate" in policy or "GPUSHARE_POLICY_WITHOUT_ESTIMATE" in os.environ
     if cfg.estimation.partition and not chosen:
         cfg.policy.without_estimate = "async"
@@ -524,7 +525,8 @@ def settings_table() -> list[tuple[str, str, str, str]]:
     rows = []
     for section, cls in _SECTIONS.items():
         for f in dataclasses.fields(cls):
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            # callable(): MISSING is no factory; every setting has a default or a factory
+            default = f.default if not callable(f.default_factory) else f.default_factory()
             rows.append((f"[{section}] {f.name}", f"GPUSHARE_{section.upper()}_{f.name.upper()}",
                          repr(default), f.metadata.get("doc", "")))
     return rows

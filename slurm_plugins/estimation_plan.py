@@ -115,6 +115,7 @@ def plan(held: list[HeldJob], estimations: dict[int, EstimationJob], now: float,
     counts = _Counts()
     # Only estimation jobs a held job's record names count: records are root-written, job names are not.
     named = {j.est_job for j in held if j.est_job is not None}
+    est: EstimationJob | None  # the loops' variable, and the lookups by id below (None: no such job)
     for est in estimations.values():
         if est.state in ACTIVE_STATES and est.job_id in named:
             counts.per_user[est.user_id] = counts.per_user.get(est.user_id, 0) + 1
