@@ -62,7 +62,11 @@ class Caps:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Caps":
-        return cls(**{k: data.get(k) for k in ("mode", "mem_limit_mib", "thread_percentage", "fraction", "reason")})
+        """The inverse of :meth:`as_dict`. A field the record lacks keeps its default (``reason`` stays a
+        string, not None); ``mode`` is required."""
+        return cls(mode=str(data["mode"]), mem_limit_mib=data.get("mem_limit_mib"),
+                   thread_percentage=data.get("thread_percentage"), fraction=data.get("fraction"),
+                   reason=data.get("reason") or "")
 
 
 def need_mib(est_gib: float | None, margin_gib: float | None, shards: int | None) -> int | None:

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 from gpushare.config import parse_config
 from gpushare.gres.sim_backend import SimBackend
 from gpushare.agent.daemon import Agent
-from gpushare.agent.caps import decide_caps, need_mib, task_env
+from gpushare.agent.caps import Caps, decide_caps, need_mib, task_env
 from gpushare.agent.jobs import clean_facts, final_record
 from gpushare.agent.withhold import node_open
 from gpushare.agent.adopt import MAX_REMEMBERED, Adopter
@@ -205,6 +205,13 @@ def test_caps_policy_same_user_mps_else_fraction():
     assert need_mib(4.0, 1.0, 5) == 5120 and need_mib(None, None, 7) == 7168 and need_mib(None, None, None) is None
     # a grant beyond the rounded estimate (OOM recovery's whole GPU) is the cap; rounding up to a shard is not
     assert need_mib(4.0, 1.0, 40) == 40 * 1024 and need_mib(4.5, 1.0, 6) == 5632
+
+
+def test_caps_from_dict_reverses_as_dict_and_keeps_defaults_for_missing_fields():
+    caps = decide_caps("fraction", shared=True, gpus=1, uid=1, need=5120, gpu_total_bytes=40 * GiB, tenants=[])
+    assert Caps.from_dict(caps.as_dict()) == caps
+    # a record with only a mode (an older or hand-written entry) keeps a string reason, as the type says
+    assert Caps.from_dict({"mode": "none"}) == Caps(mode="none")
 
 
 def test_task_env_for_mps_and_fraction():
