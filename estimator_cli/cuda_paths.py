@@ -32,7 +32,9 @@ _FP32 = {
     torch.acos, torch.asin, torch.cosh, torch.erfinv, torch.exp, torch.expm1, torch.log, torch.log10,
     torch.log2, torch.log1p, torch.reciprocal, torch.rsqrt, torch.sinh, torch.tan, torch.pow,
     torch._C._nn.softplus, torch.layer_norm, torch.group_norm, torch.cosine_similarity,
-    torch._C._nn.nll_loss, torch._C._nn.nll_loss2d, torch._C._nn.l1_loss, torch._C._nn.smooth_l1_loss,
+    # torch's _C/_nn.pyi stub omits nll_loss and nll_loss2d; both exist at run time
+    torch._C._nn.nll_loss, torch._C._nn.nll_loss2d,  # type: ignore[attr-defined]
+    torch._C._nn.l1_loss, torch._C._nn.smooth_l1_loss,
     torch._C._nn.huber_loss, torch._C._nn.mse_loss, torch._C._nn.cross_entropy_loss,
     torch.binary_cross_entropy_with_logits, torch.kl_div, torch.cdist, torch.logsumexp, torch.softmax,
     torch.log_softmax, torch.Tensor.softmax, torch.Tensor.log_softmax, torch.Tensor.exp, torch.Tensor.log,

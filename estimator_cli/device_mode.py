@@ -43,10 +43,11 @@ from gpushare.estimator_cli.tensor_parts import dense_parts, storages
 _T = torch.Tensor
 _DEVICE_GET = _T.device
 _IS_CUDA_GET = _T.is_cuda
-_VALUE_READS = {_T.tolist: ".tolist()", _T.numpy: ".numpy()", _T.__bool__: "a condition on a tensor",
+# Keyed by the torch callables a mode sees (methods, builtins, slot wrappers: no common type but Callable).
+_VALUE_READS: dict[Callable[..., Any], str] = {_T.tolist: ".tolist()", _T.numpy: ".numpy()", _T.__bool__: "a condition on a tensor",
                 _T.__index__: "a tensor used as an index", _T.__int__: "int(tensor)"}
-_HOST_MOVES = {_T.cpu: ".cpu()"}
-_READS = {_T.item: ".item()", _T.__float__: "float(tensor)", _T.__format__: "a formatted tensor",
+_HOST_MOVES: dict[Callable[..., Any], str] = {_T.cpu: ".cpu()"}
+_READS: dict[Callable[..., Any], str] = {_T.item: ".item()", _T.__float__: "float(tensor)", _T.__format__: "a formatted tensor",
           **_VALUE_READS, **_HOST_MOVES}
 # erfinv_: the second half of trunc_normal_. The nn.init functions reach a mode as themselves (they call
 # handle_torch_function), and what they call inside the handler is not seen again.
@@ -115,7 +116,8 @@ class CudaPresenter(TorchFunctionMode):
                     return original(module, *args, **kwargs)
                 finally:
                     presenter._module_moves -= 1
-            torch.nn.Module._apply = _apply  # type: ignore[method-assign]
+            # setattr: a patch of torch's own method for the mode's duration, not an override to type-check
+            setattr(torch.nn.Module, "_apply", _apply)
         return super().__enter__()
 
     def __exit__(self, *exc: Any) -> None:
@@ -123,7 +125,7 @@ class CudaPresenter(TorchFunctionMode):
             self._hook.remove()
             self._hook = None
         if self._saved_apply is not None:
-            torch.nn.Module._apply = self._saved_apply  # type: ignore[method-assign]
+            setattr(torch.nn.Module, "_apply", self._saved_apply)
             self._saved_apply = None
         super().__exit__(*exc)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,7 +39,7 @@ class TargetEstimate:
     by_kind: list[tuple[str, int]] = field(default_factory=list)
 
 
-def allocator_config(env: dict[str, str] | None = None) -> AllocatorConfig:
+def allocator_config(env: Mapping[str, str] | None = None) -> AllocatorConfig:
     env = os.environ if env is None else env
     text = env.get("PYTORCH_CUDA_ALLOC_CONF") or env.get("PYTORCH_ALLOC_CONF") or ""
     return AllocatorConfig.from_env_string(text)
@@ -70,7 +71,7 @@ def _breakdown(orch: Orchestrated, keys: list[int]) -> tuple[list, list, list]:
     return top(modules, TOP_N), top(phases), top(kinds)
 
 
-def estimate_target(capture: Capture, target: str, cfg: Config, env: dict[str, str] | None = None,
+def estimate_target(capture: Capture, target: str, cfg: Config, env: Mapping[str, str] | None = None,
                     keep_trace: bool = False) -> TargetEstimate:
     env = os.environ if env is None else env
     probe = device_for(target, cfg.gpus, cublas_workspace_config=env.get("CUBLAS_WORKSPACE_CONFIG"))

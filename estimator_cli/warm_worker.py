@@ -43,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -62,7 +63,7 @@ class WarmUnavailable(GpushareError):
 
 
 # -- where and which ---------------------------------------------------------------------------------
-def fingerprint(env: dict[str, str] | None = None) -> str:
+def fingerprint(env: Mapping[str, str] | None = None) -> str:
     """What a forked child inherits from the worker's start and a cold child would read afresh."""
     env = os.environ if env is None else env
     package = Path(__file__).resolve().parent
@@ -97,7 +98,7 @@ def installed_distributions() -> list[tuple[str, str, int]]:
     return sorted(entries)
 
 
-def runtime_dir(env: dict[str, str] | None = None) -> Path:
+def runtime_dir(env: Mapping[str, str] | None = None) -> Path:
     """The user's private directory for worker sockets, created if needed; raises WarmUnavailable when it
     exists but is not private to this user (someone could then impersonate the worker)."""
     env = os.environ if env is None else env
@@ -121,7 +122,7 @@ def _private_dir(path: Path, uid: int) -> bool:
     return stat.S_ISDIR(info.st_mode) and info.st_uid == uid and not info.st_mode & 0o077
 
 
-def socket_path(env: dict[str, str] | None = None) -> Path:
+def socket_path(env: Mapping[str, str] | None = None) -> Path:
     return runtime_dir(env) / f"estimate-{fingerprint(env)}.sock"
 
 
