@@ -28,13 +28,14 @@ Layout: this module holds the simulator's core (:class:`CachingAllocatorSim`: st
 ``allocator_config`` (``PYTORCH_CUDA_ALLOC_CONF``, constants, rounding), ``allocator_blocks`` (blocks, pools,
 expandable segments), ``allocator_release`` (empty_cache, the OOM retry path, garbage collection),
 ``allocator_expandable`` (the expandable-segment paths), ``allocator_snapshot`` (``_snapshot()`` export) and
-``allocator_replay`` (:func:`replay`, :func:`replay_many`, :class:`ReplayResult`).
+``allocator_replay`` (:func:`replay`, :func:`replay_many`, :class:`ReplayResult`). The mixins share a typed
+base, ``allocator_state``, that declares the attributes and methods they use of one another.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from typing import Any
+from typing import Any, NoReturn
 
 from gpushare.estimator_cli.allocator_blocks import (
     _ADDRESS_GAP,
@@ -340,7 +341,7 @@ class CachingAllocatorSim(_CacheReleaseMixin, _ExpandableSegmentsMixin, _Snapsho
             self._record("segment_alloc", addr, alloc_size, stream)
         return block
 
-    def _raise_oom(self, size: int, alloc_size: int, stream: int) -> None:
+    def _raise_oom(self, size: int, alloc_size: int, stream: int) -> NoReturn:
         """The TORCH_CHECK_WITH(OutOfMemoryError, ...) at the end of malloc."""
         device_free = self.device_free_bytes
         self.num_ooms += 1

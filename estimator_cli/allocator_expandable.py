@@ -12,9 +12,10 @@ from bisect import bisect_left
 
 from gpushare.estimator_cli.allocator_blocks import _ADDRESS_GAP, _SHIFT, _Block, _ExpandableSegment, _Pool
 from gpushare.estimator_cli.allocator_config import K_SMALL_BUFFER
+from gpushare.estimator_cli.allocator_state import _AllocatorState
 
 
-class _ExpandableSegmentsMixin:
+class _ExpandableSegmentsMixin(_AllocatorState):
     """Expandable-segment paths; part of :class:`~gpushare.estimator_cli.allocator.CachingAllocatorSim`."""
 
     def _page_size(self, pool: _Pool) -> int:

@@ -10,9 +10,10 @@ from __future__ import annotations
 from bisect import bisect_left
 
 from gpushare.estimator_cli.allocator_blocks import _SHIFT, _STREAM_SHIFT, _Block, _Pool
+from gpushare.estimator_cli.allocator_state import _AllocatorState
 
 
-class _CacheReleaseMixin:
+class _CacheReleaseMixin(_AllocatorState):
     """Releasing cached segments and pages; part of :class:`~gpushare.estimator_cli.allocator.CachingAllocatorSim`."""
 
     def empty_cache(self) -> None:

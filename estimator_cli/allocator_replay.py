@@ -7,12 +7,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any, Iterable, Sequence
 
 from gpushare.estimator_cli.allocator_config import AllocatorConfig
 
 try:  # numpy is only used to hand back compact timelines
-    import numpy as _np
+    import numpy
+
+    _np: ModuleType | None = numpy
 except ImportError:  # pragma: no cover - numpy is an estimator dependency
     _np = None
 

@@ -10,9 +10,10 @@ from bisect import bisect_left
 from typing import Any
 
 from gpushare.estimator_cli.allocator_blocks import _Block
+from gpushare.estimator_cli.allocator_state import _AllocatorState
 
 
-class _SnapshotMixin:
+class _SnapshotMixin(_AllocatorState):
     """``snapshot()``; part of :class:`~gpushare.estimator_cli.allocator.CachingAllocatorSim`."""
 
     def _all_blocks(self) -> list[_Block]:
