@@ -21,22 +21,25 @@ import struct
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from gpushare.errors import GpushareError
+
+if TYPE_CHECKING:
+    from gpushare.config import AgentSection
 
 log = logging.getLogger("gpushare.agent.api")
 MAX_REQUEST = 64 * 1024
 Handler = Callable[[dict[str, Any]], dict[str, Any]]
 
 
-def socket_path(cfg: Any) -> Path:
+def socket_path(cfg: AgentSection) -> Path:
     """The agent's socket for an ``[agent]`` config section (a 0700 directory under run_dir)."""
     return Path(cfg.run_dir) / "agent" / "agent.sock"
 
 
-def node_name(cfg: Any) -> str:
-    """This node's Slurm name: the config, slurmd's own variable, else the short host name."""
+def node_name(cfg: AgentSection) -> str:
+    """This node's Slurm name: ``[agent] node_name``, slurmd's own variable, else the short host name."""
     return cfg.node_name or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
 
 

@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from gpushare.gres import GpuError, open_backend
 from gpushare.agent.adopt import Adopter
@@ -35,12 +35,15 @@ from gpushare.agent.sampler import Sampler, process_job
 from gpushare.agent.store import JobStore, check_job
 from gpushare.agent.withhold import NodeFeature, node_open
 
+if TYPE_CHECKING:
+    from gpushare.config import AgentSection
+
 log = logging.getLogger("gpushare.agent")
 MAX_WARMING_S = 600.0  # CARMA's lesson: a job that never reaches its GPU must not pin it "warming" forever
 
 
 class Agent:
-    def __init__(self, cfg: Any, backend: Any, clock: Callable[[], float] = time.time,
+    def __init__(self, cfg: AgentSection, backend: Any, clock: Callable[[], float] = time.time,
                  feature: NodeFeature | None = None, registry: Any = None,
                  pid_job: Callable[[int], str | None] = process_job, slurm: Any = None) -> None:
         self.cfg = cfg

@@ -8,10 +8,13 @@ records the agent carries out (``gpushare.agent.enforce``). No I/O, no clock: ``
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from gpushare.agent.backstop import forecast_record, judge, oom_record
 from gpushare.agent.forecast import ForecastConfig, JobForecaster, decide_action
+
+if TYPE_CHECKING:
+    from gpushare.config import AgentSection
 
 MiB = 1 << 20
 
@@ -38,7 +41,7 @@ class Guard:
     _done: set[str] = field(default_factory=set)  # jobs the backstop acted on
 
     @classmethod
-    def from_config(cls, cfg: Any) -> "Guard":
+    def from_config(cls, cfg: AgentSection) -> "Guard":
         return cls(backstop=getattr(cfg, "backstop", "stop"),
                    tolerance_bytes=int(getattr(cfg, "backstop_tolerance_mib", 512)) * MiB,
                    grace_s=float(getattr(cfg, "backstop_grace_s", 10.0)),

@@ -19,6 +19,7 @@ from gpushare.agent.caps import Caps, decide_caps, need_mib, task_env
 from gpushare.agent.store import check_job
 
 if TYPE_CHECKING:
+    from gpushare.config import AgentSection
     from gpushare.slurm.jobs import Job
 
 RECORD_VERSION = 1  # the per-run job record (docs/formats.md); gpushare.epilog.records reads it
@@ -129,7 +130,7 @@ def read_energy(backend: Any, gpus: list[int]) -> dict[str, int | None]:
 DEFAULT_REMAINING_S = 4 * 3600.0  # a job whose time limit Slurm did not give: a typical training run
 
 
-def thread_percentage_for(facts: dict[str, Any], corunners: list[dict[str, Any]], cfg: Any, now: float) -> int:
+def thread_percentage_for(facts: dict[str, Any], corunners: list[dict[str, Any]], cfg: AgentSection, now: float) -> int:
     """The MPS thread share of a job starting beside ``corunners`` (MPS store entries on its GPU).
 
     ``fixed``: ``mps_thread_percentage``. ``gimbal-*``: Gimbal's coordination (gpushare.agent.gimbal) over
@@ -156,7 +157,7 @@ def time_left(entry: dict[str, Any], now: float) -> float:
     return max(0.0, (float(limit) if limit else DEFAULT_REMAINING_S) - max(0.0, now - float(entry.get("start", now))))
 
 
-def build_entry(facts: dict[str, Any], cfg: Any, backend: Any, tenants: list[tuple[int, str]], now: float,
+def build_entry(facts: dict[str, Any], cfg: AgentSection, backend: Any, tenants: list[tuple[int, str]], now: float,
                 by: str, mps_ok: bool = True, corunners: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """A new store entry for a registered job (``cfg`` is the ``[agent]`` section; ``corunners``: the store
     entries of the MPS jobs already on its GPU, for the thread share)."""

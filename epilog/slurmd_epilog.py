@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 if TYPE_CHECKING:
+    from gpushare.config import AgentSection
     from gpushare.slurm.jobs import Job
 
 log = logging.getLogger("gpushare.epilog")
@@ -34,7 +35,7 @@ class _NoEnergy:
         return NA
 
 
-def close_job(env: Mapping[str, str], cfg: Any, client: Any = None, backend: Any = None) -> dict[str, Any] | None:
+def close_job(env: Mapping[str, str], cfg: AgentSection, client: Any = None, backend: Any = None) -> dict[str, Any] | None:
     """Close this Epilog's job; returns the record written (None: not a GPU job we registered)."""
     from gpushare.epilog.records import RecordLedger
     from gpushare.agent.comment import annotate
@@ -83,7 +84,7 @@ def close_job(env: Mapping[str, str], cfg: Any, client: Any = None, backend: Any
     return record
 
 
-def _slurm_job(env: Mapping[str, str], cfg: Any, client: Any, job: str) -> tuple[Job | None, Any]:
+def _slurm_job(env: Mapping[str, str], cfg: AgentSection, client: Any, job: str) -> tuple[Job | None, Any]:
     try:
         if client is None:
             from gpushare.slurm.client import SlurmClient

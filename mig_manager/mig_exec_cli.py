@@ -17,9 +17,12 @@ import json
 
 import click
 
-from gpushare.config import ConfigError, load_config
+from gpushare.config import Config, ConfigError, load_config
+from gpushare.gres.device import GpuBackend
 from gpushare.gres.errors import GpuError
 
+from gpushare.mig_manager.device_ops import Layout
+from gpushare.mig_manager.exec_settings import Result
 from gpushare.mig_manager.fsm import MigSpace
 from gpushare.mig_manager.journal import JournalError
 from gpushare.mig_manager.layout import parse_layout
@@ -37,16 +40,16 @@ class RunError(click.ClickException):
     exit_code = 3
 
 
-def _load(config: str | None):  # type: ignore[no-untyped-def]
+def _load(config: str | None) -> Config:
     try:
         return load_config(config)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
 
 
-def _targets(cfg, backend, items: tuple[str, ...]) -> dict:  # type: ignore[no-untyped-def]
+def _targets(cfg: Config, backend: GpuBackend, items: tuple[str, ...]) -> Layout:
     """``GPU=LAYOUT`` items against each GPU's model (``0=3g.20gb@4,2g.10gb@2``)."""
-    out = {}
+    out: Layout = {}
     for item in items:
         index_text, eq, layout = item.partition("=")
         if not eq or not index_text.strip().isdigit():
@@ -63,7 +66,7 @@ def _targets(cfg, backend, items: tuple[str, ...]) -> dict:  # type: ignore[no-u
     return out
 
 
-def _report(result, notes: list[str], as_json: bool) -> None:  # type: ignore[no-untyped-def]
+def _report(result: Result, notes: list[str], as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps({"outcome": result.outcome, "detail": result.detail, "plan": notes}))
         return
