@@ -26,6 +26,7 @@ from typing import Any
 
 from gpushare.atomic import write_json_atomic
 from gpushare.config import Config
+from gpushare.estimator_cli.schema import byte_field
 from gpushare.gpus import GiB
 from gpushare.slurm_plugins.estimate_source import script_cache_key
 from gpushare.slurm.gres_request import parse_gres
@@ -61,8 +62,8 @@ def learned_document(old: dict[str, Any] | None, failed_bytes: int, cap_bytes: i
         doc["targets"] = [_raise(row, floor) if isinstance(row, dict) else row for row in targets]
     elif isinstance(targets, dict):
         doc["targets"] = {k: _raise(v, floor) if isinstance(v, dict) else v for k, v in targets.items()}
-    current = doc.get("peak_total_bytes")
-    if not isinstance(current, int) or isinstance(current, bool) or current < floor:
+    current = byte_field(doc, "peak_total_bytes")
+    if current is None or current < floor:
         doc["peak_total_bytes"] = floor
     doc["learned"] = {"from_job": job_id, "failed_gib": round(failed_bytes / GiB, 2), "factor": LEARN_FACTOR,
                       "at": round(now, 3)}
@@ -70,8 +71,8 @@ def learned_document(old: dict[str, Any] | None, failed_bytes: int, cap_bytes: i
 
 
 def _raise(row: dict[str, Any], floor: int) -> dict[str, Any]:
-    value = row.get("peak_total_bytes")
-    if isinstance(value, int) and not isinstance(value, bool) and value >= floor:
+    value = byte_field(row, "peak_total_bytes")
+    if value is not None and value >= floor:
         return row
     return {**row, "peak_total_bytes": floor}
 

@@ -10,7 +10,8 @@ the estimation spool) still validate, and when present they are checked like the
 
 from __future__ import annotations
 
-from typing import Any, NotRequired, TypedDict
+from collections.abc import Mapping
+from typing import Any, Literal, NotRequired, TypedDict
 
 SCHEMA_VERSION = 1
 
@@ -161,3 +162,34 @@ def _split_problems(target: dict[str, Any]) -> list[str]:
     if target["persistent_allocated_bytes"] > target["persistent_bytes"]:
         problems.append("persistent allocated above persistent reserved")
     return problems
+
+
+# -- reading a document outside the estimator ----------------------------------------------------------
+# The submit side and the OOM learner read more than validate() accepts: hand-written estimate files (a
+# top-level peak_total_bytes, or ``targets`` as an object keyed by GPU name) and cache documents an OOM
+# lesson rewrote. They are not held to the schema; they read the fields they use through these helpers,
+# by the schema's own names (``TargetBytes`` lists them for the type checker) and with one test of what a
+# usable value is, so every reader accepts and refuses the same values.
+
+# The byte counts of TargetJson (tests/estimator/test_estimator_units.py keeps the two in step).
+TargetBytes = Literal["capacity_bytes", "peak_allocated_bytes", "peak_reserved_bytes", "context_bytes",
+                      "other_driver_bytes", "peak_total_bytes", "persistent_bytes", "ephemeral_bytes",
+                      "persistent_allocated_bytes"]
+
+
+def target_rows(document: object) -> list[dict[str, Any]]:
+    """The per-GPU rows of an estimate document: its ``targets`` list, or a ``targets`` object keyed by GPU
+    name (each row then carries that name as ``gpu``). Rows that are not objects are left out; [] when the
+    document is not an object or has neither shape."""
+    targets = document.get("targets") if isinstance(document, dict) else None
+    if isinstance(targets, dict):
+        return [dict(value, gpu=key) for key, value in targets.items() if isinstance(value, dict)]
+    if isinstance(targets, list):
+        return [row for row in targets if isinstance(row, dict)]
+    return []
+
+
+def byte_field(row: Mapping[str, Any], key: TargetBytes) -> int | None:
+    """``row[key]`` when it is a JSON integer (``true`` is not one), else None; ranges are the reader's."""
+    value = row.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

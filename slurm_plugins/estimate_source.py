@@ -18,6 +18,7 @@ from typing import Any
 
 from gpushare.errors import GpushareError
 from gpushare.config import Config
+from gpushare.estimator_cli.schema import byte_field, target_rows
 from gpushare.slurm_plugins.decision import Estimate
 from gpushare.slurm_plugins.directives import MAX_GPU_MEMORY, Directives
 
@@ -72,21 +73,17 @@ def peak_total_from_json(document: Any, gpu_names: list[str]) -> tuple[int, str]
     """
     if not isinstance(document, dict):
         raise EstimateUnavailable("estimate JSON: expected an object")
-    targets = document.get("targets")
-    if isinstance(targets, dict):
-        targets = [dict(value, gpu=key) for key, value in targets.items() if isinstance(value, dict)]
+    rows = target_rows(document)
+    wanted = {name.lower() for name in gpu_names}
+    chosen = [t for t in rows if str(t.get("gpu", "")).lower() in wanted] or rows
     peaks: list[tuple[int, str]] = []
-    if isinstance(targets, list):
-        wanted = {name.lower() for name in gpu_names}
-        rows = [t for t in targets if isinstance(t, dict)]
-        chosen = [t for t in rows if str(t.get("gpu", "")).lower() in wanted] or rows
-        for row in chosen:
-            value = row.get("peak_total_bytes")
-            if isinstance(value, int) and not isinstance(value, bool):
-                peaks.append((value, str(row.get("gpu", "?"))))
-    value = document.get("peak_total_bytes")
-    if not peaks and isinstance(value, int) and not isinstance(value, bool):
-        peaks.append((value, "any"))
+    for row in chosen:
+        value = byte_field(row, "peak_total_bytes")
+        if value is not None:
+            peaks.append((value, str(row.get("gpu", "?"))))
+    top = byte_field(document, "peak_total_bytes")
+    if not peaks and top is not None:
+        peaks.append((top, "any"))
     if not peaks:
         raise EstimateUnavailable("estimate JSON: no peak_total_bytes found")
     best = max(peaks)
@@ -98,17 +95,12 @@ def peak_total_from_json(document: Any, gpu_names: list[str]) -> tuple[int, str]
 def split_from_json(document: Any, gpu: str) -> tuple[int, int] | None:
     """(persistent_bytes, ephemeral_bytes) of the estimate's target ``gpu``, when the document has both
     for it (lanes, docs/agent.md); None otherwise or when implausible."""
-    targets = document.get("targets") if isinstance(document, dict) else None
-    if isinstance(targets, dict):
-        targets = [dict(value, gpu=key) for key, value in targets.items() if isinstance(value, dict)]
-    rows = [t for t in targets if isinstance(t, dict) and str(t.get("gpu", "?")) == gpu] if isinstance(
-        targets, list) else []
+    rows = [t for t in target_rows(document) if str(t.get("gpu", "?")) == gpu]
     if not rows and isinstance(document, dict):
         rows = [document]  # a hand-written file with top-level fields
     for row in rows:
-        p, e = row.get("persistent_bytes"), row.get("ephemeral_bytes")
-        if (isinstance(p, int) and isinstance(e, int) and not isinstance(p, bool) and not isinstance(e, bool)
-                and p >= 0 and e >= 0 and p + e <= MAX_GPU_MEMORY):
+        p, e = byte_field(row, "persistent_bytes"), byte_field(row, "ephemeral_bytes")
+        if p is not None and e is not None and p >= 0 and e >= 0 and p + e <= MAX_GPU_MEMORY:
             return p, e
     return None
 

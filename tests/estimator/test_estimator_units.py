@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import get_args
+
 import pytest
 
 from gpushare.estimator_cli import cache
@@ -9,7 +11,7 @@ from gpushare.estimator_cli.events import Alloc, Capture, Kind
 from gpushare.estimator_cli.orchestrate import WORKSPACE_KEY_BASE, check_lifetimes, orchestrate
 from gpushare.estimator_cli.placeholders import DataDependent, placeholder
 from gpushare.estimator_cli.recommend import recommend, tightest_mig
-from gpushare.estimator_cli.schema import validate
+from gpushare.estimator_cli.schema import TargetBytes, TargetJson, byte_field, target_rows, validate
 from gpushare.config import PolicySection
 from gpushare.gpus import BUILTIN_GPUS, GiB, parse_target
 
@@ -95,6 +97,21 @@ def test_schema_invariants():
     assert any("peak_total" in p for p in validate({"targets": [_target(peak_total_bytes=6)]}))
     assert any("allocated peak" in p for p in validate({"targets": [_target(peak_allocated_bytes=9)]}))
     assert any("missing field 'cache_key'" in p for p in validate({"targets": [_target()]}))
+
+
+def test_target_bytes_names_every_byte_count_of_a_target():
+    assert set(get_args(TargetBytes)) == {k for k in TargetJson.__annotations__ if k.endswith("_bytes")}
+
+
+def test_lenient_readers_take_both_target_shapes_and_only_integers():
+    listed = {"targets": [_target(), "junk", {"gpu": "h100-80gb", "peak_total_bytes": True}]}
+    assert [row["gpu"] for row in target_rows(listed)] == ["a100-80gb", "h100-80gb"]
+    keyed = {"targets": {"a100-40gb": {"peak_total_bytes": 7}, "x": 3}}
+    assert target_rows(keyed) == [{"peak_total_bytes": 7, "gpu": "a100-40gb"}]
+    assert target_rows([]) == target_rows({"targets": "x"}) == target_rows({}) == []
+    assert byte_field({"peak_total_bytes": 5}, "peak_total_bytes") == 5
+    assert byte_field({"peak_total_bytes": True}, "peak_total_bytes") is None
+    assert byte_field({"peak_total_bytes": 5.0}, "peak_total_bytes") is None
 
 
 # -- orchestration ------------------------------------------------------------------------------------
