@@ -75,6 +75,7 @@ class Guard:
                     else:
                         self._over[key] = verdict.over_since
                     if verdict.state == "act":
+                        assert verdict.over_since is not None  # judge() gives "act" only with its start
                         self._done.add(acc.job)
                         record = oom_record(int(gpu), self._peak[key], acc.cap_bytes, self.tolerance_bytes,
                                             verdict.over_since, now, self.backstop)

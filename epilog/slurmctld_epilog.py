@@ -41,7 +41,8 @@ def detect(job: JobFacts, cfg: Config) -> OomVerdict:
     """Read each log tail as the job's user and classify; unreadable logs are noted, never fatal."""
     if job.exit_code == 0 and job.exit_signal == 0:
         return classify([], 0, 0, ())
-    tails, problems = [], []
+    tails: list[tuple[str, str | None]] = []  # (path, tail; None: unreadable)
+    problems: list[str] = []
     for path in job.log_paths:
         try:
             tails.append((path, read_tail(path, cfg.oom.tail_bytes, job.uid, job.gid, cfg.oom.read_timeout_s)))

@@ -75,7 +75,7 @@ class _SnapshotMixin(_AllocatorState):
 
     @staticmethod
     def _segment_info(address: int, blocks: list[_Block], stream: int, small: bool, expandable: bool) -> dict[str, Any]:
-        out_blocks = []
+        out_blocks: list[dict[str, Any]] = []
         total = allocated = requested = 0
         for b in blocks:
             out_blocks.append(

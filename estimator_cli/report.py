@@ -8,13 +8,13 @@ from __future__ import annotations
 from typing import Any
 
 from gpushare.estimator_cli.estimate import OTHER_DRIVER_BYTES, TargetEstimate
-from gpushare.estimator_cli.schema import SCHEMA_VERSION, TargetJson
+from gpushare.estimator_cli.schema import SCHEMA_VERSION, Named, TargetJson
 
 GiB = 1 << 30
 MiB = 1 << 20
 
 
-def _named(rows: list[tuple[str, int]]) -> list[dict[str, Any]]:
+def _named(rows: list[tuple[str, int]]) -> list[Named]:
     return [{"name": name, "bytes": int(size)} for name, size in rows]
 
 

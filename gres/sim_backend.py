@@ -190,7 +190,7 @@ class SimBackend(SimControl):
         state, g, t, na = self._read(index, "power")
         return NA if na else tl.power_at(g, state["processes"], t)
 
-    def energy_mj(self, index: int) -> int:
+    def energy_mj(self, index: int) -> int | NaType:  # the device interface's Number
         state, g, t, na = self._read(index, "energy")
         return NA if na else tl.energy_mj(g, state["processes"], t)
 

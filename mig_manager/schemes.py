@@ -177,9 +177,11 @@ def scheme_b(model: GpuModel, jobs: Sequence[Job], gpus: int = 1, *,
                     break  # head-of-line blocking: wait for a completion
                 _, gpu, result = min(options, key=lambda o: o[0])
                 sim.apply(gpu, result)
-                slot = (gpu, result.assignments[0])  # type: ignore[assignment]
+                placement = result.assignments[0]
+                assert placement is not None  # options holds only plans that place the job
+                slot = (gpu, placement)
             queue.popleft()
-            sim.run(job, *slot)  # type: ignore[arg-type]
+            sim.run(job, *slot)
         if sim.running:
             sim.advance()
         elif queue:  # cannot happen: an all-idle GPU can always be reshaped

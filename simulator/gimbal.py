@@ -16,6 +16,8 @@ runtime recalibration (measure, adjust, repeat while a job runs) is not modelled
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from gpushare.agent import gimbal as gb
 from gpushare.simulator.engine import SimConfig, Simulation
 from gpushare.simulator.interference import Interference
@@ -51,7 +53,7 @@ class GimbalSimulation(Simulation):
             return 1.0
         return 1.0 / max(factor, 1e-6) - 1.0
 
-    def _speeds(self, jobs: list[gb.GimbalJob], plan: gb.Plan) -> dict[str, float]:
+    def _speeds(self, jobs: Sequence[gb.GimbalJob], plan: gb.Plan) -> dict[str, float]:
         return gb.thread_share_speeds(jobs, plan, self.pair_extra)
 
     def _update_rates(self) -> None:
