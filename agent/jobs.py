@@ -133,20 +133,33 @@ DEFAULT_REMAINING_S = 4 * 3600.0  # a job whose time limit Slurm did not give: a
 def thread_percentage_for(facts: dict[str, Any], corunners: list[dict[str, Any]], cfg: AgentSection, now: float) -> int:
     """The MPS thread share of a job starting beside ``corunners`` (MPS store entries on its GPU).
 
-    ``fixed``: ``mps_thread_percentage``. ``gimbal-*``: Gimbal's coordination (gpushare.agent.gimbal) over
-    the GPU's jobs, of which only the starting job's share is applied: MPS fixes a process's share when it
-    starts, so a running job keeps its own until its next start (Gimbal's runtime recalibration needs a
-    rewritten CUDA context pool inside PyTorch). Remaining work is the Slurm time limit left; solo SM
-    demand is not known before a job runs and is taken as a busy GPU (1.0), which squeezes the side
-    the objective values less."""
+    ``fixed``: ``mps_thread_percentage``. ``gimbal-*``: Gimbal's coordination with the co-runners' shares
+    fixed (``gpushare.agent.gimbal.starting_share``, the function the simulator's ``gimbal-jct`` /
+    ``gimbal-makespan`` call): MPS fixes a process's share when it starts, so a running job keeps its own
+    until its next start (Gimbal's runtime recalibration needs a rewritten CUDA context pool inside
+    PyTorch). Features: ``gimbal_features``."""
     policy = getattr(cfg, "thread_policy", "fixed")
     if policy == "fixed" or not corunners:
         return int(cfg.mps_thread_percentage)
-    from gpushare.agent.gimbal import GimbalJob, coordinate
+    from gpushare.agent.gimbal import starting_share
 
-    jobs = [GimbalJob(str(e["job"]), max(60.0, time_left(e, now)), 1.0) for e in corunners]
-    jobs.append(GimbalJob(facts["job"], max(60.0, time_left({**facts, "start": now}, now)), 1.0))
-    return coordinate(jobs, policy.removeprefix("gimbal-"))[facts["job"]]
+    running = [(gimbal_features(e, now), running_share(e)) for e in corunners]
+    return starting_share(gimbal_features({**facts, "start": now}, now), running, policy.removeprefix("gimbal-"))
+
+
+def gimbal_features(entry: dict[str, Any], now: float) -> Any:
+    """What the node knows of a job for Gimbal (a ``GimbalJob``): remaining work is the Slurm time limit
+    left (at least a minute); solo SM demand is not known before a job runs and is taken as a busy GPU
+    (1.0), which squeezes the side the objective values less."""
+    from gpushare.agent.gimbal import GimbalJob
+
+    return GimbalJob(str(entry["job"]), max(60.0, time_left(entry, now)), 1.0)
+
+
+def running_share(entry: dict[str, Any]) -> int:
+    """The thread share a running MPS job started with (100 when its entry has none)."""
+    share = (entry.get("caps") or {}).get("thread_percentage")
+    return int(share) if isinstance(share, int) and not isinstance(share, bool) and 1 <= share <= 100 else 100
 
 
 def time_left(entry: dict[str, Any], now: float) -> float:

@@ -6,7 +6,9 @@ Two workloads on 1 node x 3 A100-40GB (CARMA's setting): the Philly 60-job trace
 workloads drawn from the table per seed) and a hyper-parameter sweep of small CIFAR models submitted at
 once (``gpushare.simulator.sweep``, seeded). Prints a Markdown table of the mean over seeds of makespan,
 mean JCT and energy (the simulated backend's counters), and each one's change against Exclusive on the
-same seed. Models and assumptions: docs/simulator.md.
+same seed, then the runtime-recalibration policies' thread-cap switches. Gimbal "live" sets caps as the
+node agent can with stock MPS (a starting job's share only); "runtime" re-coordinates running jobs too,
+which needs Gimbal's CUDA context pool (simulator only). Models and assumptions: docs/simulator.md.
 """
 
 from __future__ import annotations
@@ -32,8 +34,10 @@ RUNS = [  # (policy, label)
     ("salus-pack", "Salus PACK"),
     ("salus-srtf", "Salus SRTF"),
     ("salus-fair", "Salus FAIR"),
-    ("gimbal-jct", "Gimbal JCT"),
-    ("gimbal-makespan", "Gimbal makespan"),
+    ("gimbal-jct", "Gimbal JCT, live (starting job's share)"),
+    ("gimbal-makespan", "Gimbal makespan, live"),
+    ("gimbal-jct-runtime", "Gimbal JCT, runtime recalibration"),
+    ("gimbal-makespan-runtime", "Gimbal makespan, runtime recalibration"),
 ]
 METRICS = (("makespan_s", 3600, "makespan h"), ("jct_mean_s", 60, "mean JCT min"), ("energy_mj", 1, "energy MJ"))
 
@@ -53,7 +57,8 @@ def main() -> None:
                     else hyperparameter_sweep(args.sweep_jobs, seed))
             for policy, _ in RUNS:
                 config = SimConfig(policy=policy, seed=seed, throughputs=data / THROUGHPUTS_NAME)
-                rows[policy].append(report.summarise(simulation(jobs, config).run()))
+                sim = simulation(jobs, config).run()
+                rows[policy].append({**report.summarise(sim), "switches": getattr(sim, "reconfigurations", 0)})
         title = ("Philly 60-job trace" if workload == "philly"
                  else f"hyper-parameter sweep, {args.sweep_jobs} small-model jobs at t=0")
         print(f"\n### {title} (1 x 3 A100-40GB, seeds {' '.join(map(str, args.seeds))}, mean)\n")
@@ -69,6 +74,10 @@ def main() -> None:
             failed = sum(r["failed"] for r in rows[policy])
             ooms = sum(r["ooms"] for r in rows[policy])
             print(f"| {label} (`{policy}`) | " + " | ".join(cells) + f" | {failed} | {ooms} |")
+        switches = {policy: statistics.mean(r["switches"] for r in rows[policy]) for policy, _ in RUNS
+                    if policy.endswith("-runtime")}
+        print("\nthread-cap switches of running jobs per run (mean, 3.6 s each): "
+              + ", ".join(f"`{p}` {n:.0f}" for p, n in switches.items()))
     print(f"\n({time.monotonic() - started:.0f} s)")
 
 

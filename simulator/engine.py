@@ -82,6 +82,10 @@ class JobRun:
 class Simulation:
     """One run: ``Simulation(jobs, config).run()`` returns itself with ``jobs`` and ``gpus`` filled."""
 
+    # events that change no telemetry the placement policy reads, so they do not restart the risk and
+    # TTFK settling that keeps polling a blocked queue head (``_maybe_poll``)
+    quiet_events: frozenset[str] = frozenset({"poll"})
+
     def __init__(self, jobs: list[JobSpec], config: SimConfig, interference: Interference | None = None):
         self.config = config
         model, profile = parse_target(config.gpu)
@@ -134,7 +138,7 @@ class Simulation:
             else:
                 _, _, kind, job_id = heapq.heappop(self._events)
                 getattr(self, f"_on_{kind}")(job_id)
-                if kind != "poll":
+                if kind not in self.quiet_events:
                     self._last_change = self.now
             self._schedule()
             self._update_rates()

@@ -24,8 +24,13 @@ salus-pack     Salus lanes (see ``SalusLanes``): admission by lane safety, turns
 salus-srtf,
 salus-fair
 gimbal-jct,    Gimbal packing (see ``GimbalPacking``): two jobs per GPU, MPS thread caps by Gimbal's
-gimbal-        Algorithm 1 for JCT / makespan; ``gimbal-free``: the same packing, caps at 100 %
-makespan,
+gimbal-        Algorithm 1 for JCT / makespan, set as the agent does (a starting job's share only);
+makespan,      ``-runtime``: Gimbal's runtime recalibration of every job's cap (simulator only);
+gimbal-jct-    ``gimbal-free``: the same packing, caps at 100 %
+runtime,
+gimbal-
+makespan-
+runtime,
 gimbal-free
 =============  ==========================================================================================
 
@@ -260,11 +265,14 @@ GIMBAL_MAX_JOBS = 2  # Gimbal §5.1: at most two workers on one GPU
 class GimbalPacking(Policy):
     """Gimbal's aggressive packing: at most two jobs per GPU, no risk filter (interference is what the
     thread caps of ``gpushare.agent.gimbal`` tame), free memory ≥ the job's need; most free memory first.
-    ``objective`` None is free competition (every cap 100 %), the baseline Gimbal compares with."""
+    ``objective`` None is free competition (every cap 100 %), the baseline Gimbal compares with.
+    ``runtime`` False: caps as the node agent sets them with stock MPS (only a starting job's share is
+    chosen); True: Gimbal's runtime recalibration of running jobs (``gpushare.simulator.gimbal``)."""
 
     name = "gimbal-jct"
     engine = "gimbal"
     objective: str | None = "jct"
+    runtime = False
 
     def _choose_shared(self, job: JobRequest, gpus: list[GpuState]) -> list[int] | None:
         need = max(job.mem_bytes or 0, MIN_FREE_BYTES)
@@ -277,6 +285,17 @@ class GimbalMakespan(GimbalPacking):
     objective = "makespan"
 
 
+class GimbalJctRuntime(GimbalPacking):
+    name = "gimbal-jct-runtime"
+    runtime = True
+
+
+class GimbalMakespanRuntime(GimbalPacking):
+    name = "gimbal-makespan-runtime"
+    objective = "makespan"
+    runtime = True
+
+
 class FreeCompetition(GimbalPacking):
     name = "gimbal-free"
     objective = None
@@ -286,7 +305,7 @@ POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
     for cls in (Exclusive, RoundRobin, FirstFit, BestFit, MostAvailableMemory, LeastUtilised, SlurmShardFirstFit,
                 SlurmShardWithheld, SlurmShardLeastLoaded, SalusLanes, SalusSrtf, SalusFair, GimbalPacking,
-                GimbalMakespan, FreeCompetition)
+                GimbalMakespan, GimbalJctRuntime, GimbalMakespanRuntime, FreeCompetition)
 }
 
 

@@ -15,7 +15,7 @@ from gpushare.simulator.sweep import hyperparameter_sweep
 from gpushare.simulator.trace import parse
 
 SALUS = ("salus-pack", "salus-srtf", "salus-fair")
-GIMBAL = ("gimbal-jct", "gimbal-makespan", "gimbal-free")
+GIMBAL = ("gimbal-jct", "gimbal-makespan", "gimbal-jct-runtime", "gimbal-makespan-runtime", "gimbal-free")
 
 MIX = """job_id,submit_s,duration_s,mem_gib,util,ttfk_s,gpus
 a,0,3000,30,heavy,10,1
@@ -96,20 +96,23 @@ b,0,100,4,light,10
 def test_gimbal_runs_and_caps_are_valid(policy):
     sim = run(MIX, policy)
     assert all(j.state == "done" for j in sim.jobs.values())
-    assert sim.cap_log, "a decision is logged at every start/end boundary"
+    assert sim.cap_log, "a decision is logged at every job start (and, -runtime, every change)"
     assert all(p % 10 == 0 and 10 <= p <= 100 for _, _, _, p in sim.cap_log)
     assert all(len(plan) <= 2 for plan in sim.caps.values())  # Gimbal §5.1: two jobs per GPU
     if policy == "gimbal-free":
         assert {p for *_, p in sim.cap_log} == {100} and sim.reconfigurations == 0
+    if not policy.endswith("-runtime"):  # live: running jobs keep the share they started with
+        assert sim.reconfigurations == 0
 
 
-def test_gimbal_squeezes_a_heavy_pair():
+@pytest.mark.parametrize("policy", ["gimbal-jct", "gimbal-jct-runtime"])
+def test_gimbal_squeezes_a_heavy_pair(policy):
     text = """job_id,submit_s,duration_s,mem_gib,util,ttfk_s
 a,0,1000,10,heavy,10
 b,0,1000,10,heavy,10
 """
     free = run(text, "gimbal-free", gpus=1)
-    jct = run(text, "gimbal-jct", gpus=1)
+    jct = run(text, policy, gpus=1)
     assert any(p < 100 for *_, p in jct.cap_log)
     mean = lambda s: sum(j.end for j in s.jobs.values()) / 2  # noqa: E731
     assert mean(jct) < mean(free)
