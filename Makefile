@@ -37,11 +37,17 @@ $(VENV)/.installed: pyproject.toml
 demo: setup
 	$(PY) -m devcluster.demo $(if $(SLURM),--slurm $(SLURM))
 
-# The packages and the tests pass ruff; mypy checks the installed packages' folders.
+# The packages and the tests pass ruff; mypy checks the packages as installed (gpushare.<folder>). The
+# folder-to-name mapping exists only at install time, so build/typecheck mirrors it with symbolic links:
+# run on the folders themselves, mypy would see every import between them as Any.
 PACKAGES := gpushare gres estimator_cli mig_manager agent slurm_plugins prolog epilog simulator
+TYPECHECK := build/typecheck
 lint: setup
 	$(PY) -m ruff check $(PACKAGES) devcluster tests benchmarks
-	$(PY) -m mypy $(PACKAGES)
+	@rm -rf $(TYPECHECK)/gpushare && mkdir -p $(TYPECHECK)/gpushare && \
+	for f in gpushare/*; do ln -s "$(CURDIR)/$$f" $(TYPECHECK)/gpushare/; done && \
+	for d in $(filter-out gpushare,$(PACKAGES)); do ln -s "$(CURDIR)/$$d" $(TYPECHECK)/gpushare/$$d; done
+	cd $(TYPECHECK) && $(abspath $(PY)) -m mypy --config-file $(CURDIR)/pyproject.toml -p gpushare
 
 # The fast tier for the edit loop: no Slurm daemons, no torch captures, nothing slow or hostile.
 check: lint

@@ -42,6 +42,11 @@ log = logging.getLogger("gpushare.agent")
 MAX_WARMING_S = 600.0  # CARMA's lesson: a job that never reaches its GPU must not pin it "warming" forever
 
 
+def _merged(fields: dict[str, Any]) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """A store update that sets ``fields`` on the entry (bound now, not when the loop variable moves on)."""
+    return lambda entry: {**entry, **fields}
+
+
 class Agent:
     def __init__(self, cfg: AgentSection, backend: Any, clock: Callable[[], float] = time.time,
                  feature: NodeFeature | None = None, registry: Any = None,
@@ -103,7 +108,7 @@ class Agent:
         """Persist every running job's accumulators (a crash loses at most one flush period)."""
         with self.lock:
             for acc in list(self.sampler.jobs.values()):
-                self.store.update(acc.job, lambda e, acc=acc: {**e, **acc.fields()}, durable=False)
+                self.store.update(acc.job, _merged(acc.fields()), durable=False)
             self._last_flush = self.clock()
 
     def _queue_annotations(self) -> None:
@@ -171,7 +176,7 @@ class Agent:
                 log.warning("job %s: %s", action.job, forecast_message(action.job, record).strip())
                 text = forecast_message(action.job, record)
             field_name = action.kind
-            self.store.update(action.job, lambda e, r=record, f=field_name: {**e, f: r})
+            self.store.update(action.job, _merged({field_name: record}))
             self._followups.put((Action(action.kind, action.job, action.gpu, record, action.pids), text))
 
     def followup_pending(self, block_s: float = 0.0) -> int:

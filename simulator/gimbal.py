@@ -96,8 +96,8 @@ class GimbalSimulation(Simulation):
                 self._recalibrate(index, jobs)
         speeds: dict[str, list[float]] = {}
         for gpu in self.gpus:
-            jobs = [self.features(j) for j in running[gpu.index]]
-            for job_id, speed in self._speeds(jobs, self.caps[gpu.index]).items():
+            features = [self.features(j) for j in running[gpu.index]]
+            for job_id, speed in self._speeds(features, self.caps[gpu.index]).items():
                 speeds.setdefault(job_id, []).append(speed)
             self._sync_activity(gpu.index)
         for job in self.jobs.values():

@@ -49,7 +49,8 @@ def read_user_file(path: str, work_dir: str | None, uid: int, max_bytes: int) ->
         raise refused from None
     try:
         info = os.fstat(handle)
-        if not stat.S_ISREG(info.st_mode) or (uid >= 0 and info.st_uid != uid) or info.st_size > max_bytes:
+        # an unknown user (uid < 0) owns nothing: never a reason to skip the owner check
+        if not stat.S_ISREG(info.st_mode) or uid < 0 or info.st_uid != uid or info.st_size > max_bytes:
             raise refused
         fd = os.open(f"/proc/self/fd/{handle}", os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError:

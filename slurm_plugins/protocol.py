@@ -54,10 +54,16 @@ def decode_request(line: bytes) -> tuple[str, SubmitRequest, dict[str, Any]]:
     if not isinstance(raw, dict):
         raise ProtocolError("request is not an object")
     fields = {key: _latin1_to_text(value) if isinstance(value, str) else value for key, value in raw.items()}
+    user_id = -1  # unknown: no file of a user is read for it (estimate_source.read_user_file)
+    if fields.get("user_id") is not None:
+        uid = _int_or_none(fields.get("user_id"))
+        if uid is None:
+            raise ProtocolError(f"user_id {str(fields.get('user_id'))[:40]!r} is not a uid")
+        user_id = uid
     het = _int_or_none(fields.get("het_job_offset"))
     array = fields.get("array_inx")
     request = SubmitRequest(
-        user_id=_int_or_none(fields.get("user_id")) if fields.get("user_id") is not None else -1,
+        user_id=user_id,
         tres_per_node=fields.get("tres_per_node") or None,
         tres_per_job=fields.get("tres_per_job") or None,
         tres_per_task=fields.get("tres_per_task") or None,

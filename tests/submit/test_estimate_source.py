@@ -50,6 +50,14 @@ def test_file_of_another_user_refused(tmp_path):
         read_user_file(str(target), None, UID + 1, 1 << 20)
 
 
+def test_file_read_for_an_unknown_user_is_refused(tmp_path):
+    """A request that names no user (uid -1) must not skip the owner check: the service reads as root."""
+    target = tmp_path / "est.json"
+    target.write_text(json.dumps({"peak_total_bytes": 3 * GiB}))
+    with pytest.raises(EstimateUnavailable, match="not usable"):
+        read_user_file(str(target), None, -1, 1 << 20)
+
+
 def test_symlink_refused(tmp_path):
     os.symlink("/etc/passwd", tmp_path / "est.json")
     with pytest.raises(EstimateUnavailable, match="not usable"):

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from gpushare.config import parse_config
 from gpushare.slurm_plugins.decision import parse_record
-from gpushare.slurm_plugins.protocol import ProtocolError, decode_reply, decode_request, encode_reply, encode_request
+from gpushare.slurm_plugins.protocol import _NO_VAL_LIMIT, ProtocolError, decode_reply, decode_request, encode_reply, encode_request
 from gpushare.slurm_plugins.submitd import SubmitServer, handle_submit
 
 CFG = parse_config({"submit": {"cache_dir": "/nonexistent"}, "nodes": [{"names": "n1", "gpu": "a100-80gb"}]})
@@ -40,7 +40,11 @@ def test_generated_requests_never_crash_or_rewrite_silently(lines, per_node, per
     line = encode_request({"op": "submit", "user_id": uid, "tres_per_node": per_node, "tres_per_job": per_job,
                            "min_nodes": nodes, "work_dir": "/tmp",
                            "script": script + raw_tail.decode("latin-1")})
-    _, request, fields = decode_request(line.rstrip(b"\n"))
+    try:
+        _, request, fields = decode_request(line.rstrip(b"\n"))
+    except ProtocolError:  # the server answers it as a bad request, and the shim accepts the job unchanged
+        assert not 0 <= uid < _NO_VAL_LIMIT
+        return
     decision = handle_submit(CFG, request, fields.get("work_dir"))
     assert decision.action in ("accept", "modify", "reject")
     reply = decode_reply(encode_reply(decision))
@@ -67,6 +71,14 @@ def test_protocol_round_trip_keeps_non_utf8_bytes_safe():
                            "script": script.decode("utf-8", "surrogateescape")})
     _, request, _ = decode_request(line.rstrip(b"\n"))
     assert request.script.startswith("#!/bin/sh\n#GPUSHARE mem=3G\n") and request.script.endswith("é")
+
+
+def test_a_user_id_that_is_no_uid_is_a_protocol_error_not_an_unknown_user():
+    for bad in (b'{"user_id": "root"}', b'{"user_id": -5}', b'{"user_id": true}', b'{"user_id": 4294967294}'):
+        with pytest.raises(ProtocolError, match="not a uid"):
+            decode_request(bad)
+    assert decode_request(b'{"user_id": 1001}')[1].user_id == 1001
+    assert decode_request(b'{}')[1].user_id == -1  # absent: unknown, and then no user file is read
 
 
 def test_decode_rejects_non_objects():
