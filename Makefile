@@ -49,9 +49,10 @@ lint: setup
 	for d in $(filter-out gpushare,$(PACKAGES)); do ln -s "$(CURDIR)/$$d" $(TYPECHECK)/gpushare/$$d; done
 	cd $(TYPECHECK) && $(abspath $(PY)) -m mypy --config-file $(CURDIR)/pyproject.toml -p gpushare
 
-# The fast tier for the edit loop: no Slurm daemons, no torch captures, nothing slow or hostile.
+# The fast tier for the edit loop: no Slurm daemons, no torch captures, nothing slow or hostile; one worker
+# per core (pytest-xdist): the tier is many short tests, many of them waiting on a subprocess or a socket.
 check: lint
-	$(PY) -m pytest -q -m "not slurm and not torch and not slow and not hostile"
+	$(PY) -m pytest -q -n auto -m "not slurm and not torch and not slow and not hostile"
 
 # Every run happens even when an earlier one failed; make fails if any did. Exit 5 ("no tests collected")
 # is not a failure: a version may simply have no tests selected.

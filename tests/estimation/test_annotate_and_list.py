@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 
 import pytest
@@ -59,7 +60,7 @@ def test_submit_writes_estimate_and_copy_that_the_hook_accepts(tmp_path, monkeyp
     script = copy.read_text()
     cfg = parse_config({"nodes": [{"names": "n1", "gpu": "a100-40gb"}]})
     directives = parse_directives(script)
-    estimate = find_estimate(cfg, directives, script, str(tmp_path), -1, ["a100-40gb"])
+    estimate = find_estimate(cfg, directives, script, str(tmp_path), os.getuid(), ["a100-40gb"])  # the file is ours
     assert estimate.source == "directive:estimate" and estimate.total_bytes == int(2.5 * GiB)
     decision = decide(SubmitRequest(user_id=1000, tres_per_node="gres:gpu:1", script=script), directives,
                       estimate, cfg)
