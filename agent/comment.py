@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from gpushare.slurm import record as record_format
 
 if TYPE_CHECKING:
+    from gpushare.slurm.client import SlurmClient
     from gpushare.slurm.jobs import Job
 
 log = logging.getLogger("gpushare.agent")
@@ -40,7 +41,7 @@ def comment_with_run(existing: str | None, record: dict[str, Any]) -> str | None
     return record_format.merge(existing, run=run_summary(record))
 
 
-def annotate(client: Any, job: str, record: dict[str, Any], slurm_job: Job | None = None) -> bool:
+def annotate(client: SlurmClient, job: str, record: dict[str, Any], slurm_job: Job | None = None) -> bool:
     """Write ``record``'s run summary into the job's AdminComment; True when Slurm took it."""
     try:
         slurm_job = slurm_job if slurm_job is not None else client.job(job)

@@ -36,6 +36,7 @@ from gpushare.agent.store import JobStore, check_job
 from gpushare.agent.withhold import NodeFeature, node_open
 
 if TYPE_CHECKING:
+    from gpushare.gres.device import GpuBackend
     from gpushare.config import AgentSection
 
 log = logging.getLogger("gpushare.agent")
@@ -48,7 +49,7 @@ def _merged(fields: dict[str, Any]) -> Callable[[dict[str, Any]], dict[str, Any]
 
 
 class Agent:
-    def __init__(self, cfg: AgentSection, backend: Any, clock: Callable[[], float] = time.time,
+    def __init__(self, cfg: AgentSection, backend: GpuBackend, clock: Callable[[], float] = time.time,
                  feature: NodeFeature | None = None, registry: Any = None,
                  pid_job: Callable[[int], str | None] = process_job, slurm: Any = None) -> None:
         self.cfg = cfg

@@ -22,7 +22,10 @@ import re
 import signal
 import subprocess
 import sys
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from gpushare.slurm.client import SlurmClient
 
 log = logging.getLogger("gpushare.agent")
 _SHARD_RE = re.compile(r"^(?:gres[:/])?shard(?::[A-Za-z0-9_.-]+)?:(\d+)$")
@@ -69,7 +72,7 @@ _WRITER = ("import os, sys\n"
            "os.write(fd, sys.stdin.buffer.read(4096))\n")
 
 
-def write_job_message(client: Any, job_id: str, uid: int, text: str, node: str = "") -> bool:
+def write_job_message(client: SlurmClient, job_id: str, uid: int, text: str, node: str = "") -> bool:
     """Write ``text`` into the job's stdout (and stderr, when separate) log; False when impossible."""
     from gpushare.slurm.jobs import log_paths
 
@@ -96,7 +99,7 @@ def bigger_share(tres_per_node: str, predicted_bytes: float, margin_gib: float =
     return None
 
 
-def requeue_early(client: Any, job_id: str, predicted_bytes: float) -> bool:
+def requeue_early(client: SlurmClient, job_id: str, predicted_bytes: float) -> bool:
     """Requeue a running job before it runs out of memory, onto a larger share; never leaves it held."""
     try:
         job = client.require_job(job_id)

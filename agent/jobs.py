@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpushare.gres import GpuError, is_na
 from gpushare.gres.mps import mps_dirs
@@ -19,6 +19,7 @@ from gpushare.agent.caps import Caps, decide_caps, need_mib, task_env
 from gpushare.agent.store import check_job
 
 if TYPE_CHECKING:
+    from gpushare.gres.device import GpuBackend, Number
     from gpushare.config import AgentSection
     from gpushare.slurm.jobs import Job
 
@@ -115,7 +116,14 @@ def _num(value: Any) -> float | None:
     return float(value)
 
 
-def read_energy(backend: Any, gpus: list[int]) -> dict[str, int | None]:
+class EnergyCounters(Protocol):
+    """The one device call a job's record needs: an epilog whose backend cannot open still writes a record
+    (with empty energy) through a stand-in that has only this."""
+
+    def energy_mj(self, index: int) -> Number: ...
+
+
+def read_energy(backend: EnergyCounters, gpus: list[int]) -> dict[str, int | None]:
     out: dict[str, int | None] = {}
     for gpu in gpus:
         try:
@@ -170,7 +178,7 @@ def time_left(entry: dict[str, Any], now: float) -> float:
     return max(0.0, (float(limit) if limit else DEFAULT_REMAINING_S) - max(0.0, now - float(entry.get("start", now))))
 
 
-def build_entry(facts: dict[str, Any], cfg: AgentSection, backend: Any, tenants: list[tuple[int, str]], now: float,
+def build_entry(facts: dict[str, Any], cfg: AgentSection, backend: GpuBackend, tenants: list[tuple[int, str]], now: float,
                 by: str, mps_ok: bool = True, corunners: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """A new store entry for a registered job (``cfg`` is the ``[agent]`` section; ``corunners``: the store
     entries of the MPS jobs already on its GPU, for the thread share)."""
@@ -209,7 +217,7 @@ def tenants_of(entries: list[dict[str, Any]], gpus: list[int], job: str) -> list
             if str(e.get("job")) != job and not e.get("closed") and set(e.get("gpus", [])) & set(gpus)]
 
 
-def final_record(entry: dict[str, Any], backend: Any, end: float | None = None, closed_by: str = "agent",
+def final_record(entry: dict[str, Any], backend: EnergyCounters, end: float | None = None, closed_by: str = "agent",
                  node: str = "") -> dict[str, Any]:
     """The job's record from its store entry and the energy counters now (for the records ledger)."""
     end = time.time() if end is None else end

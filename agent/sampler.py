@@ -26,10 +26,13 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from gpushare.gres import GpuError, is_na
 from gpushare.agent.risk import MetricWindow, RiskAssessment, Thresholds, TtfkTable
+
+if TYPE_CHECKING:
+    from gpushare.gres.device import GpuBackend
 
 log = logging.getLogger("gpushare.agent")
 SERIES_POINTS = 600  # per job and GPU; halved (every other point dropped) when full
@@ -159,7 +162,7 @@ class GpuView:
 class Sampler:
     """Windows, TTFK and accumulators of every GPU of one node."""
 
-    def __init__(self, backend: Any, window_samples: int = 30, period_s: float = 1.0,
+    def __init__(self, backend: GpuBackend, window_samples: int = 30, period_s: float = 1.0,
                  thresholds: Thresholds = Thresholds(), pid_job: Callable[[int], str | None] = process_job) -> None:
         self.backend = backend
         self.window_samples = window_samples
@@ -279,7 +282,7 @@ class Sampler:
         except GpuError as exc:
             log.debug("GPU %d per-process utilisation: %s", index, exc)
             return None
-        if is_na(samples):
+        if is_na(samples) or not isinstance(samples, list):
             return None
         busy = {s.pid for s in samples if s.sm > 0}
         if samples:

@@ -20,6 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 if TYPE_CHECKING:
+    from gpushare.gres.device import Number
+    from gpushare.slurm.client import SlurmClient
+    from gpushare.gres.device import GpuBackend
     from gpushare.config import AgentSection
     from gpushare.slurm.jobs import Job
 
@@ -29,13 +32,14 @@ log = logging.getLogger("gpushare.epilog")
 class _NoEnergy:
     """Stands in for a device backend that cannot be opened: every counter reads N/A."""
 
-    def energy_mj(self, index: int) -> float:
+    def energy_mj(self, index: int) -> Number:
         from gpushare.gres import NA
 
         return NA
 
 
-def close_job(env: Mapping[str, str], cfg: AgentSection, client: Any = None, backend: Any = None) -> dict[str, Any] | None:
+def close_job(env: Mapping[str, str], cfg: AgentSection, client: SlurmClient | None = None,
+             backend: GpuBackend | None = None) -> dict[str, Any] | None:
     """Close this Epilog's job; returns the record written (None: not a GPU job we registered)."""
     from gpushare.epilog.records import RecordLedger
     from gpushare.agent.comment import annotate
@@ -67,8 +71,7 @@ def close_job(env: Mapping[str, str], cfg: AgentSection, client: Any = None, bac
             backend = open_backend(cfg.device_backend or None)
         except Exception as exc:  # noqa: BLE001
             log.error("job %s: device backend unavailable (%s); energy left empty", job.job, exc)
-            backend = _NoEnergy()
-    record = final_record(entry, backend, closed_by=closed_by, node=node_name(cfg))
+    record = final_record(entry, backend if backend is not None else _NoEnergy(), closed_by=closed_by, node=node_name(cfg))
     slurm_job, client = _slurm_job(env, cfg, client, job.job)
     record["exit_code"] = slurm_job.exit_status if slurm_job else None
     record["exit_signal"] = slurm_job.exit_signal if slurm_job else None
@@ -84,7 +87,8 @@ def close_job(env: Mapping[str, str], cfg: AgentSection, client: Any = None, bac
     return record
 
 
-def _slurm_job(env: Mapping[str, str], cfg: AgentSection, client: Any, job: str) -> tuple[Job | None, Any]:
+def _slurm_job(env: Mapping[str, str], cfg: AgentSection, client: SlurmClient | None,
+               job: str) -> tuple[Job | None, Any]:
     try:
         if client is None:
             from gpushare.slurm.client import SlurmClient

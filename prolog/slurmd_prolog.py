@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any, Mapping
 from gpushare.atomic import write_json_atomic
 
 if TYPE_CHECKING:
+    from gpushare.slurm.client import SlurmClient
+    from gpushare.gres.device import GpuBackend
     from gpushare.config import AgentSection
 
 CAPS_VERSION = 1  # the caps file the TaskProlog reads (docs/formats.md)
@@ -39,7 +41,8 @@ def write_caps(run_dir: str, job: str, env: dict[str, str]) -> None:
     write_json_atomic(caps_path(run_dir, job), {"v": CAPS_VERSION, "job": job, "env": env}, mode=0o644)
 
 
-def register(env: Mapping[str, str], cfg: AgentSection, client: Any = None, backend: Any = None) -> dict[str, Any] | None:
+def register(env: Mapping[str, str], cfg: AgentSection, client: SlurmClient | None = None,
+             backend: GpuBackend | None = None) -> dict[str, Any] | None:
     """Register the job of this Prolog; returns the exports written for it (None: not a GPU job)."""
     from gpushare.agent.api import call, socket_path
     from gpushare.prolog.hook_env import job_from_env, slurm_facts
@@ -73,7 +76,7 @@ def register(env: Mapping[str, str], cfg: AgentSection, client: Any = None, back
     return exports
 
 
-def _register_locally(facts: dict[str, Any], cfg: AgentSection, backend: Any) -> dict[str, str]:
+def _register_locally(facts: dict[str, Any], cfg: AgentSection, backend: GpuBackend | None) -> dict[str, str]:
     from gpushare.gres import open_backend
     from gpushare.agent.jobs import build_entry, clean_facts, tenants_of
     from gpushare.agent.store import JobStore
