@@ -261,6 +261,8 @@ class MigSection:
     gres_conf: str = _opt("", None, "gres.conf to rewrite; empty: gres.conf next to [slurm] conf's slurm.conf")
     restart_commands: list = _opt(["systemctl restart slurmctld", "systemctl restart slurmd"], None,
                                   "run in order after the files change (22.05 needs both restarts)")
+    reconfigure: bool = _opt(True, None, "try scontrol reconfigure before restart_commands where the release "
+                                         "applies a layout that way (24.11+); false: always restart")
     device_dir: str = _opt("/dev", None, "where nvidiaN and nvidia-caps/ live, for gres.conf")
     cap_device_major: int = _opt(0, _between(0, 4095),
                                  "create missing nvidia-cap devices with this major; 0: the driver does")

@@ -55,8 +55,9 @@ def build_executor(cfg: Config, node: str, backend: GpuBackend | None = None,
     if slurm is None:
         conf, gres = slurm_paths(cfg)
         client = client or SlurmClient(conf, cfg.slurm.bin_dir or None)
-        slurm = (SlurmNodeActions(client, conf, gres, restart) if restart is not None else
-                 SlurmNodeActions.with_commands(client, conf, gres, list(cfg.mig.restart_commands)))
+        slurm = (SlurmNodeActions(client, conf, gres, restart, cfg.mig.reconfigure) if restart is not None else
+                 SlurmNodeActions.with_commands(client, conf, gres, list(cfg.mig.restart_commands),
+                                                cfg.mig.reconfigure))
     return Executor(node, backend, slurm, JournalStore(cfg.mig.journal_dir), settings(cfg), hook=hook)
 
 

@@ -1,7 +1,9 @@
 """Test doubles for the executor: an in-memory Slurm for one node and a simulated MIG GPU.
 
 The fake Slurm behaves like the measured 22.05 (gpushare.mig_manager.slurm_actions): written files change
-nothing until ``restart``; a drain survives restarts; the Reason is kept verbatim.
+nothing until ``restart``; a drain survives restarts; the Reason is kept verbatim. ``reconfigure="applies"``
+makes it a 24.11+ release, where ``scontrol reconfigure`` applies the files; ``"ignored"`` one where the
+release should but Slurm still shows the old layout (the executor must then restart).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ NODE = "n1"
 class FakeSlurm:
     """slurmctld's view of one node plus the files the executor writes."""
 
-    def __init__(self, gres: str = "gpu:7g.40gb:1") -> None:
+    def __init__(self, gres: str = "gpu:7g.40gb:1", reconfigure: str = "unsupported") -> None:
+        self.reconfigure_mode = reconfigure
         self.ctld_gres = gres
         self.file_gres = gres
         self.lines: list[str] = []
@@ -49,6 +52,14 @@ class FakeSlurm:
         self.lines, self.file_gres = list(lines), gres
         self.events.append("write")
         return changed
+
+    def reconfigure(self) -> bool:
+        if self.reconfigure_mode == "unsupported":
+            return False
+        if self.reconfigure_mode == "applies":
+            self.ctld_gres = self.file_gres
+        self.events.append("reconfigure")
+        return True
 
     def restart(self, node: str) -> None:
         self.ctld_gres = self.file_gres

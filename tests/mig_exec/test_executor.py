@@ -56,6 +56,25 @@ def test_apply_runs_the_choreography_in_order(tmp_path: Path) -> None:
     assert [op.text() for op in journal.ops][0] == "destroy 7g.40gb@0 on GPU 0"
 
 
+def test_a_release_whose_reconfigure_applies_the_layout_is_not_restarted(tmp_path: Path) -> None:
+    ex, _, slurm, _ = make(tmp_path, slurm=FakeSlurm(reconfigure="applies"))
+    assert ex.apply(TARGET).outcome == "applied"
+    assert slurm.events == ["drain", "write", "reconfigure", "resume"]
+    assert gpu_counts(slurm.ctld_gres) == WANT_COUNTS
+    assert any("scontrol reconfigure" in line for line in ex.store.load(NODE).log)
+
+
+def test_a_reconfigure_that_does_not_show_the_layout_falls_back_to_the_restart(tmp_path: Path) -> None:
+    ex, _, slurm, clock = make(tmp_path, slurm=FakeSlurm(reconfigure="ignored"), verify_timeout_s=60.0)
+    started = clock.t
+    assert ex.apply(TARGET).outcome == "applied"
+    assert slurm.events == ["drain", "write", "reconfigure", "restart", "resume"]
+    assert gpu_counts(slurm.ctld_gres) == WANT_COUNTS
+    log = ex.store.load(NODE).log
+    assert any("reconfigure left n1 at IDLE+DRAIN Gres=gpu:7g.40gb:1" in line for line in log), log
+    assert 20.0 <= clock.t - started < 25.0  # waited RECONFIGURE_WAIT_S for the layout, not verify_timeout_s
+
+
 def test_second_apply_is_a_no_op(tmp_path: Path) -> None:
     ex, _, slurm, _ = make(tmp_path)
     ex.apply(TARGET)

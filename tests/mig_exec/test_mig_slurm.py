@@ -1,4 +1,7 @@
-"""On a real local Slurm 22.05 with a simulated A100: pending jobs reshape 7g.40gb into 3g+2g+1g+1g.
+"""On a real local Slurm with a simulated A100: pending jobs reshape 7g.40gb into 3g+2g+1g+1g.
+
+Slurm learns the new layout by ``scontrol reconfigure`` on 24.11+ and by restarting slurmctld then slurmd on
+22.05 (gpushare.mig_manager.slurm_actions); the test checks which path each release took.
 
 The GPU is simulated (gpushare.gres.sim_backend state file); Slurm, its daemons, gres.conf with MultipleFiles of
 character devices (``nvidia0`` 195:0 and ``nvidia-caps/nvidia-cap<M>`` 234:M) and the jobs are real. A
@@ -81,9 +84,17 @@ def test_pending_mig_jobs_reshape_the_node_and_run_on_their_profiles(tmp_path: P
         while client.require_job(blocker).state != "RUNNING" and time.monotonic() < deadline:
             time.sleep(0.2)
         jobs = {}
+        # the two 1g.5gb jobs wait for each other, so they hold their instances at the same time and must get
+        # different ones; without that, one may start after the other ended and reuse its instance (the node
+        # runs one job per core of this machine, and the scheduler may start them in separate passes)
+        running = base / "running-1g"
+        running.mkdir()
+        os.chmod(running, 0o777)
         for n, profile in enumerate(WANTED):
+            wait = (f"touch {running}/$SLURM_JOB_ID; for i in $(seq 150); do "
+                    f"[ $(ls {running} | wc -l) -ge 2 ] && break; sleep 0.2; done" if profile == "1g.5gb" else "true")
             job_id, _ = client.sbatch(f"--gres=gpu:{profile}:1", "-o", str(base / f"job{n}.out"), "--wrap",
-                                      "echo CVD=$CUDA_VISIBLE_DEVICES")
+                                      f"echo CVD=$CUDA_VISIBLE_DEVICES; {wait}")
             jobs[job_id] = (profile, base / f"job{n}.out")
         time.sleep(1.5)
         states = {j.job_id: j.state for j in client.jobs()}
@@ -116,6 +127,11 @@ def test_pending_mig_jobs_reshape_the_node_and_run_on_their_profiles(tmp_path: P
         assert gpu_counts(gres_now()) == {"3g.20gb": 1, "2g.10gb": 1, "1g.5gb": 2}, gres_now()
         assert "DRAIN" not in client.node_states()["n1"].upper()
         assert reshape_s < 30
+        # how Slurm learned the layout: 24.11+ by `scontrol reconfigure` alone, 22.05 by both restarts
+        reconfigured = any("scontrol reconfigure" in line for line in journal.log)
+        restarted = any("restarting Slurm daemons" in line for line in journal.log)
+        assert (reconfigured, restarted) == ((True, False) if client.version.reconfigure_applies_gres else
+                                             (False, True)), journal.log
         print(f"\nreshape took {reshape_s:.2f} s:", *journal.log, sep="\n  ")  # shown with pytest -s
 
         # each job got the device Slurm lists for its profile: CUDA_VISIBLE_DEVICES=k is the k-th MIG
@@ -134,7 +150,7 @@ def test_pending_mig_jobs_reshape_the_node_and_run_on_their_profiles(tmp_path: P
             cap = int(re.search(r"nvidia-cap(\d+)", line).group(1))
             assert by_cap[cap].profile_name == profile
             seen.add(index)
-        assert seen == {0, 1, 2, 3}  # four jobs, four distinct instances
+        assert seen == {0, 1, 2, 3}  # four jobs, four distinct instances (the 1g.5gb pair ran together)
 
         # assert-then-apply through the CLI: nothing pending, nothing to do, no restart (it would fail)
         toml = base / "etc" / "mig.toml"
