@@ -42,8 +42,12 @@ def busy_backend() -> tuple[SimBackend, int]:
 
 
 def executor(tmp_path: Path, backend, slurm, hook=None) -> Executor:  # type: ignore[no-untyped-def]
+    now = [1000.0]  # waits pass in simulated time: a reconfigure that never shows costs its full wait
+
+    def sleep(s: float) -> None:
+        now[0] += s
     return Executor(NODE, backend, slurm, store(tmp_path), ExecSettings(poll_s=0.01, wait_timeout_s=0.05),
-                    sleep=lambda s: None, hook=hook)
+                    clock=lambda: now[0], sleep=sleep, hook=hook)
 
 
 def crash_at(index: int):  # type: ignore[no-untyped-def]
@@ -74,14 +78,15 @@ def labels_of_a_clean_run(tmp_path: Path) -> list[str]:
     return seen
 
 
-def test_crash_at_every_boundary_then_reconcile(tmp_path: Path) -> None:
+@pytest.mark.parametrize("reconfigure", ["unsupported", "applies", "ignored"])  # 22.05, 24.11+, fallback
+def test_crash_at_every_boundary_then_reconcile(tmp_path: Path, reconfigure: str) -> None:
     labels = labels_of_a_clean_run(tmp_path / "clean")
     assert labels[0] == "planned" and labels[-1] == "done" and len(labels) >= 10
     phases = []
     for index, label in enumerate(labels):
         case = tmp_path / f"c{index}"
         backend, gi = busy_backend()
-        slurm = FakeSlurm(SLURM_BEFORE)
+        slurm = FakeSlurm(SLURM_BEFORE, reconfigure=reconfigure)
         with pytest.raises(Crash):
             executor(case, backend, slurm, hook=crash_at(index)).apply(TARGET)
         executor(case, backend, slurm).reconcile()
