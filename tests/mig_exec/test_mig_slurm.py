@@ -109,6 +109,12 @@ def test_pending_mig_jobs_reshape_the_node_and_run_on_their_profiles(tmp_path: P
         assert busy.outcome == "nothing" and "busy 7g.40gb@0" in busy.detail, busy
         assert "DRAIN" not in client.node_states()["n1"].upper()
         assert cluster.wait_job(blocker, timeout_s=30).state == "COMPLETED"
+        # a CPU job runs on the node through the reshape: neither the restarts (22.05) nor the reconfigure
+        # (24.11+) may end it
+        cpu_job, _ = client.sbatch("-o", str(base / "cpu.out"), "--wrap", "echo start; sleep 6; echo done")
+        deadline = time.monotonic() + 20
+        while client.require_job(cpu_job).state != "RUNNING" and time.monotonic() < deadline:
+            time.sleep(0.2)
 
         def crash(label: str) -> None:  # killed once the GPU changed but before Slurm knew
             if label == "applied":
@@ -151,6 +157,8 @@ def test_pending_mig_jobs_reshape_the_node_and_run_on_their_profiles(tmp_path: P
             assert by_cap[cap].profile_name == profile
             seen.add(index)
         assert seen == {0, 1, 2, 3}  # four jobs, four distinct instances (the 1g.5gb pair ran together)
+        cpu_record = cluster.wait_job(cpu_job, timeout_s=30)
+        assert (cpu_record.state, (base / "cpu.out").read_text()) == ("COMPLETED", "start\ndone\n"), cpu_record
 
         # assert-then-apply through the CLI: nothing pending, nothing to do, no restart (it would fail)
         toml = base / "etc" / "mig.toml"
