@@ -8,6 +8,7 @@ appear for as long as slurmctld remembers them (``MinJobAge``).
 from __future__ import annotations
 
 import json
+import os
 import time
 from typing import Any
 
@@ -60,12 +61,40 @@ def render(rows: list[dict[str, Any]]) -> str:
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
 @click.option("--user", "-u", help="Only this user's jobs.")
-def command(as_json: bool, user: str | None) -> int:
+@click.option("--release-overdue", is_flag=True,
+              help="As root: release jobs held longer than [estimation] watchdog_s with the fallback, as "
+                   "gpushare-submitd's watchdog does (for when the service is down; a timer runs it).")
+@click.option("--config", "config_path", envvar="GPUSHARE_CONFIG", help="gpushare.toml (with --release-overdue).")
+def command(as_json: bool, user: str | None, release_overdue: bool, config_path: str | None) -> int:
     """List jobs held for asynchronous GPU memory estimation and recently released ones."""
+    if release_overdue:
+        return _release_overdue(config_path)
     try:
         jobs = SlurmClient().jobs()
     except SlurmError as exc:
         raise click.ClickException(f"cannot read the queue: {exc}") from None
     rows = collect(jobs, time.time(), user)
     click.echo(json.dumps(rows, indent=2) if as_json else render(rows))
+    return 0
+
+
+def _release_overdue(config_path: str | None) -> int:
+    from gpushare.config import ConfigError, load_config
+    from gpushare.logs import setup_logging
+    from gpushare.slurm_plugins.estimation_plan import Release
+    from gpushare.slurm_plugins.estimationd import EstimationService
+
+    if os.geteuid() != 0:
+        raise click.ClickException("--release-overdue updates other users' jobs: run it as root")
+    try:
+        cfg = load_config(config_path)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    setup_logging("gpushare-estimates", cfg.submit.log_file, "INFO")
+    try:
+        actions = EstimationService(cfg).release_overdue()
+    except SlurmError as exc:
+        raise click.ClickException(f"cannot read the queue: {exc}") from None
+    released = [a.job_id for a in actions if isinstance(a, Release)]
+    click.echo(f"released {len(released)} overdue job(s){': ' + ' '.join(map(str, released)) if released else ''}")
     return 0

@@ -133,11 +133,9 @@ def plan(held: list[HeldJob], estimations: dict[int, EstimationJob], now: float,
     planned: set[str] = set()
     referenced: set[int] = set()
     for job in sorted(held, key=lambda j: (j.submit_time, j.job_id)):
-        age = max(0.0, now - job.submit_time)
         est = estimations.get(job.est_job) if job.est_job is not None else None
-        if age > cfg.estimation.watchdog_s:
-            actions.append(fallback(job, f"watchdog: held {age:.0f} s (limit {cfg.estimation.watchdog_s:.0f} s)",
-                                    now, cfg))
+        if _overdue(job, now, cfg):
+            actions.append(_watchdog_release(job, now, cfg))
             continue
         if job.est_job is not None:
             referenced.add(job.est_job)
@@ -180,13 +178,42 @@ def plan(held: list[HeldJob], estimations: dict[int, EstimationJob], now: float,
                 actions.append(Cancel(est.job_id, f"job {est.for_job} no longer waits for it"))
             elif est.job_id not in named and unattached.get(est.for_job) != est.job_id:  # a second orphan
                 actions.append(Cancel(est.job_id, f"job {est.for_job} already has an estimation job"))
-    for action in actions:  # watchdog releases: stop their estimation unless another job still waits on it
+    return actions + _cancel_unneeded(actions, estimations, referenced)
+
+
+def overdue(held: list[HeldJob], estimations: dict[int, EstimationJob], now: float, cfg: Config) -> list[Action]:
+    """Only the watchdog's part of :func:`plan`: release every job held past ``watchdog_s`` with the
+    fallback and cancel the estimations nobody else waits on.
+
+    Why on its own: the watchdog lives in gpushare-submitd, so while the service is down held jobs would
+    wait for it. ``gpushare estimates --release-overdue`` (a timer on the controller) runs just this part,
+    which is safe beside a running service: it submits nothing, and releasing a job twice is harmless.
+    """
+    actions: list[Action] = [_watchdog_release(job, now, cfg) for job in held if _overdue(job, now, cfg)]
+    referenced = {job.est_job for job in held if job.est_job is not None and not _overdue(job, now, cfg)}
+    return actions + _cancel_unneeded(actions, estimations, referenced)
+
+
+def _overdue(job: HeldJob, now: float, cfg: Config) -> bool:
+    return now - job.submit_time > cfg.estimation.watchdog_s
+
+
+def _watchdog_release(job: HeldJob, now: float, cfg: Config) -> Release:
+    age = max(0.0, now - job.submit_time)
+    return fallback(job, f"watchdog: held {age:.0f} s (limit {cfg.estimation.watchdog_s:.0f} s)", now, cfg)
+
+
+def _cancel_unneeded(actions: list[Action], estimations: dict[int, EstimationJob],
+                     referenced: set[int]) -> list[Action]:
+    """Fallback releases stop their estimation job unless another held job still waits on it."""
+    cancels: list[Action] = []
+    for action in actions:
         if isinstance(action, Release) and action.outcome == "fallback" and action.record.get("est_job"):
             est_id = action.record["est_job"]
             est = estimations.get(est_id)
             if est and est.state in ACTIVE_STATES and est_id not in referenced:
-                actions.append(Cancel(est_id, f"job {action.job_id} released without it"))
-    return actions
+                cancels.append(Cancel(est_id, f"job {action.job_id} released without it"))
+    return cancels
 
 
 def _request(job: HeldJob) -> SubmitRequest:

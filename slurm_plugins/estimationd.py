@@ -35,7 +35,7 @@ from gpushare.slurm_plugins.decision import Estimate, parse_record
 from gpushare.slurm_plugins.directives import parse_directives
 from gpushare.slurm_plugins.estimate_source import EstimateUnavailable, peak_total_from_json, read_user_file
 from gpushare.slurm_plugins.estimation_plan import (ESTIMATION_JOB_PREFIX, Action, Attach, Cancel, EstimationJob, HeldJob,
-                                           Release, Submit, plan)
+                                           Release, Submit, overdue, plan)
 from gpushare.slurm_plugins.script_discovery import TrainingCommand, find_training_command
 from gpushare.slurm import record as record_format
 from gpushare.slurm.gres_request import plain_gres
@@ -85,7 +85,9 @@ class EstimationService:
         self._ticks = 0
 
     # --- reading Slurm ----------------------------------------------------------------------------
-    def snapshot(self) -> tuple[list[HeldJob], dict[int, EstimationJob], tuple[HeldJob, ...]]:
+    def snapshot(self, discover: bool = True) -> tuple[list[HeldJob], dict[int, EstimationJob], tuple[HeldJob, ...]]:
+        """Held jobs, estimation jobs and jobs released by hand; ``discover=False`` reads no batch script
+        (the watchdog alone needs none)."""
         jobs = self.client.jobs()
         held: list[HeldJob] = []
         started: list[HeldJob] = []
@@ -101,7 +103,8 @@ class EstimationService:
             if not record or record.get("decision") != "estimating":
                 continue
             if job.pending:
-                held.append(self._held(job, record))
+                held.append(self._held(job, record) if discover else
+                            HeldJob(int(job.job_id), job.user_id, job.group_id, job.submit_time or 0.0, record))
             elif job.state in ("RUNNING", "CONFIGURING"):  # released by hand: close the record
                 started.append(HeldJob(int(job.job_id), job.user_id, job.group_id, job.submit_time or 0.0, record))
         alive = {j.job_id for j in held}
@@ -204,7 +207,14 @@ class EstimationService:
         if self._ticks % 100 == 1:
             self.prune_spool()
         held, estimations, started = self.snapshot()
-        actions = plan(held, estimations, self.clock(), self.cfg, started)
+        return self._apply_all(plan(held, estimations, self.clock(), self.cfg, started))
+
+    def release_overdue(self) -> list[Action]:
+        """The watchdog alone (:func:`estimation_plan.overdue`), for when gpushare-submitd is not running."""
+        held, estimations, _ = self.snapshot(discover=False)
+        return self._apply_all(overdue(held, estimations, self.clock(), self.cfg))
+
+    def _apply_all(self, actions: list[Action]) -> list[Action]:
         for action in actions:
             try:
                 self.apply(action)

@@ -67,3 +67,10 @@ def test_interrupted_recoveries_have_a_timer() -> None:
     service = _service("gpushare-oom-resume.service")
     assert service["Service.ExecStart"][0].endswith("gpushare-epilog-slurmctld --resume")
     assert "Timer.OnUnitInactiveSec" in _service("gpushare-oom-resume.timer")
+
+
+def test_held_jobs_have_a_watchdog_that_does_not_need_the_service() -> None:
+    service = _service("gpushare-estimation-watchdog.service")
+    assert service["Service.ExecStart"][0].endswith("gpushare estimates --release-overdue")
+    assert service["Service.User"] == ["root"]  # it updates and releases other users' jobs
+    assert "Timer.OnUnitInactiveSec" in _service("gpushare-estimation-watchdog.timer")

@@ -256,3 +256,43 @@ def test_watchdog_releases_a_job_held_too_long(est_cluster, work, user, helpers)
     finally:
         conf.write_text(original)
         os.kill(est_cluster.pids["submitd"], signal.SIGHUP)
+
+
+def test_release_overdue_frees_held_jobs_while_the_service_is_down(est_cluster, work, user, helpers):
+    """The watchdog lives in gpushare-submitd; with the service down, the timer's `gpushare estimates
+    --release-overdue` releases what it would have (and cancels the estimation job). Restarts the service."""
+    conf = est_cluster.gpushare_conf
+    original = conf.read_text()
+    spool, fake = Path(est_cluster.config().estimation.spool_dir), Path(est_cluster.config().estimation.command)
+    toml = helpers.estimation_toml(spool, fake)
+    write(work, "train.py", "# FAKE_SLEEP\n", user)
+    job_id, _ = submit_as_user(est_cluster, work, STUBS + "python train.py\n")
+    deadline = time.monotonic() + 30
+    while not any(j.name == f"{ESTIMATION_JOB_PREFIX}{job_id}" and j.state == "RUNNING"
+                  for j in estimation_jobs(est_cluster)):
+        assert time.monotonic() < deadline, "estimation job did not start"
+        time.sleep(0.3)
+    est_cluster.stop_process("submitd")  # its estimation process (and watchdog) goes with it
+    submitted = job(est_cluster, job_id).submit_time
+    conf.write_text(original.replace(toml, toml.replace("time_limit_s = 120", "time_limit_s = 30")
+                                     + "watchdog_s = 35\n"))
+    try:
+        gpushare = os.path.join(os.path.dirname(sys.executable), "gpushare")
+        argv = [gpushare, "estimates", "--release-overdue", "--config", str(conf)]
+        early = subprocess.run(argv, env=est_cluster.env, capture_output=True, text=True, timeout=60)
+        assert early.returncode == 0 and "released 0 overdue" in early.stdout, early
+        assert parse_record(job(est_cluster, job_id).admin_comment)["decision"] == "estimating"
+        time.sleep(max(0.0, submitted + 36 - time.time()))
+        late = subprocess.run(argv, env=est_cluster.env, capture_output=True, text=True, timeout=60)
+        assert late.returncode == 0 and f"released 1 overdue job(s): {job_id}" in late.stdout, late
+        final = parse_record(job(est_cluster, job_id).admin_comment)
+        assert final["decision"] == "exclusive" and final["why"].startswith("estimation: watchdog: held")
+        assert est_cluster.wait_job(job_id, timeout_s=60).state == "COMPLETED"
+        deadline = time.monotonic() + 20
+        while any(j.name == f"{ESTIMATION_JOB_PREFIX}{job_id}" and j.state == "RUNNING"
+                  for j in estimation_jobs(est_cluster)):
+            assert time.monotonic() < deadline, "estimation job not cancelled"
+            time.sleep(0.3)
+    finally:
+        conf.write_text(original)
+        est_cluster.start_submitd()

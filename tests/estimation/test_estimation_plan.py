@@ -8,7 +8,8 @@ from gpushare.config import ConfigError, parse_config
 from gpushare.gpus import GiB
 from gpushare.slurm_plugins.decision import Estimate, SubmitRequest, decide, parse_record
 from gpushare.slurm_plugins.directives import parse_directives
-from gpushare.slurm_plugins.estimation_plan import Attach, Cancel, EstimationJob, HeldJob, Release, Submit, plan
+from gpushare.slurm_plugins.estimation_plan import (Attach, Cancel, EstimationJob, HeldJob, Release, Submit, overdue,
+                                                    plan)
 from gpushare.slurm_plugins.protocol import encode_reply
 from gpushare.slurm_plugins.script_discovery import NotFound, TrainingCommand
 
@@ -135,6 +136,20 @@ def test_watchdog_spares_an_estimation_another_job_still_waits_on():
     jobs = [held(1, key="k", est_job=10, t=0.0), held(2, key="k", est_job=10, t=500.0)]
     actions = plan(jobs, {10: est(10, 1)}, 901.0, CFG)
     assert [type(a) for a in actions] == [Release]
+
+
+def test_overdue_is_the_watchdog_alone_and_submits_nothing():
+    """What `gpushare estimates --release-overdue` does while gpushare-submitd is down."""
+    jobs = [held(1, key="k", est_job=10, t=0.0), held(2, key="k", est_job=10, t=500.0),  # 2 still waits on 10
+            held(3, key="m", est_job=11, t=0.0), held(4, uid=2000, key="n", t=850.0)]  # plan() submits for 4
+    estimations = {10: est(10, 1), 11: est(11, 3)}
+    actions = overdue(jobs, estimations, 901.0, CFG)
+    assert [(type(a).__name__, getattr(a, "job_id", None) or a.est_job) for a in actions] == \
+        [("Release", 1), ("Release", 3), ("Cancel", 11)]
+    assert all(a.record["why"].startswith("estimation: watchdog: held") for a in actions if isinstance(a, Release))
+    full = plan(jobs, estimations, 901.0, CFG)
+    assert all(a in full for a in actions) and any(isinstance(a, Submit) for a in full)
+    assert overdue(jobs, estimations, 400.0, CFG) == []
 
 
 def test_script_not_found_or_unreadable_releases_at_once():
