@@ -90,6 +90,23 @@ def estimation_jobs(cluster: LocalCluster) -> list[Job]:
     return [j for j in cluster.client.jobs() if j.name.startswith(ESTIMATION_JOB_PREFIX)]
 
 
+def wait_estimation_running(cluster: LocalCluster, job_id: int, running: bool, timeout_s: float, what: str) -> None:
+    """Wait until the estimation job of ``job_id`` runs (``running``) or no longer runs; fail with ``what``."""
+    deadline = time.monotonic() + timeout_s
+    while any(j.name == f"{ESTIMATION_JOB_PREFIX}{job_id}" and j.state == "RUNNING"
+              for j in estimation_jobs(cluster)) != running:
+        assert time.monotonic() < deadline, what
+        time.sleep(0.3)
+
+
+def watchdog_config(original: str, estimation_toml: str) -> str:
+    """The test configuration with a 30 s estimation limit and a 35 s watchdog."""
+    tight = original.replace(estimation_toml, estimation_toml.replace("time_limit_s = 120", "time_limit_s = 30")
+                             + "watchdog_s = 35\n")
+    assert tight != original
+    return tight
+
+
 def spool_of(cluster: LocalCluster, est: Job) -> Path:
     return Path(est.std_out).parent
 
@@ -141,11 +158,7 @@ def test_failed_estimation_releases_with_fallback(est_cluster, work, user):
 def test_cancelled_estimation_releases_the_job(est_cluster, work, user):
     write(work, "train.py", "# FAKE_SLEEP\n", user)
     job_id, _ = submit_as_user(est_cluster, work, STUBS + "accelerate launch --num_processes 1 train.py --lr 3e-4\n")
-    deadline = time.monotonic() + 60
-    while not any(j.name == f"{ESTIMATION_JOB_PREFIX}{job_id}" and j.state == "RUNNING"
-                  for j in estimation_jobs(est_cluster)):
-        assert time.monotonic() < deadline, "estimation job never ran"
-        time.sleep(0.3)
+    wait_estimation_running(est_cluster, job_id, True, 60, "estimation job never ran")
     est_cluster.client.run("scancel", "--name", f"{ESTIMATION_JOB_PREFIX}{job_id}")
     final = wait_released(est_cluster, job_id, timeout_s=30)
     assert final["decision"] == "exclusive" and "cancelled" in final["why"]
@@ -237,10 +250,7 @@ def test_watchdog_releases_a_job_held_too_long(est_cluster, work, user, helpers)
     original = conf.read_text()
     spool, fake = Path(est_cluster.config().estimation.spool_dir), Path(est_cluster.config().estimation.command)
     toml = helpers.estimation_toml(spool, fake)
-    tight = original.replace(toml, toml.replace("time_limit_s = 120", "time_limit_s = 30")
-                             + "watchdog_s = 35\n")
-    assert tight != original
-    conf.write_text(tight)
+    conf.write_text(watchdog_config(original, toml))
     os.kill(est_cluster.pids["submitd"], signal.SIGHUP)
     try:
         write(work, "train.py", "# FAKE_SLEEP\n", user)
@@ -248,11 +258,7 @@ def test_watchdog_releases_a_job_held_too_long(est_cluster, work, user, helpers)
         final = wait_released(est_cluster, job_id, timeout_s=70)
         assert final["decision"] == "exclusive" and final["why"].startswith("estimation: watchdog: held")
         assert final["held_s"] >= 35
-        deadline = time.monotonic() + 20
-        while any(j.name == f"{ESTIMATION_JOB_PREFIX}{job_id}" and j.state == "RUNNING"
-                  for j in estimation_jobs(est_cluster)):
-            assert time.monotonic() < deadline, "estimation job not cancelled"
-            time.sleep(0.3)
+        wait_estimation_running(est_cluster, job_id, False, 20, "estimation job not cancelled")
     finally:
         conf.write_text(original)
         os.kill(est_cluster.pids["submitd"], signal.SIGHUP)
@@ -267,15 +273,10 @@ def test_release_overdue_frees_held_jobs_while_the_service_is_down(est_cluster, 
     toml = helpers.estimation_toml(spool, fake)
     write(work, "train.py", "# FAKE_SLEEP\n", user)
     job_id, _ = submit_as_user(est_cluster, work, STUBS + "python train.py\n")
-    deadline = time.monotonic() + 30
-    while not any(j.name == f"{ESTIMATION_JOB_PREFIX}{job_id}" and j.state == "RUNNING"
-                  for j in estimation_jobs(est_cluster)):
-        assert time.monotonic() < deadline, "estimation job did not start"
-        time.sleep(0.3)
+    wait_estimation_running(est_cluster, job_id, True, 30, "estimation job did not start")
     est_cluster.stop_process("submitd")  # its estimation process (and watchdog) goes with it
     submitted = job(est_cluster, job_id).submit_time
-    conf.write_text(original.replace(toml, toml.replace("time_limit_s = 120", "time_limit_s = 30")
-                                     + "watchdog_s = 35\n"))
+    conf.write_text(watchdog_config(original, toml))
     try:
         gpushare = os.path.join(os.path.dirname(sys.executable), "gpushare")
         argv = [gpushare, "estimates", "--release-overdue", "--config", str(conf)]
@@ -288,11 +289,7 @@ def test_release_overdue_frees_held_jobs_while_the_service_is_down(est_cluster, 
         final = parse_record(job(est_cluster, job_id).admin_comment)
         assert final["decision"] == "exclusive" and final["why"].startswith("estimation: watchdog: held")
         assert est_cluster.wait_job(job_id, timeout_s=60).state == "COMPLETED"
-        deadline = time.monotonic() + 20
-        while any(j.name == f"{ESTIMATION_JOB_PREFIX}{job_id}" and j.state == "RUNNING"
-                  for j in estimation_jobs(est_cluster)):
-            assert time.monotonic() < deadline, "estimation job not cancelled"
-            time.sleep(0.3)
+        wait_estimation_running(est_cluster, job_id, False, 20, "estimation job not cancelled")
     finally:
         conf.write_text(original)
         est_cluster.start_submitd()
