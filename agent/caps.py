@@ -15,7 +15,13 @@ user's jobs leave. So:
 ``fraction``                 never MPS: time-slicing plus the framework caps for everyone.
 ``none``                     no caps at all (only Slurm's shard accounting).
 
-The memory-fraction cap is ``GPUSHARE_MEMORY_FRACTION`` (need / GPU memory). The TaskProlog turns it into
+The memory-fraction cap is ``GPUSHARE_MEMORY_FRACTION``: the job's need less what a PyTorch process holds
+outside its caching allocator (CUDA context, library kernels: ``gpushare.cuda_context``), over the GPU's
+memory. The need is a device-level figure (the estimate counts the context, like nvidia-smi and the backstop
+do), while PyTorch's fraction bounds only the allocator: without the subtraction a job that stays inside its
+framework cap would hold need + context (measured on an H200: 4.0 GiB cap + 0.6-0.75 GiB) and be stopped
+by the backstop at need + tolerance. Six decimals: on a 141 GB GPU a third decimal is 140 MiB.
+The TaskProlog turns it into
 the frameworks' own settings, merged with the user's (``PYTORCH_CUDA_ALLOC_CONF``'s
 ``per_process_memory_fraction``, JAX's ``XLA_PYTHON_CLIENT_MEM_FRACTION``; ``gpushare.agent.framework_caps``),
 so an unmodified PyTorch or JAX script hits its own OOM. Allocations outside the framework's allocator
@@ -33,11 +39,13 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from gpushare.agent.framework_caps import fraction_text
 from gpushare.gres.mps import job_env
 
 MiB = 1 << 20
 GiB = 1 << 30
 POLICIES = ("mps-same-user", "mps", "fraction", "none")
+MIN_ALLOCATOR_BYTES = 64 * MiB
 # What the TaskProlog may export; anything else in a caps file is ignored.
 EXPORTABLE = ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
               "CUDA_VISIBLE_DEVICES", "GPUSHARE_MEMORY_FRACTION", "GPUSHARE_MEM_LIMIT_MIB", "GPUSHARE_CAPS_MODE",
@@ -54,7 +62,7 @@ class Caps:
     mode: str  # "mps" | "fraction" | "none"
     mem_limit_mib: int | None = None  # estimate + margin, MiB; None without an estimate
     thread_percentage: int | None = None  # MPS only
-    fraction: float | None = None  # need / GPU memory: the framework caps' fraction
+    fraction: float | None = None  # (need - outside the allocator) / GPU memory: the framework caps' fraction
     reason: str = ""  # one line: why this mode
 
     def as_dict(self) -> dict[str, Any]:
@@ -85,15 +93,24 @@ def need_mib(est_gib: float | None, margin_gib: float | None, shards: int | None
     return granted
 
 
+def allocator_fraction(allocator_bytes: float, gpu_total_bytes: int) -> float:
+    """PyTorch's ``per_process_memory_fraction`` for an allocator share, rounded down to 1e-6 (never above
+    the share) and at most 1. A share below ``MIN_ALLOCATOR_BYTES`` (a need smaller than the context) gets that
+    much, so the job fails at its first real allocation rather than at CUDA start."""
+    share = max(allocator_bytes, MIN_ALLOCATOR_BYTES) / gpu_total_bytes
+    return max(1e-6, min(1.0, math.floor(share * 1e6) / 1e6))
+
+
 def decide_caps(policy: str, *, shared: bool, gpus: int, uid: int, need: int | None, gpu_total_bytes: int,
-                tenants: list[tuple[int, str]], thread_percentage: int = 100) -> Caps:
-    """Caps of one job. ``tenants``: (uid, caps mode) of the other jobs already on its GPU."""
+                tenants: list[tuple[int, str]], thread_percentage: int = 100, outside_allocator_bytes: int = 0) -> Caps:
+    """Caps of one job. ``tenants``: (uid, caps mode) of the other jobs already on its GPU;
+    ``outside_allocator_bytes``: what its process holds outside PyTorch's allocator on that GPU."""
     if policy not in POLICIES:
         raise ValueError(f"unknown collocation policy {policy!r} (known: {', '.join(POLICIES)})")
     if not shared or policy == "none" or need is None:
         why = "not a shared job" if not shared else ("collocation = none" if policy == "none" else "no estimate")
         return Caps("none", reason=why)
-    fraction = max(0.01, min(1.0, math.floor(need * MiB / gpu_total_bytes * 1000) / 1000)) if gpu_total_bytes else None
+    fraction = allocator_fraction(need * MiB - outside_allocator_bytes, gpu_total_bytes) if gpu_total_bytes else None
     soft = Caps("fraction", need, None, fraction, "")
     if policy == "fraction":
         return Caps(**{**soft.as_dict(), "reason": "collocation = fraction"})
@@ -123,7 +140,7 @@ def task_env(caps: Caps, pipe_dir: str | None, framework: bool = True) -> dict[s
         env["CUDA_VISIBLE_DEVICES"] = "0"  # the daemon exposes exactly its GPU, as device 0
     if caps.mode in ("mps", "fraction"):
         if caps.fraction is not None:
-            env["GPUSHARE_MEMORY_FRACTION"] = f"{caps.fraction:.3f}"
+            env["GPUSHARE_MEMORY_FRACTION"] = fraction_text(caps.fraction)
         if caps.mem_limit_mib is not None:
             env["GPUSHARE_MEM_LIMIT_MIB"] = str(int(caps.mem_limit_mib))
     if framework and caps.mode == "fraction" and caps.fraction is not None:

@@ -28,6 +28,12 @@ FRACTION_KEY = "per_process_memory_fraction"
 _SAFE_RE = re.compile(r"^[A-Za-z0-9_.:,>\[\]+-]{0,1024}$")
 
 
+def fraction_text(fraction: float) -> str:
+    """A fraction as exported: six decimals at most, no trailing zeros (``0.125``, ``0.028489``)."""
+    text = f"{fraction:.6f}".rstrip("0")
+    return text + "0" if text.endswith(".") else text
+
+
 def split_top(text: str) -> list[str] | None:
     """``k:v`` items of an allocator setting, split on commas outside brackets; None when unbalanced."""
     items: list[str] = []
@@ -64,7 +70,7 @@ def merge_alloc_conf(user: str | None, fraction: float) -> str | None:
 
     None when the user's value cannot be merged safely (then nothing is exported for it).
     """
-    ours = f"{FRACTION_KEY}:{fraction:.3f}"
+    ours = f"{FRACTION_KEY}:{fraction_text(fraction)}"
     if not user or not user.strip():
         return ours
     if not _SAFE_RE.match(user):
@@ -81,7 +87,7 @@ def merge_alloc_conf(user: str | None, fraction: float) -> str | None:
                 strictest = min(strictest, theirs)
             continue  # replaced by the merged key below (a malformed one is replaced by ours)
         kept.append(item)
-    kept.append(f"{FRACTION_KEY}:{strictest:.3f}")
+    kept.append(f"{FRACTION_KEY}:{fraction_text(strictest)}")
     return ",".join(kept)
 
 
@@ -96,6 +102,6 @@ def merged_exports(user_env: Mapping[str, str], fraction: float | None) -> dict[
             if merged is not None:
                 out[name] = merged
     theirs = _fraction(user_env.get("XLA_PYTHON_CLIENT_MEM_FRACTION", "").strip())
-    out["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{min(fraction, theirs) if theirs is not None else fraction:.3f}"
+    out["XLA_PYTHON_CLIENT_MEM_FRACTION"] = fraction_text(min(fraction, theirs) if theirs is not None else fraction)
     out["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     return out

@@ -13,6 +13,7 @@ import re
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
+from gpushare.cuda_context import context_bytes_for, sm_arch_of
 from gpushare.gres import GpuError, is_na
 from gpushare.gres.mps import mps_dirs
 from gpushare.agent.caps import Caps, decide_caps, need_mib, task_env
@@ -184,14 +185,16 @@ def build_entry(facts: dict[str, Any], cfg: AgentSection, backend: GpuBackend, t
     entries of the MPS jobs already on its GPU, for the thread share)."""
     gpu0 = facts["gpus"][0]
     try:
-        total = int(backend.gpu(gpu0).total_bytes)
+        info = backend.gpu(gpu0)
+        total, outside = int(info.total_bytes), context_bytes_for(sm_arch_of(info.model, info.name))
     except GpuError:
-        total = 0
+        total, outside = 0, 0
     policy = cfg.collocation if mps_ok else ("fraction" if cfg.collocation != "none" else "none")
     caps = decide_caps(policy, shared=facts["shared"], gpus=len(facts["gpus"]), uid=facts["uid"],
                        need=need_mib(facts["est_gib"], facts["margin_gib"], facts["shards"]),
                        gpu_total_bytes=total, tenants=tenants,
-                       thread_percentage=thread_percentage_for(facts, corunners or [], cfg, now))
+                       thread_percentage=thread_percentage_for(facts, corunners or [], cfg, now),
+                       outside_allocator_bytes=outside)
     if not mps_ok and cfg.collocation.startswith("mps") and caps.mode == "fraction":
         caps = Caps(**{**caps.as_dict(), "reason": "agent not running: no MPS daemon, memory fraction only"})
     pipe = mps_dirs(cfg.run_dir, gpu0)[0] if caps.mode == "mps" else None

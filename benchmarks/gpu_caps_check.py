@@ -3,7 +3,9 @@
 Three checks, each printing what it measured (run on a machine with a GPU; it changes no device setting):
 
 1. *Framework cap*: a job process started with the environment the TaskProlog gives a time-sliced job
-   (``gpushare.agent.framework_caps.merged_exports`` for a share of ``--cap-gib``) allocates 256 MiB blocks until
+   whose need is ``--cap-gib`` (``gpushare.agent.caps.decide_caps`` with what the device holds outside the
+   allocator, then ``gpushare.agent.framework_caps.merged_exports``) loads what a training step loads (cuBLAS
+   on two threads, cuDNN) and allocates 256 MiB blocks until
    PyTorch refuses one. It must get PyTorch's own ``OutOfMemoryError`` at its cap, not at the device's size,
    while a neighbour process holds ``--neighbour-gib``.
 2. *The agent's view*: the agent's own sampler (``gpushare.agent.sampler.Sampler``) on the NVML backend, with
@@ -38,7 +40,12 @@ _JOB = r"""
 import json, sys, torch
 hold, grow = float(sys.argv[1]), float(sys.argv[2])
 blocks, err = [], None
-torch.zeros(1, device="cuda")
+a = torch.randn(512, 512, device="cuda")  # load what a training step loads: cuBLAS on two threads, cuDNN
+import threading
+t = threading.Thread(target=lambda: (a @ a).sum().item()); t.start(); t.join()
+conv = torch.nn.Conv2d(3, 8, 3).cuda()
+conv(torch.randn(2, 3, 32, 32, device="cuda")).sum().backward()
+torch.cuda.synchronize()
 try:
     if hold:
         blocks.append(torch.empty(int(hold * (1 << 30)), dtype=torch.uint8, device="cuda"))
@@ -78,16 +85,23 @@ def stop_job(proc: subprocess.Popen[str]) -> None:
 
 def framework_and_backstop(cap_gib: float, neighbour_gib: float) -> dict[str, Any]:
     from gpushare.agent.backstop import judge
+    from gpushare.agent.caps import decide_caps
     from gpushare.agent.framework_caps import merged_exports
     from gpushare.agent.sampler import Sampler, environ_job
     from gpushare.config import AgentSection
+    from gpushare.cuda_context import context_bytes_for, sm_arch_of
     from gpushare.gres.nvml_backend import NvmlBackend
 
     backend = NvmlBackend()
-    total = backend.gpu(0).total_bytes
-    fraction = cap_gib * GiB / total
-    env = merged_exports({}, fraction)
-    out: dict[str, Any] = {"gpu": backend.gpu(0).name, "total_bytes": total, "fraction": fraction, "env": env}
+    info = backend.gpu(0)
+    total = info.total_bytes
+    need = int(cap_gib * 1024)
+    outside = context_bytes_for(sm_arch_of(info.model, info.name))
+    caps = decide_caps("fraction", shared=True, gpus=1, uid=os.getuid(), need=need, gpu_total_bytes=total,
+                       tenants=[], outside_allocator_bytes=outside)
+    env = merged_exports({}, caps.fraction)
+    out: dict[str, Any] = {"gpu": info.name, "total_bytes": total, "caps": caps.as_dict(),
+                           "outside_allocator_bytes": outside, "env": env}
     neighbour, n_doc = start_job(neighbour_gib, 0, {}, "9001")
     capped, c_doc = start_job(0, 0, env, "9002")
     over, o_doc = start_job(0, cap_gib * 2, {}, "9003")  # no framework caps: the backstop's case
@@ -132,6 +146,8 @@ def mps_check(limit_gib: float) -> dict[str, Any]:
         out["client_env"] = env
         client, doc = start_job(0, limit_gib * 3, env, "9004")
         out["client"] = doc
+        out["nvml_processes"] = _nvml_processes()  # what the agent's sampler would read under MPS
+        out["client_pid"] = client.pid
         stop_job(client)
         for name in ("control.log", "server.log"):
             path = os.path.join(log_dir, name)
@@ -147,6 +163,16 @@ def mps_check(limit_gib: float) -> dict[str, Any]:
         except Exception as exc:
             out["stop_error"] = f"{type(exc).__name__}: {exc}"
     return out
+
+
+def _nvml_processes() -> list[dict[str, Any]]:
+    from gpushare.gres.nvml_backend import NvmlBackend
+
+    backend = NvmlBackend()
+    try:
+        return [{"pid": p.pid, "used_bytes": p.used_bytes} for p in backend.processes(0)]
+    finally:
+        backend.close()
 
 
 def main() -> int:

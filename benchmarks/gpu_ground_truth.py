@@ -116,6 +116,13 @@ def pre_step(opt, args, kwargs):
 
 optimizer_mod.register_optimizer_step_pre_hook(pre_step)
 optimizer_mod.register_optimizer_step_post_hook(post_step)
+_init = optimizer_mod.Optimizer.__init__
+
+def init(self, *a, **k):  # with an optimizer, backward passes are never counted (gradient accumulation)
+    state["optimizer"] = True
+    _init(self, *a, **k)
+
+optimizer_mod.Optimizer.__init__ = init
 
 def counting(fn):
     def wrapper(*a, **k):
@@ -255,7 +262,8 @@ def measure(opts: argparse.Namespace) -> int:
     context = json.loads(probe.stdout.strip().splitlines()[-1]) if probe.returncode == 0 else probe.stderr[-800:]
     print(json.dumps({"env": env, "context": context}, indent=1), flush=True)
     poller = NvmlPoller()
-    todo = [w for w in workloads() if not opts.only or opts.only in w["label"]]
+    only = [o for o in opts.only.split(",") if o]
+    todo = [w for w in workloads() if not only or any(o in w["label"] for o in only)]
     results: list[dict[str, Any]] = []
     with ThreadPoolExecutor(opts.jobs) as pool:
         for result in pool.map(lambda w: run_one(w, poller, opts.timeout), todo):
@@ -338,7 +346,7 @@ def main() -> int:
     m.add_argument("--out", required=True)
     m.add_argument("--jobs", type=int, default=4)
     m.add_argument("--timeout", type=float, default=240)
-    m.add_argument("--only", default="")
+    m.add_argument("--only", default="", help="comma-separated parts of workload labels")
     c = sub.add_parser("compare", help="gpu-estimate against a measure file")
     c.add_argument("measured")
     c.add_argument("--gpu", default="h200-141gb")

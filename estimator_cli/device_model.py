@@ -7,15 +7,9 @@ from the one catalogue, :mod:`gpushare.gpus`; this module only adds what the cat
 
 Numbers and their sources (all MiB unless said otherwise):
 
-* CUDA context with ``CUDA_MODULE_LOADING=LAZY`` (PyTorch sets it by default since 1.13,
-  pytorch/pytorch#86509; CUDA >= 11.7): about 274 MiB measured in that PR (287,047,680 bytes, against
-  666 MB with eager loading); "around 300 MB" and "around 400 MB" for torch 2.x according to PyTorch's CUDA
-  maintainer (pytorch/pytorch#107667, #109888); 426 MiB for torch 2.10 + CUDA 13.0 on an RTX 6000 Ada
-  (unslothai/unsloth-zoo#1053, ``mem_get_info`` only, no kernels run). The context grows with the number
-  of SMs (per-SM local-memory reserve), hence the per-architecture table ``_CONTEXT_MIB`` below; treat
-  these as starting points that the accuracy benchmark calibrates, not as measurements of ours.
-* Lazily loaded library kernels: the first GEMM loads cuBLAS/cuBLASLt kernels, the first convolution
-  cuDNN's; ``_CUBLAS_LIB_MIB`` / ``_CUDNN_LIB_MIB`` are rough sizes of what a training step pulls in.
+* CUDA context and lazily loaded library kernels (cuBLAS/cuBLASLt on the first GEMM, cuDNN on the first
+  convolution), outside the caching allocator: :mod:`gpushare.cuda_context`, which the node agent reads too
+  (measured on an H200 for compute capability 9.0; sources for the others there).
 * cuBLAS workspace: ``at::cuda::getChosenWorkspaceSize`` (aten/src/ATen/cuda/CublasHandlePool.cpp):
   ``:4096:2:16:8`` = 2 x 4096 KiB + 8 x 16 KiB = 8,519,680 bytes by default, 32 MiB (``:4096:8``) on
   Hopper and Blackwell (compute capability 9.x/10.x/12.x; torch 2.4-2.5 only checked sm_90);
@@ -33,48 +27,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from gpushare.cuda_context import context_bytes_for, sm_arch_of
 from gpushare.gpus import GpuModel, MigProfile, capacity_bytes, parse_target
 
 MiB = 1 << 20
 KiB = 1 << 10
-
-# Compute capability per catalogue model (not part of the catalogue, which only describes memory and MIG).
-_SM_ARCH_BY_NAME: dict[str, tuple[int, int]] = {
-    "a100-40gb": (8, 0),
-    "a100-80gb": (8, 0),
-    "a30-24gb": (8, 0),
-    "h100-80gb": (9, 0),
-    "h200-141gb": (9, 0),
-    "l40s-48gb": (8, 9),
-    "v100-32gb": (7, 0),
-    "rtx3060-12gb": (8, 6),
-    "rtx4060-8gb": (8, 9),
-}
-# Fallback for site-added models: the marketing name NVML reports.
-_SM_ARCH_BY_MARKETING = (
-    (re.compile(r"\b(B100|B200|GB200)\b"), (10, 0)),
-    (re.compile(r"\b(H100|H200|H800|GH200)\b"), (9, 0)),
-    (re.compile(r"\b(L4|L40S?|RTX 40\d\d|RTX 6000 Ada)\b"), (8, 9)),
-    (re.compile(r"\b(A100|A30|A800)\b"), (8, 0)),
-    (re.compile(r"\b(A10|A40|A16|A2|RTX 30\d\d|RTX A\d000)\b"), (8, 6)),
-    (re.compile(r"\b(T4|RTX 20\d\d)\b"), (7, 5)),
-    (re.compile(r"\bV100\b"), (7, 0)),
-)
-DEFAULT_SM_ARCH = (8, 0)
-
-# CUDA context with lazy module loading, by compute capability major.minor (see module docstring).
-_CONTEXT_MIB: dict[tuple[int, int], int] = {
-    (7, 0): 310,
-    (7, 5): 300,
-    (8, 0): 420,
-    (8, 6): 300,
-    (8, 9): 426,
-    (9, 0): 520,
-    (10, 0): 560,
-}
-_DEFAULT_CONTEXT_MIB = 450
-_CUBLAS_LIB_MIB = 64  # cuBLAS + cuBLASLt kernels a training step loads
-_CUDNN_LIB_MIB = 128  # cuDNN convolution/normalisation kernels
 
 # getChosenWorkspaceSize defaults.
 CUBLAS_WORKSPACE_DEFAULT = 4096 * KiB * 2 + 16 * KiB * 8  # ":4096:2:16:8" = 8,519,680 bytes
@@ -109,22 +66,7 @@ class DeviceModel:
 
 def sm_arch_for(model: GpuModel) -> tuple[int, int]:
     """Compute capability of a catalogue model; site-added models are matched by marketing name."""
-    if model.name in _SM_ARCH_BY_NAME:
-        return _SM_ARCH_BY_NAME[model.name]
-    for pattern, arch in _SM_ARCH_BY_MARKETING:
-        if pattern.search(model.marketing_name):
-            return arch
-    return DEFAULT_SM_ARCH
-
-
-def context_bytes_for(sm_arch: tuple[int, int], *, uses_cublas: bool = True, uses_cudnn: bool = True) -> int:
-    """CUDA context plus the library kernels a training step loads lazily."""
-    mib = _CONTEXT_MIB.get(sm_arch, _DEFAULT_CONTEXT_MIB)
-    if uses_cublas:
-        mib += _CUBLAS_LIB_MIB
-    if uses_cudnn:
-        mib += _CUDNN_LIB_MIB
-    return mib * MiB
+    return sm_arch_of(model.name, model.marketing_name)
 
 
 def cublas_workspace_bytes(sm_arch: tuple[int, int], env: str | None = None) -> int:

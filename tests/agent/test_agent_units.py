@@ -11,13 +11,17 @@ from prometheus_client import CollectorRegistry
 from gpushare.config import parse_config
 from gpushare.gres.sim_backend import SimBackend
 from gpushare.agent.daemon import Agent
-from gpushare.agent.caps import Caps, decide_caps, need_mib, task_env
+from gpushare.agent.caps import Caps, allocator_fraction, decide_caps, need_mib, task_env
+from gpushare.agent.framework_caps import fraction_text
+from gpushare.cuda_context import context_bytes_for, sm_arch_of
+from gpushare.gpus import BUILTIN_GPUS as CATALOGUE
 from gpushare.agent.jobs import clean_facts, final_record
 from gpushare.agent.withhold import node_open
 from gpushare.agent.adopt import MAX_REMEMBERED, Adopter
 from gpushare.slurm.jobs import job_from_json
 
 GiB = 1 << 30
+MiB = 1 << 20
 SCENARIO = {"version": 1, "name": "unit", "processes": [],
             "gpus": [{"model": "a100-40gb", "idle_power_w": 50, "max_power_w": 350},
                      {"model": "a100-40gb", "idle_power_w": 50, "max_power_w": 350}]}
@@ -428,3 +432,29 @@ def test_the_time_limit_reaches_the_registration_from_slurms_record() -> None:
                                "time_limit": {"set": True, "infinite": True, "number": 0}})
     assert registration_facts("3", 1000, "u", [0], unlimited)["time_limit_s"] is None
     assert clean_facts({**job("3"), "time_limit_s": "9e99"})["time_limit_s"] is None
+
+
+@pytest.mark.parametrize("model", sorted(CATALOGUE))
+def test_a_job_at_its_framework_cap_stays_inside_its_backstop_cap(model):
+    """PyTorch's fraction bounds the allocator only; the backstop sees the whole process (allocator + context +
+    kernels, gpushare/cuda_context.py). A job that fills its framework cap must hold at most its need, so the
+    backstop (need + tolerance) never stops a job for using exactly what its framework allowed. Measured on an
+    H200 before this rule: a 4 GiB need got 4.0 GiB of allocator and held 4.7 GiB."""
+    gpu = CATALOGUE[model]
+    outside = context_bytes_for(sm_arch_of(gpu.name, gpu.marketing_name))
+    for need in (1024, 2048, 5120, 12 * 1024, 30 * 1024):
+        if need * MiB >= gpu.total_bytes:
+            continue
+        caps = decide_caps("fraction", shared=True, gpus=1, uid=1, need=need, gpu_total_bytes=gpu.total_bytes,
+                           tenants=[], outside_allocator_bytes=outside)
+        assert caps.fraction is not None and caps.mem_limit_mib == need
+        held = caps.fraction * gpu.total_bytes + outside
+        assert need * MiB - gpu.total_bytes * 1e-6 <= held <= need * MiB
+        assert float(fraction_text(caps.fraction)) == caps.fraction  # exported exactly, not rounded up
+
+
+def test_fraction_text_keeps_six_decimals_and_no_trailing_zeros():
+    assert fraction_text(0.125) == "0.125" and fraction_text(0.1) == "0.1" and fraction_text(1.0) == "1.0"
+    assert fraction_text(0.0284897) == "0.02849"  # .6f rounds to nearest; callers pass floored values
+    assert allocator_fraction(0.0284897 * 2**40, 2**40) == 0.028489
+    assert allocator_fraction(-5, 2**40) == allocator_fraction(64 * MiB, 2**40) > 0  # a need below the context

@@ -61,19 +61,19 @@ def test_hostile_user_value_is_left_alone():
     assert merge_alloc_conf("max_split_size_mb:64;rm -rf /", 0.25) is None
     assert merge_alloc_conf("roundup_power2_divisions:[256:1", 0.25) is None
     out = merged_exports({"PYTORCH_CUDA_ALLOC_CONF": "$(id)"}, 0.25)
-    assert "PYTORCH_CUDA_ALLOC_CONF" not in out and out["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.250"
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in out and out["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.25"
 
 
 def test_jax_fraction_keeps_the_stricter_and_turns_preallocation_off():
     out = merged_exports({"XLA_PYTHON_CLIENT_MEM_FRACTION": ".1", "XLA_PYTHON_CLIENT_PREALLOCATE": "true"}, 0.3)
-    assert out["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.100" and out["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
-    assert merged_exports({}, 0.3)["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.300"
+    assert out["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.1" and out["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
+    assert merged_exports({}, 0.3)["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.3"
 
 
 def test_pytorch_alloc_conf_is_merged_when_the_user_set_it():
     out = merged_exports({"PYTORCH_ALLOC_CONF": "expandable_segments:True"}, 0.5)
-    assert out["PYTORCH_ALLOC_CONF"] == "expandable_segments:True,per_process_memory_fraction:0.500"
-    assert out["PYTORCH_CUDA_ALLOC_CONF"] == "per_process_memory_fraction:0.500"
+    assert out["PYTORCH_ALLOC_CONF"] == "expandable_segments:True,per_process_memory_fraction:0.5"
+    assert out["PYTORCH_CUDA_ALLOC_CONF"] == "per_process_memory_fraction:0.5"
 
 
 def test_only_time_sliced_jobs_are_marked_for_framework_caps():
@@ -88,8 +88,8 @@ def test_task_prolog_exports_merged_caps_that_pytorch_parses_in_the_job(tmp_path
     user = {"SLURM_JOB_ID": "42", "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:256,per_process_memory_fraction:0.5"}
     lines = exports(user, str(tmp_path))
     env = dict(line[len("export "):].split("=", 1) for line in lines)
-    assert env["GPUSHARE_MEMORY_FRACTION"] == "0.100"
-    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:256,per_process_memory_fraction:0.100"
+    assert env["GPUSHARE_MEMORY_FRACTION"] == "0.1"
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:256,per_process_memory_fraction:0.1"
     # the job's own PyTorch reads the exported setting from its environment and parses it
     code = ("import os, torch; v = os.environ['PYTORCH_CUDA_ALLOC_CONF']; "
             "torch._C._accelerator_setAllocatorSettings(v); print(v)")
