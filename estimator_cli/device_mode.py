@@ -273,6 +273,8 @@ class CudaPresenter(TorchFunctionMode):
             kwargs["device"], hit = self._rewrite(kwargs["device"])
             if hit and not self.fake:
                 return self._tag(func(*args, **kwargs))
+        if func in cuda_paths.COMPOSITES:
+            return cuda_paths.run_composite(self, func, args, kwargs)
         if self.fake:
             if func in cuda_paths.SDPA_FUNCS:
                 return cuda_paths.route_sdpa(self.sm_major, args, kwargs)

@@ -101,7 +101,7 @@ def test_two_users_jobs_on_one_gpu_get_framework_caps(agent_cluster, out_dir, mo
         parsed = AllocatorConfig.from_env_string(value)  # and the CUDA allocator's keys, by our model of it
         assert parsed.per_process_memory_fraction == pytest.approx(fraction)
         assert parsed.max_split_size == 256 << 20 and parsed.roundup_power2_divisions[0] == 1  # user's kept
-        assert env["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.050"  # the user's stricter JAX fraction stays
+        assert env["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.05"  # the user's stricter JAX fraction stays
         assert env["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
 
 
