@@ -131,7 +131,7 @@ def run_composite(mode: Any, func: Callable[..., Any], args: tuple, kwargs: dict
     "no" for the duration of the call (the inner ops use their own unary/variadic checks or C++ dispatch,
     which still reach the mode). The capture runs the script on one thread (the DataLoader runs in-process).
     """
-    saved = F.has_torch_function
+    saved = F.has_torch_function  # type: ignore[attr-defined]
     F.has_torch_function = lambda *_: False  # type: ignore[attr-defined]
     try:
         with mode:
