@@ -12,9 +12,10 @@ Numbers (MiB), by compute capability:
   ``benchmarks/gpu_ground_truth.py measure``, docs/benchmarks.md *Ground truth on a real GPU*): NVML's
   per-process used memory minus ``torch.cuda.memory_reserved()`` is 610 MiB after CUDA initialisation and one
   tensor; the first GEMM adds 66 MiB, a GEMM on a second thread (autograd's backward thread gets its own
-  cuBLAS handle) 64 MiB more, a convolution with batch norm 8 MiB. Over 36 real training workloads it is
-  742 MiB for scripts without convolutions and 758-762 MiB for convolutional ones, so sm 9.0 has its own
-  library row: 610 + 132 (cuBLAS, two handles) + 20 (cuDNN) reproduces both.
+  cuBLAS handle) 64 MiB more, a convolution with batch norm 8 MiB. Over 37 real training workloads it is
+  742 MiB (8 scripts, none convolutional) or 758-762 MiB (26, all convolutional ones among them), 630 MiB
+  for convolutional models without a GEMM, 812 MiB with a second CUDA stream. So sm 9.0 has its own
+  library row: 610 + 132 (cuBLAS, two handles) + 20 (cuDNN) gives 742 and 762 MiB, and 630 without cuBLAS.
 * Other architectures are not measured here: the context with lazy module loading from PyTorch's own reports
   (about 274 MiB in pytorch/pytorch#86509; "around 300-400 MB" for torch 2.x in #107667 and #109888; 426 MiB
   for torch 2.10 + CUDA 13.0 on an RTX 6000 Ada, unslothai/unsloth-zoo#1053), growing with the SM count; the
