@@ -93,7 +93,8 @@ def run_agent(argv: list[str], agent_cls: type, open_backend: Callable[[str | No
 
         registry = CollectorRegistry()
     # always given: AdminComment summaries check admin_comment themselves; the guard needs it for job logs
-    agent = agent_cls(agent_cfg, backend, feature=feature, registry=registry, slurm=slurm)
+    agent = agent_cls(agent_cfg, backend, feature=feature, registry=registry, slurm=slurm,
+                      evidence_fraction=cfg.oom.corroborate_fraction)
     agent.load()
     if registry is not None:
         from gpushare.agent.metrics import serve

@@ -37,8 +37,12 @@ def run_summary(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def comment_with_run(existing: str | None, record: dict[str, Any]) -> str | None:
-    """The new AdminComment, or None when the job carries someone else's comment (left alone)."""
-    return record_format.merge(existing, run=run_summary(record))
+    """The new AdminComment, or None when the job carries someone else's comment (left alone).
+
+    The run summary is merged key by key: the agent writes it in parts while the job runs (TTFK first, the
+    peak when it becomes OOM evidence), so a later part never drops an earlier one."""
+    before = (record_format.parse(existing) or {}).get("run") if existing else None
+    return record_format.merge(existing, run={**(before if isinstance(before, dict) else {}), **run_summary(record)})
 
 
 def annotate(client: SlurmClient, job: str, record: dict[str, Any], slurm_job: Job | None = None) -> bool:

@@ -30,7 +30,8 @@ from gpushare.agent.api import node_name
 from gpushare.agent.backstop import forecast_message, oom_message
 from gpushare.agent.guard import Action, Guard
 from gpushare.agent.lane_service import LaneFacts, LaneRefused, LaneService
-from gpushare.agent.jobs import build_entry, clean_facts, mps_corunners, registration_facts, tenants_of, time_left
+from gpushare.agent.jobs import (build_entry, clean_facts, mps_corunners, registration_facts, share_bytes,
+                                tenants_of, time_left)
 from gpushare.agent.sampler import Sampler, process_job
 from gpushare.agent.store import JobStore, check_job
 from gpushare.agent.withhold import NodeFeature, node_open
@@ -51,8 +52,14 @@ def _merged(fields: dict[str, Any]) -> Callable[[dict[str, Any]], dict[str, Any]
 class Agent:
     def __init__(self, cfg: AgentSection, backend: GpuBackend, clock: Callable[[], float] = time.time,
                  feature: NodeFeature | None = None, registry: Any = None,
-                 pid_job: Callable[[int], str | None] = process_job, slurm: Any = None) -> None:
+                 pid_job: Callable[[int], str | None] = process_job, slurm: Any = None,
+                 evidence_fraction: float = 0.8) -> None:
         self.cfg = cfg
+        # OOM recovery's corroboration on the controller ([oom] corroborate_fraction): a shared job's peak at or
+        # above this share of its GPU share is written into its AdminComment while it runs (_queue_annotations)
+        self.evidence_fraction = evidence_fraction
+        self._evidence: dict[str, int] = {}  # job -> the peak (bytes) last written into its AdminComment
+        self._shares: dict[str, int | None] = {}  # job -> its GPU share in bytes (None: not a shared job)
         self.backend = backend
         self.clock = clock
         self.feature = feature
@@ -113,15 +120,40 @@ class Agent:
             self._last_flush = self.clock()
 
     def _queue_annotations(self) -> None:
-        """Jobs whose first kernel was just seen get their run summary in AdminComment (while running)."""
+        """Run summaries into AdminComment while the job runs (Slurm refuses updates to a finished job):
+        once its first kernel is seen (TTFK), and whenever its measured peak is evidence OOM recovery needs.
+
+        Why the peak travels this way: the controller decides on a GPU OOM in EpilogSlurmctld, which can run
+        before the node's Epilog has written anything (measured: 7-96 ms before it on one host), and on a real
+        cluster it cannot read the node's records at all. So a shared job whose peak reaches
+        ``evidence_fraction`` of its share has ``run.peak_gib`` written at once, and again each time it grows by
+        a further 5 % of the share (at most about 20 writes a job), so the record the controller reads is never
+        more than one sample behind the device."""
         if self.slurm is None or self.cfg.admin_comment != "yes":
             return
         for acc in self.sampler.jobs.values():
-            if acc.kernel_at is not None and acc.job not in self._annotated:
+            peak = max(acc.peak_bytes.values(), default=0)
+            evidence = self._evidence_due(acc.job, peak)
+            if (acc.kernel_at is not None and acc.job not in self._annotated) or evidence:
                 self._annotated.add(acc.job)
                 entry = self.store.get(acc.job) or {}
-                self._annotate.put({"job": acc.job, "node": node_name(self.cfg), "ttfk_s": acc.fields()["ttfk_s"],
-                                    "caps": entry.get("caps")})
+                record: dict[str, Any] = {"job": acc.job, "node": node_name(self.cfg), "caps": entry.get("caps")}
+                if acc.kernel_at is not None:
+                    record["ttfk_s"] = acc.fields()["ttfk_s"]
+                if evidence:
+                    self._evidence[acc.job] = peak
+                    record["gpus"] = {g: {"peak_bytes": int(v)} for g, v in acc.peak_bytes.items()}
+                self._annotate.put(record)
+
+    def _evidence_due(self, job: str, peak: int) -> bool:
+        """Whether ``peak`` should be written now: at or above the evidence share, and new by 5 % of the share."""
+        if job not in self._shares:  # read once per job: the store is a file per job
+            self._shares[job] = share_bytes(self.store.get(job) or {})
+        share = self._shares[job]
+        if not share or peak < self.evidence_fraction * share:
+            return False
+        last = self._evidence.get(job)
+        return last is None or peak - last >= 0.05 * share
 
     def _queue_adoptions(self, now: float) -> None:
         """Jobs running on our GPUs that nobody registered (their Prolog did not run): look them up off the lock."""
@@ -350,6 +382,8 @@ class Agent:
             if acc:
                 self._stop_idle_mps(acc.gpus)
             self._annotated.discard(job)
+            self._evidence.pop(job, None)
+            self._shares.pop(job, None)
             self._expired.discard(job)
             self.adopter.forget(job)
             self.guard.forget(job)

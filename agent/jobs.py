@@ -165,6 +165,18 @@ def gimbal_features(entry: dict[str, Any], now: float) -> Any:
     return GimbalJob(str(entry["job"]), max(60.0, time_left(entry, now)), 1.0)
 
 
+def share_bytes(entry: dict[str, Any]) -> int | None:
+    """A shared job's GPU share in bytes, as OOM recovery sizes it (epilog/learn.py ``failed_size_bytes``): its
+    shards (1 GiB each), else its memory cap; None for a job that does not share its GPU."""
+    if not entry.get("shared"):
+        return None
+    shards = entry.get("shards")
+    if isinstance(shards, int) and not isinstance(shards, bool) and shards > 0:
+        return shards << 30
+    limit = (entry.get("caps") or {}).get("mem_limit_mib")
+    return int(limit) << 20 if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
+
+
 def running_share(entry: dict[str, Any]) -> int:
     """The thread share a running MPS job started with (100 when its entry has none)."""
     share = (entry.get("caps") or {}).get("thread_percentage")

@@ -271,7 +271,8 @@ def decide(job: JobFacts, verdict: OomVerdict, cfg: Config, retries_used: int,
                                    "the daily limit. Ask for more GPU memory and resubmit.")
     retry = spent + 1
     oom = {"n": retry, "max": limit, "fam": family, "from": job.tres_per_node, "to": new_gres}
-    return Action("requeue", f"GPU out of memory ({family}); requeue with {why}", new_gres=new_gres,
+    backing = f"; {evidence}" if evidence else ""  # what corroborated it, for the admin reading the log
+    return Action("requeue", f"GPU out of memory ({family}); requeue with {why}{backing}", new_gres=new_gres,
                   nice=(job.nice or 0) - cfg.oom.priority_boost, retry=retry, max_retries=limit, oom=oom,
                   user_message=f"gpushare: the job ran out of GPU memory ({family}); requeued with {why}, "
                                f"eligible at once (recovery {retry} of {limit}).")

@@ -2,7 +2,9 @@
 
 It becomes a process on the job's GPU (its own pid, so the agent finds the job through
 ``/proc/<pid>/environ``), holds it for ``--seconds`` and ends it. ``--delay`` is the time to first
-kernel: data loading before the first CUDA call; ``--grow-mib-per-s`` makes its memory grow (a leak).
+kernel: data loading before the first CUDA call; ``--grow-mib-per-s`` makes its memory grow (a leak);
+``--oom-first-run`` ends its first run (not a requeued one) as PyTorch's own OOM does: the caching allocator's
+message on standard error and exit status 1, the memory it held measured all along.
 The backend comes from the gpushare config the hooks use (``[agent] device_backend``), as a real job
 would find its GPU through the driver.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 
 from gpushare.config import load_config
@@ -26,6 +29,7 @@ def main() -> None:
     parser.add_argument("--delay", type=float, default=0.0)
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--grow-mib-per-s", type=float, default=0.0, help="memory growth while running (a leak)")
+    parser.add_argument("--oom-first-run", action="store_true", help="end the first run with PyTorch's OOM")
     args = parser.parse_args()
     backend = open_backend(load_config().agent.device_backend)
     gpu = int(os.environ["SLURM_JOB_GPUS"].split(",")[0])
@@ -40,6 +44,11 @@ def main() -> None:
                 backend.update_process(os.getpid(), memory_mib=mib)
     finally:
         backend.end_process(os.getpid())
+    if args.oom_first_run and os.environ.get("SLURM_RESTART_COUNT", "0") == "0":
+        print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 512.00 MiB. GPU 0 has a total "
+              f"capacity of 40.00 GiB of which 1.20 GiB is free. Of the allocated memory {mib / 1024:.2f} GiB is "
+              "allocated by PyTorch, and 0.10 GiB is reserved by PyTorch but unallocated.", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

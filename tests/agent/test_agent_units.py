@@ -458,3 +458,49 @@ def test_fraction_text_keeps_six_decimals_and_no_trailing_zeros():
     assert fraction_text(0.0284897) == "0.02849"  # .6f rounds to nearest; callers pass floored values
     assert allocator_fraction(0.0284897 * 2**40, 2**40) == 0.028489
     assert allocator_fraction(-5, 2**40) == allocator_fraction(64 * MiB, 2**40) > 0  # a need below the context
+
+
+class RecordingSlurm(FakeSlurm):
+    """FakeSlurm that also takes AdminComment updates, as scontrol would while the job runs."""
+
+    def __init__(self, jobs: dict[str, Any]) -> None:
+        super().__init__(jobs)
+        self.updates: list[tuple[str, dict[str, str]]] = []
+
+    def update_job(self, job_id: str, **fields: str) -> None:
+        self.updates.append((job_id, fields))
+        old = self.jobs[job_id]
+        self.jobs[job_id] = slurm_job(job_id, comment=fields["admincomment"], tres=old.tres_per_node or "")
+
+
+def test_a_peak_that_is_oom_evidence_reaches_the_job_record_while_it_runs(tmp_path, clock) -> None:
+    """OOM recovery on the controller reads run.peak_gib from the job's record: it may decide before the
+    node's Epilog writes anything and cannot read the node's records on a real cluster (epilog/corroborate.py).
+    So the agent writes the peak once it reaches [oom] corroborate_fraction of the share, and on growth."""
+    from gpushare.slurm import record as record_format
+
+    decision = 'gpushare:{"v":1,"decision":"shared","est_gib":4.0,"margin_gib":1.0,"new":"gres:shard:5"}'
+    slurm = RecordingSlurm({"7": slurm_job("7", comment=decision, tres="gres:shard:5")})
+    agent, sim, _, _ = make_agent(tmp_path, clock, pids={501: "7"}, collocation="fraction")
+    agent.slurm = slurm
+    agent.register(job("7"))  # shard:5: evidence from 0.8 x 5 GiB = 4 GiB
+    sim.start_process(0, 501, 3 * GiB)
+    run(agent, clock, 3)
+    agent.annotate_pending()
+    assert all("peak_gib" not in (record_format.parse(f["admincomment"]) or {}).get("run", {})
+               for _, f in slurm.updates)  # 3 GiB is no evidence yet
+    sim.update_process(501, memory_mib=4300)
+    run(agent, clock, 1)
+    agent.annotate_pending()
+    run_part = record_format.parse(slurm.jobs["7"].admin_comment)["run"]
+    assert run_part["peak_gib"] == pytest.approx(4300 / 1024, abs=0.01)
+    assert record_format.parse(slurm.jobs["7"].admin_comment)["decision"] == "shared"  # the decision is kept
+    writes = len(slurm.updates)
+    sim.update_process(501, memory_mib=4400)  # less than 5 % of the share more: nothing new to say
+    run(agent, clock, 2)
+    agent.annotate_pending()
+    assert len(slurm.updates) == writes
+    sim.update_process(501, memory_mib=4700)
+    run(agent, clock, 1)
+    agent.annotate_pending()
+    assert record_format.parse(slurm.jobs["7"].admin_comment)["run"]["peak_gib"] == pytest.approx(4700 / 1024, abs=0.01)

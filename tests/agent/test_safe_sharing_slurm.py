@@ -149,6 +149,38 @@ def test_backstop_stops_a_job_growing_past_its_cap_while_its_neighbour_completes
     assert "gpushare-agent: GPU out of memory (backstop)" in log and f"job {offender} stopped" in log
 
 
+def test_a_framework_oom_near_its_share_is_recovered_from_the_job_record_alone(agent_cluster, out_dir):
+    """Shipped defaults ([oom] corroborate = "yes"). A job that fills 4.2 of its 5 GiB share and ends with
+    PyTorch's own OOM (below its cap: the backstop never acts) is corroborated by the peak the agent wrote into
+    its AdminComment while it ran. The controller's EpilogSlurmctld runs with a configuration whose records
+    directory is empty, as on a controller host that cannot read a GPU node's disk: the evidence comes through
+    Slurm or not at all."""
+    cluster = agent_cluster(withhold="none")
+    controller_without_node_records(cluster)
+    job = submit(cluster, out_dir, script("4G", "--mem-mib 4300 --seconds 4 --oom-first-run"), "--gres=gpu:1",
+                 "--open-mode=append")
+    after = _stopped_then(cluster, job)
+    whole = "gpu:1" if cluster.client.version.held_gres_across_names else "shard:40"  # docs/compatibility.md
+    log = (out_dir / f"job-{job}.out").read_text()
+    assert (after.restarts, after.state, plain_gres(after.tres_per_node)) == (1, "COMPLETED", whole), log
+    assert "CUDA out of memory" in log
+    oom_log = (cluster.base / "log" / "oom.log").read_text()
+    assert "measured peak 4.2 GiB of a 5.0 GiB share" in oom_log, oom_log[-2000:]
+
+
+def controller_without_node_records(cluster) -> None:  # type: ignore[no-untyped-def]
+    """EpilogSlurmctld reads its own gpushare.toml, whose ``[agent] records_dir`` is an empty directory."""
+    empty = cluster.base / "controller-records"
+    empty.mkdir(mode=0o755, exist_ok=True)
+    node_records = cluster.agent_cfg().records_dir
+    text = cluster.gpushare_conf.read_text().replace(f'records_dir = "{node_records}"', f'records_dir = "{empty}"')
+    assert str(empty) in text
+    controller_conf = cluster.base / "etc" / "gpushare-controller.toml"
+    controller_conf.write_text(text)
+    wrapper = cluster.base / "bin" / "gpushare-epilog-slurmctld"
+    wrapper.write_text(wrapper.read_text().replace(str(cluster.gpushare_conf), str(controller_conf)))
+
+
 def test_forecast_requeues_a_leaking_job_before_it_reaches_its_cap(agent_cluster, out_dir):
     cluster = agent_cluster(withhold="none", extra='forecast_action = "requeue"\nforecast_horizon_s = 30.0\n'
                                                   'forecast_window = 60\nforecast_confirm = 3\n'
