@@ -16,8 +16,15 @@ per-process NVML readings allow.
 ``compare`` (on any machine with the CPU build) runs ``gpu-estimate --json --gpu TARGET`` on the same
 workloads and prints the table: estimate, measured, signed error.
 
-    python benchmarks/gpu_ground_truth.py measure --out gt.json [--jobs 4] [--only TEXT]
+``caps`` (here) writes, per workload, the environment a time-sliced shared job would get from the agent for
+the need the submit hook derives from that estimate (estimate + default margin; gpushare.agent.caps and
+framework_caps); ``measure --caps caps.json`` then runs each workload under it, so a row says whether the
+job completes inside its framework cap and whether its whole-process peak stays inside its need (what the
+backstop compares).
+
+    python benchmarks/gpu_ground_truth.py measure --out gt.json [--jobs 4] [--only TEXT] [--caps caps.json]
     python benchmarks/gpu_ground_truth.py compare gt.json [--gpu h200-141gb]
+    python benchmarks/gpu_ground_truth.py caps --out caps.json [--gpu h200-141gb] [--only TEXT]
 """
 
 from __future__ import annotations
@@ -211,7 +218,8 @@ class NvmlPoller:
             return self.peaks.pop(pid, None)
 
 
-def run_one(work: dict[str, Any], poller: NvmlPoller, timeout: float) -> dict[str, Any]:
+def run_one(work: dict[str, Any], poller: NvmlPoller, timeout: float,
+            caps: dict[str, Any] | None = None) -> dict[str, Any]:
     import importlib.util
 
     missing = [p for p in work["needs"] if importlib.util.find_spec(p) is None]
@@ -222,7 +230,9 @@ def run_one(work: dict[str, Any], poller: NvmlPoller, timeout: float) -> dict[st
     os.unlink(out_path)
     cmd = [sys.executable, "-c", _CHILD, out_path, str(STEPS), work["script"], *work["args"]]
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=work["cwd"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    env = {**os.environ, **(caps or {}).get("env", {})}
+    proc = subprocess.Popen(cmd, cwd=work["cwd"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env=env)
     poller.watch(proc.pid)
     try:
         _, err = proc.communicate(timeout=timeout)
@@ -232,6 +242,9 @@ def run_one(work: dict[str, Any], poller: NvmlPoller, timeout: float) -> dict[st
     took = time.monotonic() - start
     peak = poller.peak(proc.pid)
     result: dict[str, Any] = {**work, "seconds": round(took, 1), "exit": proc.returncode, "nvml_peak": peak}
+    if caps:
+        result["caps"] = caps
+        result["oom"] = "OutOfMemoryError" in (err or "") or "CUDA out of memory" in (err or "")
     if os.path.exists(out_path):
         with open(out_path) as f:
             result.update(json.load(f))
@@ -264,14 +277,21 @@ def measure(opts: argparse.Namespace) -> int:
     poller = NvmlPoller()
     only = [o for o in opts.only.split(",") if o]
     todo = [w for w in workloads() if not only or any(o in w["label"] for o in only)]
+    caps_by_label: dict[str, Any] = {}
+    if opts.caps:
+        with open(opts.caps) as f:
+            caps_by_label = json.load(f)
+        todo = [w for w in todo if w["label"] in caps_by_label]
     results: list[dict[str, Any]] = []
     with ThreadPoolExecutor(opts.jobs) as pool:
-        for result in pool.map(lambda w: run_one(w, poller, opts.timeout), todo):
+        for result in pool.map(lambda w: run_one(w, poller, opts.timeout, caps_by_label.get(w["label"])), todo):
             results.append(result)
             print(f"{result['label']:<28} {result['status']:<8} {result.get('seconds', 0):6.1f}s "
                   f"reserved {result.get('max_reserved', 0) / MiB:8.0f} MiB "
                   f"nvml {(result.get('nvml_peak') or 0) / MiB:8.0f} MiB  {result.get('reason', '')} "
-                  f"{result.get('error', '')}", flush=True)
+                  f"{result.get('error', '')}"
+                  + (f" need {result['caps']['need_mib']} MiB oom {result['oom']}" if "caps" in result else ""),
+                  flush=True)
             _write(opts.out, {"env": env, "context": context, "poll_samples": poller.samples, "workloads": results})
     poller.stop.set()
     return 0
@@ -335,6 +355,41 @@ def compare(opts: argparse.Namespace) -> int:
     return 0
 
 
+def caps(opts: argparse.Namespace) -> int:
+    """The framework-cap environment each workload would run under as a shared job (estimate + margin)."""
+    from gpushare.agent.caps import decide_caps, need_mib
+    from gpushare.agent.framework_caps import merged_exports
+    from gpushare.config import load_config
+    from gpushare.cuda_context import context_bytes_for, sm_arch_of
+    from gpushare.estimator_cli.recommend import margin_for
+    from gpushare.gpus import BUILTIN_GPUS, GiB
+
+    gpu = BUILTIN_GPUS[opts.gpu]
+    policy = load_config().policy
+    out: dict[str, Any] = {}
+    only = [o for o in opts.only.split(",") if o]
+    for work in workloads():
+        if only and not any(o in work["label"] for o in only):
+            continue
+        try:
+            doc = estimate(work, opts.gpu)
+        except (RuntimeError, subprocess.TimeoutExpired) as exc:
+            print(f"{work['label']}: estimate failed: {exc}", file=sys.stderr)
+            continue
+        total = doc["targets"][0]["peak_total_bytes"]
+        est_gib, margin_gib = round(total / GiB, 2), round(margin_for(total, policy) / GiB, 2)
+        need = need_mib(est_gib, margin_gib, None)
+        decided = decide_caps("fraction", shared=True, gpus=1, uid=0, need=need, gpu_total_bytes=gpu.total_bytes,
+                              tenants=[], outside_allocator_bytes=context_bytes_for(sm_arch_of(gpu.name)))
+        out[work["label"]] = {"est_gib": est_gib, "margin_gib": margin_gib, "need_mib": need,
+                              "fraction": decided.fraction, "env": merged_exports({}, decided.fraction)}
+        print(f"{work['label']:<28} estimate {est_gib:6.2f} GiB + {margin_gib:.2f} -> need {need} MiB, "
+              f"fraction {decided.fraction}", flush=True)
+    with open(opts.out, "w") as f:
+        json.dump(out, f, indent=1)
+    return 0
+
+
 def _pct(value: float | None) -> str:
     return "" if value is None else f"{value:+.1%}"
 
@@ -347,12 +402,17 @@ def main() -> int:
     m.add_argument("--jobs", type=int, default=4)
     m.add_argument("--timeout", type=float, default=240)
     m.add_argument("--only", default="", help="comma-separated parts of workload labels")
+    m.add_argument("--caps", default="", help="run each workload under the environment from `caps`")
     c = sub.add_parser("compare", help="gpu-estimate against a measure file")
     c.add_argument("measured")
     c.add_argument("--gpu", default="h200-141gb")
     c.add_argument("--only", default="")
+    k = sub.add_parser("caps", help="the shipped framework caps of each workload, from its estimate")
+    k.add_argument("--out", required=True)
+    k.add_argument("--gpu", default="h200-141gb")
+    k.add_argument("--only", default="")
     opts = parser.parse_args()
-    return measure(opts) if opts.command == "measure" else compare(opts)
+    return {"measure": measure, "compare": compare, "caps": caps}[opts.command](opts)
 
 
 if __name__ == "__main__":
