@@ -1,11 +1,12 @@
 """``gpu-estimate --annotate SCRIPT ARGS… -- [SBATCH OPTIONS] train.sbatch``: estimate, then submit with it.
 
-Why a copy of the batch script with a directive: the job_submit hook already trusts a ``#GPUSHARE
-estimate=<file>`` line naming a small regular file owned by the submitting user (slurm_plugins/
-estimate_source.py), and users cannot write the cluster's by-script cache (root's). So the estimate JSON and
-an annotated copy of the batch script go into ``.gpushare/`` beside the batch script, and ``sbatch`` gets the
-copy (same file name, so the job name is unchanged). A second run with the same script, arguments and
-environment hits gpu-estimate's own cache and submits at once.
+Why a copy of the batch script with a directive: the batch script is what reaches the job_submit hook on the
+controller, so the estimate travels in it as a ``#GPUSHARE est=<gpu>/<total>[/<persistent>/<ephemeral>],…``
+line (slurm_plugins/directives.py). A file path would not do: the controller's root cannot read homes that are
+root-squashed, 0700 or not mounted there. Users cannot write the cluster's by-script cache (root's) either. So
+an annotated copy of the batch script goes into ``.gpushare/`` beside the batch script, with the full estimate
+JSON for the user's own reading, and ``sbatch`` gets the copy (same file name, so the job name is unchanged).
+A second run with the same script, arguments and environment hits gpu-estimate's own cache and submits at once.
 
 The batch script is found after ``--`` as the first argument naming an existing file (sbatch options may
 come before it, the batch script's own arguments after it), or given with ``--sbatch FILE``.
@@ -25,9 +26,10 @@ from typing import Any
 
 from gpushare.errors import GpushareError
 from gpushare.atomic import write_text_atomic
+from gpushare.estimator_cli.schema import inline_value
 
 ANNOTATION_DIR = ".gpushare"
-_ESTIMATE_DIRECTIVE_RE = re.compile(r"^\s*#\s*GPUSHARE\b.*\b(mem|estimate)=", re.IGNORECASE)
+_ESTIMATE_DIRECTIVE_RE = re.compile(r"^\s*#\s*GPUSHARE\b.*\b(mem|est|estimate)=", re.IGNORECASE)
 
 
 class AnnotateError(GpushareError, ValueError):
@@ -57,13 +59,17 @@ def split_args(script_args: Sequence[str], sbatch_file: str | None) -> Submissio
     raise AnnotateError(f"no batch script among {' '.join(sbatch_argv)[:120]!r} after '--'")
 
 
-def annotate_script(text: str, estimate_path: Path) -> str:
-    """The batch script with ``#GPUSHARE estimate=<path>`` after its first line (before any command)."""
+def annotate_script(text: str, doc: dict[str, Any], estimate_path: Path) -> str:
+    """The batch script with ``#GPUSHARE est=…`` (the estimate itself) after its first line, before any
+    command; the comment names the JSON kept beside it for the user."""
     for number, line in enumerate(text.splitlines(), start=1):
         if _ESTIMATE_DIRECTIVE_RE.match(line):
             raise AnnotateError(f"the batch script already names an estimate on line {number}; remove that "
                                 "line or submit it without --annotate")
-    directive = f"#GPUSHARE estimate={estimate_path}  # added by gpu-estimate --annotate\n"
+    value = inline_value([t for t in doc.get("targets", []) if isinstance(t, dict)])
+    if not value:
+        raise AnnotateError("the estimate has no GPU result to attach")
+    directive = f"#GPUSHARE est={value}  # gpu-estimate --annotate; details in {estimate_path.name}\n"
     if text.startswith("#!"):
         first, _, rest = text.partition("\n")
         return f"{first}\n{directive}{rest}"
@@ -73,8 +79,6 @@ def annotate_script(text: str, estimate_path: Path) -> str:
 def write_annotation(doc: dict[str, Any], batch_path: Path) -> tuple[Path, Path]:
     """Write the estimate JSON and the annotated copy into ``.gpushare/`` beside the batch script."""
     directory = batch_path.resolve().parent / ANNOTATION_DIR
-    if any(c.isspace() for c in str(directory)):
-        raise AnnotateError(f"{directory}: a path with spaces cannot be named in a #GPUSHARE line")
     directory.mkdir(mode=0o755, exist_ok=True)
     estimate_path = directory / f"{batch_path.name}.estimate.json"
     write_text_atomic(estimate_path, json.dumps(doc, indent=1) + "\n")
@@ -83,7 +87,7 @@ def write_annotation(doc: dict[str, Any], batch_path: Path) -> tuple[Path, Path]
     except OSError as exc:
         raise AnnotateError(f"cannot read {batch_path}: {exc.strerror}") from exc
     copy = directory / batch_path.name
-    write_text_atomic(copy, annotate_script(text, estimate_path))
+    write_text_atomic(copy, annotate_script(text, doc, estimate_path))
     os.chmod(copy, 0o755)
     return estimate_path, copy
 

@@ -10,10 +10,17 @@ the estimation spool) still validate, and when present they are checked like the
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any, Literal, NotRequired, TypedDict
 
+from gpushare.config import parse_size
+
 SCHEMA_VERSION = 1
+PLAUSIBLE_MAX_BYTES = 16 << 40  # 16 TiB: larger than any GPU for years; beyond is a typo, not a job
+# ``#GPUSHARE est=`` (slurm_plugins/directives.py): the target rows of a document, carried in a batch script
+_EST_GPU_RE = re.compile(r"^[a-z0-9][a-z0-9.+:-]{0,62}$")
+MAX_EST_TARGETS = 32
 
 
 class Named(TypedDict):
@@ -193,3 +200,48 @@ def byte_field(row: Mapping[str, Any], key: TargetBytes) -> int | None:
     """``row[key]`` when it is a JSON integer (``true`` is not one), else None; ranges are the reader's."""
     value = row.get(key)
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def parse_inline(value: str) -> list[dict[str, int | str]] | str:
+    """``est=`` as the target rows of a gpu-estimate document, or what is wrong with it."""
+    rows: list[dict[str, int | str]] = []
+    items = value.split(",")
+    if len(items) > MAX_EST_TARGETS:
+        return f"more than {MAX_EST_TARGETS} GPUs"
+    for item in items:
+        parts = item.split("/")
+        gpu = parts[0].lower()
+        if not _EST_GPU_RE.match(gpu) or len(parts) not in (2, 4):
+            return f"{item[:60]!r}: expected GPU/TOTAL or GPU/TOTAL/PERSISTENT/EPHEMERAL"
+        sizes = []
+        for text in parts[1:]:
+            try:
+                size = parse_size(text, default_unit="M")
+            except ValueError as exc:
+                return f"{item[:60]!r}: {exc}"
+            if not 0 <= size <= PLAUSIBLE_MAX_BYTES:
+                return f"{item[:60]!r}: {text[:20]!r} is not a plausible GPU memory size"
+            sizes.append(size)
+        if sizes[0] <= 0 or (len(sizes) == 3 and sizes[1] + sizes[2] > PLAUSIBLE_MAX_BYTES):
+            return f"{item[:60]!r}: not a plausible estimate"
+        row: dict[str, int | str] = {"gpu": gpu, "peak_total_bytes": sizes[0]}
+        if len(sizes) == 3:
+            row.update(persistent_bytes=sizes[1], ephemeral_bytes=sizes[2])
+        rows.append(row)
+    return rows
+
+
+def inline_value(targets: list[dict[str, Any]]) -> str:
+    """The ``est=`` value of gpu-estimate target rows (the inverse of the parser above), sizes in whole MiB
+    rounded up so that the job never asks for less than was estimated."""
+    items = []
+    for row in targets:
+        total, gpu = byte_field(row, "peak_total_bytes"), str(row.get("gpu", "")).lower()
+        if total is None or not _EST_GPU_RE.match(gpu):
+            continue
+        sizes = [total]
+        persistent, ephemeral = byte_field(row, "persistent_bytes"), byte_field(row, "ephemeral_bytes")
+        if persistent is not None and ephemeral is not None:
+            sizes += [persistent, ephemeral]
+        items.append("/".join([gpu, *(f"{-(-size // (1 << 20))}M" for size in sizes)]))
+    return ",".join(items)

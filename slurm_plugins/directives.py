@@ -1,7 +1,13 @@
 """``#GPUSHARE`` directives in a batch script: the user's way to hand the submit hook an estimate.
 
 Why a directive: ``sbatch`` keeps the whole script, and job_submit can read it, so a line such as
-``#GPUSHARE mem=12G``, ``#GPUSHARE estimate=est.json`` or ``#GPUSHARE lanes`` travels with the job without new sbatch flags.
+``#GPUSHARE mem=12G``, ``#GPUSHARE est=a100-40gb/5243M``, ``#GPUSHARE estimate=est.json`` or ``#GPUSHARE lanes``
+travels with the job without new sbatch flags.
+
+``est=`` is a gpu-estimate result carried in the script itself (``gpu-estimate --annotate`` writes it): per target
+GPU ``NAME/TOTAL[/PERSISTENT/EPHEMERAL]``, comma-separated, sizes with a unit (``M`` when none). Why inline: the
+script reaches job_submit on the controller, a file path does not: on a cluster whose homes the controller's root
+cannot read (root squash, 0700 homes, home not mounted there), ``estimate=path`` can only be refused.
 
 Scripts are hostile input here (they reach a root-run service): lines are scanned only within the
 configured byte limit, values are length-capped, and every problem is reported with its line number
@@ -14,10 +20,12 @@ import re
 from dataclasses import dataclass, field
 
 from gpushare.config import parse_size
+from gpushare.estimator_cli.schema import PLAUSIBLE_MAX_BYTES, parse_inline
 
-MAX_GPU_MEMORY = 16 << 40  # 16 TiB: larger than any GPU for years; beyond is a typo, not a job
+MAX_GPU_MEMORY = PLAUSIBLE_MAX_BYTES
 _DIRECTIVE_RE = re.compile(r"^\s*#\s*GPUSHARE\b(.*)$", re.IGNORECASE)
-_KEYS = ("mem", "estimate", "script", "mode", "lanes")
+_KEYS = ("mem", "est", "estimate", "script", "mode", "lanes")
+
 
 
 @dataclass
@@ -25,6 +33,7 @@ class Directives:
     """What the script asked for; ``problems`` holds (line number, message) pairs."""
 
     mem_bytes: int | None = None
+    inline: list[dict[str, int | str]] | None = None  # est=: targets as gpu-estimate's JSON has them
     estimate_path: str | None = None
     script: str | None = None
     mode: str | None = None  # "exclusive" or "shared": the user's own override
@@ -83,6 +92,12 @@ def _apply(found: Directives, number: int, token: str) -> None:
             found.problems.append((number, f"mem: {value[:30]!r} is not a plausible GPU memory size"))
             return
         found.mem_bytes = size
+    elif key == "est":
+        targets = parse_inline(value)
+        if isinstance(targets, str):
+            found.problems.append((number, f"est: {targets}"))
+            return
+        found.inline = targets
     elif key == "estimate":
         found.estimate_path = value
     elif key == "script":
@@ -97,3 +112,4 @@ def _apply(found: Directives, number: int, token: str) -> None:
             found.problems.append((number, f"lanes: expected yes or no, got {value[:30]!r}"))
             return
         found.lanes = value.lower() == "yes"
+

@@ -37,7 +37,9 @@ def read_user_file(path: str, work_dir: str | None, uid: int, max_bytes: int) ->
     answer never tells a user whether a path they cannot see exists.
     """
     refused = EstimateUnavailable(f"estimate={path[:200]}: not usable (it must be a regular file that you own, "
-                                  f"at most {max_bytes} bytes, not a symbolic link)")
+                                  f"at most {max_bytes} bytes, not a symbolic link, on a file system the "
+                                  "controller can read; gpu-estimate --annotate puts the estimate in the script "
+                                  "itself)")
     target = Path(path)
     if not target.is_absolute():
         if not work_dir:
@@ -176,6 +178,11 @@ def _directive_estimate(cfg: Config, directives: Directives, work_dir: str | Non
                         gpu_names: list[str]) -> Estimate | None:
     if directives.mem_bytes is not None:
         return Estimate(directives.mem_bytes, "directive:mem", f"line {directives.lines.get('mem', '?')}")
+    if directives.inline is not None:
+        document = {"targets": directives.inline}
+        total, gpu = peak_total_from_json(document, gpu_names)
+        return _with_split(Estimate(total, "directive:est", f"line {directives.lines.get('est', '?')} for {gpu}"),
+                           document, gpu)
     if directives.estimate_path:
         raw = read_user_file(directives.estimate_path, work_dir, uid, cfg.submit.max_estimate_file_bytes)
         try:

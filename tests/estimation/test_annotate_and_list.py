@@ -9,6 +9,7 @@ import subprocess
 import pytest
 
 from gpushare.estimator_cli.annotate import AnnotateError, annotate_script, split_args, submit
+from gpushare.estimator_cli.schema import inline_value
 from gpushare.config import parse_config
 from gpushare.gpus import GiB
 from gpushare.slurm_plugins.decision import SubmitRequest, decide
@@ -36,12 +37,34 @@ def test_split_args_after_the_last_double_dash(tmp_path, monkeypatch):
 
 
 def test_directive_goes_after_the_shebang_and_existing_estimates_are_refused(tmp_path):
-    text = annotate_script(BATCH, tmp_path / "e.json")
+    text = annotate_script(BATCH, DOC, tmp_path / "e.json")
     lines = text.splitlines()
-    assert lines[0] == "#!/bin/bash" and lines[1].startswith(f"#GPUSHARE estimate={tmp_path / 'e.json'}")
+    assert lines[0] == "#!/bin/bash" and lines[1].startswith("#GPUSHARE est=a100-40gb/2560M  # gpu-estimate")
     assert lines[2:] == BATCH.splitlines()[1:]
-    with pytest.raises(AnnotateError, match="line 2"):
-        annotate_script("#!/bin/sh\n#GPUSHARE mem=4G\npython t.py\n", tmp_path / "e.json")
+    for existing in ("#GPUSHARE mem=4G", "#GPUSHARE est=a100-40gb/4G", "#GPUSHARE estimate=e.json"):
+        with pytest.raises(AnnotateError, match="line 2"):
+            annotate_script(f"#!/bin/sh\n{existing}\npython t.py\n", DOC, tmp_path / "e.json")
+
+
+def test_inline_estimate_round_trips_with_its_split_and_rounds_up():
+    rows = [{"gpu": "a100-40gb", "peak_total_bytes": int(2.5 * GiB) + 1, "persistent_bytes": GiB,
+             "ephemeral_bytes": int(1.5 * GiB) + 1}, {"gpu": "a100-40gb:3g.20gb", "peak_total_bytes": 3 * GiB}]
+    value = inline_value(rows)
+    assert value == "a100-40gb/2561M/1024M/1537M,a100-40gb:3g.20gb/3072M"
+    parsed = parse_directives(f"#GPUSHARE est={value}\n").inline
+    assert parsed is not None and [r["gpu"] for r in parsed] == ["a100-40gb", "a100-40gb:3g.20gb"]
+    assert parsed[0]["peak_total_bytes"] >= rows[0]["peak_total_bytes"] and parsed[0]["persistent_bytes"] == GiB
+
+
+@pytest.mark.parametrize("value,problem", [
+    ("a100-40gb", "expected GPU/TOTAL"), ("a100-40gb/1G/2G", "expected GPU/TOTAL"), ("A B/1G", "expected"),
+    ("a100-40gb/0", "not a plausible estimate"), ("a100-40gb/99999T", "plausible"), ("a100-40gb/x", "size"),
+    (",".join(["a100-40gb/1G"] * 40), "more than 32"),
+])
+def test_a_malformed_inline_estimate_is_a_problem_on_its_line(value, problem):
+    found = parse_directives(f"#!/bin/sh\n#GPUSHARE est={value}\n")
+    assert found.inline is None and found.first_problem is not None
+    assert found.first_problem.startswith("#GPUSHARE on line 2: est:") and problem in found.first_problem
 
 
 def test_submit_writes_estimate_and_copy_that_the_hook_accepts(tmp_path, monkeypatch, capsys):
@@ -60,8 +83,9 @@ def test_submit_writes_estimate_and_copy_that_the_hook_accepts(tmp_path, monkeyp
     script = copy.read_text()
     cfg = parse_config({"nodes": [{"names": "n1", "gpu": "a100-40gb"}]})
     directives = parse_directives(script)
-    estimate = find_estimate(cfg, directives, script, str(tmp_path), os.getuid(), ["a100-40gb"])  # the file is ours
-    assert estimate.source == "directive:estimate" and estimate.total_bytes == int(2.5 * GiB)
+    (tmp_path / ".gpushare" / "train.sbatch.estimate.json").unlink()  # a controller that cannot read it
+    estimate = find_estimate(cfg, directives, script, "/nonexistent", os.getuid(), ["a100-40gb"])
+    assert estimate.source == "directive:est" and estimate.total_bytes == int(2.5 * GiB)
     decision = decide(SubmitRequest(user_id=1000, tres_per_node="gres:gpu:1", script=script), directives,
                       estimate, cfg)
     assert decision.tres_per_node == "gres:shard:4"

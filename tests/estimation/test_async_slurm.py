@@ -238,7 +238,7 @@ def test_annotate_estimates_then_submits_with_the_estimate_attached(est_cluster,
         assert "shard:2" in proc.stderr  # the hook's one-line message, through sbatch
         done = est_cluster.wait_job(job_id)
         record = parse_record(done.admin_comment)
-        assert record["src"] == "directive:estimate" and plain_gres(done.tres_per_node) == "shard:2"
+        assert record["src"] == "directive:est" and plain_gres(done.tres_per_node) == "shard:2"  # in the script itself
         assert done.name == "annotated" and done.state == "COMPLETED"
     assert "(cached)" in proc.stderr and runs[1] < runs[0]
     assert (tmp_path / ".gpushare" / "train.sbatch.estimate.json").is_file()
