@@ -16,6 +16,7 @@ Numbers (MiB), by compute capability:
   742 MiB (8 scripts, none convolutional) or 758-762 MiB (26, all convolutional ones among them), 630 MiB
   for convolutional models without a GEMM, 812 MiB with a second CUDA stream. So sm 9.0 has its own
   library row: 610 + 132 (cuBLAS, two handles) + 20 (cuDNN) gives 742 and 762 MiB, and 630 without cuBLAS.
+  An H100 80GB HBM3 with the same software gave the same numbers to the byte.
 * Other architectures are not measured here: the context with lazy module loading from PyTorch's own reports
   (about 274 MiB in pytorch/pytorch#86509; "around 300-400 MB" for torch 2.x in #107667 and #109888; 426 MiB
   for torch 2.10 + CUDA 13.0 on an RTX 6000 Ada, unslothai/unsloth-zoo#1053), growing with the SM count; the
