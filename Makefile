@@ -14,7 +14,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 CHROOT_SLURM ?= 24.11 26.05
 SLURM ?=
 
-.PHONY: setup system-packages demo lint check test slurm-chroots bench clean
+.PHONY: setup system-packages demo lint check test slurm-chroots python-envs bench clean
 
 setup: system-packages $(VENV)/.installed
 
@@ -56,7 +56,7 @@ check: lint
 
 # Every run happens even when an earlier one failed; make fails if any did. Exit 5 ("no tests collected")
 # is not a failure: a version may simply have no tests selected.
-test: setup lint
+test: setup lint python-envs
 	@status=0; \
 	echo "== whole suite on the host's Slurm"; \
 	GPUSHARE_TEST_SLURM=22.05 $(PY) -m pytest -q; rc=$$?; \
@@ -67,6 +67,20 @@ test: setup lint
 	  [ $$rc -eq 0 ] || [ $$rc -eq 5 ] || status=1; \
 	done; \
 	exit $$status
+
+# A researcher's environment with another PyTorch, for the tests of gpu-estimate --python
+# (tests/estimator/test_foreign_python.py, tests/estimation/test_user_env_slurm.py): PyTorch 2.14.1 as
+# `pip install torch` gives it (the CUDA build and its nvidia-* wheels), made once and cached. 5.5 GB on disk,
+# about a minute from a warm pip cache; the tests that need it skip, saying so, without it.
+PYTHON_ENVS ?= /var/cache/gpushare/python-envs
+OTHER_TORCH := 2.14.1
+python-envs: $(PYTHON_ENVS)/torch-$(OTHER_TORCH)/.installed
+$(PYTHON_ENVS)/torch-$(OTHER_TORCH)/.installed:
+	rm -rf $(PYTHON_ENVS)/torch-$(OTHER_TORCH)
+	$(BASE_PYTHON) -m venv $(PYTHON_ENVS)/torch-$(OTHER_TORCH)
+	$(PYTHON_ENVS)/torch-$(OTHER_TORCH)/bin/pip install -q torch==$(OTHER_TORCH)
+	chmod -R a+rX $(PYTHON_ENVS)
+	touch $@
 
 # Optional: build the cached chroots ahead of time (the tests build them on first use otherwise).
 slurm-chroots: setup
