@@ -127,7 +127,7 @@ def probe(path: str) -> Interpreter:
     check them against the supported range."""
     try:
         proc = subprocess.run([path, "-c", _PROBE], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S,
-                              stdin=subprocess.DEVNULL)
+                              stdin=subprocess.DEVNULL, env=child_env(dict(os.environ)))
     except (OSError, subprocess.SubprocessError) as exc:
         raise InterpreterError(f"--python {path}: cannot run it: {exc}") from exc
     try:
@@ -187,8 +187,17 @@ def runner_command(path_dir: str) -> str:
             "from gpushare.estimator_cli.runner import main; sys.exit(main())")
 
 
-def child_env(base: dict[str, str], path_dir: str) -> dict[str, str]:
-    """The child's environment: the user's, with the capture code's directory first on PYTHONPATH."""
+CHILD_PYTHONPATH = "GPUSHARE_CHILD_PYTHONPATH"  # the user's PYTHONPATH, kept away from gpu-estimate's own imports
+
+
+def child_env(base: dict[str, str], path_dir: str = "") -> dict[str, str]:
+    """The child's environment: the user's, with the capture code's directory first on PYTHONPATH. The
+    cluster's estimation job hands the user's own PYTHONPATH over in ``GPUSHARE_CHILD_PYTHONPATH``."""
     env = dict(base)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (path_dir, base.get("PYTHONPATH", "")) if p)
+    user = env.pop(CHILD_PYTHONPATH, None)
+    user = env.get("PYTHONPATH", "") if user is None else user
+    env.pop("PYTHONPATH", None)
+    joined = os.pathsep.join(p for p in (path_dir, user) if p)
+    if joined:
+        env["PYTHONPATH"] = joined
     return env

@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+from gpushare.slurm_plugins.environment_replay import Environment
 
 _PYTHON_RE = re.compile(r"^(?:.*/)?python(?:\d+(?:\.\d+)?)?$")
 _ASSIGN_RE = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(\S*)\s*$")
@@ -68,6 +70,11 @@ class TrainingCommand:
     how: str = "python"  # python | torchrun | accelerate | directive
     line: int = 0
     notes: tuple[str, ...] = ()
+    # The launcher word as written (python3, $VENV/bin/python, torchrun): the interpreter the training would
+    # use, resolved in the replayed environment (slurm_plugins/environment_replay.py); "" for a directive
+    # whose script no line runs.
+    interpreter: str = field(default="", compare=False)
+    environment: Environment | None = field(default=None, compare=False)  # lines to replay before it
 
 
 @dataclass(frozen=True)
@@ -111,6 +118,7 @@ def find_training_command(batch_script: str, directive_script: str | None = None
             continue
         found = _parse_command(line, variables)
         if isinstance(found, TrainingCommand):
+            found = replace(found, interpreter=_launcher_word(line.words))
             candidates.append(found)
         elif found is not None:
             skipped.append(f"line {line.number}: {found.reason}")
@@ -127,15 +135,26 @@ def find_training_command(batch_script: str, directive_script: str | None = None
     return chosen
 
 
+def _launcher_word(words: list[str]) -> str:
+    """The word that starts the training (python, torchrun, accelerate), after prefixes and srun's options."""
+    words = list(words)
+    while words and (re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", words[0]) or words[0] in _PREFIX_WORDS):
+        words.pop(0)
+    if words and words[0] == "srun":
+        words = _skip_options(words[1:], _SRUN_FLAGS)
+    return words[0] if words else ""
+
+
 def _from_directive(path: str, candidates: list[TrainingCommand]) -> TrainingCommand:
     for candidate in reversed(candidates):
         if candidate.script == path or candidate.script.rsplit("/", 1)[-1] == path.rsplit("/", 1)[-1]:
-            return TrainingCommand(path, candidate.args, "directive", candidate.line, candidate.notes)
+            return TrainingCommand(path, candidate.args, "directive", candidate.line, candidate.notes,
+                                   candidate.interpreter)
     return TrainingCommand(path, (), "directive", 0, ("no line runs it; estimated without arguments",))
 
 
 def _with_note(command: TrainingCommand, note: str) -> TrainingCommand:
-    return TrainingCommand(command.script, command.args, command.how, command.line, (*command.notes, note))
+    return replace(command, notes=(*command.notes, note))
 
 
 _RELEVANT_LINE_RE = re.compile(r"^[^\n]*(?:=|python|torchrun|accelerate)[^\n]*$", re.MULTILINE)
