@@ -32,9 +32,10 @@ MAX_LINE_BYTES = 4096
 _ACTIVATION = {"module", "ml", "source", ".", "conda", "mamba", "micromamba", "eval"}
 _SETTINGS = {"export", "unset", "set", "cd", "pushd", "popd", "umask", "ulimit"}
 _ASSIGNMENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
-_HOOK_RE = re.compile(r"\b(?:conda|mamba|micromamba)\b.*\bshell\b")
+_HOOK_RE = re.compile(r"\b(?:conda|mamba|micromamba)\b")  # with "shell" in the line: a shell hook
 _OPEN_RE = re.compile(r"(?:^|[;&|(]|\bthen|\bdo|\belse)\s*(if|for|while|until|case|select)\b")
 _CLOSE_RE = re.compile(r"(?:^|[;&|]|\s)(fi|done|esac)\b")
+_BLOCK_WORD_RE = re.compile(r"\b(?:if|for|while|until|case|select|fi|done|esac)\b")
 _FUNCTION_RE = re.compile(r"^(?:function\s+[\w.-]+|[\w.-]+\s*\(\s*\))\s*(?:\(\s*\))?\s*\{?\s*$")
 _HEREDOC_RE = re.compile(r"<<-?\s*['\"]?([A-Za-z_][A-Za-z0-9_]*)['\"]?")
 _SHELLS = {"sh", "bash", "dash"}
@@ -77,8 +78,8 @@ def _kind(text: str) -> str | None:
     if word in ("conda", "mamba", "micromamba"):
         rest = text.split()[1:2]
         return "activation" if rest and rest[0] in ("activate", "deactivate") else None
-    if word == "eval":
-        return "activation" if _HOOK_RE.search(text) else None
+    if word == "eval":  # two linear scans; one pattern with ".*" between the names backtracks quadratically
+        return "activation" if "shell" in text and _HOOK_RE.search(text) else None
     if word in _ACTIVATION:
         return "activation"
     if word in _SETTINGS:
@@ -129,13 +130,14 @@ def find_environment(batch_script: str, training_line: int, max_bytes: int = 655
         line, pending = (pending + stripped).strip(), ""
         if training_line and start >= training_line:
             break
-        match = _HEREDOC_RE.search(line)
+        match = _HEREDOC_RE.search(line) if "<<" in line else None
         if match:
             heredoc = match.group(1)
         kind = _kind(line)
         nested = depth > 0
-        depth = max(0, depth + len(_OPEN_RE.findall(line)) - len(_CLOSE_RE.findall(line)))
-        if _FUNCTION_RE.match(line):
+        if _BLOCK_WORD_RE.search(line):  # most lines have none: one scan instead of two
+            depth = max(0, depth + len(_OPEN_RE.findall(line)) - len(_CLOSE_RE.findall(line)))
+        if ("(" in line or line.startswith("function")) and _FUNCTION_RE.match(line):
             depth += 1
         elif line == "}" and depth:
             depth -= 1

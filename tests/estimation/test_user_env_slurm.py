@@ -123,3 +123,37 @@ def test_estimates_are_made_in_each_jobs_own_environment(est_cluster, work, user
     assert "environment could not be reproduced: batch script line 3" in record["why"], record
     for job_id in (venv_job, conda_job):
         assert est_cluster.wait_job(job_id).state == "COMPLETED"
+
+
+OTHER_TORCH_ENV = Path(os.environ.get("GPUSHARE_PYTHON_ENVS", "/var/cache/gpushare/python-envs")) / "torch-2.14.1"
+MODULE_FILE = """-- A site's PyTorch module: its interpreter on PATH, its extra packages on PYTHONPATH.
+prepend_path("PATH", "{env}/bin")
+prepend_path("PYTHONPATH", "{packages}")
+"""
+
+
+def test_a_module_gives_the_training_another_pytorch(est_cluster, work, user, est_root, helpers):
+    """`module load torch/2.14.1` (Debian's Lmod) puts another PyTorch's venv on PATH and a package on
+    PYTHONPATH; the estimate runs under that PyTorch and imports that package."""
+    if est_cluster.runtime.root is not None:
+        pytest.skip("Lmod is installed on the host only, not in the Slurm chroots")
+    if not os.path.exists("/etc/profile.d/lmod.sh"):
+        pytest.skip("Debian's lmod is not installed ('make setup' installs it)")
+    if not (OTHER_TORCH_ENV / "bin" / "python").exists():
+        pytest.skip(f"{OTHER_TORCH_ENV} missing: 'make python-envs' builds it")
+    problem = helpers.user_can_run_estimator(est_cluster)
+    if problem:
+        pytest.skip(problem)
+    packages = est_root / "module-packages"
+    (packages / "only_in_module").mkdir(parents=True)
+    (packages / "only_in_module" / "__init__.py").write_text("WIDTH = 384\n")
+    modulefile = est_root / "modulefiles" / "torch" / "2.14.1.lua"
+    modulefile.parent.mkdir(parents=True)
+    modulefile.write_text(MODULE_FILE.format(env=OTHER_TORCH_ENV, packages=packages))
+    job_id = submit(est_cluster, work, user, "only_in_module",
+                    f"module use {est_root}/modulefiles\nmodule load torch/2.14.1\n{STUB}python train.py\n")
+    record = released(est_cluster, job_id)
+    assert record["decision"] == "shared" and record["src"] == "async" and plain_gres(record["new"]) == "shard:2", record
+    assert record["python"].startswith(f"{OTHER_TORCH_ENV}/bin/python (Python 3.") and "PyTorch 2.14.1" in \
+        record["python"], record
+    assert est_cluster.wait_job(job_id).state == "COMPLETED"
