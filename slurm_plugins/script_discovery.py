@@ -10,6 +10,7 @@ Recognised (after optional ``VAR=value`` prefixes, ``exec``, ``time``, ``nohup``
 - ``python -m torch.distributed.run|torch.distributed.launch [options] train.py args``;
 - ``torchrun [options] train.py args``;
 - ``accelerate launch [options] train.py args``;
+- ``./train.py args`` (any path ending in ``.py`` run as a command): its ``#!`` line names the interpreter;
 - a ``#GPUSHARE script=train.py`` directive: that file, with the arguments of the line that runs it if any.
 
 When several lines qualify, the last one wins (preparation usually comes first) and the choice is
@@ -33,7 +34,7 @@ _PYTHON_RE = re.compile(r"^(?:.*/)?python(?:\d+(?:\.\d+)?)?$")
 _ASSIGN_RE = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(\S*)\s*$")
 _VAR_RE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
 _OPERATORS = {";", "&&", "||", "|", "&", ">", ">>", "<", "<<", ">&", "&>", "2>", "2>>", "(", ")", "|&"}
-_CANDIDATE_RE = re.compile(r"python|torchrun|accelerate")  # every recognised launcher names one of these
+_CANDIDATE_RE = re.compile(r"python|torchrun|accelerate|\.py\b")  # every recognised launcher names one of these
 _PREFIX_WORDS = {"exec", "time", "nohup", "command", "stdbuf"}
 _DISTRIBUTED_MODULES = {"torch.distributed.run", "torch.distributed.launch"}
 
@@ -67,7 +68,7 @@ class TrainingCommand:
 
     script: str
     args: tuple[str, ...] = ()
-    how: str = "python"  # python | torchrun | accelerate | directive
+    how: str = "python"  # python | torchrun | accelerate | shebang | directive
     line: int = 0
     notes: tuple[str, ...] = ()
     # The launcher word as written (python3, $VENV/bin/python, torchrun): the interpreter the training would
@@ -157,7 +158,7 @@ def _with_note(command: TrainingCommand, note: str) -> TrainingCommand:
     return replace(command, notes=(*command.notes, note))
 
 
-_RELEVANT_LINE_RE = re.compile(r"^[^\n]*(?:=|python|torchrun|accelerate)[^\n]*$", re.MULTILINE)
+_RELEVANT_LINE_RE = re.compile(r"^[^\n]*(?:=|python|torchrun|accelerate|\.py\b)[^\n]*$", re.MULTILINE)
 
 
 def _logical_lines(text: str) -> list[_Line]:
@@ -226,6 +227,8 @@ def _parse_command(line: _Line, variables: dict[str, str]) -> TrainingCommand | 
         return _script_after(line, _skip_options(words[1:], _TORCHRUN_FLAGS), "torchrun", variables)
     if head == "accelerate" and len(words) > 1 and words[1] == "launch":
         return _script_after(line, _skip_options(words[2:], _ACCELERATE_FLAGS), "accelerate", variables)
+    if head.endswith(".py") and "$" not in words[0]:  # ./train.py: run by the interpreter its #! line names
+        return _script_after(line, words, "shebang", variables)
     return None
 
 

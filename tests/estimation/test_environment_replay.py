@@ -124,3 +124,27 @@ def test_a_failing_line_is_named_and_one_that_ends_the_shell_stops_the_replay(tm
 def test_no_environment_lines_let_a_bare_python_fall_back_to_ours(tmp_path: Path) -> None:
     code, _, result = run_wrapper(tmp_path, "#!/bin/sh\npython train.py\n")
     assert code == 0 and "--python python --own-python-if-unusable train.py" in result
+
+
+def test_the_interpreter_named_in_a_result_is_checked_before_it_enters_a_record() -> None:
+    """result.json is the user's file: only an absolute, printable path and version-shaped versions pass."""
+    from gpushare.slurm_plugins.estimationd import _interpreter_of
+
+    good = {"python": {"executable": "/home/ana/venv/bin/python", "python_version": "3.11.2",
+                       "torch_version": "2.5.1+cu124"}}
+    assert _interpreter_of(good) == "/home/ana/venv/bin/python (Python 3.11.2, PyTorch 2.5.1+cu124)"
+    assert _interpreter_of({"python": {"executable": "/x\n\"decision\":\"shared\""}}) is None
+    assert _interpreter_of({"python": {"executable": "relative/python"}}) is None
+    assert _interpreter_of({"python": {"executable": "/p/" + "a" * 300}}) is None
+    assert _interpreter_of({"python": {"executable": "/usr/bin/python3", "python_version": ["3"],
+                                       "torch_version": "2.5 (evil) text"}}) == "/usr/bin/python3 (Python ?, PyTorch ?)"
+    assert _interpreter_of([]) is None and _interpreter_of({"python": "x"}) is None
+
+
+def test_a_training_script_run_by_its_own_first_line(tmp_path: Path) -> None:
+    """`./train.py`: the script is the launcher; gpu-estimate --python follows its #! line."""
+    command = find_training_command("#!/bin/bash\nsource ~/venv/bin/activate\nsrun ./train.py --bs 8\n")
+    assert isinstance(command, TrainingCommand) and command.how == "shebang" and command.interpreter == "./train.py"
+    assert (command.script, command.args) == ("./train.py", ("--bs", "8"))
+    _, _, result = run_wrapper(tmp_path, "#!/bin/sh\nexport A=1\n./train.py\n")
+    assert "--python ./train.py ./train.py" in result
