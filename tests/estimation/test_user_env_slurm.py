@@ -2,10 +2,12 @@
 estimate computed *in* that environment, by the real gpu-estimate, as the user.
 
 The environments are real virtualenvs (made from Debian's Python, so the same interpreter exists inside the
-newer Slurm releases' chroots) that reach this project's PyTorch through a ``.pth`` line and each hold a
-package nothing else has: the training script imports it, so an estimate made anywhere else fails. One is
-entered with ``source venv/bin/activate``, one with a conda-style ``activate`` script; a third batch script
-sets up its environment in a way that fails, and the fallback names the line.
+newer Slurm releases' chroots) that reach a PyTorch through a ``.pth`` line — the cached PyTorch 2.4.1 venv of
+``make python-envs`` for the sourced venv (this project's 2.13 without it), this project's for the conda-style
+one — and each hold a package nothing else has: the training script imports it, so an estimate made anywhere
+else fails. One is entered with ``source venv/bin/activate``, one with a conda-style ``activate`` script; a
+third batch script sets up its environment in a way that fails, and the fallback names the line; a fourth
+loads an Lmod module that gives PyTorch 2.14.1 (host Slurm only: Lmod is not in the chroots).
 """
 
 from __future__ import annotations
@@ -41,11 +43,25 @@ for step in range(3):
 STUB = "python() { true; }\npython3() { true; }\nsrun() { true; }\n"
 
 
-def make_env(path: Path, package: str) -> Path:
-    """A venv that borrows this project's PyTorch and holds ``package``; returns its bin directory."""
+PYTHON_ENVS = Path(os.environ.get("GPUSHARE_PYTHON_ENVS", "/var/cache/gpushare/python-envs"))
+OLDEST_TORCH = PYTHON_ENVS / "torch-2.4.1"  # `make python-envs`; this project's PyTorch without it
+
+
+def torch_site() -> tuple[str, str]:
+    """The site-packages a test venv borrows its PyTorch from, and that PyTorch's version."""
+    import torch
+
+    if (OLDEST_TORCH / "bin" / "python").exists():
+        return next(str(p) for p in (OLDEST_TORCH / "lib").glob("python3*/site-packages")), "2.4.1"
+    return sysconfig.get_paths()["purelib"], torch.__version__
+
+
+def make_env(path: Path, package: str, borrowed: str | None = None) -> Path:
+    """A venv that borrows a PyTorch (``borrowed``: a site-packages; default this project's) and holds
+    ``package``; returns its bin directory."""
     subprocess.run([BASE_PYTHON, "-m", "venv", "--without-pip", str(path)], check=True)
     site = next((path / "lib").glob("python3*/site-packages"))
-    (site / "borrowed_torch.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    (site / "borrowed_torch.pth").write_text((borrowed or sysconfig.get_paths()["purelib"]) + "\n")
     (site / package).mkdir()
     (site / package / "__init__.py").write_text("WIDTH = 384\n")
     return path / "bin"
@@ -53,7 +69,7 @@ def make_env(path: Path, package: str) -> Path:
 
 @pytest.fixture(scope="module")
 def envs(est_root: Path) -> dict[str, Path]:
-    venv = make_env(est_root / "venvs" / "llm", "only_in_venv")
+    venv = make_env(est_root / "venvs" / "llm", "only_in_venv", torch_site()[0])
     conda = make_env(est_root / "conda" / "envs" / "proj", "only_in_conda")
     activate = est_root / "conda" / "bin" / "activate"  # what `source /opt/conda/bin/activate proj` runs
     activate.parent.mkdir(parents=True)
@@ -105,6 +121,7 @@ def test_estimates_are_made_in_each_jobs_own_environment(est_cluster, work, user
         pytest.skip(problem)
     import torch
 
+    venv_torch = torch_site()[1]
     venv_job = submit(est_cluster, work, user, "only_in_venv",
                       f"source {envs['venv']}/activate\nexport OMP_NUM_THREADS=1\n{STUB}python train.py\n")
     conda_job = submit(est_cluster, work, user, "only_in_conda",
@@ -115,8 +132,8 @@ def test_estimates_are_made_in_each_jobs_own_environment(est_cluster, work, user
         record = released(est_cluster, job_id)
         assert record["decision"] == "shared" and record["src"] == "async", record
         assert plain_gres(record["new"]) == "shard:2"  # 0.5 GiB with the CUDA context, + 1 GiB margin
-        python = "python" if job_id == venv_job else "python3"
-        assert record["python"].startswith(f"{env}/{python} (Python 3.") and f"PyTorch {torch.__version__})" in \
+        python, version = ("python", venv_torch) if job_id == venv_job else ("python3", torch.__version__)
+        assert record["python"].startswith(f"{env}/{python} (Python 3.") and f"PyTorch {version}" in \
             record["python"], record
     record = released(est_cluster, broken_job)
     assert record["decision"] == "exclusive" and plain_gres(record["new"]) == "shard:40"

@@ -3,8 +3,8 @@
 The environments are real virtualenvs made from Debian's Python: one borrows this project's PyTorch through a
 ``.pth`` line and holds a package nothing else has (what a researcher's venv looks like to the capture), one
 holds no PyTorch, and two carry only a ``torch`` distribution record whose version is outside the supported
-range (the refusal reads the version from the package metadata, before importing anything). The second
-PyTorch (2.14.1, a CUDA build) is the cached venv ``make python-envs`` builds.
+range (the refusal reads the version from the package metadata, before importing anything). The other
+PyTorch releases (2.4.1 and 2.14.1, CUDA builds) are the cached venvs ``make python-envs`` builds.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from gpushare.estimator_cli.interpreter import InterpreterError, resolve
 from gpushare.estimator_cli.schema import validate
 
 BASE_PYTHON = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
-OTHER_TORCH_ENV = Path(os.environ.get("GPUSHARE_PYTHON_ENVS", "/var/cache/gpushare/python-envs")) / "torch-2.14.1"
+PYTHON_ENVS = Path(os.environ.get("GPUSHARE_PYTHON_ENVS", "/var/cache/gpushare/python-envs"))
 ONLY_HERE = """import torch
 import torch.nn as nn
 import onlyhere  # present only in the user's environment
@@ -148,11 +148,12 @@ def test_capture_runs_in_the_users_environment(user_env: tuple[Path, Path], caps
 
 @pytest.mark.torch
 @pytest.mark.slow
-def test_another_pytorch_gives_the_same_estimate(capsys: pytest.CaptureFixture[str]) -> None:
-    """PyTorch 2.14.1 (a CUDA build, no GPU here) against this project's 2.13 on the same script."""
-    python = OTHER_TORCH_ENV / "bin" / "python"
+@pytest.mark.parametrize("version", ["2.4.1", "2.14.1"])  # the oldest supported, the newest at hand
+def test_another_pytorch_gives_the_same_estimate(capsys: pytest.CaptureFixture[str], version: str) -> None:
+    """Another PyTorch (a CUDA build, no GPU here) against this project's 2.13 on the same script."""
+    python = PYTHON_ENVS / f"torch-{version}" / "bin" / "python"
     if not python.exists():
-        pytest.skip(f"{OTHER_TORCH_ENV} missing: 'make python-envs' builds it (5.5 GB, about a minute)")
+        pytest.skip(f"{python.parent.parent} missing: 'make python-envs' builds it (5.5 GB, 1-2 minutes)")
     script = str(Path(__file__).resolve().parents[2] / "examples" / "resnet50_train.py")
     docs = []
     for extra in ([], ["--python", str(python)]):
@@ -161,6 +162,6 @@ def test_another_pytorch_gives_the_same_estimate(capsys: pytest.CaptureFixture[s
         assert code == EXIT_OK, err
         docs.append(json.loads(out))
     ours, theirs = docs
-    assert theirs["torch_version"].startswith("2.14.1") and theirs["python"]["own"] is False
+    assert theirs["torch_version"].startswith(version) and theirs["python"]["own"] is False
     assert ours["python"]["own"] is True and ours["torch_version"] != theirs["torch_version"]
     assert theirs["targets"][0]["peak_total_bytes"] == ours["targets"][0]["peak_total_bytes"]
