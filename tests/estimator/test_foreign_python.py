@@ -146,22 +146,45 @@ def test_capture_runs_in_the_users_environment(user_env: tuple[Path, Path], caps
     assert f"python: {python} (yours): Python {doc['python']['python_version']}, PyTorch {torch.__version__}" in out
 
 
+FLASH_ATTENTION = """import torch
+import torch.nn.functional as F
+
+proj = torch.nn.Linear(512, 3 * 512).cuda()
+opt = torch.optim.AdamW(proj.parameters())
+for step in range(3):
+    x = torch.randn(8, 1024, 512, device="cuda")
+    with torch.autocast("cuda", dtype=torch.float16):
+        q, k, v = proj(x).view(8, 1024, 3, 8, 64).permute(2, 0, 3, 1, 4)
+        loss = F.scaled_dot_product_attention(q, k, v, is_causal=True).float().square().mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
 @pytest.mark.torch
 @pytest.mark.slow
 @pytest.mark.parametrize("version", ["2.4.1", "2.14.1"])  # the oldest supported, the newest at hand
-def test_another_pytorch_gives_the_same_estimate(capsys: pytest.CaptureFixture[str], version: str) -> None:
-    """Another PyTorch (a CUDA build, no GPU here) against this project's 2.13 on the same script."""
+def test_another_pytorch_gives_the_same_estimate(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                 version: str) -> None:
+    """Another PyTorch (a CUDA build, no GPU here) against this project's 2.13, fake mode: a convnet, and
+    attention on the memory-efficient (float32) and the flash (float16 autocast on sm80) kernels, whose
+    forwards PyTorch 2.4 has no meta kernels for (estimator_cli/cuda_paths.py supplies them)."""
     python = PYTHON_ENVS / f"torch-{version}" / "bin" / "python"
     if not python.exists():
-        pytest.skip(f"{python.parent.parent} missing: 'make python-envs' builds it (5.5 GB, 1-2 minutes)")
-    script = str(Path(__file__).resolve().parents[2] / "examples" / "resnet50_train.py")
-    docs = []
-    for extra in ([], ["--python", str(python)]):
-        code, out, err = run(capsys, "--json", "--no-cache", "--no-warm", "--gpu", "a100-40gb", *extra, script,
-                             "--batch-size", "8")
-        assert code == EXIT_OK, err
-        docs.append(json.loads(out))
-    ours, theirs = docs
-    assert theirs["torch_version"].startswith(version) and theirs["python"]["own"] is False
-    assert ours["python"]["own"] is True and ours["torch_version"] != theirs["torch_version"]
-    assert theirs["targets"][0]["peak_total_bytes"] == ours["targets"][0]["peak_total_bytes"]
+        pytest.skip(f"{python.parent.parent} missing: 'make python-envs' builds it (5 GB, 2-3 minutes)")
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    flash = tmp_path / "flash.py"
+    flash.write_text(FLASH_ATTENTION)
+    for script in ([str(examples / "resnet50_train.py"), "--batch-size", "8"],
+                   [str(examples / "gpt2_train.py"), "--seq-len", "128"], [str(flash)]):
+        docs = []
+        for extra in ([], ["--python", str(python)]):
+            code, out, err = run(capsys, "--json", "--no-cache", "--no-warm", "--mode", "fake", "--gpu", "a100-40gb",
+                                 "--gpu", "v100-32gb", *extra, *script)
+            assert code == EXIT_OK, err
+            docs.append(json.loads(out))
+        ours, theirs = docs
+        assert theirs["torch_version"].startswith(version) and theirs["python"]["own"] is False
+        assert ours["python"]["own"] is True and ours["torch_version"] != theirs["torch_version"]
+        assert [t["peak_total_bytes"] for t in theirs["targets"]] == [t["peak_total_bytes"] for t in ours["targets"]]
