@@ -103,6 +103,23 @@ def test_unusable_interpreter_is_one_line(tmp_path: Path, capsys: pytest.Capture
     assert err.count("\n") == 1 and err.startswith(f"gpu-estimate: --python {python}: ") and expected in err, err
 
 
+@pytest.mark.parametrize(("python", "torch", "expected"), [
+    ("3.10.12", "2.5.1", "Python 3.10.12 is outside the supported range 3.11–3.13"),
+    ("3.14.0", "2.15.0", "Python 3.14.0 is outside the supported range 3.11–3.13"),
+    ("3.13.1", "2.15.0+cu128", None), ("3.11.2", "2.4.0", None), ("3.12.3", "unknown", None),
+])
+def test_supported_range(python: str, torch: str, expected: str | None) -> None:
+    """The Python bound (no second Python is at hand to probe: the check on the probe's answer)."""
+    from gpushare.estimator_cli.interpreter import Interpreter, check
+
+    found = Interpreter("/opt/env/bin/python", python, torch, "/opt/env")
+    if expected is None:
+        check(found)
+    else:
+        with pytest.raises(InterpreterError, match=expected):
+            check(found)
+
+
 def test_not_a_python_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     script = tmp_path / "train.py"
     script.write_text(ONLY_HERE)
