@@ -8,13 +8,13 @@ PY := $(VENV)/bin/python
 # Debian's interpreter, not a per-user one (pyenv lives under /root): Slurm jobs and estimation jobs run
 # as ordinary users and must be able to execute the virtualenv's python and gpu-estimate.
 BASE_PYTHON ?= $(shell [ -x /usr/bin/python3 ] && echo /usr/bin/python3 || echo python3)
-DEBS := slurmctld slurmd slurm-client munge lua-socket lua5.1 python3-venv
+DEBS := slurmctld slurmd slurm-client munge lua-socket lua5.1 python3-venv lmod
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # Newer Slurm releases the integration tests also run on (devcluster/chroot.py builds their chroots).
 CHROOT_SLURM ?= 24.11 26.05
 SLURM ?=
 
-.PHONY: setup system-packages demo lint check test slurm-chroots bench clean
+.PHONY: setup system-packages demo lint check test slurm-chroots python-envs bench clean
 
 setup: system-packages $(VENV)/.installed
 
@@ -57,6 +57,7 @@ check: lint
 # Every run happens even when an earlier one failed; make fails if any did. Exit 5 ("no tests collected")
 # is not a failure: a version may simply have no tests selected.
 test: setup lint
+	@$(MAKE) --no-print-directory python-envs || echo "python-envs not built: the tests that need it skip, saying why"
 	@status=0; \
 	echo "== whole suite on the host's Slurm"; \
 	GPUSHARE_TEST_SLURM=22.05 $(PY) -m pytest -q; rc=$$?; \
@@ -67,6 +68,21 @@ test: setup lint
 	  [ $$rc -eq 0 ] || [ $$rc -eq 5 ] || status=1; \
 	done; \
 	exit $$status
+
+# Researchers' environments with other PyTorch releases, for the tests of gpu-estimate --python
+# (tests/estimator/test_foreign_python.py, tests/estimation/test_user_env_slurm.py): the oldest supported
+# (2.4.1) and the newest this machine's pip serves (2.14.1), each as `pip install torch` gives it (the CUDA
+# build and its nvidia-* wheels), made once and cached: 5.0 GB / 2 min 40 s (downloaded) and 5.4 GB / 1 min 33 s
+# (local wheels), docs/estimator.md; the tests that need one skip, saying so, without it.
+PYTHON_ENVS ?= /var/cache/gpushare/python-envs
+OTHER_TORCH := 2.4.1 2.14.1
+python-envs: $(foreach v,$(OTHER_TORCH),$(PYTHON_ENVS)/torch-$(v)/.installed)
+$(PYTHON_ENVS)/torch-%/.installed:
+	rm -rf $(PYTHON_ENVS)/torch-$*
+	$(BASE_PYTHON) -m venv $(PYTHON_ENVS)/torch-$*
+	$(PYTHON_ENVS)/torch-$*/bin/pip install -q torch==$*
+	chmod -R a+rX $(PYTHON_ENVS)
+	touch $@
 
 # Optional: build the cached chroots ahead of time (the tests build them on first use otherwise).
 slurm-chroots: setup

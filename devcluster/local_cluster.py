@@ -89,6 +89,7 @@ class LocalCluster:
     toml_extra: str = ""  # appended to the generated gpushare.toml (tests tune policy here)
     submit_settings: dict[str, object] = field(default_factory=dict)  # extra [submit] keys
     bin_dir: str = field(default_factory=lambda: os.path.dirname(sys.executable))  # our console scripts
+    extra_binds: tuple[str, ...] = ()  # more host paths the chroot's jobs see at the same place (cached venvs)
     slurm_version: str = field(default_factory=slurm_runtime.requested_version)
     pids: dict[str, int] = field(default_factory=dict)
     runtime: SlurmRuntime | None = None
@@ -128,7 +129,7 @@ class LocalCluster:
             if problem:
                 raise ClusterError(problem)
             self.base.mkdir(parents=True, exist_ok=True)
-            self.runtime = slurm_runtime.prepare(self.slurm_version, self.base, [REPO, self.bin_dir])
+            self.runtime = slurm_runtime.prepare(self.slurm_version, self.base, [REPO, self.bin_dir, *self.extra_binds])
         return self.runtime
 
     # --- paths ------------------------------------------------------------------------------------

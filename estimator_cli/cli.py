@@ -24,6 +24,7 @@ from pathlib import Path
 import click
 
 from gpushare.estimator_cli import cache as cache_mod
+from gpushare.estimator_cli.interpreter import Interpreter
 from gpushare.estimator_cli.launcher import CaptureFailed, Limits
 from gpushare.config import ConfigError, load_config, parse_size
 
@@ -54,6 +55,12 @@ def _version(dist: str) -> str:
 @click.option("--no-cache", is_flag=True, help="Neither read nor write the estimate cache.")
 @click.option("--no-warm", is_flag=True,
               help="Start the script in a fresh interpreter; use no warm worker and leave none behind.")
+@click.option("--python", "python", metavar="PATH",
+              help="Run the script under this Python (a venv's bin/python, a command on PATH, torchrun) instead of "
+                   "gpu-estimate's own; nothing is installed into it.")
+@click.option("--own-python-if-unusable", is_flag=True, hidden=True,
+              help="With --python: use gpu-estimate's own Python when that one cannot run the capture (the "
+                   "cluster's estimation jobs, for batch scripts that set up no environment).")
 @click.option("--cache-dir", type=click.Path(file_okay=False), help="Estimate cache (default ~/.cache/gpushare).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="gpushare.toml to read.")
 @click.option("--progress/--no-progress", default=None, help="Progress on stderr (default: when a terminal).")
@@ -67,8 +74,8 @@ def _version(dist: str) -> str:
 @click.pass_context
 def command(ctx: click.Context, gpus: tuple[str, ...], iterations: int | None, mode: str | None, as_json: bool,
             plot: str | None, snapshot: str | None, timeout: float | None, max_cpu_memory: str | None,
-            no_cache: bool, no_warm: bool, cache_dir: str | None, config_path: str | None, progress: bool | None,
-            verbose: bool, annotate: bool, sbatch_file: str | None, script: str,
+            no_cache: bool, no_warm: bool, python: str | None, own_python_if_unusable: bool, cache_dir: str | None,
+            config_path: str | None, progress: bool | None, verbose: bool, annotate: bool, sbatch_file: str | None, script: str,
             script_args: tuple[str, ...]) -> int:
     """Estimate the peak GPU memory of SCRIPT on each target GPU, without a GPU."""
     from gpushare.estimator_cli.pipeline import Request, run  # torch-free until here: --help stays fast
@@ -101,18 +108,31 @@ def command(ctx: click.Context, gpus: tuple[str, ...], iterations: int | None, m
         script_bytes = Path(script).read_bytes()
     except OSError as exc:
         raise click.BadParameter(f"cannot read {script}: {exc.strerror}", param_hint="SCRIPT") from exc
+    from gpushare.estimator_cli.interpreter import InterpreterError
+
+    try:
+        interpreter, python_note = _interpreter(python, own_python_if_unusable)
+    except InterpreterError as exc:  # one line (no usage text): the cluster's records quote it
+        click.echo(f"gpu-estimate: {exc}", err=True)
+        return EXIT_USAGE
+    if python_note:
+        click.echo(f"gpu-estimate: {python_note}", err=True)
     request = Request(
         script=script, args=list(script_args), targets=targets, mode=mode or est.mode,
         iterations=iterations or est.iterations,
         limits=Limits(timeout_s=timeout or est.timeout_s, max_address_space=limit_bytes,
-                      warm_idle_s=0.0 if no_warm else est.warm_worker_idle_s),
+                      warm_idle_s=0.0 if no_warm else est.warm_worker_idle_s, python=interpreter),
         plot=plot, snapshot=snapshot, cfg=cfg)
     show_progress = sys.stderr.isatty() if progress is None else progress
     # Settings that change the document: capture, the [policy] margins the recommendation uses, and this
     # tool's version (a new estimator may estimate differently).
     settings = {"mode": request.mode, "iterations": request.iterations, "policy": dataclasses.asdict(cfg.policy),
                 "tool": _version("slurm-gpushare")}
-    key = cache_mod.cache_key(script_bytes, request.args, dict(os.environ), _version("torch"), targets, settings)
+    torch_version = _version("torch")
+    if interpreter is not None:  # another environment: its own estimate, even with the same PyTorch
+        settings["python"] = [interpreter.path, interpreter.prefix, interpreter.python_version]
+        torch_version = interpreter.torch_version
+    key = cache_mod.cache_key(script_bytes, request.args, dict(os.environ), torch_version, targets, settings)
     directory = Path(cache_dir) if cache_dir else cache_mod.default_cache_dir()
     doc = None
     if not no_cache and not plot and not snapshot:
@@ -135,6 +155,8 @@ def command(ctx: click.Context, gpus: tuple[str, ...], iterations: int | None, m
             click.echo(f"gpu-estimate: {doc['capture_process_note']}", err=True)
         if not no_cache:
             cache_mod.store(directory, key, doc)
+    if python_note:
+        doc["python_note"] = python_note
     if submission is not None:
         from gpushare.estimator_cli.annotate import submit
 
@@ -146,6 +168,21 @@ def command(ctx: click.Context, gpus: tuple[str, ...], iterations: int | None, m
 
         click.echo(render_text(doc))
     return EXIT_OK
+
+
+def _interpreter(python: str | None, own_if_unusable: bool) -> tuple[Interpreter | None, str | None]:
+    """The --python interpreter, checked (a usage error in one line when it cannot run the capture), or
+    None for gpu-estimate's own; with ``own_if_unusable``, None and why instead of the error."""
+    if python is None:
+        return None, None
+    from gpushare.estimator_cli.interpreter import InterpreterError, probe, resolve
+
+    try:
+        return probe(resolve(python)), None
+    except InterpreterError as exc:
+        if own_if_unusable:
+            return None, f"{exc}; estimated with gpu-estimate's own Python instead"
+        raise
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -89,8 +89,49 @@ class AutocastEmulator:
         return args, kwargs
 
 
+_META_LIBRARY: list[Any] = []  # the torch.library.Library holding the kernels below, alive for the process
+
+
+def _efficient_meta(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_bias: Any,
+                    compute_log_sumexp: bool, dropout_p: float = 0.0, is_causal: bool = False,
+                    scale: Any = None) -> tuple[torch.Tensor, ...]:
+    """Shapes of the memory-efficient kernel's outputs (PyTorch's own meta kernel from 2.5 on)."""
+    batch, heads, length, value_dim = query.size(0), query.size(1), query.size(2), value.size(-1)
+    out = torch.empty(batch, length, heads, value_dim, dtype=query.dtype, device=query.device).transpose(1, 2)
+    lse = torch.empty(batch, heads, -(-length // 32) * 32 if compute_log_sumexp else 0, dtype=torch.float,
+                      device=query.device)
+    return out, lse, torch.empty((), dtype=torch.long, device="meta"), torch.empty((), dtype=torch.long, device="meta")
+
+
+def _flash_meta(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout_p: float = 0.0,
+                is_causal: bool = False, return_debug_mask: bool = False, scale: Any = None) -> tuple[Any, ...]:
+    """Shapes of the flash kernel's outputs (PyTorch's own meta kernel from 2.5 on)."""
+    batch, heads, length = query.size(0), query.size(1), query.size(2)
+    out = torch.empty_like(query.transpose(1, 2)).transpose(1, 2)
+    lse = torch.empty(batch, heads, length, dtype=torch.float, device=query.device)
+    none = torch.empty(0, dtype=torch.int32, device=query.device)
+    seed = torch.empty((), dtype=torch.long, device="meta")
+    return (out, lse, none, none, length, key.size(2), seed, torch.empty((), dtype=torch.long, device="meta"),
+            torch.empty(0, dtype=query.dtype, device=query.device))
+
+
+def ensure_sdpa_meta() -> None:
+    """PyTorch 2.4 has no meta kernels for the flash and memory-efficient SDPA forwards (their backwards have
+    them); register the shapes newer releases use, so fake mode captures attention under the user's 2.4 too
+    (gpu-estimate --python). Nothing is registered where PyTorch has its own."""
+    if _META_LIBRARY:
+        return
+    library = torch.library.Library("aten", "IMPL")
+    _META_LIBRARY.append(library)
+    for name, kernel in (("_scaled_dot_product_efficient_attention", _efficient_meta),
+                         ("_scaled_dot_product_flash_attention", _flash_meta)):
+        if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "Meta"):
+            library.impl(name, kernel, "Meta")
+
+
 def route_sdpa(sm_major: int, args: tuple, kwargs: dict) -> Any:
     """Call the SDPA kernel CUDA would pick, so saved tensors match the GPU's (O(seq), not O(seq²))."""
+    ensure_sdpa_meta()
     names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
     bound = dict(zip(names, args))
     bound.update(kwargs)

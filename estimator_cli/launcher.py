@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from gpushare.estimator_cli.events import PresentedGpu
 from gpushare.estimator_cli.events import Capture
+from gpushare.estimator_cli.interpreter import Interpreter, capture_path, child_env, runner_command
 
 
 class CaptureFailed(Exception):
@@ -49,6 +50,7 @@ class CaptureOutcome:
     process_note: str | None = None  # why the warm worker was not used, when it was wanted
     local_modules: list[str] = field(default_factory=list)  # the script's own imported modules
     batch: dict[str, Any] | None = None  # profile mode: the child's BatchKnob.to_json() (reduced_batch.py)
+    torch_version: str | None = None  # the child's torch.__version__ (under --python: the user's PyTorch)
 
 
 @dataclass
@@ -56,12 +58,21 @@ class Limits:
     timeout_s: float
     max_address_space: int  # bytes; 0 = unlimited
     warm_idle_s: float = 0.0  # >0: use (or start) a warm worker that lingers this long; 0: always cold
+    python: Interpreter | None = None  # the user's interpreter (--python); None: gpu-estimate's own
 
 
 def _start(runner_args: list[str], env: dict[str, str], log: str, log_handle: Any, limits: Limits,
            deadline: float, on_progress: Callable[[str], None] | None) -> tuple[Any, str, str | None]:
     """The child, which kind it is ("warm" or "cold"), and why not warm when a warm one was wanted."""
     note = None
+    if limits.python is not None and not limits.python.own:  # the user's environment: always a fresh child
+        if limits.warm_idle_s > 0:
+            note = "warm worker not used: the capture runs under --python"
+        path_dir = capture_path(os.path.dirname(log))
+        proc = subprocess.Popen([limits.python.path, "-c", runner_command(path_dir), *runner_args],
+                                stdin=subprocess.DEVNULL, stdout=log_handle, stderr=subprocess.STDOUT,
+                                env=child_env(env, path_dir), start_new_session=True)
+        return proc, "cold", note
     if limits.warm_idle_s > 0:
         from gpushare.estimator_cli.warm_worker import WarmChild, WarmUnavailable, ensure_worker
 
@@ -157,7 +168,8 @@ def run_capture(script: str, args: list[str], mode: str, steps: int, gpu: Presen
         attempts.append({"mode": attempt, "status": status, "error": error.get("message")})
         if status == "ok":
             return CaptureOutcome(Capture.from_json(result["capture"]), attempt, fallback, "".join(outputs), attempts,
-                                  process, note, list(result.get("local_modules") or []), result.get("batch"))
+                                  process, note, list(result.get("local_modules") or []), result.get("batch"),
+                                  result.get("torch_version"))
         if status == "limit":
             raise CaptureFailed("limit", f"the script ran out of memory in {attempt} mode ({error.get('message')}); "
                                 "raise --max-cpu-memory", error.get("traceback", ""), "".join(outputs),

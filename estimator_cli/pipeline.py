@@ -12,12 +12,12 @@ import os
 import pickle
 import time
 from dataclasses import dataclass
-from importlib import metadata
 from typing import Any
 
 from gpushare.estimator_cli.events import PresentedGpu
 from gpushare.estimator_cli.device_model import DeviceModel, device_for
 from gpushare.estimator_cli.estimate import TargetEstimate, allocator_config, estimate_target, phase_per_event
+from gpushare.estimator_cli.interpreter import own as own_interpreter
 from gpushare.estimator_cli.launcher import CaptureFailed, CaptureOutcome, Limits, run_capture
 from gpushare.estimator_cli import reduced_batch
 from gpushare.estimator_cli.allocator_config import K_LARGE_BUFFER
@@ -82,6 +82,7 @@ def run(request: Request, key: str, show_progress: bool, tool_version: str) -> t
     finally:
         progress.done()
     first = captures[_arch_class(devices[0])]
+    interpreter = request.limits.python or own_interpreter()
     if request.plot:
         est = estimates[0]
         write_plot_for(request.plot, est, request.script)
@@ -93,10 +94,11 @@ def run(request: Request, key: str, show_progress: bool, tool_version: str) -> t
         requested_mode=request.mode, fallback_reason=first.fallback_reason, iterations=first.capture.steps,
         requested_iterations=request.iterations, stopped=first.capture.stopped,
         item_placeholders=first.capture.item_placeholders, value_reads=first.capture.value_reads, elapsed_s=time.monotonic() - start,
-        torch_version=_torch_version(), cache_key=key,
+        torch_version=first.torch_version or interpreter.torch_version, cache_key=key,
         allocator_config=os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""), tool_version=tool_version,
         capture_process=first.process, capture_process_note=first.process_note,
         dependencies=dependencies(first.local_modules))
+    doc["python"] = dict(interpreter.to_json(), torch_version=doc["torch_version"])
     if series:
         reduced_batch.apply_series(doc, request.targets, [_arch_class(d) for d in devices], series, request.cfg,
                                    K_LARGE_BUFFER)
@@ -135,13 +137,6 @@ def write_plot_for(path: str, est: TargetEstimate, script: str) -> None:
     allocated, reserved = est.replay.timeline
     write_plot(path, list(allocated), list(reserved), phase_per_event(est.orchestrated)[: len(allocated)],
                est.context_bytes, f"{os.path.basename(script)} on {est.device.name}")
-
-
-def _torch_version() -> str:
-    try:
-        return metadata.version("torch")
-    except metadata.PackageNotFoundError:
-        return "unknown"
 
 
 __all__ = ["Request", "run", "allocator_config"]

@@ -99,6 +99,11 @@ def render_text(doc: dict[str, Any]) -> str:
         steps += " (the script ended before the requested steps)"
     lines.append(f"gpu-estimate: {doc['script']}  — {steps}, mode {mode}, "
                  f"{doc['elapsed_s']:.1f} s{' (cached)' if doc.get('cached') else ''}")
+    python = doc.get("python")
+    if isinstance(python, dict):  # documents from before --python have no such field
+        whose = "gpu-estimate's own" if python.get("own") else "yours"
+        lines.append(f"python: {python.get('executable')} ({whose}): Python {python.get('python_version')}, "
+                     f"PyTorch {python.get('torch_version')}")
     lines.append("")
     header = f"{'GPU':<22} {'allocated':>10} {'reserved':>10} {'context':>9} {'total':>10} {'share':>6}  recommendation"
     lines.append(header)

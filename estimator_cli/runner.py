@@ -75,6 +75,15 @@ def _needs_values(exc: BaseException) -> bool:
 MAX_LOCAL_MODULES = 1000
 
 
+def _holds_distributions(path: str) -> bool:
+    """An installation directory outside the interpreter's own site directories: it holds ``*.dist-info``
+    records (PyTorch on ``PYTHONPATH`` from an environment module, or added by a ``.pth`` line)."""
+    try:
+        return os.path.isdir(path) and any(name.endswith(".dist-info") for name in os.listdir(path))
+    except OSError:
+        return False
+
+
 def local_modules(script: str, already: set[str]) -> list[str]:
     """Source files of the modules the script imported (not in ``already``, the modules loaded before it
     ran) from outside the installation — its own project, PYTHONPATH: the cache must notice when one of
@@ -86,14 +95,15 @@ def local_modules(script: str, already: set[str]) -> list[str]:
                                            *site.getsitepackages(), site.getusersitepackages(),
                                            *sysconfig.get_paths().values(), _OWN_DIRS[0],
                                            os.path.join(os.path.dirname(_OWN_DIRS[0]), "gpushare"))}
+    roots |= {os.path.realpath(p) for p in sys.path if _holds_distributions(p)}  # a module's or a .pth's PyTorch
     roots = {r + os.sep for r in roots if r and r != os.sep}
     found = {os.path.realpath(script)}
     for name, module in list(sys.modules.items()):
         if name in already:
             continue
         path = getattr(module, "__file__", None)
-        if not isinstance(path, str) or not path.endswith(".py"):
-            continue
+        if not isinstance(path, str) or not path.endswith(".py") or name.split(".")[0] == "gpushare":
+            continue  # ours (under --python, linked from a temporary directory: estimator_cli/interpreter.py)
         real = os.path.realpath(path)
         if not any(real.startswith(r) for r in roots) and os.path.isfile(real):
             found.add(real)
@@ -179,6 +189,9 @@ def main(argv: list[str] | None = None) -> int:
         result.update(status="script_error", error=_error(exc))
     if knob is not None:
         result["batch"] = knob.to_json()
+    torch_module = sys.modules.get("torch")  # the versions the capture really ran with (--python: the user's)
+    result["python_version"] = ".".join(str(v) for v in sys.version_info[:3])
+    result["torch_version"] = str(getattr(torch_module, "__version__", "unknown"))
     sys.stdout.flush()
     sys.stderr.flush()
     with open(opts.out, "w", encoding="utf-8") as handle:

@@ -76,12 +76,16 @@ class ReportJson(TypedDict):
     # Added within version 1 (estimator_cli/reduced_batch.py): the full batch did not fit --max-cpu-memory in
     # profile mode, so smaller batches were profiled: {knob, full_batch, measured_batches, reason, fit}.
     reduced_batch: NotRequired[dict[str, Any]]
+    # Added within version 1: the interpreter the capture ran under (gpu-estimate --python, or its own):
+    # {executable, python_version, torch_version, prefix, own}; python_note: why --python was not used.
+    python: NotRequired[dict[str, Any]]
+    python_note: NotRequired[str]
 
 
 _TARGET_INT = ("capacity_bytes", "peak_allocated_bytes", "peak_reserved_bytes", "context_bytes",
                "other_driver_bytes", "peak_total_bytes")
 _SPLIT_INT = ("persistent_bytes", "ephemeral_bytes", "persistent_allocated_bytes")
-_TOP_FIELDS = set(ReportJson.__annotations__) - {"reduced_batch"}  # postponed annotations hide NotRequired
+_TOP_FIELDS = set(ReportJson.__annotations__) - {"reduced_batch", "python", "python_note"}  # postponed annotations hide NotRequired
 _TARGET_FIELDS = set(TargetJson.__annotations__) - set(_SPLIT_INT) - {"extrapolation"}
 
 

@@ -62,6 +62,7 @@ class EstimationJob:
     for_job: int  # the held job it was submitted for (from its name)
     outcome: Estimate | str | None = None  # the estimate, or why there is none
     ours: bool = True  # its output lies in our spool directory (a user may name a job like ours)
+    interpreter: str | None = None  # "PATH (Python X, PyTorch Y)" the capture ran under, from its result
 
 
 @dataclass(frozen=True)
@@ -235,7 +236,10 @@ def finish(job: HeldJob, est: EstimationJob, now: float, cfg: Config) -> Release
         reason = est.outcome or f"estimation job {est.job_id} {_ENDED.get(est.state, est.state.lower())}"
         return fallback(job, reason, now, cfg)
     decision = decide(_request(job), Directives(), est.outcome, cfg)
-    return _release(job, decision, now, "estimated")
+    release = _release(job, decision, now, "estimated")
+    if est.interpreter:
+        release.record["python"] = est.interpreter
+    return release
 
 
 def fallback(job: HeldJob, why: str, now: float, cfg: Config) -> Release:

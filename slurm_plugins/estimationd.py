@@ -26,6 +26,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,9 @@ from gpushare.slurm_plugins.directives import parse_directives
 from gpushare.slurm_plugins.estimate_source import EstimateUnavailable, peak_total_from_json, read_user_file
 from gpushare.slurm_plugins.estimation_plan import (ESTIMATION_JOB_PREFIX, Action, Attach, Cancel, EstimationJob, HeldJob,
                                            Release, Submit, overdue, plan)
-from gpushare.slurm_plugins.script_discovery import TrainingCommand, find_training_command
+from gpushare.slurm_plugins.environment_replay import (Environment, Unreproducible, find_environment, replay_script,
+                                                     shell_word)
+from gpushare.slurm_plugins.script_discovery import NotFound, TrainingCommand, find_training_command
 from gpushare.slurm import record as record_format
 from gpushare.slurm.gres_request import plain_gres
 from gpushare.slurm.jobs import Job
@@ -45,7 +48,10 @@ from gpushare.slurm.client import SlurmClient, SlurmError
 log = logging.getLogger("gpushare.estimationd")
 _EXIT_REASONS = {2: "gpu-estimate usage error", 3: "the training script failed under gpu-estimate",
                  4: "gpu-estimate hit its time or memory limit", 5: "gpu-estimate cannot estimate this script",
-                 90: "the job's working directory is not accessible to its user"}
+                 90: "the job's working directory is not accessible to its user",
+                 91: "the batch script's environment could not be reproduced"}
+_PYTHON_ERROR_RE = re.compile(r"^gpu-estimate: (--python [\x20-\x7e]{1,200})$", re.MULTILINE)
+_VERSION_RE = re.compile(r"^[0-9A-Za-z.+_-]{1,40}$")
 
 
 _SPOOL_NAME_RE = re.compile(r"^(\d{1,12})-(\d{1,12})$")
@@ -126,7 +132,13 @@ class EstimationService:
             return "", None
         directives = parse_directives(script, self.cfg.submit.max_script_bytes)
         key = hashlib.sha256(f"{uid}\0{work_dir}\0{script}".encode("utf-8", "surrogateescape")).hexdigest()[:20]
-        return key, find_training_command(script, directives.script, self.cfg.submit.max_script_bytes)
+        found = find_training_command(script, directives.script, self.cfg.submit.max_script_bytes)
+        if not isinstance(found, TrainingCommand):
+            return key, found
+        environment = find_environment(script, found.line, self.cfg.submit.max_script_bytes)
+        if isinstance(environment, Unreproducible):
+            return key, NotFound(f"the batch script's environment cannot be replayed: {environment.reason}")
+        return key, replace(found, environment=environment)
 
     def _estimation(self, job: Job, for_job: int) -> EstimationJob:
         # Still completing counts as active on every release (22.05 says COMPLETING, 24.11+ COMPLETED+COMPLETING)
@@ -134,29 +146,62 @@ class EstimationService:
         stdout = job.std_out
         ours = Path(os.path.normpath(stdout)).parent.parent == Path(self.cfg.estimation.spool_dir).resolve()
         outcome: Estimate | str | None = None
+        interpreter = None
         if ours and state in ("COMPLETED", "FAILED", "TIMEOUT", "OUT_OF_MEMORY"):
-            outcome = self._outcome(job_id, uid, state, stdout)
-        return EstimationJob(job_id, uid, state, for_job, outcome, ours)
+            outcome, interpreter = self._outcome(job_id, uid, state, stdout, for_job)
+        return EstimationJob(job_id, uid, state, for_job, outcome, ours, interpreter)
 
-    def _outcome(self, job_id: int, uid: int, state: str, stdout: str) -> Estimate | str | None:
-        """The estimate an ended estimation job left in its spool directory, or why there is none."""
+    def _outcome(self, job_id: int, uid: int, state: str, stdout: str,
+                 for_job: int = 0) -> tuple[Estimate | str | None, str | None]:
+        """The estimate an ended estimation job left in its spool directory, or why there is none, and the
+        interpreter it names. Every file there is the user's: read capped, parsed strictly."""
         spool = Path(self.cfg.estimation.spool_dir).resolve()
         directory = Path(os.path.normpath(stdout)).parent
         if directory.parent != spool:
-            return f"estimation job {job_id}: output outside {spool}"
+            return f"estimation job {job_id}: output outside {spool}", None
         limit = self.cfg.submit.max_estimate_file_bytes
         if state != "COMPLETED":
             try:
                 code = int(read_user_file(str(directory / "exit"), None, uid, 64).strip() or b"-1")
             except (EstimateUnavailable, ValueError):
-                return None
-            return f"estimation job {job_id}: {_EXIT_REASONS.get(code, f'gpu-estimate exit {code}')}"
+                return None, None
+            why = _EXIT_REASONS.get(code, f"gpu-estimate exit {code}")
+            return f"estimation job {job_id}: {why}{self._environment_detail(directory, uid, code, for_job)}", None
         try:
             document = json.loads(read_user_file(str(directory / "result.json"), None, uid, limit))
             total, gpu = peak_total_from_json(document, cluster_gpu_names(self.cfg))
         except (EstimateUnavailable, ValueError) as exc:
-            return f"estimation job {job_id}: no usable result ({str(exc).rsplit(': ', 1)[-1][:80]})"
-        return Estimate(total, "async", f"gpu-estimate job {job_id} for {gpu}")
+            return f"estimation job {job_id}: no usable result ({str(exc).rsplit(': ', 1)[-1][:80]})", None
+        return Estimate(total, "async", f"gpu-estimate job {job_id} for {gpu}"), _interpreter_of(document)
+
+    def _environment_detail(self, directory: Path, uid: int, code: int, for_job: int) -> str:
+        """Which replayed line failed or ended the shell, or gpu-estimate's one line about --python."""
+        def number(name: str) -> int | None:
+            try:
+                text = read_user_file(str(directory / name), None, uid, 4096).decode("ascii").split()
+                return int(text[0]) if text and text[0].isdigit() and len(text[0]) < 8 else None
+            except (EstimateUnavailable, ValueError, UnicodeDecodeError):
+                return None
+
+        def line(n: int) -> str:
+            command = self._scripts.get(for_job, ("", None))[1]
+            environment = command.environment if isinstance(command, TrainingCommand) else None
+            text = environment.text_of(n) if environment else ""
+            return f"batch script line {n}" + (f" ({text[:60]})" if text else "")
+
+        if code == 91:
+            ended = number("env_line")
+            return f": {line(ended)} ended the shell" if ended else ""
+        detail = ""
+        if code == 2:
+            try:
+                stderr = read_user_file(str(directory / "stderr.txt"), None, uid, 65536).decode("utf-8", "replace")
+                match = _PYTHON_ERROR_RE.search(stderr)
+                detail = f": {match.group(1)[:160]}" if match else ""
+            except EstimateUnavailable:
+                pass
+        failed = number("env_failed")
+        return detail + (f"; {line(failed)} failed when replayed" if failed else "")
 
     # --- applying actions -------------------------------------------------------------------------
     def prune_spool(self) -> None:
@@ -287,7 +332,10 @@ class EstimationService:
         return job_id
 
     def wrapper(self, job: HeldJob, command: TrainingCommand, directory: Path) -> str:
+        """The estimation job's script (bash, run as the user): the batch script's environment lines replayed
+        (slurm_plugins/environment_replay.py), then gpu-estimate under the interpreter the training would use."""
         est = self.cfg.estimation
+        environment = command.environment or Environment()
         estimator = est.command or os.path.join(os.path.dirname(sys.executable), "gpu-estimate")
         argv = [estimator, "--json", "--no-progress", "--no-warm", "--timeout", f"{max(10.0, est.time_limit_s - 30):g}",
                 "--max-cpu-memory", self.cfg.estimator.max_cpu_memory]
@@ -295,15 +343,24 @@ class EstimationService:
             argv += ["--gpu", gpu]
         if self.cfg.source and os.path.isfile(self.cfg.source):
             argv += ["--config", self.cfg.source]
-        argv += [command.script, *command.args]
-        quoted = " ".join(shlex.quote(a) for a in argv)
+        options = " ".join(shlex.quote(a) for a in argv)
+        if command.interpreter:
+            options += f" --python {shell_word(command.interpreter)}"
+            if not environment.lines and "/" not in command.interpreter:
+                options += " --own-python-if-unusable"  # nothing set up: a bare `python` may be any system one
+        training = " ".join(shlex.quote(a) for a in (command.script, *command.args))
         out = shlex.quote(str(directory))
-        return ("#!/bin/sh\n"
-                f"# gpushare: GPU memory estimate for job {job.job_id}, run as you on a CPU node.\n"
-                "# The job is released with a right-sized GPU share when this ends.\n"
-                f"cd {shlex.quote(job.work_dir or '/')} || {{ echo 90 > {out}/exit; exit 90; }}\n"
-                f"{quoted} > {out}/result.json 2> {out}/stderr.txt\n"
-                f"rc=$?\necho $rc > {out}/exit\nexit $rc\n")
+        # The user's PYTHONPATH (a module's PyTorch) is for the capture child, not for gpu-estimate itself.
+        run = (f'rc=0\nGPUSHARE_CHILD_PYTHONPATH="${{PYTHONPATH-}}" env -u PYTHONPATH {options} {training} '
+               f"> {out}/result.json 2> {out}/stderr.txt || rc=$?")
+        return "\n".join([
+            "#!/bin/bash -l" if environment.login else "#!/bin/bash",
+            f"# gpushare: GPU memory estimate for job {job.job_id}, run as you on a CPU node.",
+            "# The job is released with a right-sized GPU share when this ends.",
+            f"gpushare_out={out}",
+            f"cd {shlex.quote(job.work_dir or '/')} || {{ echo 90 > {out}/exit; exit 90; }}",
+            *replay_script(environment),
+            run, f"echo $rc > {out}/exit", "exit $rc", ""])
 
     # --- loop -------------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
@@ -314,6 +371,18 @@ class EstimationService:
             except Exception:  # noqa: BLE001 - Slurm may be briefly down; try again next round
                 log.exception("estimation round failed")
             stop.wait(self.cfg.estimation.poll_s)
+
+
+def _interpreter_of(document: Any) -> str | None:
+    """``PATH (Python X, PyTorch Y)`` from a result document's ``python`` block (user-written: checked)."""
+    python = document.get("python") if isinstance(document, dict) else None
+    if not isinstance(python, dict):
+        return None
+    path, version, torch = python.get("executable"), python.get("python_version"), python.get("torch_version")
+    if not (isinstance(path, str) and path.startswith("/") and path.isprintable() and len(path) <= 200):
+        return None
+    versions = [v if isinstance(v, str) and _VERSION_RE.match(v) else "?" for v in (version, torch)]
+    return f"{path} (Python {versions[0]}, PyTorch {versions[1]})"
 
 
 def _comment(record: dict[str, Any]) -> str:

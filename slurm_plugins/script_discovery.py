@@ -10,6 +10,7 @@ Recognised (after optional ``VAR=value`` prefixes, ``exec``, ``time``, ``nohup``
 - ``python -m torch.distributed.run|torch.distributed.launch [options] train.py args``;
 - ``torchrun [options] train.py args``;
 - ``accelerate launch [options] train.py args``;
+- ``./train.py args`` (any path ending in ``.py`` run as a command): its ``#!`` line names the interpreter;
 - a ``#GPUSHARE script=train.py`` directive: that file, with the arguments of the line that runs it if any.
 
 When several lines qualify, the last one wins (preparation usually comes first) and the choice is
@@ -25,13 +26,15 @@ from __future__ import annotations
 
 import re
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+from gpushare.slurm_plugins.environment_replay import Environment
 
 _PYTHON_RE = re.compile(r"^(?:.*/)?python(?:\d+(?:\.\d+)?)?$")
 _ASSIGN_RE = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(\S*)\s*$")
 _VAR_RE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
 _OPERATORS = {";", "&&", "||", "|", "&", ">", ">>", "<", "<<", ">&", "&>", "2>", "2>>", "(", ")", "|&"}
-_CANDIDATE_RE = re.compile(r"python|torchrun|accelerate")  # every recognised launcher names one of these
+_CANDIDATE_RE = re.compile(r"python|torchrun|accelerate|\.py\b")  # every recognised launcher names one of these
 _PREFIX_WORDS = {"exec", "time", "nohup", "command", "stdbuf"}
 _DISTRIBUTED_MODULES = {"torch.distributed.run", "torch.distributed.launch"}
 
@@ -65,9 +68,14 @@ class TrainingCommand:
 
     script: str
     args: tuple[str, ...] = ()
-    how: str = "python"  # python | torchrun | accelerate | directive
+    how: str = "python"  # python | torchrun | accelerate | shebang | directive
     line: int = 0
     notes: tuple[str, ...] = ()
+    # The launcher word as written (python3, $VENV/bin/python, torchrun): the interpreter the training would
+    # use, resolved in the replayed environment (slurm_plugins/environment_replay.py); "" for a directive
+    # whose script no line runs.
+    interpreter: str = field(default="", compare=False)
+    environment: Environment | None = field(default=None, compare=False)  # lines to replay before it
 
 
 @dataclass(frozen=True)
@@ -111,6 +119,7 @@ def find_training_command(batch_script: str, directive_script: str | None = None
             continue
         found = _parse_command(line, variables)
         if isinstance(found, TrainingCommand):
+            found = replace(found, interpreter=_launcher_word(line.words))
             candidates.append(found)
         elif found is not None:
             skipped.append(f"line {line.number}: {found.reason}")
@@ -127,18 +136,29 @@ def find_training_command(batch_script: str, directive_script: str | None = None
     return chosen
 
 
+def _launcher_word(words: list[str]) -> str:
+    """The word that starts the training (python, torchrun, accelerate), after prefixes and srun's options."""
+    words = list(words)
+    while words and (re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", words[0]) or words[0] in _PREFIX_WORDS):
+        words.pop(0)
+    if words and words[0] == "srun":
+        words = _skip_options(words[1:], _SRUN_FLAGS)
+    return words[0] if words else ""
+
+
 def _from_directive(path: str, candidates: list[TrainingCommand]) -> TrainingCommand:
     for candidate in reversed(candidates):
         if candidate.script == path or candidate.script.rsplit("/", 1)[-1] == path.rsplit("/", 1)[-1]:
-            return TrainingCommand(path, candidate.args, "directive", candidate.line, candidate.notes)
+            return TrainingCommand(path, candidate.args, "directive", candidate.line, candidate.notes,
+                                   candidate.interpreter)
     return TrainingCommand(path, (), "directive", 0, ("no line runs it; estimated without arguments",))
 
 
 def _with_note(command: TrainingCommand, note: str) -> TrainingCommand:
-    return TrainingCommand(command.script, command.args, command.how, command.line, (*command.notes, note))
+    return replace(command, notes=(*command.notes, note))
 
 
-_RELEVANT_LINE_RE = re.compile(r"^[^\n]*(?:=|python|torchrun|accelerate)[^\n]*$", re.MULTILINE)
+_RELEVANT_LINE_RE = re.compile(r"^[^\n]*(?:=|python|torchrun|accelerate|\.py\b)[^\n]*$", re.MULTILINE)
 
 
 def _logical_lines(text: str) -> list[_Line]:
@@ -207,6 +227,8 @@ def _parse_command(line: _Line, variables: dict[str, str]) -> TrainingCommand | 
         return _script_after(line, _skip_options(words[1:], _TORCHRUN_FLAGS), "torchrun", variables)
     if head == "accelerate" and len(words) > 1 and words[1] == "launch":
         return _script_after(line, _skip_options(words[2:], _ACCELERATE_FLAGS), "accelerate", variables)
+    if head.endswith(".py") and "$" not in words[0]:  # ./train.py: run by the interpreter its #! line names
+        return _script_after(line, words, "shebang", variables)
     return None
 
 

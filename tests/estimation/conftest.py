@@ -27,6 +27,8 @@ TEST_USER = LOGIN_TEST_USER
 # The real estimator the test user runs: ours, unless its Python sits under a private home (pyenv in /root);
 # then GPUSHARE_TEST_ESTIMATOR names a gpu-estimate from a virtual environment other users can execute.
 REAL_ESTIMATOR = os.environ.get("GPUSHARE_TEST_ESTIMATOR") or f"{BIN_DIR}/gpu-estimate"
+# Researchers' venvs with other PyTorch releases (`make python-envs`), seen by the jobs inside the chroots too.
+PYTHON_ENVS = os.environ.get("GPUSHARE_PYTHON_ENVS", "/var/cache/gpushare/python-envs")
 
 FAKE_ESTIMATE = """#!/bin/sh
 # Test stand-in for gpu-estimate: the last argument before the script's own is the training script.
@@ -84,7 +86,8 @@ def est_cluster(user: pwd.struct_passwd, est_root: Path, request: pytest.Fixture
     fake = base / "fake-estimate"
     fake.write_text(FAKE_ESTIMATE.replace("@REAL@", REAL_ESTIMATOR))
     os.chmod(fake, 0o755)
-    cluster = LocalCluster(base / "c", bin_dir=BIN_DIR, cpu_nodes=("c1",), toml_extra=estimation_toml(spool, fake))
+    cluster = LocalCluster(base / "c", bin_dir=BIN_DIR, cpu_nodes=("c1",), toml_extra=estimation_toml(spool, fake),
+                           extra_binds=tuple(p for p in (PYTHON_ENVS,) if os.path.isdir(p)))
     failed_before = request.session.testsfailed
     try:
         cluster.start()
