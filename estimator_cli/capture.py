@@ -22,6 +22,7 @@ from gpushare.estimator_cli.events import Capture, Phase
 from gpushare.estimator_cli.fake_capture import FakeRecorder
 from gpushare.estimator_cli.lazy_dynamo import lazy_dynamo
 from gpushare.estimator_cli.phases import PhaseTracker, StopCapture
+from gpushare.estimator_cli.repeat_passes import RepeatPasses
 from gpushare.estimator_cli.torch_patches import gpu_path_patches
 
 
@@ -78,23 +79,29 @@ def capture_fake(run: ScriptRun) -> Capture:
     recorder = FakeRecorder(lambda: (tracker.phase, tracker.iteration, tracker.module))
     tracker = PhaseTracker(recorder, run.steps, run.on_step)
     presenter = CudaPresenter("meta", run.gpu.major)
+    repeats = RepeatPasses(recorder, presenter.autocast.cache,
+                           reads=lambda: sum(presenter.values.concrete_reads.values()),
+                           has_value=lambda t: presenter.values.get(t) is not None)
     torch.__future__.set_swap_module_params_on_conversion(True)  # keep Parameter identity across .to()
     with _script_environment(run), presented_cuda(run.gpu, lambda: recorder.live, lambda: recorder.peak), \
             gpu_path_patches("meta", fake=True), lazy_dynamo(), \
             recompute_under(presenter):
         tracker.install()
+        repeats.install()
         try:
             with presenter, recorder:
                 stopped = _run_script(run, tracker)
         finally:
             recorder.recording = False
+            repeats.remove()
             tracker.remove()
     recorder.finish()
     return Capture(mode="fake", steps=tracker.iteration, stopped=stopped, events=recorder.events,
                    allocs=recorder.allocs, zero_grads=tracker.zero_grads,
                    item_placeholders=presenter.item_calls,
                    value_reads={"concrete": presenter.values.concrete_reads,
-                                "placeholder": presenter.values.placeholder_reads})
+                                "placeholder": presenter.values.placeholder_reads},
+                   fast_forwarded_passes=repeats.replayed)
 
 
 def capture_profile(run: ScriptRun, trace_dir: str) -> Capture:

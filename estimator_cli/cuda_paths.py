@@ -52,7 +52,8 @@ class AutocastEmulator:
     the AutocastCUDA key) while ``torch.is_autocast_enabled('cuda')``."""
 
     def __init__(self, real_cpu: bool = False) -> None:
-        self._cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        # id(weight) -> (weight, its cast): autocast's weight-cast cache, freed when autocast is left
+        self.cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         # Profile mode computes for real on the CPU, where float16 GEMMs are very slow (measured: an AMP
         # step over 300 s); bfloat16 has the same size, so memory is unchanged and the kernels are fast.
         self._fp16_as = torch.bfloat16 if real_cpu else torch.float16
@@ -63,18 +64,18 @@ class AutocastEmulator:
         if value.dtype == torch.float64:  # autocast leaves float64 alone
             return value
         if value.is_leaf and value.requires_grad and dtype != torch.float32:
-            hit = self._cache.get(id(value))
+            hit = self.cache.get(id(value))
             if hit is not None and hit[0] is value:
                 return hit[1]
             cast = value.to(dtype)
-            self._cache[id(value)] = (value, cast)  # the pair keeps `value` alive, so ids stay unique
+            self.cache[id(value)] = (value, cast)  # the pair keeps `value` alive, so ids stay unique
             return cast
         return value.to(dtype)
 
     def rewrite(self, func: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         if not torch.is_autocast_enabled("cuda"):
-            if self._cache:
-                self._cache.clear()  # autocast exit frees the cached weight casts
+            if self.cache:
+                self.cache.clear()  # autocast exit frees the cached weight casts
             return args, kwargs
         if func in _LOWER:
             dtype = torch.get_autocast_dtype("cuda")

@@ -118,6 +118,7 @@ class Capture:
     item_placeholders: int = 0  # `.item()` calls answered with a tainted placeholder (fake mode)
     # fake mode's GPU value reads: {"concrete": {what: count}, "placeholder": {what: count}}
     value_reads: dict[str, dict[str, int]] = field(default_factory=dict)
+    fast_forwarded_passes: int = 0  # repeated gradient-free passes replayed, not run (repeat_passes.py)
     version: int = CAPTURE_VERSION
 
     def to_json(self) -> dict[str, Any]:
@@ -127,7 +128,7 @@ class Capture:
             "allocs": [[a.id, a.size, a.module, a.phase, a.iteration, a.op, a.kind]
                        + ([a.conv] if a.conv is not None else []) for a in self.allocs.values()],
             "zero_grads": self.zero_grads, "item_placeholders": self.item_placeholders,
-            "value_reads": self.value_reads,
+            "value_reads": self.value_reads, "fast_forwarded_passes": self.fast_forwarded_passes,
         }
 
     @classmethod
@@ -142,7 +143,8 @@ class Capture:
         return cls(mode=data["mode"], steps=data["steps"], stopped=data["stopped"], events=events,
                    allocs=allocs, zero_grads=data.get("zero_grads", []),
                    item_placeholders=data.get("item_placeholders", 0),
-                   value_reads=data.get("value_reads", {}))
+                   value_reads=data.get("value_reads", {}),
+                   fast_forwarded_passes=data.get("fast_forwarded_passes", 0))
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -94,6 +94,24 @@ class FakeRecorder(TorchDispatchMode):
             self.peak = max(self.peak, self.live)
             weakref.finalize(storage, self._freed, alloc_id, size)
 
+    def replay_alloc(self, template: Alloc, storage: Any) -> int:
+        """A block of a fast-forwarded pass (estimator_cli/repeat_passes.py): ``template``'s size, op, module
+        and phase in the current iteration; freed by ``replay_free`` or, with a storage, when it dies."""
+        alloc_id = next(self._counter)
+        _, iteration, _ = self.context()
+        self.allocs[alloc_id] = Alloc(alloc_id, template.size, template.module, template.phase, iteration,
+                                      template.op, conv=template.conv)
+        self.events.append(("alloc", alloc_id))
+        self.live += template.size
+        self.peak = max(self.peak, self.live)
+        if storage is not None:
+            self.ids[storage] = alloc_id
+            weakref.finalize(storage, self._freed, alloc_id, template.size)
+        return alloc_id
+
+    def replay_free(self, alloc_id: int, size: int) -> None:
+        self._freed(alloc_id, size)
+
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         out = self.cache.call(func, args, kwargs, lambda: func(*args, **kwargs))

@@ -97,7 +97,8 @@ def run(request: Request, key: str, show_progress: bool, tool_version: str) -> t
         torch_version=first.torch_version or interpreter.torch_version, cache_key=key,
         allocator_config=os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""), tool_version=tool_version,
         capture_process=first.process, capture_process_note=first.process_note,
-        dependencies=dependencies(first.local_modules))
+        dependencies=dependencies(first.local_modules),
+        fast_forwarded_passes=first.capture.fast_forwarded_passes)
     doc["python"] = dict(interpreter.to_json(), torch_version=doc["torch_version"])
     if series:
         reduced_batch.apply_series(doc, request.targets, [_arch_class(d) for d in devices], series, request.cfg,

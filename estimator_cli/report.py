@@ -39,7 +39,8 @@ def build_document(*, estimates: list[TargetEstimate], script: str, args: list[s
                    stopped: bool, item_placeholders: int, value_reads: dict[str, dict[str, int]], elapsed_s: float,
                    torch_version: str, cache_key: str,
                    allocator_config: str, tool_version: str, capture_process: str,
-                   capture_process_note: str | None, dependencies: list[dict[str, str]]) -> dict[str, Any]:
+                   capture_process_note: str | None, dependencies: list[dict[str, str]],
+                   fast_forwarded_passes: int = 0) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION, "tool_version": tool_version, "script": script, "args": args,
         "mode": mode, "requested_mode": requested_mode, "fallback_reason": fallback_reason,
@@ -49,6 +50,8 @@ def build_document(*, estimates: list[TargetEstimate], script: str, args: list[s
         "targets": [target_json(e) for e in estimates], "capture_process": capture_process,
         "dependencies": dependencies,
     }
+    if fast_forwarded_passes:
+        doc["fast_forwarded_passes"] = fast_forwarded_passes
     if capture_process_note:
         doc["capture_process_note"] = capture_process_note  # why not warm; shown with --verbose
     return doc
@@ -133,6 +136,9 @@ def render_text(doc: dict[str, Any]) -> str:
     if concrete:
         lines.append("note: GPU values read with their real value (small tensors from concrete inputs): "
                      + ", ".join(f"{what} ×{n}" for what, n in sorted(concrete.items())))
+    if doc.get("fast_forwarded_passes"):
+        lines.append(f"note: {doc['fast_forwarded_passes']} repeated passes without gradients (evaluation, warm-up) "
+                     "were fast-forwarded: their recorded allocations replayed, the module not run")
     assumed = {w: n for w, n in doc.get("value_reads", {}).get("placeholder", {}).items() if "assumed" in w}
     if assumed:
         lines.append("note: assumed, as on a normal step: " + ", ".join(f"{w} ×{n}" for w, n in sorted(assumed.items())))

@@ -80,12 +80,16 @@ class ReportJson(TypedDict):
     # {executable, python_version, torch_version, prefix, own}; python_note: why --python was not used.
     python: NotRequired[dict[str, Any]]
     python_note: NotRequired[str]
+    # Added within version 1 (estimator_cli/repeat_passes.py): fake mode replayed this many repeated
+    # gradient-free passes instead of running them; absent when none was.
+    fast_forwarded_passes: NotRequired[int]
 
 
 _TARGET_INT = ("capacity_bytes", "peak_allocated_bytes", "peak_reserved_bytes", "context_bytes",
                "other_driver_bytes", "peak_total_bytes")
 _SPLIT_INT = ("persistent_bytes", "ephemeral_bytes", "persistent_allocated_bytes")
-_TOP_FIELDS = set(ReportJson.__annotations__) - {"reduced_batch", "python", "python_note"}  # postponed annotations hide NotRequired
+# postponed annotations hide NotRequired
+_TOP_FIELDS = set(ReportJson.__annotations__) - {"reduced_batch", "python", "python_note", "fast_forwarded_passes"}
 _TARGET_FIELDS = set(TargetJson.__annotations__) - set(_SPLIT_INT) - {"extrapolation"}
 
 
