@@ -27,6 +27,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils.weak import WeakIdKeyDictionary
 
+MAX_HOST_PLACEHOLDER = 1 << 24  # host copies of value-free tensors up to 16M elements are real tensors
 MAX_ELEMENTS = 1 << 20  # masks, index maps and box-assignment tables up to 1M elements: ~1 ms each on a CPU
 
 _NO_SHADOW = object()
@@ -60,7 +61,7 @@ class ConcreteValues:
     def attach_copy(self, meta: Any, source: Any) -> None:
         """``source`` (host tensor) was moved to the GPU as ``meta``: its value is known."""
         if isinstance(meta, torch.Tensor) and isinstance(source, torch.Tensor) and not source.is_meta \
-                and _small(meta) and not isinstance(source, torch.nn.Parameter):
+                and _small(meta) and not isinstance(source, torch.nn.Parameter) and source not in self.tainted_host:
             with _disable_current_modes():
                 self.attach(meta, source.detach().to(dtype=meta.dtype, copy=True))
 
@@ -92,6 +93,19 @@ class ConcreteValues:
 
     def untaint_kwargs(self, kwargs: dict) -> dict:
         return dict(zip(kwargs, self.untaint_args(tuple(kwargs.values()))))
+
+    def placeholder_host(self, meta: torch.Tensor) -> torch.Tensor:
+        """A host copy of a value-free GPU tensor: its shape and dtype, placeholder values, tainted. Past
+        ``MAX_HOST_PLACEHOLDER`` elements one value is broadcast (no host memory for a copy of logits)."""
+        from gpushare.estimator_cli.placeholders import PLACEHOLDER_VALUE
+
+        with _disable_current_modes(), torch._C.DisableTorchFunction():
+            if meta.numel() <= MAX_HOST_PLACEHOLDER:
+                host = torch.full(tuple(meta.shape), PLACEHOLDER_VALUE, dtype=meta.dtype)
+            else:
+                host = torch.full((), PLACEHOLDER_VALUE, dtype=meta.dtype).expand(tuple(meta.shape))
+        self.tainted_host[host] = True
+        return host
 
     def taint_host(self, out: Any, written: Any) -> None:
         for t in (*_leaves(out), written):

@@ -36,7 +36,8 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from gpushare.estimator_cli import cuda_paths
 from gpushare.estimator_cli.concrete_values import ConcreteValues, data_dependent_call
-from gpushare.estimator_cli.placeholders import is_tainted, placeholder, refuse
+from gpushare.estimator_cli import placeholders
+from gpushare.estimator_cli.placeholders import bounded, condition, is_tainted, placeholder, refuse, tainted_array, tainted_list
 from gpushare.estimator_cli.sparse_gpu import SparseOnGpu
 from gpushare.estimator_cli.tensor_parts import dense_parts, storages
 
@@ -49,6 +50,7 @@ _VALUE_READS: dict[Callable[..., Any], str] = {_T.tolist: ".tolist()", _T.numpy:
 _HOST_MOVES: dict[Callable[..., Any], str] = {_T.cpu: ".cpu()"}
 _READS: dict[Callable[..., Any], str] = {_T.item: ".item()", _T.__float__: "float(tensor)", _T.__format__: "a formatted tensor",
           **_VALUE_READS, **_HOST_MOVES}
+_ASKED_BY_USE = frozenset({_T.__int__, _T.__index__, _T.__bool__})  # answered by where the value goes
 # erfinv_: the second half of trunc_normal_. The nn.init functions reach a mode as themselves (they call
 # handle_torch_function), and what they call inside the handler is not seen again.
 _INIT_FILLS = frozenset({_T.uniform_, _T.normal_, _T.random_, _T.bernoulli_, _T.exponential_, _T.log_normal_,
@@ -106,6 +108,8 @@ class CudaPresenter(TorchFunctionMode):
         if self.fake:
             from torch.nn.modules.module import register_module_parameter_registration_hook
 
+            placeholders.on_assumed.append(self._assumed)
+
             self._hook = register_module_parameter_registration_hook(self._on_parameter)
             self._saved_apply = torch.nn.Module._apply
             presenter, original = self, self._saved_apply
@@ -120,7 +124,12 @@ class CudaPresenter(TorchFunctionMode):
             setattr(torch.nn.Module, "_apply", _apply)
         return super().__enter__()
 
+    def _assumed(self, what: str) -> None:
+        self.values.note(what, concrete=False)
+
     def __exit__(self, *exc: Any) -> None:
+        if self._assumed in placeholders.on_assumed:
+            placeholders.on_assumed.remove(self._assumed)
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
@@ -204,14 +213,15 @@ class CudaPresenter(TorchFunctionMode):
             return torch.empty_strided(src.shape, src.stride(), dtype=src.dtype, device="cpu",
                                        requires_grad=src.requires_grad if src.is_leaf else False)
         if shadow is None:
-            self.values.note(what, concrete=False)
+            if func not in _ASKED_BY_USE:  # those are noted with the use that was found (value_use.py)
+                self.values.note(what, concrete=False)
             if func is _T.item or func is _T.__float__:
                 self.item_calls += 1
                 return placeholder(args[0].is_floating_point())
             if func is _T.__format__:
                 self.item_calls += 1
                 return format(placeholder(args[0].is_floating_point()), *args[1:])
-            refuse(what)
+            return self._value_free_read(func, what, args, kwargs)
         self.values.note(what, concrete=True)
         call = self.values.swapped(args, kwargs)
         assert call is not None
@@ -220,17 +230,47 @@ class CudaPresenter(TorchFunctionMode):
             return out.clone() if out is shadow else out
         return func(*call[0], **call[1])
 
+    def _value_free_read(self, func: Callable[..., Any], what: str, args: tuple, kwargs: dict) -> Any:
+        """A read of a GPU value fake mode does not have, other than ``.item()``. A copy to the host
+        (``.cpu()``, ``.to('cpu')``, ``.numpy()``, ``.tolist()``) gives placeholders of the right shape that
+        carry the taint into whatever the host computes with them: image files, metrics, logs get written,
+        a condition on them refuses. ``int()`` and a tensor used as an index get a small concrete value when
+        the script's source shows the value only indexes, bounds a loop or is printed (value_use.py)."""
+        src = args[0]
+        if func is _T.cpu or func is _T.to or func is _T.numpy:
+            host = self.values.placeholder_host(src)
+            if func is _T.to:
+                host = func(host, *args[1:], **kwargs)
+                self.values.taint_host(host, None)
+            return tainted_array(host.numpy()) if func is _T.numpy else host
+        if func is _T.tolist:
+            return tainted_list(tuple(src.shape))
+        if func is _T.__int__ or func is _T.__index__:
+            return bounded(what)
+        if func is _T.__bool__:
+            return condition(what)
+        refuse(what)
+
     def _tainted_host_call(self, func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         """A placeholder stored into, or computed with, a host tensor (``losses[k] = loss.item()``, a
         running-loss tensor): the host tensor carries the taint, reads of it give placeholders, a
         condition on it refuses (concrete_values.py)."""
-        if func in _READS and isinstance(args[0], torch.Tensor):
-            self.values.note(_READS[func] + " of a host tensor holding a placeholder", concrete=False)
+        if func in _READS and isinstance(args[0], torch.Tensor) and func is not _T.cpu:
+            if func not in _ASKED_BY_USE:
+                self.values.note(_READS[func] + " of a host tensor holding a placeholder", concrete=False)
             if func in (_T.item, _T.__float__, _T.__format__):
                 self.item_calls += 1
                 value = placeholder(True)
                 return format(value, *args[1:]) if func is _T.__format__ else value
-            refuse(_READS[func] + " of a host tensor holding an .item() placeholder")
+            if func is _T.numpy:
+                return tainted_array(args[0].numpy())
+            if func is _T.tolist:
+                return tainted_list(tuple(args[0].shape))
+            if func is _T.__int__ or func is _T.__index__:
+                return bounded(_READS[func] + " of a host tensor holding placeholders")
+            if func is _T.__bool__:
+                return condition(_READS[func] + " of a host tensor holding placeholders")
+            refuse(_READS[func] + " of a host tensor holding placeholders")
         if any(isinstance(a, torch.Tensor) and a.is_meta for a in args) and (
                 _has_tainted(args) or _has_tainted(kwargs.values())):
             refuse("a value from .item() passed to a GPU tensor operation")
@@ -248,6 +288,11 @@ class CudaPresenter(TorchFunctionMode):
             return True if args[0].is_meta or args[0] in self.sparse else func(*args, **kwargs)
         if self.fake and self.sparse.involved(args, kwargs):
             return self.sparse.call(func, args, kwargs, self._rewrite)
+        if self.fake and (func is _T.to or func is _T.cuda) and args[0] in self.values.tainted_host:
+            out = self._move(func, args, kwargs)  # placeholders moved back to the GPU: still no values
+            if isinstance(out, torch.Tensor) and not out.is_meta:
+                self.values.taint_host(out, None)
+            return out
         if func is _T.to or func is _T.cuda:
             return self._move(func, args, kwargs)
         if func is _T.pin_memory:

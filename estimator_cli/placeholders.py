@@ -10,7 +10,7 @@ back to real CPU execution with the reason. So a placeholder can only ever affec
 
 from __future__ import annotations
 
-from typing import Any, NoReturn
+from typing import Any, Callable, NoReturn
 
 from gpushare.errors import GpushareError
 
@@ -22,10 +22,42 @@ class DataDependent(GpushareError, RuntimeError):
 
 
 def _refuse(what: str) -> NoReturn:
+    from gpushare.estimator_cli.value_use import where
+
+    at = "" if " at " in what else f" at {where()}"
     raise DataDependent(
-        f"the script uses the value of a GPU tensor ({what}); fake mode has no values, "
+        f"the script uses the value of a GPU tensor ({what}{at}); fake mode has no values, "
         "so the estimate needs real execution (--mode profile)"
     )
+
+
+on_assumed: list[Callable[[str], None]] = []  # the presenter's note of each assumed value (device_mode.py)
+
+
+def bounded(what: str) -> int:
+    """A small concrete int for a value-free read whose every use is a Python index, a loop bound or
+    output (estimator_cli/value_use.py); refused, naming the line, when a use may decide memory."""
+    from gpushare.estimator_cli.value_use import use_of_read
+
+    use = use_of_read()
+    if not use.bounded:
+        _refuse(f"{what} at {use.where}, where its value may decide memory")
+    for note in on_assumed:
+        note(f"{what} at {use.where} used only as {', '.join(sorted(use.uses)) or 'output'} (assumed {use.value})")
+    return use.value
+
+
+def condition(what: str) -> bool:
+    """A value-free condition: false when it only chooses between branches of host work (value_use.py),
+    else refused, naming the line."""
+    from gpushare.estimator_cli.value_use import condition_of_read
+
+    use = condition_of_read()
+    if not use.bounded:
+        _refuse(what)
+    for note in on_assumed:
+        note(f"{what} at {use.where} choosing between host-only branches (assumed false)")
+    return False
 
 
 class _Tainted:
@@ -34,18 +66,18 @@ class _Tainted:
     origin: str = ".item()"
 
     def __bool__(self) -> bool:
-        _refuse(f"{self.origin} used in a condition")
+        return condition(f"{self.origin} used in a condition")
 
     def __index__(self) -> int:
-        _refuse(f"{self.origin} used as an index or size")
+        return bounded(f"{self.origin} used as an index or size")
 
     def __lt__(self, other: Any) -> bool:
-        _refuse(f"{self.origin} compared")
+        return condition(f"{self.origin} compared")
 
     __le__ = __gt__ = __ge__ = __lt__
 
     def __eq__(self, other: Any) -> bool:  # type: ignore[override]
-        _refuse(f"{self.origin} compared")
+        return condition(f"{self.origin} compared")
 
     __ne__ = __eq__
 
@@ -89,7 +121,7 @@ TaintedFloat.__float__ = lambda self: TaintedFloat(float.__float__(self))  # typ
 
 
 def _int_refused(self: Any) -> int:
-    _refuse(f"{self.origin} converted to int")
+    return bounded(f"{self.origin} converted to int")
 
 
 TaintedFloat.__int__ = _int_refused  # type: ignore[method-assign]
@@ -114,3 +146,50 @@ def is_tainted(value: Any) -> bool:
 def refuse(what: str) -> NoReturn:
     """Raise :class:`DataDependent` for `what` (public for the presenter)."""
     _refuse(what)
+
+
+def tainted_list(shape: tuple[int, ...]) -> Any:
+    """``.tolist()`` of a tensor without values: nested lists of placeholders of its shape."""
+    if not shape:
+        return TaintedFloat(PLACEHOLDER_VALUE)
+    return [tainted_list(shape[1:]) for _ in range(shape[0])]
+
+
+def tainted_array(values: Any) -> Any:
+    """``.numpy()`` of a tensor without values (its host copy holds placeholders): an array that can be
+    computed with, saved as an image and formatted, but refuses a condition, an index or a size; its
+    scalars (``arr.mean()``, ``arr.item()``) are placeholders."""
+    return values.view(TaintedArray)
+
+
+try:
+    import numpy as _np
+except ImportError:  # numpy ships with every torch wheel we support; without it there is nothing to taint
+    _np = None  # type: ignore[assignment]
+
+if _np is not None:
+    class TaintedArray(_np.ndarray):
+        """A host array computed from GPU values fake mode does not have (see :func:`tainted_array`)."""
+
+        def __array_wrap__(self, array: Any, context: Any = None, return_scalar: bool = False) -> Any:
+            if return_scalar or array.ndim == 0:
+                return TaintedFloat(PLACEHOLDER_VALUE)
+            return array.view(TaintedArray)
+
+        def __bool__(self) -> bool:
+            return condition("a condition on an array computed from GPU values")
+
+        def __index__(self) -> int:
+            return bounded("an array computed from GPU values used as an index or size")
+
+        def __int__(self) -> int:
+            return bounded("an array computed from GPU values converted to int")
+
+        def __float__(self) -> float:
+            return TaintedFloat(PLACEHOLDER_VALUE)
+
+        def item(self, *args: Any) -> Any:
+            return TaintedFloat(PLACEHOLDER_VALUE)
+
+        def tolist(self) -> Any:
+            return tainted_list(self.shape)

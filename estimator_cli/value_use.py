@@ -1,0 +1,259 @@
+"""Where a GPU value read in fake mode goes: the script's own source, at the line that reads it.
+
+Why: ``int(tensor)`` must return a plain ``int`` (CPython copies an ``int`` subclass returned by
+``__int__``), so once a script holds it, fake mode can no longer see where it goes. Real scripts read such
+values for bookkeeping — ``classes[int(pred[0])]`` in a log line, ``for i in range(int(n)): print(...)``,
+``correct += int((pred == y).sum())`` printed later — and those values decide nothing about GPU memory. So
+before answering, the capture reads the script's source at the reading expression (the position of the
+frame's current instruction, exact to the column) and follows it: through arithmetic, into a local name and
+that name's later uses in the same function. When every use ends in a Python index (``seq[i]``), a
+``range()`` bound, or output (``print``, formatting, f-strings, logging calls), the read gets a small
+concrete value: 0 when it indexes (valid for any non-empty sequence), else 1 (a loop body runs once, so its
+memory behaviour is seen). Any other use — a comparison, a condition, a tensor operation or shape, a
+function of the script's, an attribute or container that outlives the function — may decide memory, and
+the read is refused, naming the line.
+"""
+
+from __future__ import annotations
+
+import ast
+import linecache
+import os
+import sys
+from dataclasses import dataclass
+from types import CodeType, FrameType
+
+_OUTPUT_CALLS = frozenset({"print", "str", "repr", "format", "len"})
+_OUTPUT_METHODS = frozenset({"info", "debug", "warning", "error", "log", "write", "format", "add_scalar",
+                             "add_scalars", "set_postfix", "set_description", "append"})
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_MAX_DEPTH = 4  # names followed through assignments
+
+
+@dataclass(frozen=True)
+class Use:
+    """Where the value went: ``bounded`` (all uses host-only) with the uses seen, and the script's line."""
+
+    bounded: bool
+    uses: frozenset[str]
+    where: str  # "train.py:42"
+
+    @property
+    def value(self) -> int:
+        return 0 if "index" in self.uses or not self.uses - {"output"} else 1
+
+
+def user_frame() -> FrameType | None:
+    """The innermost frame of the script's own code (outside torch and this package)."""
+    torch = sys.modules.get("torch")
+    own = (_HERE,) + ((os.path.dirname(os.path.abspath(torch.__file__)),) if torch is not None and torch.__file__ else ())
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        name = os.path.abspath(frame.f_code.co_filename)
+        if not name.startswith(own) and not frame.f_code.co_filename.startswith("<"):
+            return frame
+        frame = frame.f_back
+    return None
+
+
+def where(frame: FrameType | None = None) -> str:
+    frame = frame or user_frame()
+    if frame is None:
+        return "an unknown line"
+    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+
+
+def use_of_read(frame: FrameType | None = None) -> Use:
+    """How the value read by ``frame``'s current instruction is used (module docstring)."""
+    frame = frame or user_frame()
+    if frame is None:
+        return Use(False, frozenset(), where(frame))
+    tree = _tree(frame.f_code.co_filename)
+    position = _position(frame.f_code, frame.f_lasti)
+    node = None if tree is None or position is None else _node_at(tree, position)
+    if node is None:
+        return Use(False, frozenset(), where(frame))
+    # The instruction that asked for the value: ``seq[t]`` (the tensor itself was the index), ``range(t)``,
+    # or ``int(t)`` / ``round(t)``, whose result is followed. Anything else (``np.zeros(t)``) consumes it.
+    uses: set[str] = set()
+    ok = False
+    if isinstance(node, ast.Subscript):
+        uses.add("index")
+        ok = _follow(tree, node, uses, 0)
+    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "range":
+        uses.add("loop bound")
+        ok = _loop_iter(tree, node)
+    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("int", "round"):
+        ok = _follow(tree, node, uses, 0)
+    return Use(ok, frozenset(uses), where(frame))
+
+
+# -- source -------------------------------------------------------------------------------------------
+_TREES: dict[str, tuple[ast.Module | None, dict[int, ast.AST]]] = {}
+
+
+def _tree(filename: str) -> ast.Module | None:
+    hit = _TREES.get(filename)
+    if hit is None:
+        source = "".join(linecache.getlines(filename))
+        try:
+            tree: ast.Module | None = ast.parse(source) if source else None
+        except SyntaxError:
+            tree = None
+        parents: dict[int, ast.AST] = {}
+        if tree is not None:
+            for parent in ast.walk(tree):
+                for child in ast.iter_child_nodes(parent):
+                    parents[id(child)] = parent
+        hit = _TREES[filename] = (tree, parents)
+    return hit[0]
+
+
+def _parent(tree: ast.Module, node: ast.AST) -> ast.AST | None:
+    for module, parents in _TREES.values():
+        if module is tree:
+            return parents.get(id(node))
+    return None
+
+
+def _position(code: CodeType, lasti: int) -> tuple[int, int, int, int] | None:
+    for i, pos in enumerate(code.co_positions()):
+        if i * 2 == lasti:
+            return None if None in pos else pos  # type: ignore[return-value]
+    return None
+
+
+def _node_at(tree: ast.Module, pos: tuple[int, int, int, int]) -> ast.AST | None:
+    line, end_line, col, end_col = pos
+    for node in ast.walk(tree):
+        if isinstance(node, ast.expr) and (node.lineno, node.end_lineno, node.col_offset, node.end_col_offset) \
+                == (line, end_line, col, end_col):
+            return node
+    return None
+
+
+# -- following the value ------------------------------------------------------------------------------
+def _follow(tree: ast.Module, node: ast.AST, uses: set[str], depth: int) -> bool:
+    """True when every use of ``node``'s value ends in an index, a loop bound or output."""
+    parent = _parent(tree, node)
+    while parent is not None:
+        if isinstance(parent, (ast.BinOp, ast.UnaryOp, ast.FormattedValue, ast.Tuple, ast.List)) or (
+                isinstance(parent, ast.Call) and isinstance(parent.func, ast.Name) and parent.func.id in ("int", "round", "abs")
+                and node in parent.args):
+            node, parent = parent, _parent(tree, parent)
+            continue
+        if isinstance(parent, ast.JoinedStr):
+            uses.add("output")
+            return True
+        if isinstance(parent, ast.Subscript) and node is parent.slice:
+            uses.add("index")  # the element it picks is followed in turn: ``sizes[i]`` may be a shape
+            node, parent = parent, _parent(tree, parent)
+            continue
+        if isinstance(parent, ast.keyword):
+            node, parent = parent, _parent(tree, parent)
+            continue
+        if isinstance(parent, ast.Call) and node is not parent.func:
+            func = parent.func
+            if isinstance(func, ast.Name) and func.id == "range":
+                uses.add("loop bound")
+                return _loop_iter(tree, parent)
+            if (isinstance(func, ast.Name) and func.id in _OUTPUT_CALLS) or (
+                    isinstance(func, ast.Attribute) and func.attr in _OUTPUT_METHODS):
+                uses.add("output")
+                return True
+            return False
+        if isinstance(parent, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and node is parent.value:
+            targets = parent.targets if isinstance(parent, ast.Assign) else [parent.target]
+            if depth >= _MAX_DEPTH or len(targets) != 1 or not isinstance(targets[0], ast.Name):
+                return False
+            return _follow_name(tree, parent, targets[0].id, uses, depth + 1)
+        return False
+    return False
+
+
+def _loop_iter(tree: ast.Module, call: ast.Call) -> bool:
+    """``range(n)`` is the iterable of a ``for`` loop or a comprehension (a range kept is not bounded)."""
+    parent = _parent(tree, call)
+    return isinstance(parent, (ast.For, ast.comprehension)) and parent.iter is call
+
+
+def _follow_name(tree: ast.Module, statement: ast.stmt, name: str, uses: set[str], depth: int) -> bool:
+    scope = _scope(tree, statement)
+    loads = [n for n in ast.walk(scope) if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
+             and not _inside(tree, n, statement)]
+    return all(_follow(tree, n, uses, depth) for n in loads)
+
+
+def _scope(tree: ast.Module, node: ast.AST) -> ast.AST:
+    parent = _parent(tree, node)
+    while parent is not None and not isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+        parent = _parent(tree, parent)
+    return parent if parent is not None else tree
+
+
+def _inside(tree: ast.Module, node: ast.AST, ancestor: ast.AST) -> bool:
+    parent = _parent(tree, node)
+    while parent is not None:
+        if parent is ancestor:
+            return True
+        parent = _parent(tree, parent)
+    return False
+
+
+# -- conditions ---------------------------------------------------------------------------------------
+# Calls a branch may make and still be host work only: output, checkpoints, bookkeeping.
+_HOST_CALLS = frozenset({"print", "save", "state_dict", "join", "open", "dump", "dumps", "write", "info", "debug",
+                         "warning", "log", "str", "format", "float", "int", "round", "dict", "list", "len",
+                         "append", "makedirs", "mkdir", "add_scalar", "add_scalars", "items", "keys", "values",
+                         "copy", "deepcopy", "flush", "close", "exists", "time", "perf_counter", "abs", "min",
+                         "max", "item"})
+
+
+def condition_of_read(frame: FrameType | None = None) -> Use:
+    """A condition on a value fake mode does not have: ``bounded`` when it is the test of an ``if`` whose
+    branches (both) only do host work — assignments, output, checkpoint saving (``_HOST_CALLS``) — so
+    either outcome allocates the same GPU memory (``best_val_loss`` bookkeeping, saving the best model).
+    Then the caller takes the branch not taken (false). Loops, ``break``, ``return``, and any other
+    call in a branch (a model, a function of the script's) may decide memory: not bounded."""
+    frame = frame or user_frame()
+    if frame is None:
+        return Use(False, frozenset(), where(frame))
+    tree = _tree(frame.f_code.co_filename)
+    position = _position(frame.f_code, frame.f_lasti)
+    node = None if tree is None or position is None else _node_at(tree, position)
+    while node is not None and not isinstance(node, ast.stmt):
+        child, node = node, _parent(tree, node)  # type: ignore[arg-type]
+        if isinstance(node, ast.If) and child is node.test:
+            ok = _host_only(node.body) and _host_only(node.orelse)
+            return Use(ok, frozenset({"condition"}), where(frame))
+    return Use(False, frozenset(), where(frame))
+
+
+def _host_calls_only(node: ast.AST) -> bool:
+    for sub in ast.walk(node):
+        if isinstance(sub, (ast.Await, ast.Yield, ast.YieldFrom, ast.Lambda, ast.NamedExpr)):
+            return False
+        if isinstance(sub, ast.Call):
+            func = sub.func
+            name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+            if name not in _HOST_CALLS:
+                return False
+    return True
+
+
+def _host_only(statements: list[ast.stmt]) -> bool:
+    for s in statements:
+        if isinstance(s, ast.Pass):
+            continue
+        if isinstance(s, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Expr)):
+            if not _host_calls_only(s):
+                return False
+        elif isinstance(s, ast.If):
+            if not (_host_calls_only(s.test) and _host_only(s.body) and _host_only(s.orelse)):
+                return False
+        elif isinstance(s, ast.With):
+            if not (all(_host_calls_only(item) for item in s.items) and _host_only(s.body)):
+                return False
+        else:
+            return False  # loops, break/continue/return/raise, definitions: may change what runs next
+    return True
