@@ -49,6 +49,9 @@ SCRIPTS = {
     "seq2seq_transformer.py": ("nn.Transformer, padding masks, label smoothing", []),
     "dcgan.py": ("DCGAN, two optimizers", []),
     "simclr_contrastive.py": ("SimCLR, boolean-mask NT-Xent, channels_last AMP", []),
+    "vae_sample_images.py": ("conv VAE, reconstructions .to('cpu') saved as PNG with PIL, .numpy()", ["PIL"]),
+    "classifier_host_metrics.py": ("CNN, .cpu() metrics, NumPy confusion matrix, int(tensor) index and loop bound", []),
+    "nanogpt_eval_first.py": ("GPT-2 124M, torch.compile, 2x200 eval batches at iteration 0, best-loss checkpoint", []),
 }
 
 
