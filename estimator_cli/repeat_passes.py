@@ -224,7 +224,7 @@ def _describe(leaf: Any, ids: Any, index: dict[int, int]) -> _Leaf | None:
         alloc_id = ids.get(leaf.untyped_storage())
         if alloc_id not in index:
             return None  # an input or a parameter handed back: not the pass's own block
-        return _Leaf(index[alloc_id], tuple(leaf.shape), leaf.stride(), leaf.storage_offset(), leaf.dtype)
+        return _Leaf(index[alloc_id], tuple(leaf.shape), leaf.stride(), int(leaf.storage_offset()), leaf.dtype)
     if isinstance(leaf, _SCALARS):
         return _Leaf(value=leaf)
     return None

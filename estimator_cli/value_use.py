@@ -71,7 +71,7 @@ def use_of_read(frame: FrameType | None = None) -> Use:
     tree = _tree(frame.f_code.co_filename)
     position = _position(frame.f_code, frame.f_lasti)
     node = None if tree is None or position is None else _node_at(tree, position)
-    if node is None:
+    if tree is None or node is None:
         return Use(False, frozenset(), where(frame))
     # The instruction that asked for the value: ``seq[t]`` (the tensor itself was the index), ``range(t)``,
     # or ``int(t)`` / ``round(t)``, whose result is followed. Anything else (``np.zeros(t)``) consumes it.
