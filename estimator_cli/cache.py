@@ -26,8 +26,10 @@ RELEVANT_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CUBLAS_WORKSPA
 # Version of the estimate's model (orchestrator, device model). Bump it when the same capture would give a
 # different estimate, so entries made by an older model are not served as current. 2: cuDNN workspaces
 # from convolution geometry (estimator_cli/conv_workspace.py). 4: documents carry the persistent/ephemeral
-# split (estimator_cli/persistent.py), which an older entry lacks.
-MODEL_VERSION = 4
+# split (estimator_cli/persistent.py), which an older entry lacks. 5: fake mode answers host copies of GPU
+# values and fast-forwards repeated passes, so a script that fell back to profile mode before is captured
+# in fake mode now (estimator_cli/value_use.py, repeat_passes.py).
+MODEL_VERSION = 5
 
 
 MAX_ARG_FILE_BYTES = 4 << 20

@@ -5,7 +5,11 @@ tensors have no values. Returning a made-up number is dangerous (docs/estimator.
 built a 3k-parameter RegNet), so the number we return is a *tainted* float/int: it may be printed,
 formatted and summed (logging), but the moment it reaches control flow (``if``, comparisons), a shape
 (``range``, indexing) or a tensor operation, it raises :class:`DataDependent`, and ``auto`` mode falls
-back to real CPU execution with the reason. So a placeholder can only ever affect log lines.
+back to real CPU execution with the reason — unless the script's source shows that the use cannot decide
+memory (estimator_cli/value_use.py: an index or loop bound that only leads to output, an ``if`` between
+host-only branches); then it gets a small concrete value, noted in the report. Host copies of value-free
+GPU tensors (``tainted_list``, ``TaintedArray``) follow the same rules. So a placeholder can only ever
+affect host work: log lines, files, bookkeeping.
 """
 
 from __future__ import annotations

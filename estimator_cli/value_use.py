@@ -6,12 +6,14 @@ values for bookkeeping — ``classes[int(pred[0])]`` in a log line, ``for i in r
 ``correct += int((pred == y).sum())`` printed later — and those values decide nothing about GPU memory. So
 before answering, the capture reads the script's source at the reading expression (the position of the
 frame's current instruction, exact to the column) and follows it: through arithmetic, into a local name and
-that name's later uses in the same function. When every use ends in a Python index (``seq[i]``), a
-``range()`` bound, or output (``print``, formatting, f-strings, logging calls), the read gets a small
-concrete value: 0 when it indexes (valid for any non-empty sequence), else 1 (a loop body runs once, so its
-memory behaviour is seen). Any other use — a comparison, a condition, a tensor operation or shape, a
-function of the script's, an attribute or container that outlives the function — may decide memory, and
-the read is refused, naming the line.
+that name's uses in the same function, through an index to the element it picks (``sizes[i]`` may be a
+shape). When every use ends in a Python index (``seq[i]``), the ``range()`` of a ``for`` loop, or output
+(``print``, formatting, f-strings, logging calls), the read gets a small concrete value: 0 when it indexes
+(valid for any non-empty sequence), else 1 (a loop body runs once, so its memory behaviour is seen). Any
+other use — a comparison, a condition, a tensor operation or shape, a function of the script's, an
+attribute or container that outlives the function — may decide memory, and the read is refused, naming the
+line. Conditions get the same reading (``condition_of_read``): the test of an ``if`` whose branches only
+do host work is answered false.
 """
 
 from __future__ import annotations
