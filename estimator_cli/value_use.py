@@ -29,6 +29,7 @@ _OUTPUT_CALLS = frozenset({"print", "str", "repr", "format", "len"})
 _OUTPUT_METHODS = frozenset({"info", "debug", "warning", "error", "log", "write", "format", "add_scalar",
                              "add_scalars", "set_postfix", "set_description", "append"})
 _HERE = os.path.dirname(os.path.abspath(__file__))
+_CONVERSIONS = frozenset({"item", "tolist", "cpu", "detach", "numpy", "float", "int"})
 _MAX_DEPTH = 4  # names followed through assignments
 
 
@@ -84,7 +85,7 @@ def use_of_read(frame: FrameType | None = None) -> Use:
         ok = _follow(tree, node, uses, 0)
     elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "range":
         uses.add("loop bound")
-        ok = _loop_iter(tree, node)
+        ok = _loop_iter(tree, node, uses, 0)
     elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("int", "round"):
         ok = _follow(tree, node, uses, 0)
     return Use(ok, frozenset(uses), where(frame))
@@ -151,6 +152,10 @@ def _follow(tree: ast.Module, node: ast.AST, uses: set[str], depth: int) -> bool
             uses.add("index")  # the element it picks is followed in turn: ``sizes[i]`` may be a shape
             node, parent = parent, _parent(tree, parent)
             continue
+        call = _parent(tree, parent) if isinstance(parent, ast.Attribute) and parent.attr in _CONVERSIONS else None
+        if isinstance(call, ast.Call) and call.func is parent:
+            node, parent = call, _parent(tree, call)  # ``picked.item()``: the same value, converted
+            continue
         if isinstance(parent, ast.keyword):
             node, parent = parent, _parent(tree, parent)
             continue
@@ -158,7 +163,7 @@ def _follow(tree: ast.Module, node: ast.AST, uses: set[str], depth: int) -> bool
             func = parent.func
             if isinstance(func, ast.Name) and func.id == "range":
                 uses.add("loop bound")
-                return _loop_iter(tree, parent)
+                return _loop_iter(tree, parent, uses, depth)
             if (isinstance(func, ast.Name) and func.id in _OUTPUT_CALLS) or (
                     isinstance(func, ast.Attribute) and func.attr in _OUTPUT_METHODS):
                 uses.add("output")
@@ -173,10 +178,21 @@ def _follow(tree: ast.Module, node: ast.AST, uses: set[str], depth: int) -> bool
     return False
 
 
-def _loop_iter(tree: ast.Module, call: ast.Call) -> bool:
-    """``range(n)`` is the iterable of a ``for`` loop or a comprehension (a range kept is not bounded)."""
-    parent = _parent(tree, call)
-    return isinstance(parent, (ast.For, ast.comprehension)) and parent.iter is call
+def _loop_iter(tree: ast.Module, call: ast.Call, uses: set[str], depth: int) -> bool:
+    """``range(n)`` is the iterable of a ``for`` loop or a comprehension (a range kept is not bounded), and
+    the loop variable is followed like the value: ``torch.zeros(k)`` in the body would decide memory."""
+    loop = _parent(tree, call)
+    if not isinstance(loop, (ast.For, ast.comprehension)) or loop.iter is not call:
+        return False
+    if not isinstance(loop.target, ast.Name) or depth >= _MAX_DEPTH:
+        return False
+    body = loop if isinstance(loop, ast.For) else _parent(tree, loop)
+    if body is None:
+        return False
+    loads = [n for n in ast.walk(body) if isinstance(n, ast.Name) and n.id == loop.target.id
+             and isinstance(n.ctx, ast.Load)]
+    inner: set[str] = set()  # the loop variable's uses: 0 .. n-1 index whatever n indexes, so not "index"
+    return all(_follow(tree, n, inner, depth + 1) for n in loads)
 
 
 def _follow_name(tree: ast.Module, statement: ast.stmt, name: str, uses: set[str], depth: int) -> bool:

@@ -130,6 +130,7 @@ def test_a_condition_that_only_picks_host_work_is_assumed_false(capsys, tmp_path
     ("extra = torch.zeros(int(out.argmax()) + 1, 1024, device='cuda')", "extra ="),
     ("sizes = [8, 4096]\n        extra = torch.zeros(sizes[int(out.argmax())], device='cuda')", "extra ="),
     ("if out.cpu().mean() > 0:\n            out = out.repeat(64, 1)", "if out"),
+    ("for k in range(int(out.argmax())):\n            extra = torch.zeros(k, 1024, device='cuda')", "for k"),
 ])
 def test_a_value_that_decides_memory_still_falls_back_naming_the_line(capsys, tmp_path, use, needle):
     source = HEAD + f"""
