@@ -3,7 +3,8 @@
 Each corpus script is written in the style of a popular kind of training script (Hugging Face Trainer
 and accelerate, Lightning Trainer and Fabric, plain loops with AMP, gradient accumulation and
 checkpointing, torch.compile, DataLoader workers, torchrun-style launch, LSTM, sparse GNN, diffusion,
-detection, GAN, contrastive), builds its model from a config and makes its data at run time. Each is
+detection, GAN, contrastive; sample images saved from GPU batches, host-side metrics with ``int(tensor)``
+lookups, a long evaluation before the first step), builds its model from a config and makes its data at run time. Each is
 estimated with its default arguments, unmodified, as a user would run it: ``gpu-estimate --json
 --no-cache --gpu a100-80gb SCRIPT``, through the warm worker (one unmeasured run starts it, as the
 first estimate of a session does), with ``--timeout`` and ``--max-cpu-memory`` bounds. Wall time is the
