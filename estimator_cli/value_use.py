@@ -127,12 +127,17 @@ def _position(code: CodeType, lasti: int) -> tuple[int, int, int, int] | None:
 
 
 def _node_at(tree: ast.Module, pos: tuple[int, int, int, int]) -> ast.AST | None:
+    """The expression at exactly ``pos``; else the statement there (CPython 3.11 places the jump of
+    ``if x:`` / ``if a or b:``, where ``__bool__`` is asked, on the whole ``if``)."""
     line, end_line, col, end_col = pos
+    statement = None
     for node in ast.walk(tree):
-        if isinstance(node, ast.expr) and (node.lineno, node.end_lineno, node.col_offset, node.end_col_offset) \
-                == (line, end_line, col, end_col):
-            return node
-    return None
+        if isinstance(node, (ast.expr, ast.stmt)) and (node.lineno, node.end_lineno, node.col_offset,
+                                                       node.end_col_offset) == (line, end_line, col, end_col):
+            if isinstance(node, ast.expr):
+                return node
+            statement = statement or node
+    return statement
 
 
 # -- following the value ------------------------------------------------------------------------------
@@ -239,6 +244,8 @@ def condition_of_read(frame: FrameType | None = None) -> Use:
     tree = _tree(frame.f_code.co_filename)
     position = _position(frame.f_code, frame.f_lasti)
     node = None if tree is None or position is None else _node_at(tree, position)
+    if isinstance(node, ast.If):
+        return Use(_host_only(node.body) and _host_only(node.orelse), frozenset({"condition"}), where(frame))
     while node is not None and not isinstance(node, ast.stmt):
         child, node = node, _parent(tree, node)  # type: ignore[arg-type]
         if isinstance(node, ast.If) and child is node.test:
