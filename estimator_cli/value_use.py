@@ -254,30 +254,65 @@ def condition_of_read(frame: FrameType | None = None) -> Use:
     return Use(False, frozenset(), where(frame))
 
 
-def _host_calls_only(node: ast.AST) -> bool:
-    for sub in ast.walk(node):
-        if isinstance(sub, (ast.Await, ast.Yield, ast.YieldFrom, ast.Lambda, ast.NamedExpr)):
-            return False
-        if isinstance(sub, ast.Call):
-            func = sub.func
-            name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
-            if name not in _HOST_CALLS:
-                return False
-    return True
+def _host_expr(node: ast.AST | None) -> bool:
+    """An expression that computes nothing on tensors: names, constants, attributes, lookups by a name or
+    a constant, containers and f-strings of those, and calls of ``_HOST_CALLS`` on them. Arithmetic,
+    comparisons and any other call may be a GPU operation (``x * 2`` allocates) and are refused."""
+    if node is None or isinstance(node, (ast.Constant, ast.Name)):
+        return True
+    if isinstance(node, ast.Attribute):
+        return _host_expr(node.value)
+    if isinstance(node, ast.Subscript):
+        return _host_expr(node.value) and isinstance(node.slice, (ast.Constant, ast.Name))
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return all(_host_expr(e) for e in node.elts)
+    if isinstance(node, ast.Dict):
+        return all(_host_expr(k) and _host_expr(v) for k, v in zip(node.keys, node.values))
+    if isinstance(node, ast.JoinedStr):
+        return all(_host_expr(v) for v in node.values)
+    if isinstance(node, ast.FormattedValue):
+        return _host_expr(node.value)
+    if isinstance(node, ast.Call):
+        func = node.func
+        name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+        return name in _HOST_CALLS and (not isinstance(func, ast.Attribute) or _host_expr(func.value)) \
+            and all(_host_expr(a) for a in node.args) and all(_host_expr(k.value) for k in node.keywords)
+    return False
+
+
+def _host_test(node: ast.AST) -> bool:
+    """A nested ``if``'s test: comparisons and ``and``/``or``/``not`` of host expressions (``iter_num > 0``);
+    a comparison of GPU values there is a condition of its own, read and judged when it is asked."""
+    if isinstance(node, ast.Compare):
+        return _host_expr(node.left) and all(_host_expr(c) for c in node.comparators)
+    if isinstance(node, ast.BoolOp):
+        return all(_host_test(v) for v in node.values)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        return _host_test(node.operand)
+    return _host_expr(node)
+
+
+def _host_target(node: ast.AST) -> bool:
+    return isinstance(node, (ast.Name, ast.Attribute)) or (
+        isinstance(node, ast.Subscript) and isinstance(node.slice, (ast.Constant, ast.Name)))
 
 
 def _host_only(statements: list[ast.stmt]) -> bool:
     for s in statements:
         if isinstance(s, ast.Pass):
             continue
-        if isinstance(s, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Expr)):
-            if not _host_calls_only(s):
+        if isinstance(s, ast.Expr):
+            if not _host_expr(s.value):
+                return False
+        elif isinstance(s, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            targets = s.targets if isinstance(s, ast.Assign) else [s.target]
+            if not (all(_host_target(t) for t in targets) and _host_expr(s.value)):
                 return False
         elif isinstance(s, ast.If):
-            if not (_host_calls_only(s.test) and _host_only(s.body) and _host_only(s.orelse)):
+            if not (_host_test(s.test) and _host_only(s.body) and _host_only(s.orelse)):
                 return False
         elif isinstance(s, ast.With):
-            if not (all(_host_calls_only(item) for item in s.items) and _host_only(s.body)):
+            if not (all(_host_expr(item.context_expr) for item in s.items) and _host_only(s.body)):
                 return False
         else:
             return False  # loops, break/continue/return/raise, definitions: may change what runs next

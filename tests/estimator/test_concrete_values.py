@@ -59,6 +59,7 @@ def test_branch_on_a_large_value_free_tensor_still_refuses(capsys, tmp_path):
         model = torch.nn.Linear(512, 512).cuda()
         x = model(torch.randn(256, 512).cuda())
         if (x > 0).any():
+            x = x * 2                                  # a GPU operation in the branch
             print("data-dependent")
     """, "--mode", "fake")
     assert code == EXIT_UNSUPPORTED and "a condition on a tensor" in err

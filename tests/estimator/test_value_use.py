@@ -78,6 +78,9 @@ def test_a_condition_between_host_only_branches_is_bounded():
     if Probe():
         make(3)  # a branch into other code
     assert not last().bounded
+    if Probe():
+        best = best * 2  # arithmetic: on a tensor, a GPU operation
+    assert not last().bounded
     flag = bool(Probe())  # kept, not branched on
     assert not last().bounded and flag is False
 
