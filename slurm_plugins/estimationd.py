@@ -132,11 +132,12 @@ class EstimationService:
         # Still completing counts as active on every release (22.05 says COMPLETING, 24.11+ COMPLETED+COMPLETING)
         job_id, uid, state = int(job.job_id), int(job.user_id or 0), "COMPLETING" if job.completing else job.state
         stdout = job.std_out
-        ours = Path(os.path.normpath(stdout)).parent.parent == Path(self.cfg.estimation.spool_dir).resolve()
+        directory = Path(os.path.normpath(stdout)).parent
+        ours = directory.parent == Path(self.cfg.estimation.spool_dir).resolve()
         outcome: Estimate | str | None = None
         if ours and state in ("COMPLETED", "FAILED", "TIMEOUT", "OUT_OF_MEMORY"):
             outcome = self._outcome(job_id, uid, state, stdout)
-        return EstimationJob(job_id, uid, state, for_job, outcome, ours)
+        return EstimationJob(job_id, uid, state, for_job, outcome, ours, directory.name if ours else "")
 
     def _outcome(self, job_id: int, uid: int, state: str, stdout: str) -> Estimate | str | None:
         """The estimate an ended estimation job left in its spool directory, or why there is none."""
