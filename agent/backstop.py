@@ -14,6 +14,9 @@ Record shapes (in the job's store entry and its run record, ``docs/agent.md`` *O
 
     oom: {"source": "agent-backstop", "gpu": int, "peak_bytes": int, "cap_bytes": int,
           "tolerance_bytes": int, "over_since": float, "at": float, "action": "stop" | "record"}
+    unattributed (agent status, not a job's): {"source": "agent-unattributed", "gpu": int, "pid": int,
+          "uid": int, "claimed_job": str | None, "peak_bytes": int, "tolerance_bytes": int,
+          "over_since": float, "at": float, "action": "stop" | "record"}
     forecast: {"source": "agent-forecast", "gpu": int, "at": float, "cap_bytes": int,
                "predicted_bytes": int, "horizon_s": float, "eta_s": float | None,
                "trend_bytes_per_s": float, "action": "warn" | "requeue" | "none",
@@ -53,6 +56,23 @@ def oom_record(gpu: int, peak_bytes: float, cap_bytes: float, tolerance_bytes: f
     return {"source": "agent-backstop", "gpu": int(gpu), "peak_bytes": int(peak_bytes), "cap_bytes": int(cap_bytes),
             "tolerance_bytes": int(tolerance_bytes), "over_since": round(over_since, 3), "at": round(now, 3),
             "action": action}
+
+
+def unattributed_record(gpu: int, pid: int, uid: int, claim: str | None, used_bytes: float,
+                        tolerance_bytes: float, over_since: float, now: float, action: str) -> dict[str, Any]:
+    """A process that belongs to no job on its GPU, over the tolerance past the grace period: what the
+    agent keeps (its status, its log) about it and what it did. Billed to nobody."""
+    return {"source": "agent-unattributed", "gpu": int(gpu), "pid": int(pid), "uid": int(uid),
+            "claimed_job": claim, "peak_bytes": int(used_bytes), "tolerance_bytes": int(tolerance_bytes),
+            "over_since": round(over_since, 3), "at": round(now, 3), "action": action}
+
+
+def unattributed_message(record: dict[str, Any]) -> str:
+    claim = f"claiming job {record['claimed_job']}" if record["claimed_job"] else "carrying no job id"
+    verb = "stopped" if record["action"] == "stop" else "recorded"
+    return (f"process {record['pid']} of uid {record['uid']} on GPU {record['gpu']}, {claim}, belongs to no job "
+            f"of its user on that GPU and used {record['peak_bytes'] / (1 << 30):.2f} GiB for "
+            f"{record['at'] - record['over_since']:.0f} s: {verb}")
 
 
 def oom_message(job: str, record: dict[str, Any]) -> str:

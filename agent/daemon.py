@@ -19,15 +19,16 @@ import logging
 import math
 import queue
 import sys
+from collections import deque
 import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from gpushare.gres import GpuError, open_backend
-from gpushare.agent.adopt import Adopter
+from gpushare.agent.adopt import Adopter, process_uid
 from gpushare.agent.api import node_name
-from gpushare.agent.backstop import forecast_message, oom_message
+from gpushare.agent.backstop import forecast_message, oom_message, unattributed_message
 from gpushare.agent.guard import Action, Guard
 from gpushare.agent.lane_service import LaneFacts, LaneRefused, LaneService
 from gpushare.agent.jobs import build_entry, clean_facts, mps_corunners, registration_facts, tenants_of, time_left
@@ -51,7 +52,8 @@ def _merged(fields: dict[str, Any]) -> Callable[[dict[str, Any]], dict[str, Any]
 class Agent:
     def __init__(self, cfg: AgentSection, backend: GpuBackend, clock: Callable[[], float] = time.time,
                  feature: NodeFeature | None = None, registry: Any = None,
-                 pid_job: Callable[[int], str | None] = process_job, slurm: Any = None) -> None:
+                 pid_job: Callable[[int], str | None] = process_job, slurm: Any = None,
+                 pid_uid: Callable[[int], int | None] = process_uid) -> None:
         self.cfg = cfg
         self.backend = backend
         self.clock = clock
@@ -59,7 +61,7 @@ class Agent:
         self.lock = threading.RLock()
         self._mps_lock = threading.Lock()  # MPS daemon starts and stops, taken after self.lock, never before
         self.store = JobStore(Path(cfg.state_dir) / "jobs")
-        self.sampler = Sampler(backend, cfg.window_samples, cfg.sample_period_s, pid_job=pid_job)
+        self.sampler = Sampler(backend, cfg.window_samples, cfg.sample_period_s, pid_job=pid_job, pid_uid=pid_uid)
         self.mps = backend.mps(str(cfg.run_dir))
         self.open: bool | None = None
         self.slurm = slurm  # SlurmClient for AdminComment run summaries; None: off
@@ -67,9 +69,11 @@ class Agent:
         self.guard = Guard.from_config(cfg)
         self.pid_job = pid_job
         self._followups: queue.Queue[tuple[Action, str]] = queue.Queue()  # log messages, early requeues, adoptions
-        self.adopter = Adopter()
+        self.adopter = Adopter(uid_of=pid_uid)
         self.counters = {"backstop_stops": 0, "backstop_records": 0, "forecast_warnings": 0, "oom_avoided": 0,
-                         "adopted": 0}
+                         "adopted": 0, "unattributed_stops": 0, "unattributed_records": 0}
+        # the latest processes acted on that belonged to no job (status "unattributed"; also in the agent log)
+        self.unattributed: deque[dict[str, Any]] = deque(maxlen=100)
         self._annotated: set[str] = set()
         self._expired: set[str] = set()
         self._last_flush = clock()
@@ -164,7 +168,7 @@ class Agent:
             record = dict(action.record)
             if action.kind == "oom":
                 if record["action"] == "stop" and self.slurm is None:
-                    record["pids"] = stop_processes(action.job, list(action.pids), self.pid_job)
+                    record["pids"] = stop_processes(action.job, list(action.pids), self._owner(action.gpu))
                     self.counters["backstop_stops"] += 1
                 elif record["action"] == "stop":
                     record["pids"] = []  # filled in when the follow-up stops them
@@ -179,6 +183,24 @@ class Agent:
             field_name = action.kind
             self.store.update(action.job, _merged({field_name: record}))
             self._followups.put((Action(action.kind, action.job, action.gpu, record, action.pids), text))
+        for action in self.guard.check_unattributed(now, self.sampler.unattributed):
+            record = dict(action.record)
+            if record["action"] == "stop":
+                record["pids"] = stop_processes("", list(action.pids), self._owner(action.gpu, record["uid"]))
+                self.counters["unattributed_stops"] += 1
+            else:
+                self.counters["unattributed_records"] += 1
+            self.unattributed.append(record)
+            log.warning("unattributed GPU memory: %s", unattributed_message(record))
+
+    def _owner(self, gpu: int, uid: int | None = None) -> Callable[[int], str | None]:
+        """What a pid is checked against just before its signal: the job on ``gpu`` it belongs to now, or ""
+        when it is a process of ``uid`` that still belongs to no job (an unattributed one)."""
+        def owner(pid: int) -> str | None:
+            with self.lock:
+                job = self.sampler.owner_now(pid, gpu)
+            return "" if job is None and uid is not None and self.sampler.pid_uid(pid) == uid else job
+        return owner
 
     def followup_pending(self, block_s: float = 0.0) -> int:
         """Carry out queued follow-ups (job-log messages, early requeues) off the sampling lock."""
@@ -235,7 +257,7 @@ class Agent:
     def _stop(self, action: Action) -> None:
         from gpushare.agent.enforce import stop_processes
 
-        stopped = stop_processes(action.job, list(action.pids), self.pid_job)
+        stopped = stop_processes(action.job, list(action.pids), self._owner(action.gpu))
         self.counters["backstop_stops"] += 1
         with self.lock:
             self.store.update(action.job, lambda e: {**e, "oom": {**(e.get("oom") or {}), "pids": stopped}})
@@ -409,7 +431,8 @@ class Agent:
             jobs = [{"job": a.job, "uid": a.uid, "gpus": a.gpus, "mode": a.mode, "start": a.start,
                      **{k: v for k, v in a.fields().items() if k not in ("series", "series_stride")}}
                     for a in self.sampler.jobs.values()]
-            state = {"now": now, "node_open": self.open, "gpus": gpus, "jobs": jobs, "guard": dict(self.counters)}
+            state = {"now": now, "node_open": self.open, "gpus": gpus, "jobs": jobs, "guard": dict(self.counters),
+                     "unattributed": list(self.unattributed)}
         return {**state, "lanes": self.lanes.snapshot()}
 
     def handle(self, request: dict[str, Any]) -> dict[str, Any]:

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable
 
-from gpushare.agent.backstop import forecast_record, judge, oom_record
+from gpushare.agent.adopt import RETRY_S
+from gpushare.agent.backstop import forecast_record, judge, oom_record, unattributed_record
 from gpushare.agent.forecast import ForecastConfig, JobForecaster, decide_action
 
 if TYPE_CHECKING:
@@ -21,8 +22,8 @@ MiB = 1 << 20
 
 @dataclass(frozen=True)
 class Action:
-    kind: str  # "oom" (backstop) or "forecast"
-    job: str
+    kind: str  # "oom" (backstop), "forecast" or "unattributed" (a process of no job on its GPU)
+    job: str  # "" for "unattributed"
     gpu: int
     record: dict[str, Any]
     pids: tuple[int, ...] = ()
@@ -39,6 +40,7 @@ class Guard:
     _peak: dict[tuple[str, str], float] = field(default_factory=dict)
     _forecasters: dict[tuple[str, str], JobForecaster] = field(default_factory=dict)
     _done: set[str] = field(default_factory=set)  # jobs the backstop acted on
+    _strangers: dict[tuple[int, int], float] = field(default_factory=dict)  # (gpu, pid) -> over since
 
     @classmethod
     def from_config(cls, cfg: AgentSection) -> "Guard":
@@ -91,4 +93,34 @@ class Guard:
                     record = forecast_record(int(gpu), now, acc.cap_bytes, fired.predicted_bytes,
                                              self.forecast.horizon_s, fired.eta_s, fired.trend_bytes_per_s, action)
                     actions.append(Action("forecast", acc.job, int(gpu), record))
+        return actions
+
+    def check_unattributed(self, now: float, found: dict[int, list[Any]]) -> list[Action]:
+        """Processes that belong to no job on their GPU (``sampler.Stranger``, per GPU): each one's cap is
+        nothing, so one holding more than the tolerance past the grace period is acted on like a job over
+        its cap. A process claiming a job the agent does not track yet gets the adoption retry period on
+        top (``gpushare.agent.adopt``: a job whose Prolog did not run is registered within it)."""
+        seen: set[tuple[int, int]] = set()
+        actions: list[Action] = []
+        for gpu, strangers in found.items():
+            for stranger in strangers:
+                key = (gpu, stranger.pid)
+                seen.add(key)
+                if self.backstop == "none" or key in self._strangers and self._strangers[key] < 0:
+                    continue  # off, or already acted on (marked with a negative time)
+                grace = self.grace_s + (RETRY_S if stranger.claim is not None else 0.0)
+                # a cap of one byte: judge() reads 0 as "no cap known"
+                verdict = judge(stranger.used_bytes, 1.0, self.tolerance_bytes, grace, now, self._strangers.get(key))
+                if verdict.over_since is None:
+                    self._strangers.pop(key, None)
+                    continue
+                self._strangers[key] = verdict.over_since
+                if verdict.state == "act":
+                    record = unattributed_record(gpu, stranger.pid, stranger.uid, stranger.claim,
+                                                 stranger.used_bytes, self.tolerance_bytes, verdict.over_since,
+                                                 now, self.backstop)
+                    self._strangers[key] = -1.0
+                    actions.append(Action("unattributed", "", gpu, record, (stranger.pid,)))
+        for key in set(self._strangers) - seen:  # gone: forget it (a reused pid starts afresh)
+            del self._strangers[key]
         return actions

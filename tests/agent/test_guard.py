@@ -20,11 +20,22 @@ MiB = 1 << 20
 SCENARIO = {"version": 1, "name": "guard", "processes": [], "gpus": [{"model": "a100-40gb"}]}
 
 
-def make_agent(tmp_path, clock, pids, **agent):
+def make_agent(tmp_path, clock, pids, uids=None, **agent):
+    """``uids``: each pid's owner; by default the owner of the job it claims (an honest process), else 1000."""
     backend = SimBackend.from_scenario(SCENARIO, clock=clock)
     cfg = parse_config({"agent": {"state_dir": str(tmp_path / "state"), "run_dir": str(tmp_path / "run"),
                                   "window_samples": 5, "collocation": "fraction", **agent}}).agent
-    return Agent(cfg, backend, clock=clock, registry=CollectorRegistry(), pid_job=lambda pid: pids.get(pid)), backend
+    holder: list[Agent] = []
+
+    def uid_of(pid: int) -> int | None:
+        if uids is not None:
+            return uids.get(pid)
+        acc = holder[0].sampler.jobs.get(pids.get(pid)) if holder else None
+        return acc.uid if acc is not None else None
+
+    holder.append(Agent(cfg, backend, clock=clock, registry=CollectorRegistry(), pid_job=lambda pid: pids.get(pid),
+                        pid_uid=uid_of))
+    return holder[0], backend
 
 
 def register(agent, job_id, uid=1000):
@@ -195,3 +206,79 @@ def test_requeue_early_holds_enlarges_and_always_releases():
     assert failing.calls[-1] == ("release", "5")
     pending = FakeSlurm(state="PENDING")
     assert not requeue_early(pending, "5", 9 * GiB) and pending.calls == []
+
+
+@pytest.fixture
+def sleepers():
+    """Real processes standing in for GPU processes of several users (the agent may SIGKILL them)."""
+    started: list[subprocess.Popen] = []
+
+    def start() -> subprocess.Popen:
+        started.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"]))
+        return started[-1]
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+
+
+def two_users(tmp_path, clock, pids, uids):
+    agent, sim = make_agent(tmp_path, clock, pids, uids=uids, backstop_grace_s=2.0, backstop_tolerance_mib=256,
+                            forecast_action="none")
+    register(agent, "11", uid=1000)  # the victim
+    register(agent, "12", uid=2000)  # the other user's own job on the same GPU
+    return agent, sim
+
+
+def tick(agent, clock, seconds: int) -> None:
+    for _ in range(seconds):
+        agent.tick()
+        clock.advance(1.0)
+
+
+@pytest.mark.hostile
+def test_a_process_claiming_another_users_job_is_billed_and_stopped_as_its_own_users(tmp_path, clock, sleepers):
+    """Without job cgroups, another user's process exports SLURM_JOB_ID=<victim> and takes 8 GiB: it is
+    its own user's job's memory (stopped there), never the victim's (issue 22, attack 2)."""
+    victim, forger = sleepers(), sleepers()
+    agent, sim = two_users(tmp_path, clock, {victim.pid: "11", forger.pid: "11"},
+                           {victim.pid: 1000, forger.pid: 2000})
+    sim.start_process(0, victim.pid, 3 * GiB)
+    sim.start_process(0, forger.pid, 8 * GiB)
+    tick(agent, clock, 4)
+    assert forger.wait(10) == -9 and victim.poll() is None
+    assert "oom" not in agent.store.get("11") and agent.sampler.jobs["11"].peak_bytes["0"] == 3 * GiB
+    oom = agent.store.get("12")["oom"]
+    assert oom["pids"] == [forger.pid] and oom["peak_bytes"] == 8 * GiB
+
+
+@pytest.mark.hostile
+def test_a_process_that_drops_its_job_id_is_still_its_jobs(tmp_path, clock, sleepers):
+    """``env -u SLURM_JOB_ID python train.py`` inside one's own job: 20 GiB on a 5 GiB cap is stopped."""
+    escaped = sleepers()
+    agent, sim = two_users(tmp_path, clock, {}, {escaped.pid: 2000})
+    sim.start_process(0, escaped.pid, 20 * GiB)
+    tick(agent, clock, 4)
+    assert escaped.wait(10) == -9
+    assert agent.store.get("12")["oom"]["pids"] == [escaped.pid] and "oom" not in agent.store.get("11")
+
+
+@pytest.mark.hostile
+def test_a_process_of_no_job_on_its_gpu_is_stopped_and_recorded_billed_to_nobody(tmp_path, clock, sleepers):
+    """A user with no job on this GPU runs on it claiming the victim's job id: an unattributed overrun."""
+    victim, stranger = sleepers(), sleepers()
+    agent, sim = two_users(tmp_path, clock, {victim.pid: "11", stranger.pid: "11"},
+                           {victim.pid: 1000, stranger.pid: 3000})
+    sim.start_process(0, victim.pid, 3 * GiB)
+    sim.start_process(0, stranger.pid, 8 * GiB)
+    tick(agent, clock, 2)
+    assert stranger.poll() is None  # within the grace period (and the adoption retry: it claims a job id)
+    tick(agent, clock, 40)
+    assert stranger.wait(10) == -9 and victim.poll() is None
+    (record,) = agent.snapshot()["unattributed"]
+    assert (record["pid"], record["uid"], record["claimed_job"], record["action"]) == (stranger.pid, 3000, "11", "stop")
+    assert record["pids"] == [stranger.pid] and agent.counters["unattributed_stops"] == 1
+    assert agent.sampler.jobs["11"].peak_bytes["0"] == 3 * GiB and "oom" not in agent.store.get("11")
+    assert "oom" not in agent.store.get("12")
