@@ -172,3 +172,36 @@ def test_forecast_requeues_a_leaking_job_before_it_reaches_its_cap(agent_cluster
         assert "forecast to run out of its GPU memory share" in log
     finally:
         cluster.client.run("scancel", str(job), check=False)
+
+
+@pytest.mark.hostile
+def test_another_users_forged_job_id_and_a_dropped_job_id_are_stopped_as_their_own_jobs(agent_cluster, out_dir):
+    """Without job cgroups (proctrack/linuxproc, as here) a process's SLURM_JOB_ID is its own to set (issue 22,
+    attack 2). Another user's job runs a process exporting SLURM_JOB_ID=<victim> with 8 GiB on the victim's
+    GPU: it is its own job's memory, so that job is stopped and the victim completes unbilled. Then a job's
+    ``env -u SLURM_JOB_ID`` process with 20 GiB on a 5 GiB cap: stopped all the same."""
+    other = ensure_login_user()
+    cluster = agent_cluster(withhold="none", extra='backstop_grace_s = 1.0\nbackstop_tolerance_mib = 256\n'
+                                                  'forecast_action = "none"', other_users=True)
+    open_to_other_users(cluster)
+    as_other = ("--gres=gpu:1", "--no-requeue", f"--uid={other.pw_uid}", f"--gid={other.pw_gid}")
+    victim = submit(cluster, out_dir, script("4G", "--mem-mib 3000 --seconds 12"), "--gres=gpu:1")
+    forger = submit(cluster, out_dir, script("4G", "--mem-mib 8192 --seconds 30").replace(
+        f"'{sys.executable}'", f"SLURM_JOB_ID={victim} '{sys.executable}'"), *as_other)
+    assert cluster.wait_job(victim, 90).state == "COMPLETED", (out_dir / f"job-{victim}.out").read_text()
+    assert cluster.wait_job(forger, 60).state != "COMPLETED"
+    ledger = RecordLedger(cluster.agent_cfg().records_dir)
+    cluster.wait_for(lambda: bool(ledger.get(str(victim))) and bool(ledger.get(str(forger))), 20, "no record")
+    gpu = job_env(out_dir, victim)["SLURM_JOB_GPUS"]
+    assert job_env(out_dir, forger)["SLURM_JOB_GPUS"] == gpu  # one GPU, two users
+    mine = ledger.get(str(victim))[0]
+    assert mine.get("oom") is None and mine["gpus"][gpu]["peak_bytes"] < 4 << 30  # never billed the 8 GiB
+    assert ledger.get(str(forger))[0]["oom"]["peak_bytes"] >= 8 << 30
+
+    started = time.monotonic()
+    escaped = submit(cluster, out_dir, script("4G", "--mem-mib 20000 --seconds 40").replace(
+        f"'{sys.executable}'", f"env -u SLURM_JOB_ID '{sys.executable}'"), *as_other)
+    assert cluster.wait_job(escaped, 90).state != "COMPLETED" and time.monotonic() - started < 40
+    cluster.wait_for(lambda: bool(ledger.get(str(escaped))), 20, "no record")
+    oom = ledger.get(str(escaped))[0]["oom"]
+    assert oom["source"] == "agent-backstop" and oom["action"] == "stop" and oom["peak_bytes"] >= 19 << 30
