@@ -98,11 +98,12 @@ class Agent:
             return len(entries)
 
     def tick(self) -> None:
+        holders = self.lanes.holders()  # the lane service's lock comes before ours, never inside it
         with self.lock:
             now = self.clock()
             self.sampler.tick(now)
             self._queue_adoptions(now)
-            self._guard(now)
+            self._guard(now, holders)
             self._expire_warming(now)
             self._queue_annotations()
             if now - self._last_flush >= self.cfg.flush_every_s:
@@ -156,7 +157,7 @@ class Agent:
                     (entry.get("caps") or {}).get("mem_limit_mib"))
         return entry
 
-    def _guard(self, now: float) -> None:
+    def _guard(self, now: float, holders: frozenset[str] = frozenset()) -> None:
         """Backstop and forecaster (``gpushare.agent.guard``): record now; evidence, message and stop off the lock.
 
         A stop waits for its follow-up (milliseconds) so that the job's AdminComment carries the measured
@@ -164,7 +165,7 @@ class Agent:
         job ends, then finds both (docs/agent.md). Without a Slurm client there is nothing to write first."""
         from gpushare.agent.enforce import stop_processes
 
-        for action in self.guard.check(now, list(self.sampler.jobs.values())):
+        for action in self.guard.check(now, list(self.sampler.jobs.values()), holders):
             record = dict(action.record)
             if action.kind == "oom":
                 if record["action"] == "stop" and self.slurm is None:

@@ -59,19 +59,25 @@ class Guard:
                 del table[key]
         self._done.discard(job)
 
-    def check(self, now: float, jobs: Iterable[Any]) -> list[Action]:
-        """One pass over the tracked jobs (``JobAcc``); the actions due now."""
+    def check(self, now: float, jobs: Iterable[Any], holders: frozenset[str] = frozenset()) -> list[Action]:
+        """One pass over the tracked jobs (``JobAcc``); the actions due now.
+
+        ``holders``: the lane jobs holding their lane's turn. A lane job is held to its full cap only while
+        it holds the turn; otherwise (waiting, demoted, or never joined its lane) to what it is charged
+        (``JobAcc.lane_cap_bytes``): the discount is only safe while its ephemeral memory is given back."""
         actions: list[Action] = []
         for acc in jobs:
             if not acc.shared or acc.cap_bytes <= 0 or acc.job in self._done:
                 continue
+            lane = None if not acc.lane_cap_bytes else "turn" if acc.job in holders else "off-turn"
+            cap = acc.lane_cap_bytes if lane == "off-turn" else acc.cap_bytes
             for gpu, used in acc.now_bytes.items():
                 key = (acc.job, gpu)
                 if not acc.now_pids.get(gpu):
                     continue  # no process of the job on this GPU in this sample
                 self._peak[key] = max(self._peak.get(key, 0.0), used)
                 if self.backstop != "none":
-                    verdict = judge(used, acc.cap_bytes, self.tolerance_bytes, self.grace_s, now, self._over.get(key))
+                    verdict = judge(used, cap, self.tolerance_bytes, self.grace_s, now, self._over.get(key))
                     if verdict.over_since is None:
                         self._over.pop(key, None)
                     else:
@@ -79,8 +85,8 @@ class Guard:
                     if verdict.state == "act":
                         assert verdict.over_since is not None  # judge() gives "act" only with its start
                         self._done.add(acc.job)
-                        record = oom_record(int(gpu), self._peak[key], acc.cap_bytes, self.tolerance_bytes,
-                                            verdict.over_since, now, self.backstop)
+                        record = oom_record(int(gpu), self._peak[key], cap, self.tolerance_bytes,
+                                            verdict.over_since, now, self.backstop, lane)
                         actions.append(Action("oom", acc.job, int(gpu), record, tuple(acc.now_pids[gpu])))
                         break
                 if self.forecast_action == "none":

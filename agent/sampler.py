@@ -113,6 +113,9 @@ class JobAcc:
     stride: dict[str, int] = field(default_factory=dict)
     seen: int = 0
     cap_bytes: int = 0  # estimate + margin (caps.mem_limit_mib); 0: no cap known
+    # a lane job's cap while it does not hold its lane's turn: what it is charged (its shards: persistent +
+    # its lane share + margin, docs/submit-path.md "Lanes"); 0: the same cap at all times
+    lane_cap_bytes: int = 0
     # the latest sample only (not persisted): device bytes and pids of the job's processes (its own uid's, by
     # Sampler.attribute), per GPU: what the backstop and forecaster act on
     now_bytes: dict[str, float] = field(default_factory=dict)
@@ -128,7 +131,8 @@ class JobAcc:
                    active_s=dict(entry.get("active_s") or {}), peak_bytes=dict(entry.get("peak_bytes") or {}),
                    series={k: list(v) for k, v in (entry.get("series") or {}).items()},
                    stride=dict(entry.get("series_stride") or {}),
-                   cap_bytes=int((entry.get("caps") or {}).get("mem_limit_mib") or 0) << 20)
+                   cap_bytes=int((entry.get("caps") or {}).get("mem_limit_mib") or 0) << 20,
+                   lane_cap_bytes=lane_charge(entry))
 
     def fields(self) -> dict[str, Any]:
         """The store fields this accumulator owns."""
@@ -147,6 +151,17 @@ class JobAcc:
         if len(series) >= SERIES_POINTS:
             self.series[gpu] = series[::2]
             self.stride[gpu] = stride * 2
+
+
+def lane_charge(entry: dict[str, Any]) -> int:
+    """A shared lane job's cap outside its turn: its shard grant (what Slurm charges it), when that is less
+    than its full cap; 0 for any other job (a job with a lane of its own is charged in full)."""
+    cap = int((entry.get("caps") or {}).get("mem_limit_mib") or 0) << 20
+    shards = entry.get("shards")
+    if not entry.get("lanes") or entry.get("own_lane") or not shards or cap <= 0:
+        return 0
+    charged = int(shards) << 30
+    return charged if charged < cap else 0
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -282,3 +283,37 @@ def test_a_process_of_no_job_on_its_gpu_is_stopped_and_recorded_billed_to_nobody
     assert record["pids"] == [stranger.pid] and agent.counters["unattributed_stops"] == 1
     assert agent.sampler.jobs["11"].peak_bytes["0"] == 3 * GiB and "oom" not in agent.store.get("11")
     assert "oom" not in agent.store.get("12")
+
+
+@pytest.mark.hostile
+def test_a_lane_job_is_held_to_its_charge_outside_its_turn(tmp_path, clock, sleepers):
+    """A lane job is charged persistent + half its ephemeral (shard:4 for 1 + 4 GiB, +1 GiB margin): it may
+    use its full estimate only while it holds its lane's turn. Demoted, or never joined, it is stopped at
+    its charge (issue 22, attack 3)."""
+    demoted, holder, loner = sleepers(), sleepers(), sleepers()
+    pids = {demoted.pid: "7", holder.pid: "8", loner.pid: "9"}
+    agent, sim = make_agent(tmp_path, clock, pids, backstop_grace_s=2.0, backstop_tolerance_mib=256,
+                            forecast_action="none", lane_turn_limit_s=60.0)
+    for job in ("7", "8", "9"):
+        agent.register({"job": job, "uid": 1000, "user": "u", "gpus": [0], "shared": True, "est_gib": 5.0,
+                        "margin_gib": 1.0, "shards": 4, "lanes": True, "persistent_bytes": GiB,
+                        "ephemeral_bytes": 4 * GiB})
+    assert agent.sampler.jobs["7"].lane_cap_bytes == 4 * GiB and agent.sampler.jobs["7"].cap_bytes == 6 * GiB
+    agent.lanes.join("7")
+    assert agent.lanes.turn("7", lambda: True, 0)["granted"]
+    agent.lanes.join("8")
+    assert not agent.lanes.turn("8", lambda: True, 0)["granted"]  # waits behind 7
+    sim.start_process(0, demoted.pid, int(5.5 * GiB))  # its turn: up to its full 6 GiB
+    sim.start_process(0, holder.pid, int(3.5 * GiB))  # waiting: within its 4 GiB charge
+    tick(agent, clock, 4)
+    assert demoted.poll() is None and holder.poll() is None
+    assert agent.lanes.board.overdue(time.monotonic() + 1000.0, 60.0) == ["7"]  # demoted: 8 gets the turn
+    sim.update_process(holder.pid, memory_mib=5.5 * 1024)
+    sim.start_process(0, loner.pid, int(5.5 * GiB))  # a lane job that never joined its lane (python -S)
+    tick(agent, clock, 4)
+    assert demoted.wait(10) == -9 and loner.wait(10) == -9 and holder.poll() is None
+    for job in ("7", "9"):
+        oom = agent.store.get(job)["oom"]
+        assert oom["lane"] == "off-turn" and oom["cap_bytes"] == 4 * GiB
+    assert "oom" not in agent.store.get("8")
+    assert "outside its lane turn" in oom_message("9", agent.store.get("9")["oom"])

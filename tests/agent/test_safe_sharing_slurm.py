@@ -3,6 +3,7 @@ and the agent's backstop stopping a job that grows past its cap while its neighb
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -16,6 +17,7 @@ import pytest
 from devcluster.local_cluster import ensure_login_user
 from gpushare.epilog.records import RecordLedger
 from gpushare.slurm.gres_request import plain_gres
+from gpushare.slurm.record import parse as parse_record
 from gpushare.slurm.jobs import ENDED_STATES
 from gpushare.estimator_cli.allocator_config import AllocatorConfig
 
@@ -205,3 +207,26 @@ def test_another_users_forged_job_id_and_a_dropped_job_id_are_stopped_as_their_o
     cluster.wait_for(lambda: bool(ledger.get(str(escaped))), 20, "no record")
     oom = ledger.get(str(escaped))[0]["oom"]
     assert oom["source"] == "agent-backstop" and oom["action"] == "stop" and oom["peak_bytes"] >= 19 << 30
+
+
+@pytest.mark.hostile
+def test_a_lane_job_that_never_joins_its_lane_is_stopped_at_its_charge(agent_cluster, out_dir):
+    """``#GPUSHARE lanes`` with a 1 + 4 GiB estimate is charged shard:4 (persistent + half its ephemeral +
+    margin); a job that never joins its lane (no ``import torch``, as ``python -S`` would) and holds 5 GiB,
+    under its 5.5 GiB full cap, is stopped at its charge (issue 22, attack 3)."""
+    cluster = agent_cluster(withhold="none", extra='backstop_grace_s = 1.0\nbackstop_tolerance_mib = 256\n'
+                                                  'forecast_action = "none"')
+    (out_dir / "est.json").write_text(json.dumps({"targets": [{"gpu": "a100-40gb", "peak_total_bytes": 5 << 30,
+                                                               "persistent_bytes": 1 << 30,
+                                                               "ephemeral_bytes": 4 << 30}]}))
+    text = ("#!/bin/sh\n#GPUSHARE lanes\n#GPUSHARE estimate=est.json\n"
+            f"'{sys.executable}' '{SIMJOB}' --mem-mib 5120 --seconds 30\n")
+    started = time.monotonic()
+    job = submit(cluster, out_dir, text, "--gres=gpu:1", "--no-requeue")
+    assert cluster.wait_job(job, 90).state != "COMPLETED" and time.monotonic() - started < 30
+    record = parse_record(cluster.client.require_job(job).admin_comment) or {}
+    assert plain_gres(record["new"]) == "shard:4" and record["lanes"] == {"p_gib": 1.0, "e_gib": 4.0}
+    ledger = RecordLedger(cluster.agent_cfg().records_dir)
+    cluster.wait_for(lambda: bool(ledger.get(str(job))), 20, "no record")
+    oom = ledger.get(str(job))[0]["oom"]
+    assert oom["lane"] == "off-turn" and oom["cap_bytes"] == 4 << 30 and oom["action"] == "stop"
