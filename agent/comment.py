@@ -43,6 +43,11 @@ def comment_with_run(existing: str | None, record: dict[str, Any]) -> str | None
 
 def annotate(client: SlurmClient, job: str, record: dict[str, Any], slurm_job: Job | None = None) -> bool:
     """Write ``record``'s run summary into the job's AdminComment; True when Slurm took it."""
+    return annotate_fields(client, job, slurm_job, run=run_summary(record))
+
+
+def annotate_fields(client: SlurmClient, job: str, slurm_job: Job | None = None, **fields: Any) -> bool:
+    """Merge ``fields`` into the job's gpushare AdminComment record; True when Slurm took it."""
     try:
         slurm_job = slurm_job if slurm_job is not None else client.job(job)
     except Exception as exc:  # noqa: BLE001 - Slurm unreachable: the ledger still gets the record
@@ -51,7 +56,7 @@ def annotate(client: SlurmClient, job: str, record: dict[str, Any], slurm_job: J
     if slurm_job is None:
         return False
     existing = slurm_job.admin_comment or None
-    text = comment_with_run(existing, record)
+    text = record_format.merge(existing, **fields)
     if text is None:
         log.info("job %s: AdminComment holds a foreign comment or would overflow; left unchanged", job)
         return False

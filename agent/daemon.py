@@ -74,6 +74,7 @@ class Agent:
                          "adopted": 0, "unattributed_stops": 0, "unattributed_records": 0}
         # the latest processes acted on that belonged to no job (status "unattributed"; also in the agent log)
         self.unattributed: deque[dict[str, Any]] = deque(maxlen=100)
+        self._collateral: set[tuple[str, str]] = set()  # (victim, offender) pairs already marked
         self._annotated: set[str] = set()
         self._expired: set[str] = set()
         self._last_flush = clock()
@@ -184,6 +185,8 @@ class Agent:
             field_name = action.kind
             self.store.update(action.job, _merged({field_name: record}))
             self._followups.put((Action(action.kind, action.job, action.gpu, record, action.pids), text))
+        jobs = list(self.sampler.jobs.values())
+        self._mark_collateral(now, self.guard.over_now(jobs, holders, self.sampler.unattributed))
         for action in self.guard.check_unattributed(now, self.sampler.unattributed):
             record = dict(action.record)
             if record["action"] == "stop":
@@ -193,6 +196,22 @@ class Agent:
                 self.counters["unattributed_records"] += 1
             self.unattributed.append(record)
             log.warning("unattributed GPU memory: %s", unattributed_message(record))
+
+    def _mark_collateral(self, now: float, overruns: list[tuple[str, int]]) -> None:
+        """Every other shared job on a GPU where a job (or a process of no job) is over its cap is marked as
+        its possible victim, once per offender: ``collateral`` in its store entry (and so its run record)
+        and, off the lock, in its AdminComment while Slurm still takes updates. An OOM of the victim soon
+        after is then recovered on its own share at no cost to its user (gpushare.epilog.corroborate)."""
+        for offender, gpu in overruns:
+            for acc in self.sampler.jobs_on(gpu):
+                if acc.job == offender or not acc.shared or (acc.job, offender) in self._collateral:
+                    continue
+                self._collateral.add((acc.job, offender))
+                record = {"by": offender, "gpu": gpu, "at": round(now, 3)}
+                self.store.update(acc.job, _merged({"collateral": record}))
+                log.warning("job %s: %s is over its GPU memory cap on GPU %d beside it; an OOM of job %s now "
+                            "is collateral", acc.job, offender, gpu, acc.job)
+                self._followups.put((Action("collateral", acc.job, gpu, record), ""))
 
     def _owner(self, gpu: int, uid: int | None = None) -> Callable[[int], str | None]:
         """What a pid is checked against just before its signal: the job on ``gpu`` it belongs to now, or ""
@@ -217,6 +236,11 @@ class Agent:
             done += 1
             if action.kind == "adopt" and self.slurm is not None:
                 self.adopt(action.job, action.record["where"])
+                continue
+            if action.kind == "collateral" and self.slurm is not None:
+                from gpushare.agent.comment import annotate_fields
+
+                annotate_fields(self.slurm, action.job, collateral=action.record)
                 continue
             if self.slurm is None:
                 log.warning("job %s: no Slurm client; message only in the agent log", action.job)
@@ -374,6 +398,7 @@ class Agent:
                 self._stop_idle_mps(acc.gpus)
             self._annotated.discard(job)
             self._expired.discard(job)
+            self._collateral = {pair for pair in self._collateral if job not in pair}
             self.adopter.forget(job)
             self.guard.forget(job)
             self._withhold(self.clock())

@@ -29,6 +29,12 @@ class Action:
     pids: tuple[int, ...] = ()
 
 
+def cap_of(acc: Any, holders: frozenset[str]) -> tuple[int, str | None]:
+    """(the cap the backstop holds a job to now, and for a lane job whether it holds its turn)."""
+    lane = None if not acc.lane_cap_bytes else "turn" if acc.job in holders else "off-turn"
+    return (acc.lane_cap_bytes if lane == "off-turn" else acc.cap_bytes), lane
+
+
 @dataclass
 class Guard:
     backstop: str = "stop"  # stop | record | none
@@ -69,8 +75,7 @@ class Guard:
         for acc in jobs:
             if not acc.shared or acc.cap_bytes <= 0 or acc.job in self._done:
                 continue
-            lane = None if not acc.lane_cap_bytes else "turn" if acc.job in holders else "off-turn"
-            cap = acc.lane_cap_bytes if lane == "off-turn" else acc.cap_bytes
+            cap, lane = cap_of(acc, holders)
             for gpu, used in acc.now_bytes.items():
                 key = (acc.job, gpu)
                 if not acc.now_pids.get(gpu):
@@ -100,6 +105,21 @@ class Guard:
                                              self.forecast.horizon_s, fired.eta_s, fired.trend_bytes_per_s, action)
                     actions.append(Action("forecast", acc.job, int(gpu), record))
         return actions
+
+    def over_now(self, jobs: Iterable[Any], holders: frozenset[str], found: dict[int, list[Any]]) -> list[tuple[str, int]]:
+        """(offender, GPU) of every job and unattributed process over its cap + tolerance in this sample,
+        grace or not: the moments a neighbour on that GPU may fail to allocate through no fault of its
+        own (the agent marks those neighbours, ``Agent._mark_collateral``)."""
+        over = []
+        for acc in jobs:
+            cap, _ = cap_of(acc, holders)
+            if not acc.shared or cap <= 0:
+                continue
+            over += [(acc.job, int(gpu)) for gpu, used in acc.now_bytes.items()
+                     if acc.now_pids.get(gpu) and used > cap + self.tolerance_bytes]
+        for gpu, strangers in found.items():
+            over += [(f"uid {s.uid} pid {s.pid}", gpu) for s in strangers if s.used_bytes > self.tolerance_bytes]
+        return over
 
     def check_unattributed(self, now: float, found: dict[int, list[Any]]) -> list[Action]:
         """Processes that belong to no job on their GPU (``sampler.Stranger``, per GPU): each one's cap is

@@ -22,7 +22,7 @@ import sys
 import time
 from typing import Any, Callable, Mapping
 
-from gpushare.epilog.corroborate import corroborate
+from gpushare.epilog.corroborate import collateral_evidence, corroborate
 from gpushare.epilog.executor import execute, finish, resume_unfinished, spawn_finisher
 from gpushare.epilog.ledger import FINAL_STATES, Ledger
 from gpushare.epilog.oom_detect import OomVerdict, TailError, append_note, classify, compile_patterns, read_tail
@@ -156,15 +156,18 @@ def _handle_heavy(job_id: str, env: Mapping[str, str], client: SlurmClient, cfg:
             for problem in verdict.problems:
                 log.warning("job %s: %s", job.job_id, problem)
             needs_types = "gpu:" in job.tres_per_node
+            collateral = collateral_evidence(job.record, cfg.agent.records_dir, job.job_id, job.restarts,
+                                             time.time(), cfg.agent.backstop_grace_s + COLLATERAL_SLACK_S)
             action = decide(job, verdict, cfg, ledger.retries_used(job.job_id),
                             mig_types(client) if needs_types else None,
                             corroborate(cfg, job.record, job.tres_per_node, job.job_id, job.restarts),
-                            ledger.user_recoveries(job.uid), whole_gpu_as_gpu=_gres_across_names(client))
+                            ledger.user_recoveries(job.uid), whole_gpu_as_gpu=_gres_across_names(client),
+                            collateral=collateral)
             if action.kind == "none":
                 return f"none: {action.reason}"
             if action.learn:
                 _learn(job, cfg, client)
-            if action.kind == "requeue":
+            if action.kind == "requeue" and action.charged:
                 ledger.note_user_recovery(job.uid)
             entry = ledger.put(_entry(job, verdict, action))
             ledger.append_history({"job": job.job_id, "restarts": job.restarts, "event": action.kind,
@@ -241,6 +244,9 @@ def _client(cfg: Config) -> SlurmClient:
     return SlurmClient.from_config(cfg)
 
 
+# How long after the agent first saw a neighbour over its cap a job's OOM still counts as collateral, on top of
+# the backstop's grace: the neighbour is stopped by then, and a victim fails within seconds of its allocation.
+COLLATERAL_SLACK_S = 60.0
 RESUME_DELAY_S = 45.0  # past resume_unfinished's 30 s minimum age: a live hook run is never raced
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from devcluster.local_cluster import ensure_login_user
+from gpushare.epilog.ledger import Ledger
 from gpushare.epilog.records import RecordLedger
 from gpushare.slurm.gres_request import plain_gres
 from gpushare.slurm.record import parse as parse_record
@@ -230,3 +231,28 @@ def test_a_lane_job_that_never_joins_its_lane_is_stopped_at_its_charge(agent_clu
     cluster.wait_for(lambda: bool(ledger.get(str(job))), 20, "no record")
     oom = ledger.get(str(job))[0]["oom"]
     assert oom["lane"] == "off-turn" and oom["cap_bytes"] == 4 << 30 and oom["action"] == "stop"
+
+
+@pytest.mark.hostile
+def test_the_victim_of_a_neighbours_overrun_is_requeued_on_its_share_at_no_cost(agent_cluster, out_dir):
+    """A neighbour drops its framework caps and jumps to 34 GiB on a 5 GiB cap; the job beside it fails to
+    allocate 5 GiB inside its own 11 GiB share. The agent saw the neighbour over its cap, so the victim's
+    OOM is collateral: requeued at once on the same share, not charged to its user's daily budget, the
+    offender named; the rerun completes (issue 22, attack 4)."""
+    cluster = agent_cluster(withhold="none", extra='backstop_grace_s = 4.0\nbackstop_tolerance_mib = 256\n'
+                                                  'forecast_action = "none"')
+    offender = submit(cluster, out_dir, script("4G", "--mem-mib 3000 --jump-after 2 --jump-mib 34816 --seconds 30"),
+                      "--gres=gpu:1", "--no-requeue")
+    victim = submit(cluster, out_dir, script("10G", "--mem-mib 6144 --alloc-after 3.5 --alloc-mib 5120 --seconds 6"),
+                    "--gres=gpu:1", "--open-mode=append")
+    after = _stopped_then(cluster, victim)
+    log = (out_dir / f"job-{victim}.out").read_text()
+    assert "CUDA out of memory" in log, log  # the first run really failed beside the offender
+    assert (after.restarts, after.state, plain_gres(after.tres_per_node)) == (1, "COMPLETED", "shard:11"), after
+    assert cluster.wait_job(offender, 60).state != "COMPLETED"
+    ledger = Ledger(cluster.config().oom.ledger_dir)
+    entry = ledger.get(str(victim), 0)
+    assert entry["action"] == "requeue" and "collateral" in entry["reason"] and f"job {offender}" in entry["reason"]
+    assert entry["oom"]["by"] == str(offender) and entry["oom"]["coll"] == 1 and entry["oom"]["n"] == 0
+    assert ledger.user_recoveries(0) == 0  # the victim's user paid nothing
+    assert "does not count against your OOM recoveries" in log
