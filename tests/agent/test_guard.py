@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 from gpushare.agent.backstop import judge, oom_message
 from gpushare.agent.daemon import Agent
 from gpushare.agent.enforce import append_to_job_log, bigger_share, requeue_early, stop_processes
+from gpushare.agent.jobs import final_record
 from gpushare.config import parse_config
 from gpushare.gres.sim_backend import SimBackend
 
@@ -90,8 +91,6 @@ def test_backstop_stops_the_offender_and_records_its_own_oom(tmp_path, clock, vi
     assert "oom" not in agent.store.get("12")  # the neighbour is left alone
     assert agent.counters["backstop_stops"] == 1
     record = agent.close("11")
-    from gpushare.agent.jobs import final_record
-
     assert final_record(record, sim)["oom"]["source"] == "agent-backstop"
 
 
@@ -317,3 +316,24 @@ def test_a_lane_job_is_held_to_its_charge_outside_its_turn(tmp_path, clock, slee
         assert oom["lane"] == "off-turn" and oom["cap_bytes"] == 4 * GiB
     assert "oom" not in agent.store.get("8")
     assert "outside its lane turn" in oom_message("9", agent.store.get("9")["oom"])
+
+
+@pytest.mark.hostile
+def test_the_neighbours_of_a_job_over_its_cap_are_marked_as_its_possible_victims(tmp_path, clock):
+    """From the first sample it is over its cap (grace or not), every other shared job on its GPU carries
+    ``collateral`` naming it, once; the offender itself does not."""
+    agent, sim = make_agent(tmp_path, clock, {801: "11", 802: "12"}, backstop="record", backstop_grace_s=5.0,
+                            forecast_action="none")
+    register(agent, "11")
+    register(agent, "12", uid=1001)
+    sim.start_process(0, 801, 3 * GiB)
+    sim.start_process(0, 802, 2 * GiB)
+    tick(agent, clock, 2)
+    assert "collateral" not in agent.store.get("12")
+    sim.update_process(801, memory_mib=30 * 1024)
+    agent.tick()
+    note = agent.store.get("12")["collateral"]
+    assert note == {"by": "11", "gpu": 0, "at": clock()} and "collateral" not in agent.store.get("11")
+    tick(agent, clock, 3)
+    assert agent.store.get("12")["collateral"] == note  # once per offender
+    assert final_record(agent.close("12"), sim)["collateral"] == note  # the run record carries it too
