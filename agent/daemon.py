@@ -166,7 +166,7 @@ class Agent:
         job ends, then finds both (docs/agent.md). Without a Slurm client there is nothing to write first."""
         from gpushare.agent.enforce import stop_processes
 
-        for action in self.guard.check(now, list(self.sampler.jobs.values()), holders):
+        for action in self.guard.check(now, list(self.sampler.jobs.values()), holders, self._crowded()):
             record = dict(action.record)
             if action.kind == "oom":
                 if record["action"] == "stop" and self.slurm is None:
@@ -196,6 +196,15 @@ class Agent:
                 self.counters["unattributed_records"] += 1
             self.unattributed.append(record)
             log.warning("unattributed GPU memory: %s", unattributed_message(record))
+
+    def _crowded(self) -> frozenset[int]:
+        """GPUs with more than one job (or process of no job) and less than the backstop's tolerance free."""
+        crowded = set()
+        for index, view in self.sampler.views.items():
+            tenants = len(view.jobs) + len(self.sampler.unattributed.get(index, []))
+            if tenants > 1 and not math.isnan(view.used) and view.total - view.used < self.guard.tolerance_bytes:
+                crowded.add(index)
+        return frozenset(crowded)
 
     def _mark_collateral(self, now: float, overruns: list[tuple[str, int]]) -> None:
         """Every other shared job on a GPU where a job (or a process of no job) is over its cap is marked as
@@ -237,10 +246,11 @@ class Agent:
             if action.kind == "adopt" and self.slurm is not None:
                 self.adopt(action.job, action.record["where"])
                 continue
-            if action.kind == "collateral" and self.slurm is not None:
-                from gpushare.agent.comment import annotate_fields
+            if action.kind == "collateral":
+                if self.slurm is not None:
+                    from gpushare.agent.comment import annotate_fields
 
-                annotate_fields(self.slurm, action.job, collateral=action.record)
+                    annotate_fields(self.slurm, action.job, collateral=action.record)
                 continue
             if self.slurm is None:
                 log.warning("job %s: no Slurm client; message only in the agent log", action.job)

@@ -65,12 +65,16 @@ class Guard:
                 del table[key]
         self._done.discard(job)
 
-    def check(self, now: float, jobs: Iterable[Any], holders: frozenset[str] = frozenset()) -> list[Action]:
+    def check(self, now: float, jobs: Iterable[Any], holders: frozenset[str] = frozenset(),
+              crowded: frozenset[int] = frozenset()) -> list[Action]:
         """One pass over the tracked jobs (``JobAcc``); the actions due now.
 
         ``holders``: the lane jobs holding their lane's turn. A lane job is held to its full cap only while
         it holds the turn; otherwise (waiting, demoted, or never joined its lane) to what it is charged
-        (``JobAcc.lane_cap_bytes``): the discount is only safe while its ephemeral memory is given back."""
+        (``JobAcc.lane_cap_bytes``): the discount is only safe while its ephemeral memory is given back.
+        ``crowded``: GPUs with another job on them and less than the tolerance free. There a job over its
+        cap is already taking what its neighbours were promised, so it gets no grace period: it is stopped
+        at the first sample that sees it (the grace only spares spikes nobody else pays for)."""
         actions: list[Action] = []
         for acc in jobs:
             if not acc.shared or acc.cap_bytes <= 0 or acc.job in self._done:
@@ -82,7 +86,8 @@ class Guard:
                     continue  # no process of the job on this GPU in this sample
                 self._peak[key] = max(self._peak.get(key, 0.0), used)
                 if self.backstop != "none":
-                    verdict = judge(used, cap, self.tolerance_bytes, self.grace_s, now, self._over.get(key))
+                    grace = 0.0 if int(gpu) in crowded else self.grace_s
+                    verdict = judge(used, cap, self.tolerance_bytes, grace, now, self._over.get(key))
                     if verdict.over_since is None:
                         self._over.pop(key, None)
                     else:

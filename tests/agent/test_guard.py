@@ -337,3 +337,19 @@ def test_the_neighbours_of_a_job_over_its_cap_are_marked_as_its_possible_victims
     tick(agent, clock, 3)
     assert agent.store.get("12")["collateral"] == note  # once per offender
     assert final_record(agent.close("12"), sim)["collateral"] == note  # the run record carries it too
+
+
+@pytest.mark.hostile
+def test_a_job_over_its_cap_on_a_full_gpu_is_stopped_at_the_first_sample(tmp_path, clock, sleepers):
+    """The grace period spares spikes nobody pays for; on a GPU with a neighbour and no memory left, the
+    overrun is the neighbour's memory, so it is stopped at once (issue 22: 10-11 s before)."""
+    offender, neighbour = sleepers(), sleepers()
+    agent, sim = make_agent(tmp_path, clock, {offender.pid: "11", neighbour.pid: "12"}, backstop_grace_s=10.0,
+                            forecast_action="none")
+    register(agent, "11")
+    register(agent, "12", uid=1001)
+    sim.start_process(0, neighbour.pid, 6 * GiB)
+    sim.start_process(0, offender.pid, 34 * GiB)  # 6 + 34 = the whole 40 GiB
+    agent.tick()
+    assert offender.wait(10) == -9 and neighbour.poll() is None
+    assert agent.store.get("11")["oom"]["at"] == agent.store.get("11")["oom"]["over_since"]

@@ -235,13 +235,14 @@ def test_a_lane_job_that_never_joins_its_lane_is_stopped_at_its_charge(agent_clu
 
 @pytest.mark.hostile
 def test_the_victim_of_a_neighbours_overrun_is_requeued_on_its_share_at_no_cost(agent_cluster, out_dir):
-    """A neighbour drops its framework caps and jumps to 34 GiB on a 5 GiB cap; the job beside it fails to
-    allocate 5 GiB inside its own 11 GiB share. The agent saw the neighbour over its cap, so the victim's
+    """A neighbour drops its framework caps and jumps to 30 GiB on a 5 GiB cap; the job beside it (6 GiB) fails
+    to allocate 5 GiB more inside its own 11 GiB share, 4 GiB being free. (A full GPU would have the offender
+    stopped at the agent's first sample; here it runs out its grace period.) The agent saw the neighbour over its cap, so the victim's
     OOM is collateral: requeued at once on the same share, not charged to its user's daily budget, the
     offender named; the rerun completes (issue 22, attack 4)."""
     cluster = agent_cluster(withhold="none", extra='backstop_grace_s = 4.0\nbackstop_tolerance_mib = 256\n'
                                                   'forecast_action = "none"')
-    offender = submit(cluster, out_dir, script("4G", "--mem-mib 3000 --jump-after 2 --jump-mib 34816 --seconds 30"),
+    offender = submit(cluster, out_dir, script("4G", "--mem-mib 3000 --jump-after 2 --jump-mib 30720 --seconds 30"),
                       "--gres=gpu:1", "--no-requeue")
     victim = submit(cluster, out_dir, script("10G", "--mem-mib 6144 --alloc-after 3.5 --alloc-mib 5120 --seconds 6"),
                     "--gres=gpu:1", "--open-mode=append")
