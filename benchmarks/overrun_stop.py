@@ -1,7 +1,7 @@
 """Time from a job's GPU memory overrun to the backstop's SIGKILL, on the agent's real sampling loop.
 
-Each of 8 simulated GPUs carries a victim job (6 GiB) and an offender job whose process (a real sleeping
-process, so the SIGKILL is real) jumps from 3 GiB to far past its 5 GiB cap at a random moment, unaligned
+Each of 8 simulated GPUs carries a neighbour job (6 GiB on an 8 GiB cap) and an offender job (5 GiB cap)
+whose process (a real sleeping process, so the SIGKILL is real) jumps from 3 GiB to far past its 5 GiB cap at a random moment, unaligned
 with the agent's samples. Measured per jump: wall time from the jump to the process's death. Two cases:
 
 - ``room``: the jump leaves memory free on the GPU (to 24 GiB): the backstop waits its grace period
@@ -43,15 +43,17 @@ def one_round(tmp: Path, jump_gib: int, grace_s: float, rng: random.Random) -> l
     cfg = parse_config({"agent": {"state_dir": str(tmp / "state"), "run_dir": str(tmp / "run"),
                                   "collocation": "fraction", "backstop_grace_s": grace_s,
                                   "forecast_action": "none"}}).agent
+    # every GPU process is a real process of ours: the agent signals only pids it finds on a GPU
     offenders = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]) for _ in range(GPUS)]
+    victims = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]) for _ in range(GPUS)]
     pids = {proc.pid: f"{100 + gpu}" for gpu, proc in enumerate(offenders)}
-    pids.update({10_000 + gpu: f"{200 + gpu}" for gpu in range(GPUS)})  # victims: simulated pids, never signalled
-    agent = Agent(cfg, backend, pid_job=pids.get, pid_uid=lambda pid: os.geteuid())
+    pids.update({proc.pid: f"{200 + gpu}" for gpu, proc in enumerate(victims)})
+    agent = Agent(cfg, backend, pid_job=pids.get, pid_uid=lambda pid: os.geteuid() if pid in pids else None)
     for gpu in range(GPUS):
-        for job in (f"{100 + gpu}", f"{200 + gpu}"):
+        for job, est in ((f"{100 + gpu}", 4.0), (f"{200 + gpu}", 7.0)):  # caps 5 and 8 GiB
             agent.register({"job": job, "uid": os.geteuid(), "user": "u", "gpus": [gpu], "shared": True,
-                            "est_gib": 4.0, "margin_gib": 1.0, "shards": 5})
-        backend.start_process(gpu, 10_000 + gpu, 6 * GiB)
+                            "est_gib": est, "margin_gib": 1.0, "shards": int(est) + 1})
+        backend.start_process(gpu, victims[gpu].pid, 6 * GiB)
         backend.start_process(gpu, offenders[gpu].pid, 3 * GiB)
     stop = threading.Event()
     loop = threading.Thread(target=agent.run, args=(stop,), daemon=True)
@@ -71,10 +73,12 @@ def one_round(tmp: Path, jump_gib: int, grace_s: float, rng: random.Random) -> l
     finally:
         stop.set()
         loop.join(5)
-        for proc in offenders:
+        spared = all(proc.poll() is None for proc in victims)
+        for proc in offenders + victims:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+    assert spared, "a neighbour within its cap was stopped"
     return latencies
 
 

@@ -348,8 +348,8 @@ def test_a_job_over_its_cap_on_a_full_gpu_is_stopped_at_the_first_sample(tmp_pat
                             forecast_action="none")
     register(agent, "11")
     register(agent, "12", uid=1001)
-    sim.start_process(0, neighbour.pid, 6 * GiB)
-    sim.start_process(0, offender.pid, 34 * GiB)  # 6 + 34 = the whole 40 GiB
+    sim.start_process(0, neighbour.pid, 4 * GiB)  # within its 5 GiB cap
+    sim.start_process(0, offender.pid, 36 * GiB)  # 4 + 36 = the whole 40 GiB
     agent.tick()
     assert offender.wait(10) == -9 and neighbour.poll() is None
     assert agent.store.get("11")["oom"]["at"] == agent.store.get("11")["oom"]["over_since"]
