@@ -59,6 +59,7 @@ class JobFacts:
     record: dict[str, Any] | None  # our gpushare:{...} admin-comment record
     requeue_allowed: bool = True  # False for --no-requeue jobs: Slurm refuses requeuehold for them
     nice: int | None = None  # the job's own nice, given back after the requeue (release resets it)
+    work_dir: str = ""  # its working directory (the OOM lesson of its training command is keyed with it)
 
     @classmethod
     def from_job(cls, job: Job | None, env: Mapping[str, str]) -> "JobFacts":
@@ -91,6 +92,7 @@ class JobFacts:
             record=parse_record(job.admin_comment) if job else None,
             requeue_allowed=job.requeue is not False if job else True,
             nice=job.nice if job else None,
+            work_dir=job.work_dir if job else "",
         )
 
 

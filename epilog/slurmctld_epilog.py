@@ -197,7 +197,7 @@ def _learn(job: JobFacts, cfg: Config, client: SlurmClient) -> None:
     try:
         script = client.run("scontrol", "write", "batch_script", check_job_id(job.job_id), "-")
         path = learn_from_oom(cfg, script, job.job_id, job.tres_per_node, whole_gpu_shards(cfg, job.node) * GiB,
-                              job.uid)
+                              job.uid, work_dir=job.work_dir or None)
         if path is not None:
             log.info("job %s: raised the cached estimate of its batch script (%s)", job.job_id, path.name)
     except Exception as exc:  # noqa: BLE001 - learning is a bonus; recovery must go on
