@@ -369,6 +369,16 @@ def test_slurm_must_confirm_a_running_job_of_this_node_and_of_the_processes_owne
     assert "uid" in adopter.refusal(slurm_job(uid=1000), "n1", {0: [501], 1: [502]})
 
 
+@pytest.mark.hostile
+def test_a_cpu_only_jobs_gpu_process_is_not_adopted_uncapped() -> None:
+    """Issue 22: a job granted no GPU that opens one anyway (no device cgroups) was adopted with no cap. It is
+    refused; its process then belongs to no job on the GPU (tests/agent/test_guard.py stops such a one)."""
+    adopter = Adopter(uid_of={501: 1000}.get)
+    assert "granted no GPU" in adopter.refusal(slurm_job(tres=""), "n1", {0: [501]})
+    assert adopter.refusal(slurm_job(tres="gres:gpu:1"), "n1", {0: [501]}) is None
+    assert adopter.refusal(slurm_job(tres="gres/gpu:a100:2"), "n1", {0: [501]}) is None
+
+
 def test_the_agent_adopts_a_job_running_without_its_prolog_with_its_grant_as_cap(tmp_path, clock) -> None:
     comment = 'gpushare:{"v":1,"decision":"shared","est_gib":4.0,"margin_gib":1.0,"new":"gres:shard:5"}'
     fake = FakeSlurm({"9": slurm_job(comment=comment)})
