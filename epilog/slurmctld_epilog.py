@@ -157,7 +157,7 @@ def _handle_heavy(job_id: str, env: Mapping[str, str], client: SlurmClient, cfg:
                 log.warning("job %s: %s", job.job_id, problem)
             needs_types = "gpu:" in job.tres_per_node
             collateral = collateral_evidence(job.record, cfg.agent.records_dir, job.job_id, job.restarts,
-                                             time.time(), cfg.agent.backstop_grace_s + COLLATERAL_SLACK_S)
+                                             _ended_at(env), cfg.agent.backstop_grace_s + COLLATERAL_SLACK_S)
             action = decide(job, verdict, cfg, ledger.retries_used(job.job_id),
                             mig_types(client) if needs_types else None,
                             corroborate(cfg, job.record, job.tres_per_node, job.job_id, job.restarts),
@@ -185,6 +185,13 @@ def _handle_heavy(job_id: str, env: Mapping[str, str], client: SlurmClient, cfg:
         if entry.get("state") in FINAL_STATES:
             return f"already handled: {entry.get('state')}"
         return execute(entry, client, ledger, finish_later)
+
+
+def _ended_at(env: Mapping[str, str]) -> float:
+    """When the job ended: slurmctld's SLURM_JOB_END_TIME (26.05 sets it; measured), else now (the hook
+    runs as the job ends)."""
+    value = env.get("SLURM_JOB_END_TIME", "")
+    return float(value) if value.isdigit() else time.time()
 
 
 def _same_paths(verdict: OomVerdict, job: JobFacts) -> bool:
