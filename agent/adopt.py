@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -34,11 +33,21 @@ MAX_REMEMBERED = 4096  # bound on the retry table (a node with many short unregi
 
 
 def process_uid(pid: int, proc: str = "/proc") -> int | None:
-    """The real owner of a process (the kernel's, not anything the process says); None when gone."""
+    """The real uid of a process, from the kernel's ``/proc/<pid>/status`` (``Uid:`` real, effective, saved,
+    fs); None when gone or unreadable.
+
+    Why not the owner of ``/proc/<pid>`` or its files: proc(5) shows the files of a non-dumpable process
+    (``prctl(PR_SET_DUMPABLE, 0)``, which any process may call on itself) as root's, and root's processes
+    are never stopped as unattributed: that would be a way out of the backstop. The real uid is the user's
+    even across a setuid program, and no unprivileged process can change it."""
     try:
-        return os.stat(f"{proc}/{int(pid)}").st_uid
-    except OSError:
+        with open(f"{proc}/{int(pid)}/status", "rb") as status:
+            for line in status.read(8192).splitlines():
+                if line.startswith(b"Uid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
         return None
+    return None
 
 
 @dataclass
