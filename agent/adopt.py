@@ -8,7 +8,9 @@ caps, no backstop and no record. Its processes still show on the GPU, and the no
 itself with the same facts the Prolog would have sent: the grant and the estimate from Slurm's
 structured record, the GPUs from where its processes are.
 
-Nothing here trusts the process: a job is adopted only when Slurm says it is running on this node and
+Nothing here trusts the process: a job is adopted only when Slurm says it is running on this node, was
+granted a GPU (a CPU-only job on a node without device cgroups can open the GPU: adopted, it would run
+uncapped; left unadopted, its processes belong to no job there and the backstop stops them), and
 every process claiming it belongs to the job's own user (so a process that sets ``SLURM_JOB_ID`` itself
 can at most adopt its own user's job). The TaskProlog has already run, so no MPS pipe or framework cap
 can reach the job any more: an adopted job gets the memory-fraction mode's bookkeeping and the agent's
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
-import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -31,11 +33,21 @@ MAX_REMEMBERED = 4096  # bound on the retry table (a node with many short unregi
 
 
 def process_uid(pid: int, proc: str = "/proc") -> int | None:
-    """The real owner of a process (the kernel's, not anything the process says); None when gone."""
+    """The real uid of a process, from the kernel's ``/proc/<pid>/status`` (``Uid:`` real, effective, saved,
+    fs); None when gone or unreadable.
+
+    Why not the owner of ``/proc/<pid>`` or its files: proc(5) shows the files of a non-dumpable process
+    (``prctl(PR_SET_DUMPABLE, 0)``, which any process may call on itself) as root's, and root's processes
+    are never stopped as unattributed: that would be a way out of the backstop. The real uid is the user's
+    even across a setuid program, and no unprivileged process can change it."""
     try:
-        return os.stat(f"{proc}/{int(pid)}").st_uid
-    except OSError:
+        with open(f"{proc}/{int(pid)}/status", "rb") as status:
+            for line in status.read(8192).splitlines():
+                if line.startswith(b"Uid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
         return None
+    return None
 
 
 @dataclass
@@ -78,6 +90,8 @@ class Adopter:
             return f"it runs on {slurm_job.nodes or '?'}, not on {node}"
         if slurm_job.user_id is None:
             return "Slurm's record has no user id"
+        if not any(re.search(r"\b(?:gpu|shard|mps)\b", text) for text in slurm_job.gpu_requests):
+            return "it was granted no GPU (a CPU-only job)"
         owners = {uid for pids in where.values() for uid in map(self.uid_of, pids) if uid is not None}
         if owners != {slurm_job.user_id}:
             return f"its processes belong to uid(s) {sorted(owners)}, the job to uid {slurm_job.user_id}"

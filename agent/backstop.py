@@ -13,7 +13,11 @@ absorbs the CUDA context and allocator rounding our estimate may not count.
 Record shapes (in the job's store entry and its run record, ``docs/agent.md`` *OOM records*)::
 
     oom: {"source": "agent-backstop", "gpu": int, "peak_bytes": int, "cap_bytes": int,
-          "tolerance_bytes": int, "over_since": float, "at": float, "action": "stop" | "record"}
+          "tolerance_bytes": int, "over_since": float, "at": float, "action": "stop" | "record",
+          "lane": "turn" | "off-turn" (lane jobs only)}
+    unattributed (agent status, not a job's): {"source": "agent-unattributed", "gpu": int, "pid": int,
+          "uid": int, "claimed_job": str | None, "peak_bytes": int, "tolerance_bytes": int,
+          "over_since": float, "at": float, "action": "stop" | "record"}
     forecast: {"source": "agent-forecast", "gpu": int, "at": float, "cap_bytes": int,
                "predicted_bytes": int, "horizon_s": float, "eta_s": float | None,
                "trend_bytes_per_s": float, "action": "warn" | "requeue" | "none",
@@ -48,19 +52,42 @@ def judge(used_bytes: float, cap_bytes: float, tolerance_bytes: float, grace_s: 
 
 
 def oom_record(gpu: int, peak_bytes: float, cap_bytes: float, tolerance_bytes: float, over_since: float,
-               now: float, action: str) -> dict[str, Any]:
-    """The job's ``oom`` entry: an OOM of its own, found by the agent (the recovery path reads it)."""
-    return {"source": "agent-backstop", "gpu": int(gpu), "peak_bytes": int(peak_bytes), "cap_bytes": int(cap_bytes),
-            "tolerance_bytes": int(tolerance_bytes), "over_since": round(over_since, 3), "at": round(now, 3),
-            "action": action}
+               now: float, action: str, lane: str | None = None) -> dict[str, Any]:
+    """The job's ``oom`` entry: an OOM of its own, found by the agent (the recovery path reads it).
+    ``lane``: for a lane job, whether it held its lane's turn ("turn") or not ("off-turn": held to its charge)."""
+    record = {"source": "agent-backstop", "gpu": int(gpu), "peak_bytes": int(peak_bytes), "cap_bytes": int(cap_bytes),
+              "tolerance_bytes": int(tolerance_bytes), "over_since": round(over_since, 3), "at": round(now, 3),
+              "action": action}
+    if lane is not None:
+        record["lane"] = lane
+    return record
+
+
+def unattributed_record(gpu: int, pid: int, uid: int, claim: str | None, used_bytes: float,
+                        tolerance_bytes: float, over_since: float, now: float, action: str) -> dict[str, Any]:
+    """A process that belongs to no job on its GPU, over the tolerance past the grace period: what the
+    agent keeps (its status, its log) about it and what it did. Billed to nobody."""
+    return {"source": "agent-unattributed", "gpu": int(gpu), "pid": int(pid), "uid": int(uid),
+            "claimed_job": claim, "peak_bytes": int(used_bytes), "tolerance_bytes": int(tolerance_bytes),
+            "over_since": round(over_since, 3), "at": round(now, 3), "action": action}
+
+
+def unattributed_message(record: dict[str, Any]) -> str:
+    claim = f"claiming job {record['claimed_job']}" if record["claimed_job"] else "carrying no job id"
+    verb = "stopped" if record["action"] == "stop" else "recorded"
+    return (f"process {record['pid']} of uid {record['uid']} on GPU {record['gpu']}, {claim}, belongs to no job "
+            f"of its user on that GPU and used {record['peak_bytes'] / (1 << 30):.2f} GiB for "
+            f"{record['at'] - record['over_since']:.0f} s: {verb}")
 
 
 def oom_message(job: str, record: dict[str, Any]) -> str:
     """The line written into the job's own log (the user reads why the job stopped)."""
     gib = 1 << 30
     verb = "stopped" if record["action"] == "stop" else "over its cap"
+    cap = ("what it is charged outside its lane turn (it did not hold the turn: waiting, demoted, or not in "
+           "its lane)" if record.get("lane") == "off-turn" else "its cap")
     return (f"gpushare-agent: GPU out of memory (backstop): job {job} {verb}: its processes used "
-            f"{record['peak_bytes'] / gib:.2f} GiB on GPU {record['gpu']}, over its cap of "
+            f"{record['peak_bytes'] / gib:.2f} GiB on GPU {record['gpu']}, over {cap} of "
             f"{record['cap_bytes'] / gib:.2f} GiB (+{record['tolerance_bytes'] / gib:.2f} GiB tolerance) for "
             f"{record['at'] - record['over_since']:.0f} s. The GPU is shared; ask for more memory "
             "(#GPUSHARE mem=...) or let the OOM recovery rerun it with a larger share.\n")

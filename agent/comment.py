@@ -37,16 +37,27 @@ def run_summary(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def comment_with_run(existing: str | None, record: dict[str, Any]) -> str | None:
-    """The new AdminComment, or None when the job carries someone else's comment (left alone).
+    """The new AdminComment, or None when the job carries someone else's comment (left alone)."""
+    return merged_comment(existing, run=run_summary(record))
 
-    The run summary is merged key by key: the agent writes it in parts while the job runs (TTFK first, the
-    peak when it becomes OOM evidence), so a later part never drops an earlier one."""
-    before = (record_format.parse(existing) or {}).get("run") if existing else None
-    return record_format.merge(existing, run={**(before if isinstance(before, dict) else {}), **run_summary(record)})
+
+def merged_comment(existing: str | None, **fields: Any) -> str | None:
+    """``existing`` with ``fields`` merged in; None for someone else's comment. The run summary is merged key
+    by key: the agent writes it in parts while the job runs (TTFK first, the peak when it becomes OOM
+    evidence), so a later part never drops an earlier one."""
+    if isinstance(fields.get("run"), dict):
+        before = (record_format.parse(existing) or {}).get("run") if existing else None
+        fields["run"] = {**(before if isinstance(before, dict) else {}), **fields["run"]}
+    return record_format.merge(existing, **fields)
 
 
 def annotate(client: SlurmClient, job: str, record: dict[str, Any], slurm_job: Job | None = None) -> bool:
     """Write ``record``'s run summary into the job's AdminComment; True when Slurm took it."""
+    return annotate_fields(client, job, slurm_job, run=run_summary(record))
+
+
+def annotate_fields(client: SlurmClient, job: str, slurm_job: Job | None = None, **fields: Any) -> bool:
+    """Merge ``fields`` into the job's gpushare AdminComment record; True when Slurm took it."""
     try:
         slurm_job = slurm_job if slurm_job is not None else client.job(job)
     except Exception as exc:  # noqa: BLE001 - Slurm unreachable: the ledger still gets the record
@@ -55,7 +66,7 @@ def annotate(client: SlurmClient, job: str, record: dict[str, Any], slurm_job: J
     if slurm_job is None:
         return False
     existing = slurm_job.admin_comment or None
-    text = comment_with_run(existing, record)
+    text = merged_comment(existing, **fields)
     if text is None:
         log.info("job %s: AdminComment holds a foreign comment or would overflow; left unchanged", job)
         return False

@@ -19,15 +19,16 @@ import logging
 import math
 import queue
 import sys
+from collections import deque
 import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from gpushare.gres import GpuError, open_backend
-from gpushare.agent.adopt import Adopter
+from gpushare.agent.adopt import Adopter, process_uid
 from gpushare.agent.api import node_name
-from gpushare.agent.backstop import forecast_message, oom_message
+from gpushare.agent.backstop import forecast_message, oom_message, unattributed_message
 from gpushare.agent.guard import Action, Guard
 from gpushare.agent.lane_service import LaneFacts, LaneRefused, LaneService
 from gpushare.agent.jobs import (build_entry, clean_facts, mps_corunners, registration_facts, share_bytes,
@@ -53,7 +54,7 @@ class Agent:
     def __init__(self, cfg: AgentSection, backend: GpuBackend, clock: Callable[[], float] = time.time,
                  feature: NodeFeature | None = None, registry: Any = None,
                  pid_job: Callable[[int], str | None] = process_job, slurm: Any = None,
-                 evidence_fraction: float = 0.8) -> None:
+                 pid_uid: Callable[[int], int | None] = process_uid, evidence_fraction: float = 0.8) -> None:
         self.cfg = cfg
         # OOM recovery's corroboration on the controller ([oom] corroborate_fraction): a shared job's peak at or
         # above this share of its GPU share is written into its AdminComment while it runs (_queue_annotations)
@@ -66,7 +67,7 @@ class Agent:
         self.lock = threading.RLock()
         self._mps_lock = threading.Lock()  # MPS daemon starts and stops, taken after self.lock, never before
         self.store = JobStore(Path(cfg.state_dir) / "jobs")
-        self.sampler = Sampler(backend, cfg.window_samples, cfg.sample_period_s, pid_job=pid_job)
+        self.sampler = Sampler(backend, cfg.window_samples, cfg.sample_period_s, pid_job=pid_job, pid_uid=pid_uid)
         self.mps = backend.mps(str(cfg.run_dir))
         self.open: bool | None = None
         self.slurm = slurm  # SlurmClient for AdminComment run summaries; None: off
@@ -74,9 +75,12 @@ class Agent:
         self.guard = Guard.from_config(cfg)
         self.pid_job = pid_job
         self._followups: queue.Queue[tuple[Action, str]] = queue.Queue()  # log messages, early requeues, adoptions
-        self.adopter = Adopter()
+        self.adopter = Adopter(uid_of=pid_uid)
         self.counters = {"backstop_stops": 0, "backstop_records": 0, "forecast_warnings": 0, "oom_avoided": 0,
-                         "adopted": 0}
+                         "adopted": 0, "unattributed_stops": 0, "unattributed_records": 0}
+        # the latest processes acted on that belonged to no job (status "unattributed"; also in the agent log)
+        self.unattributed: deque[dict[str, Any]] = deque(maxlen=100)
+        self._collateral: set[tuple[str, str]] = set()  # (victim, offender) pairs already marked
         self._annotated: set[str] = set()
         self._expired: set[str] = set()
         self._last_flush = clock()
@@ -101,11 +105,12 @@ class Agent:
             return len(entries)
 
     def tick(self) -> None:
+        holders = self.lanes.holders()  # the lane service's lock comes before ours, never inside it
         with self.lock:
             now = self.clock()
             self.sampler.tick(now)
             self._queue_adoptions(now)
-            self._guard(now)
+            self._guard(now, holders)
             self._expire_warming(now)
             self._queue_annotations()
             if now - self._last_flush >= self.cfg.flush_every_s:
@@ -184,7 +189,7 @@ class Agent:
                     (entry.get("caps") or {}).get("mem_limit_mib"))
         return entry
 
-    def _guard(self, now: float) -> None:
+    def _guard(self, now: float, holders: frozenset[str] = frozenset()) -> None:
         """Backstop and forecaster (``gpushare.agent.guard``): record now; evidence, message and stop off the lock.
 
         A stop waits for its follow-up (milliseconds) so that the job's AdminComment carries the measured
@@ -192,11 +197,11 @@ class Agent:
         job ends, then finds both (docs/agent.md). Without a Slurm client there is nothing to write first."""
         from gpushare.agent.enforce import stop_processes
 
-        for action in self.guard.check(now, list(self.sampler.jobs.values())):
+        for action in self.guard.check(now, list(self.sampler.jobs.values()), holders, self._crowded()):
             record = dict(action.record)
             if action.kind == "oom":
                 if record["action"] == "stop" and self.slurm is None:
-                    record["pids"] = stop_processes(action.job, list(action.pids), self.pid_job)
+                    record["pids"] = stop_processes(action.job, list(action.pids), self._owner(action.gpu))
                     self.counters["backstop_stops"] += 1
                 elif record["action"] == "stop":
                     record["pids"] = []  # filled in when the follow-up stops them
@@ -211,6 +216,51 @@ class Agent:
             field_name = action.kind
             self.store.update(action.job, _merged({field_name: record}))
             self._followups.put((Action(action.kind, action.job, action.gpu, record, action.pids), text))
+        jobs = list(self.sampler.jobs.values())
+        self._mark_collateral(now, self.guard.over_now(jobs, holders, self.sampler.unattributed))
+        for action in self.guard.check_unattributed(now, self.sampler.unattributed):
+            record = dict(action.record)
+            if record["action"] == "stop":
+                record["pids"] = stop_processes("", list(action.pids), self._owner(action.gpu, record["uid"]))
+                self.counters["unattributed_stops"] += 1
+            else:
+                self.counters["unattributed_records"] += 1
+            self.unattributed.append(record)
+            log.warning("unattributed GPU memory: %s", unattributed_message(record))
+
+    def _crowded(self) -> frozenset[int]:
+        """GPUs with more than one job (or process of no job) and less than the backstop's tolerance free."""
+        crowded = set()
+        for index, view in self.sampler.views.items():
+            tenants = len(view.jobs) + len(self.sampler.unattributed.get(index, []))
+            if tenants > 1 and not math.isnan(view.used) and view.total - view.used < self.guard.tolerance_bytes:
+                crowded.add(index)
+        return frozenset(crowded)
+
+    def _mark_collateral(self, now: float, overruns: list[tuple[str, int]]) -> None:
+        """Every other shared job on a GPU where a job (or a process of no job) is over its cap is marked as
+        its possible victim, once per offender: ``collateral`` in its store entry (and so its run record)
+        and, off the lock, in its AdminComment while Slurm still takes updates. An OOM of the victim soon
+        after is then recovered on its own share at no cost to its user (gpushare.epilog.corroborate)."""
+        for offender, gpu in overruns:
+            for acc in self.sampler.jobs_on(gpu):
+                if acc.job == offender or not acc.shared or (acc.job, offender) in self._collateral:
+                    continue
+                self._collateral.add((acc.job, offender))
+                record = {"by": offender, "gpu": gpu, "at": round(now, 3)}
+                self.store.update(acc.job, _merged({"collateral": record}))
+                log.warning("job %s: %s is over its GPU memory cap on GPU %d beside it; an OOM of job %s now "
+                            "is collateral", acc.job, offender, gpu, acc.job)
+                self._followups.put((Action("collateral", acc.job, gpu, record), ""))
+
+    def _owner(self, gpu: int, uid: int | None = None) -> Callable[[int], str | None]:
+        """What a pid is checked against just before its signal: the job on ``gpu`` it belongs to now, or ""
+        when it is a process of ``uid`` that still belongs to no job (an unattributed one)."""
+        def owner(pid: int) -> str | None:
+            with self.lock:
+                job = self.sampler.owner_now(pid, gpu)
+            return "" if job is None and uid is not None and self.sampler.pid_uid(pid) == uid else job
+        return owner
 
     def followup_pending(self, block_s: float = 0.0) -> int:
         """Carry out queued follow-ups (job-log messages, early requeues) off the sampling lock."""
@@ -226,6 +276,12 @@ class Agent:
             done += 1
             if action.kind == "adopt" and self.slurm is not None:
                 self.adopt(action.job, action.record["where"])
+                continue
+            if action.kind == "collateral":
+                if self.slurm is not None:
+                    from gpushare.agent.comment import annotate_fields
+
+                    annotate_fields(self.slurm, action.job, collateral=action.record)
                 continue
             if self.slurm is None:
                 log.warning("job %s: no Slurm client; message only in the agent log", action.job)
@@ -267,7 +323,7 @@ class Agent:
     def _stop(self, action: Action) -> None:
         from gpushare.agent.enforce import stop_processes
 
-        stopped = stop_processes(action.job, list(action.pids), self.pid_job)
+        stopped = stop_processes(action.job, list(action.pids), self._owner(action.gpu))
         self.counters["backstop_stops"] += 1
         with self.lock:
             self.store.update(action.job, lambda e: {**e, "oom": {**(e.get("oom") or {}), "pids": stopped}})
@@ -385,6 +441,7 @@ class Agent:
             self._evidence.pop(job, None)
             self._shares.pop(job, None)
             self._expired.discard(job)
+            self._collateral = {pair for pair in self._collateral if job not in pair}
             self.adopter.forget(job)
             self.guard.forget(job)
             self._withhold(self.clock())
@@ -443,7 +500,8 @@ class Agent:
             jobs = [{"job": a.job, "uid": a.uid, "gpus": a.gpus, "mode": a.mode, "start": a.start,
                      **{k: v for k, v in a.fields().items() if k not in ("series", "series_stride")}}
                     for a in self.sampler.jobs.values()]
-            state = {"now": now, "node_open": self.open, "gpus": gpus, "jobs": jobs, "guard": dict(self.counters)}
+            state = {"now": now, "node_open": self.open, "gpus": gpus, "jobs": jobs, "guard": dict(self.counters),
+                     "unattributed": list(self.unattributed)}
         return {**state, "lanes": self.lanes.snapshot()}
 
     def handle(self, request: dict[str, Any]) -> dict[str, Any]:

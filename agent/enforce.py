@@ -1,7 +1,8 @@
 """What the agent does to a job when the backstop or the forecaster acts: the I/O side, kept small.
 
 - ``stop_processes``: SIGKILL the job's processes on the GPU. Each pid is checked again, just before the
-  signal, to still carry the job's ``SLURM_JOB_ID`` (a pid reused by another job is never signalled).
+  signal, to still belong to the job (``Sampler.owner_now``: its claim and its uid; a pid reused by another
+  job or user is never signalled).
   Killing the GPU processes frees the memory at once; the batch script then fails as on any OOM.
 - ``append_to_job_log``: a line in the job's own log, written by a child process running **as the
   job's user** (``setuid``/``setgid``, no supplementary groups), opening the existing file with
@@ -31,11 +32,12 @@ log = logging.getLogger("gpushare.agent")
 _SHARD_RE = re.compile(r"^(?:gres[:/])?shard(?::[A-Za-z0-9_.-]+)?:(\d+)$")
 
 
-def stop_processes(job: str, pids: list[int], pid_job: Callable[[int], str | None]) -> list[int]:
-    """SIGKILL the job's ``pids`` that still belong to it; returns the pids signalled."""
+def stop_processes(job: str, pids: list[int], owner: Callable[[int], str | None]) -> list[int]:
+    """SIGKILL the ``pids`` that ``owner`` still places in ``job`` (for an unattributed process: "" and a
+    check that it still belongs to no job); returns the pids signalled."""
     done = []
     for pid in sorted(set(pids)):
-        if pid <= 1 or pid_job(pid) != job:
+        if pid <= 1 or owner(pid) != job:
             continue
         try:
             os.kill(pid, signal.SIGKILL)

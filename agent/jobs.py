@@ -257,6 +257,6 @@ def final_record(entry: dict[str, Any], backend: EnergyCounters, end: float | No
             "ttfk_s": None if kernel is None or entry.get("ttfk_source") == "adopted"
             else round(float(kernel) - float(entry["start"]), 3),
             "gpus": gpus, "series": entry.get("series") or {},
-            "oom": entry.get("oom"), "forecast": entry.get("forecast"),
+            "oom": entry.get("oom"), "forecast": entry.get("forecast"), "collateral": entry.get("collateral"),
             "ttfk_source": entry.get("ttfk_source"),
             "registered_by": entry.get("registered_by"), "closed_by": closed_by}

@@ -108,6 +108,11 @@ class LaneService:
             self.cond.notify_all()
             return True
 
+    def holders(self) -> frozenset[str]:
+        """The jobs holding their lane's turn now (the backstop holds the others to their charge)."""
+        with self.cond:
+            return frozenset(lane.holder for lane in self.board.lanes.values() if lane.holder is not None)
+
     def snapshot(self) -> dict[str, Any]:
         with self.cond:
             return {"lanes": self.board.snapshot(), "demotions": self.demotions, "turn_limit_s": self.turn_limit_s,

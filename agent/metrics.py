@@ -59,7 +59,8 @@ class AgentCollector(Collector):
                 job_energy.add_metric([job["job"], gpu], mj / 1000.0)
         guard = GaugeMetricFamily("gpushare_guard_actions", "memory-guard actions since the agent started: "
                                   "backstop_stops, backstop_records, forecast_warnings, oom_avoided (early requeues), "
-                                  "adopted (jobs found running without a registration)",
+                                  "adopted (jobs found running without a registration), unattributed_stops and "
+                                  "unattributed_records (processes of no job on their GPU acted on)",
                                   labels=["action"])
         for name, count in snap.get("guard", {}).items():
             guard.add_metric([name], count)

@@ -5,10 +5,15 @@ feeds CARMA's risk window (``gpushare.agent.risk.MetricWindow``), the TTFK table
 the per-job accumulators. The clock value comes from the caller and the backend is injected (docs/style.md #11),
 so tests drive it with a fake clock and the simulated backend.
 
-Attribution of processes to jobs: ``pid_job(pid)`` (default :func:`process_job`: the ``job_<id>`` component
-of the process's cgroup, which slurmstepd creates and the process cannot change; only where Slurm uses
-no cgroups, ``SLURM_JOB_ID`` in ``/proc/<pid>/environ``, which the process itself can set); a process it cannot place, on a GPU that
-holds exactly one tracked job, belongs to that job (CARMA's own bookkeeping is per GPU, Table 1).
+Attribution of processes to jobs, by job and by uid (:meth:`Sampler.attribute`): ``pid_job(pid)`` names the
+job a process claims (default :func:`process_job`: the ``job_<id>`` component of the process's cgroup, which
+slurmstepd creates and the process cannot change; only where Slurm uses no cgroups, ``SLURM_JOB_ID`` in
+``/proc/<pid>/environ``, which the process itself can set) and ``pid_uid(pid)`` its owner (the kernel's).
+A process joins the job it claims only when that job runs on its GPU and belongs to the process's uid.
+Otherwise (no job id: ``env -u SLURM_JOB_ID``; another user's job id; a job on another GPU) it belongs to
+its own uid's job on that GPU, and failing that to nobody: an *unattributed* process, never billed to
+another user, which the guard stops like any overrun (``Guard.check_unattributed``). Root's processes
+(the MPS server, the admin's tools) are never unattributed overruns.
 
 Energy attribution (documented in docs/agent.md): the counter delta of a GPU between two samples is
 split equally among the jobs that had a process on it in that sample — the device interface has no
@@ -29,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from gpushare.gres import GpuError, is_na
+from gpushare.agent.adopt import process_uid
 from gpushare.agent.risk import MetricWindow, RiskAssessment, Thresholds, TtfkTable
 
 if TYPE_CHECKING:
@@ -107,8 +113,11 @@ class JobAcc:
     stride: dict[str, int] = field(default_factory=dict)
     seen: int = 0
     cap_bytes: int = 0  # estimate + margin (caps.mem_limit_mib); 0: no cap known
-    # the latest sample only (not persisted): device bytes and pids of the processes that carry the job's
-    # SLURM_JOB_ID, per GPU (the backstop and forecaster act on these, never on an unplaced process)
+    # a lane job's cap while it does not hold its lane's turn: what it is charged (its shards: persistent +
+    # its lane share + margin, docs/submit-path.md "Lanes"); 0: the same cap at all times
+    lane_cap_bytes: int = 0
+    # the latest sample only (not persisted): device bytes and pids of the job's processes (its own uid's, by
+    # Sampler.attribute), per GPU: what the backstop and forecaster act on
     now_bytes: dict[str, float] = field(default_factory=dict)
     now_pids: dict[str, list[int]] = field(default_factory=dict)
 
@@ -122,7 +131,8 @@ class JobAcc:
                    active_s=dict(entry.get("active_s") or {}), peak_bytes=dict(entry.get("peak_bytes") or {}),
                    series={k: list(v) for k, v in (entry.get("series") or {}).items()},
                    stride=dict(entry.get("series_stride") or {}),
-                   cap_bytes=int((entry.get("caps") or {}).get("mem_limit_mib") or 0) << 20)
+                   cap_bytes=int((entry.get("caps") or {}).get("mem_limit_mib") or 0) << 20,
+                   lane_cap_bytes=lane_charge(entry))
 
     def fields(self) -> dict[str, Any]:
         """The store fields this accumulator owns."""
@@ -141,6 +151,27 @@ class JobAcc:
         if len(series) >= SERIES_POINTS:
             self.series[gpu] = series[::2]
             self.stride[gpu] = stride * 2
+
+
+def lane_charge(entry: dict[str, Any]) -> int:
+    """A shared lane job's cap outside its turn: its shard grant (what Slurm charges it), when that is less
+    than its full cap; 0 for any other job (a job with a lane of its own is charged in full)."""
+    cap = int((entry.get("caps") or {}).get("mem_limit_mib") or 0) << 20
+    shards = entry.get("shards")
+    if not entry.get("lanes") or entry.get("own_lane") or not shards or cap <= 0:
+        return 0
+    charged = int(shards) << 30
+    return charged if charged < cap else 0
+
+
+@dataclass(frozen=True)
+class Stranger:
+    """A process on a GPU that belongs to no job there (latest sample): what it claims and who owns it."""
+
+    pid: int
+    uid: int
+    used_bytes: float
+    claim: str | None  # the job id it claims (cgroup or environment); None: none
 
 
 @dataclass
@@ -163,20 +194,24 @@ class Sampler:
     """Windows, TTFK and accumulators of every GPU of one node."""
 
     def __init__(self, backend: GpuBackend, window_samples: int = 30, period_s: float = 1.0,
-                 thresholds: Thresholds = Thresholds(), pid_job: Callable[[int], str | None] = process_job) -> None:
+                 thresholds: Thresholds = Thresholds(), pid_job: Callable[[int], str | None] = process_job,
+                 pid_uid: Callable[[int], int | None] = process_uid) -> None:
         self.backend = backend
         self.window_samples = window_samples
         self.thresholds = thresholds
         self.pid_job = pid_job
+        self.pid_uid = pid_uid
         self.ttfk = TtfkTable(window_s=window_samples * period_s)
         self.jobs: dict[str, JobAcc] = {}
         self.views: dict[int, GpuView] = {}
         self.windows: dict[int, MetricWindow] = {}
         self._last: dict[int, tuple[float, float]] = {}  # gpu -> (time, energy mJ)
-        self._pid_cache: dict[int, str | None] = {}
+        self._pid_cache: dict[int, tuple[str | None, int | None]] = {}  # pid -> (claimed job, uid)
         self._util_since: dict[int, int] = {}  # per GPU: newest per-process utilisation sample seen (µs)
         # processes of Slurm jobs nobody registered, per job and GPU (latest sample only): gpushare.agent.adopt
         self.strays: dict[str, dict[int, list[int]]] = {}
+        # processes that belong to no job on their GPU, per GPU (latest sample only): Guard.check_unattributed
+        self.unattributed: dict[int, list[Stranger]] = {}
         for info in backend.gpus():
             self.views[info.index] = GpuView(info.index, total=info.total_bytes)
             self.windows[info.index] = MetricWindow(size=window_samples)
@@ -204,6 +239,7 @@ class Sampler:
     def tick(self, now: float) -> None:
         live_pids: set[int] = set()
         self.strays = {}
+        self.unattributed = {}
         for acc in self.jobs.values():  # a GPU that fails to answer leaves no stale reading behind
             acc.now_bytes.clear()
             acc.now_pids.clear()
@@ -220,10 +256,25 @@ class Sampler:
         for acc in self.jobs.values():
             acc.seen += 1
 
-    def _job_of(self, pid: int) -> str | None:
+    def _owner_of(self, pid: int) -> tuple[str | None, int | None]:
         if pid not in self._pid_cache:
-            self._pid_cache[pid] = self.pid_job(pid)
+            self._pid_cache[pid] = (self.pid_job(pid), self.pid_uid(pid))
         return self._pid_cache[pid]
+
+    def attribute(self, index: int, claim: str | None, uid: int | None) -> str | None:
+        """The tracked job on GPU ``index`` a process claiming ``claim``, owned by ``uid``, belongs to; None:
+        none (module docstring). Never another user's job, whatever the process claims."""
+        if uid is None:  # gone before it could be placed
+            return None
+        acc = self.jobs.get(claim) if claim is not None else None
+        if acc is not None and index in acc.gpus and acc.uid == uid:
+            return acc.job
+        own = sorted((a.start, a.job) for a in self.jobs_on(index) if a.uid == uid)
+        return own[0][1] if own else None
+
+    def owner_now(self, pid: int, index: int) -> str | None:
+        """:meth:`attribute` from a fresh look at the process (no cache): checked again just before a signal."""
+        return self.attribute(index, self.pid_job(pid), self.pid_uid(pid))
 
     def _sample(self, index: int, view: GpuView, now: float, live_pids: set[int]) -> None:
         memory = self.backend.memory(index)
@@ -240,20 +291,21 @@ class Sampler:
         job_bytes: dict[str, float] = {}
         job_pids: dict[str, list[int]] = {}
         own_bytes: dict[str, float] = {}
+        strangers = 0
         for proc in procs:
             live_pids.add(proc.pid)
-            owner = self._job_of(proc.pid)
-            if owner is not None and owner not in self.jobs:
-                self.strays.setdefault(owner, {}).setdefault(index, []).append(proc.pid)
-            placed = owner in self.jobs and index in self.jobs[owner].gpus
-            if not placed:
-                owner = tracked[0].job if len(tracked) == 1 else None
+            claim, uid = self._owner_of(proc.pid)
+            if claim is not None and claim not in self.jobs:
+                self.strays.setdefault(claim, {}).setdefault(index, []).append(proc.pid)
+            used = 0.0 if is_na(proc.used_bytes) else float(proc.used_bytes)
+            owner = self.attribute(index, claim, uid)
             if owner is not None:
-                used = 0.0 if is_na(proc.used_bytes) else float(proc.used_bytes)
                 job_bytes[owner] = job_bytes.get(owner, 0.0) + used
-                if placed:  # the guard acts only on processes that carry the job's id, never on a guess
-                    own_bytes[owner] = own_bytes.get(owner, 0.0) + used
-                    job_pids.setdefault(owner, []).append(proc.pid)
+                own_bytes[owner] = own_bytes.get(owner, 0.0) + used
+                job_pids.setdefault(owner, []).append(proc.pid)
+            elif uid is not None and uid != 0:
+                strangers += 1
+                self.unattributed.setdefault(index, []).append(Stranger(proc.pid, uid, used, claim))
         key = str(index)
         for acc in tracked:
             acc.now_bytes[key] = own_bytes.get(acc.job, 0.0)
@@ -267,7 +319,7 @@ class Sampler:
                     acc.kernel_at, acc.ttfk_source = now, source
                     self.ttfk.kernel_seen(index, job, now)
             acc.peak_bytes[key] = max(int(job_bytes[job]), int(acc.peak_bytes.get(key, 0)))
-        self._attribute_energy(index, now, energy, job_bytes)
+        self._attribute_energy(index, now, energy, job_bytes, strangers)
         smact = float(util.smact) if not is_na(util.smact) else float(util.gpu)
         for acc in tracked:
             acc.add_point(key, [round(now, 3), view.used, job_bytes.get(acc.job, 0.0), smact])
@@ -294,14 +346,17 @@ class Sampler:
         """How this sample shows the job's first kernel (its TTFK source), or None: not yet.
 
         ``kernel``: one of the job's own processes ran kernels (NVML per-process utilisation). MPS
-        clients' activity is reported under the MPS server's pid, so MPS jobs, GPUs without per-process
-        samples, and processes placed by the one-job-on-this-GPU rule fall back to ``first-process``.
+        clients' activity is reported under the MPS server's pid, so MPS jobs and GPUs without per-process
+        samples fall back to ``first-process``.
         """
         if busy is None or acc.mode == "mps" or not own_pids:
             return "first-process"
         return "kernel" if busy & set(own_pids) else None
 
-    def _attribute_energy(self, index: int, now: float, energy: Any, active: dict[str, float]) -> None:
+    def _attribute_energy(self, index: int, now: float, energy: Any, active: dict[str, float],
+                          strangers: int = 0) -> None:
+        """Split the GPU's energy since the last sample among its active jobs; an unattributed process
+        takes a share that nobody is billed for."""
         view = self.views[index]
         if is_na(energy):
             return
@@ -313,7 +368,7 @@ class Sampler:
         delta_mj, delta_s = float(energy) - last[1], now - last[0]
         if delta_mj < 0 or delta_s <= 0:  # counter reset (driver reload) or clock step: skip the interval
             return
-        share = delta_mj / len(active)
+        share = delta_mj / (len(active) + strangers)
         key = str(index)
         for job in active:
             acc = self.jobs[job]

@@ -50,7 +50,7 @@ def build(tmp: Path, clock, state_file: bool) -> Agent:
     cfg = parse_config({"agent": {"state_dir": str(tmp / "state"), "run_dir": str(tmp / "run"),
                                   "collocation": "fraction"}}).agent
     pids = {10_000 + g * 10 + k: str(100 + g * 10 + k) for g in range(GPUS) for k in range(JOBS_PER_GPU)}
-    agent = Agent(cfg, backend, clock=clock, pid_job=pids.get)
+    agent = Agent(cfg, backend, clock=clock, pid_job=pids.get, pid_uid=lambda pid: 1000)
     for pid, job in pids.items():
         agent.register({"job": job, "uid": 1000, "user": "u", "gpus": [(pid - 10_000) // 10], "shared": True,
                         "est_gib": 4.0, "margin_gib": 1.0, "shards": 5})

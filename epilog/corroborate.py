@@ -13,6 +13,11 @@ re-run is granted only when root-written records agree that the job really fille
 
 NVML reports no per-process "out of memory" event, so the device itself cannot testify; peak memory near
 the cap is the evidence a real OOM leaves. ``[oom] corroborate = "no"`` restores trust in the log alone.
+
+A *collateral* OOM (:func:`collateral_evidence`) is the other case: the job did not fill its share, but a
+neighbour on its GPU was over its own cap when the job failed. The node agent, which saw the neighbour
+over, wrote ``collateral: {by, gpu, at}`` into the job's record (AdminComment, and its run record); the
+job is then re-run on its own share at no cost to its user (gpushare.epilog.recovery).
 """
 
 from __future__ import annotations
@@ -37,12 +42,7 @@ def measured_peak_bytes(record: dict[str, Any] | None, records_dir: str, job_id:
             run.get("peak_gib"), bool):
         peaks.append(int(float(run["peak_gib"]) * GiB))
     directory = Path(records_dir)
-    try:
-        info = os.lstat(directory)
-        trusted = stat.S_ISDIR(info.st_mode) and info.st_uid in (0, os.geteuid()) and not info.st_mode & 0o002
-    except OSError:
-        trusted = False
-    if trusted:
+    if _trusted_dir(records_dir):
         try:
             for entry in RecordLedger(directory).get(job_id, restarts):
                 for gpu in (entry.get("gpus") or {}).values():
@@ -52,6 +52,35 @@ def measured_peak_bytes(record: dict[str, Any] | None, records_dir: str, job_id:
         except (OSError, ValueError):
             pass
     return max(peaks) if peaks else None
+
+
+def collateral_evidence(record: dict[str, Any] | None, records_dir: str, job_id: str, restarts: int,
+                        ended_at: float, window_s: float) -> dict[str, Any] | None:
+    """The agent's note that a neighbour was over its cap on this job's GPU, when the job ended within
+    ``window_s`` after the agent first saw it (and not before it, less a few seconds of clock skew
+    between node and controller); None otherwise. Only root writes either place it is read from."""
+    found: list[Any] = [(record or {}).get("collateral")]
+    if _trusted_dir(records_dir):
+        try:
+            found += [entry.get("collateral") for entry in RecordLedger(Path(records_dir)).get(job_id, restarts)]
+        except (OSError, ValueError):
+            pass
+    for note in found:
+        if not isinstance(note, dict) or not isinstance(note.get("by"), str):
+            continue
+        at = note.get("at")
+        if isinstance(at, (int, float)) and not isinstance(at, bool) and at - 5.0 <= ended_at <= at + window_s:
+            return note
+    return None
+
+
+def _trusted_dir(path: str) -> bool:
+    """A records directory only root (or we) could have written: ours, not group- or world-writable."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid in (0, os.geteuid()) and not info.st_mode & 0o002
 
 
 def _is_mig(tres_per_node: str, cfg: Config) -> bool:

@@ -28,7 +28,8 @@ from gpushare.atomic import write_json_atomic
 from gpushare.config import Config
 from gpushare.estimator_cli.schema import byte_field
 from gpushare.gpus import GiB
-from gpushare.slurm_plugins.estimate_source import script_cache_key
+from gpushare.slurm_plugins.directives import parse_directives
+from gpushare.slurm_plugins.estimate_source import command_cache_key, script_cache_key
 from gpushare.slurm.gres_request import parse_gres
 
 LEARN_FACTOR = 1.5
@@ -78,9 +79,10 @@ def _raise(row: dict[str, Any], floor: int) -> dict[str, Any]:
 
 
 def learn_from_oom(cfg: Config, script: str, job_id: str, tres_per_node: str, cap_bytes: int,
-                   uid: int | None, now: float | None = None) -> Path | None:
-    """Raise the cached estimate of ``uid``'s ``script``; returns the file written (None: nothing to learn,
-    or the owner is unknown: one user's OOM never resizes another user's script)."""
+                   uid: int | None, now: float | None = None, work_dir: str | None = None) -> Path | None:
+    """Raise the cached estimate of ``uid``'s ``script`` and, with ``work_dir``, the lesson of its training
+    command (``command_cache_key``: it survives cosmetic edits of the script); returns the script's file
+    (None: nothing to learn, or the owner is unknown: one user's OOM never resizes another user's script)."""
     failed = failed_size_bytes(tres_per_node, cfg)
     if failed is None or not script or uid is None:
         return None
@@ -90,10 +92,14 @@ def learn_from_oom(cfg: Config, script: str, job_id: str, tres_per_node: str, ca
         info = os.lstat(part)
         if not stat.S_ISDIR(info.st_mode) or info.st_uid not in (0, os.geteuid()):
             raise PermissionError(f"{part}: not a directory owned by root; estimate not updated")
-    path = directory / f"{script_cache_key(script, uid)}.json"
-    try:
-        old = json.loads(path.read_bytes()[:MAX_DOC_BYTES])
-    except (OSError, ValueError):
-        old = None
-    write_json_atomic(path, learned_document(old, failed, cap_bytes, job_id, time.time() if now is None else now))
-    return path
+    command_key = command_cache_key(script, parse_directives(script, cfg.submit.max_script_bytes).script,
+                                     work_dir, uid)
+    names = [script_cache_key(script, uid)] + ([command_key] if command_key else [])
+    for name in names:
+        path = directory / f"{name}.json"
+        try:
+            old = json.loads(path.read_bytes()[:MAX_DOC_BYTES])
+        except (OSError, ValueError):
+            old = None
+        write_json_atomic(path, learned_document(old, failed, cap_bytes, job_id, time.time() if now is None else now))
+    return directory / f"{names[0]}.json"

@@ -59,6 +59,7 @@ class JobFacts:
     record: dict[str, Any] | None  # our gpushare:{...} admin-comment record
     requeue_allowed: bool = True  # False for --no-requeue jobs: Slurm refuses requeuehold for them
     nice: int | None = None  # the job's own nice, given back after the requeue (release resets it)
+    work_dir: str = ""  # its working directory (the OOM lesson of its training command is keyed with it)
 
     @classmethod
     def from_job(cls, job: Job | None, env: Mapping[str, str]) -> "JobFacts":
@@ -91,6 +92,7 @@ class JobFacts:
             record=parse_record(job.admin_comment) if job else None,
             requeue_allowed=job.requeue is not False if job else True,
             nice=job.nice if job else None,
+            work_dir=job.work_dir if job else "",
         )
 
 
@@ -114,6 +116,7 @@ class Action:
     oom: dict[str, Any] | None = None  # our entry in the job's gpushare: AdminComment record
     user_message: str = ""
     learn: bool = True  # False: the OOM was not corroborated, so the estimate cache must not learn from it
+    charged: bool = True  # counts against the user's daily budget (False: collateral, the neighbour's doing)
 
 
 # --- hostlists and GPU sizes ------------------------------------------------------------------------
@@ -214,20 +217,29 @@ def merge_oom_comment(existing: str | None, oom: dict[str, Any]) -> str | None:
 
     Why merge at write time: the node agent and Epilog also write this comment (read-modify-write), so
     we keep their keys and re-apply ours once the job has finished completing (gpushare.epilog.executor.finish).
-    The entry holds no text from the job, so scontrol's ``Key=Value`` output stays parseable.
+    The entry holds no text from the job, so scontrol's ``Key=Value`` output stays parseable. The agent's
+    ``collateral`` note is dropped: it was about the run that just ended, never about the next one.
     """
-    return record_format.merge(existing, oom=oom)
+    if existing and parse_record(existing) is None:
+        return None
+    kept = {k: v for k, v in (parse_record(existing) or {}).items() if k != "collateral"}
+    return record_format.render({**kept, "oom": oom})
+
+
+MAX_COLLATERAL = 3  # collateral re-runs of one job (each needs a neighbour over its cap: bounded anyway)
 
 
 def decide(job: JobFacts, verdict: OomVerdict, cfg: Config, retries_used: int,
            mig_available: set[str] | None = None, corroboration: tuple[bool, str] = (True, ""),
-           user_recoveries: int = 0, whole_gpu_as_gpu: bool = False) -> Action:
+           user_recoveries: int = 0, whole_gpu_as_gpu: bool = False,
+           collateral: dict[str, Any] | None = None) -> Action:
     """Choose the action for one ended job. Never raises on job content.
 
     ``corroboration`` is gpushare.epilog.corroborate's verdict on the log message; ``user_recoveries``
     the requeues this user's jobs already got in the last 24 hours (the ledger's per-user budget);
     ``whole_gpu_as_gpu``: the Slurm release accepts ``shard`` → ``gpu`` on a held job
-    (``SlurmVersion.held_gres_across_names``).
+    (``SlurmVersion.held_gres_across_names``); ``collateral``: the agent's note that a neighbour was over its
+    cap on the job's GPU when it failed (gpushare.epilog.corroborate.collateral_evidence).
     """
     if not verdict.is_oom:
         return Action("none", verdict.reason)
@@ -237,6 +249,9 @@ def decide(job: JobFacts, verdict: OomVerdict, cfg: Config, retries_used: int,
     previous = (job.record or {}).get("oom")
     spent = max(retries_used, _int(previous.get("n")) if isinstance(previous, dict) else 0)
     family = verdict.family or "unknown"
+    victim = _collateral(job, collateral, previous, spent, limit, family, cfg)
+    if victim is not None:
+        return victim
     if spent >= limit:
         why = (f"GPU out of memory again after {spent} recovery retr{'y' if spent == 1 else 'ies'}"
                if spent else "GPU out of memory; recovery is off ([oom] max_retries = 0)")
@@ -276,3 +291,26 @@ def decide(job: JobFacts, verdict: OomVerdict, cfg: Config, retries_used: int,
                   nice=(job.nice or 0) - cfg.oom.priority_boost, retry=retry, max_retries=limit, oom=oom,
                   user_message=f"gpushare: the job ran out of GPU memory ({family}); requeued with {why}, "
                                f"eligible at once (recovery {retry} of {limit}).")
+
+
+def _collateral(job: JobFacts, note: dict[str, Any] | None, previous: Any, spent: int, limit: int, family: str,
+                cfg: Config) -> Action | None:
+    """A victim's OOM (a neighbour over its cap on its GPU): re-run at once on its own share, its recovery
+    retries and its user's daily budget untouched, nothing learned (its estimate was right), the offender
+    named in its record. None when not collateral, or after MAX_COLLATERAL such re-runs."""
+    if note is None or not job.requeue_allowed or not job.tres_per_node:
+        return None
+    times = _int(previous.get("coll")) if isinstance(previous, dict) else 0
+    if times >= MAX_COLLATERAL:
+        return None
+    offender = str(note.get("by"))[:40]
+    why = f"job {offender}" if offender.isdigit() else offender
+    oom = {"n": spent, "max": limit, "fam": family, "from": job.tres_per_node, "to": job.tres_per_node,
+           "coll": times + 1, "by": offender}
+    return Action("requeue", f"GPU out of memory while {why} was over its GPU memory cap on GPU {note.get('gpu')} "
+                             f"(collateral); requeue on its own share", new_gres=job.tres_per_node,
+                  nice=(job.nice or 0) - cfg.oom.priority_boost, retry=spent, max_retries=limit, oom=oom, learn=False,
+                  charged=False,
+                  user_message=f"gpushare: the job ran out of GPU memory ({family}) while {why} on the same GPU was "
+                               "over its own memory cap; requeued at once on the same share. This does not count "
+                               "against your OOM recoveries.")

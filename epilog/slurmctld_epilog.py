@@ -22,7 +22,7 @@ import sys
 import time
 from typing import Any, Callable, Mapping
 
-from gpushare.epilog.corroborate import corroborate
+from gpushare.epilog.corroborate import collateral_evidence, corroborate
 from gpushare.epilog.executor import execute, finish, resume_unfinished, spawn_finisher
 from gpushare.epilog.ledger import FINAL_STATES, Ledger
 from gpushare.epilog.oom_detect import OomVerdict, TailError, append_note, classify, compile_patterns, read_tail
@@ -156,15 +156,18 @@ def _handle_heavy(job_id: str, env: Mapping[str, str], client: SlurmClient, cfg:
             for problem in verdict.problems:
                 log.warning("job %s: %s", job.job_id, problem)
             needs_types = "gpu:" in job.tres_per_node
+            collateral = collateral_evidence(job.record, cfg.agent.records_dir, job.job_id, job.restarts,
+                                             _ended_at(env), cfg.agent.backstop_grace_s + COLLATERAL_SLACK_S)
             action = decide(job, verdict, cfg, ledger.retries_used(job.job_id),
                             mig_types(client) if needs_types else None,
                             corroborate(cfg, job.record, job.tres_per_node, job.job_id, job.restarts),
-                            ledger.user_recoveries(job.uid), whole_gpu_as_gpu=_gres_across_names(client))
+                            ledger.user_recoveries(job.uid), whole_gpu_as_gpu=_gres_across_names(client),
+                            collateral=collateral)
             if action.kind == "none":
                 return f"none: {action.reason}"
             if action.learn:
                 _learn(job, cfg, client)
-            if action.kind == "requeue":
+            if action.kind == "requeue" and action.charged:
                 ledger.note_user_recovery(job.uid)
             entry = ledger.put(_entry(job, verdict, action))
             ledger.append_history({"job": job.job_id, "restarts": job.restarts, "event": action.kind,
@@ -184,6 +187,13 @@ def _handle_heavy(job_id: str, env: Mapping[str, str], client: SlurmClient, cfg:
         return execute(entry, client, ledger, finish_later)
 
 
+def _ended_at(env: Mapping[str, str]) -> float:
+    """When the job ended: slurmctld's SLURM_JOB_END_TIME (26.05 sets it; measured), else now (the hook
+    runs as the job ends)."""
+    value = env.get("SLURM_JOB_END_TIME", "")
+    return float(value) if value.isdigit() else time.time()
+
+
 def _same_paths(verdict: OomVerdict, job: JobFacts) -> bool:
     """The early verdict read the same files Slurm's record names (else read them again)."""
     return verdict.source is None or verdict.source in job.log_paths
@@ -194,7 +204,7 @@ def _learn(job: JobFacts, cfg: Config, client: SlurmClient) -> None:
     try:
         script = client.run("scontrol", "write", "batch_script", check_job_id(job.job_id), "-")
         path = learn_from_oom(cfg, script, job.job_id, job.tres_per_node, whole_gpu_shards(cfg, job.node) * GiB,
-                              job.uid)
+                              job.uid, work_dir=job.work_dir or None)
         if path is not None:
             log.info("job %s: raised the cached estimate of its batch script (%s)", job.job_id, path.name)
     except Exception as exc:  # noqa: BLE001 - learning is a bonus; recovery must go on
@@ -241,6 +251,9 @@ def _client(cfg: Config) -> SlurmClient:
     return SlurmClient.from_config(cfg)
 
 
+# How long after the agent first saw a neighbour over its cap a job's OOM still counts as collateral, on top of
+# the backstop's grace: the neighbour is stopped by then, and a victim fails within seconds of its allocation.
+COLLATERAL_SLACK_S = 60.0
 RESUME_DELAY_S = 45.0  # past resume_unfinished's 30 s minimum age: a live hook run is never raced
 
 

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpushare.gpus import GpuModel
+from gpushare.slurm.hostlist import expand_hostlist
 from gpushare.slurm.jobs import Job
 
 from gpushare.mig_manager.device_ops import Layout
@@ -63,13 +64,28 @@ def waits_for_resources(job: Job) -> bool:
     return job.pending and not job.held and job.reason.startswith(_WAITING_FOR_RESOURCES)
 
 
+def pins_elsewhere(job: Job, node: str) -> bool:
+    """True when the job's ``-w`` node list leaves out ``node`` (or cannot be read: no demand on a guess).
+
+    Why: a job pinned to a drained or down node waits with ``ReqNodeNotAvail`` forever; without this
+    check it counted as demand on every MIG node, and any user could reshape nodes it can never run on."""
+    if not node or not job.required_nodes:
+        return False
+    try:
+        return node not in expand_hostlist(job.required_nodes, limit=100_000, strict=True)
+    except ValueError:
+        return True
+
+
 def pending_wants(jobs: Iterable[Job], profiles: Iterable[str], partitions: Sequence[str] = (),
-                  min_age_s: float = 0.0, max_per_user: int = 0, now: float | None = None) -> list[Want]:
+                  min_age_s: float = 0.0, max_per_user: int = 0, now: float | None = None,
+                  node: str = "") -> list[Want]:
     """Wanted instances from jobs waiting for resources, highest priority (then oldest) first.
 
     ``min_age_s``: a job counts only once it has been pending that long (a job submitted and cancelled
     in between reshape checks, to drain the node, is no demand). ``max_per_user`` (0: no cap): at most
-    that many wanted instances per user, so one user cannot make a node's whole layout theirs.
+    that many wanted instances per user, so one user cannot make a node's whole layout theirs. ``node``:
+    the node asking; a job pinned (``-w``) to other nodes is no demand on it.
     """
     names = tuple(profiles)
     now = time.time() if now is None else now
@@ -80,6 +96,8 @@ def pending_wants(jobs: Iterable[Job], profiles: Iterable[str], partitions: Sequ
         if min_age_s > 0 and (job.submit_time is None or now - job.submit_time < min_age_s):
             continue
         if partitions and not ({p for p in job.partition.split(",") if p} & set(partitions)):
+            continue
+        if pins_elsewhere(job, node):
             continue
         asked = mig_request(job.tres_per_node, names)
         if not asked:

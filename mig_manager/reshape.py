@@ -76,7 +76,7 @@ def demand_target(cfg: Config, executor: Executor, client: SlurmClient) -> tuple
         models[info.index] = model
     profiles = {p.name for m in models.values() for p in m.mig_profiles}
     wants = pending_wants(client.jobs(), profiles, cfg.mig.partitions, cfg.mig.demand_min_age_s,
-                          cfg.mig.demand_max_per_user)
+                          cfg.mig.demand_max_per_user, node=executor.node)
     if not wants:
         return {}, ["no pending job asks for a MIG profile of this node"]
     return target_for(models, current, wants)

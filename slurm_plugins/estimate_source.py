@@ -125,6 +125,25 @@ def script_cache_key(script: str, uid: int) -> str:
     return f"{uid}.{hashlib.sha256(script.encode('utf-8', 'surrogateescape')).hexdigest()}"
 
 
+def command_cache_key(script: str, directive_script: str | None, work_dir: str | None, uid: int) -> str | None:
+    """Key of an OOM lesson for one user's training command: ``<uid>.<sha256 of working directory, training
+    script and its arguments as found in the batch script>``; None when no command is found or the working
+    directory is unknown.
+
+    Why besides the script's own key: what decides a job's memory is the command it trains with, not the
+    bytes of its batch script; keyed by those bytes, one edited comment line dropped a learned floor and the
+    next run fell into the same OOM. The working directory tells two projects' ``train.py`` apart."""
+    from gpushare.slurm_plugins.script_discovery import TrainingCommand, find_training_command
+
+    if not isinstance(uid, int) or isinstance(uid, bool) or uid < 0 or not work_dir or not script:
+        return None
+    found = find_training_command(script, directive_script)
+    if not isinstance(found, TrainingCommand):
+        return None
+    text = "\0".join((work_dir, found.script, *found.args))
+    return f"{uid}.cmd.{hashlib.sha256(text.encode('utf-8', 'surrogateescape')).hexdigest()}"
+
+
 def _cached_document(cfg: Config, script: str, uid: int) -> Any:
     """The cache document of this exact batch script of this user (None: none, or unreadable)."""
     try:
@@ -134,9 +153,18 @@ def _cached_document(cfg: Config, script: str, uid: int) -> Any:
         return None
 
 
-def cache_lookup(cfg: Config, script: str, gpu_names: list[str], uid: int) -> Estimate | None:
-    """An estimate cached for this exact batch script of this user, if one exists and parses."""
-    document = _cached_document(cfg, script, uid)
+def cache_lookup(cfg: Config, script: str, gpu_names: list[str], uid: int,
+                 command_key: str | None = None) -> Estimate | None:
+    """An estimate cached for this exact batch script of this user (or, with ``command_key``, the OOM lesson
+    of its training command), if one exists and parses."""
+    if command_key is not None:
+        try:
+            path = Path(cfg.submit.cache_dir) / "by-script" / f"{command_key}.json"
+            document = json.loads(path.read_bytes()[: cfg.submit.max_estimate_file_bytes])
+        except (OSError, ValueError):
+            return None
+    else:
+        document = _cached_document(cfg, script, uid)
     if document is None:
         return None
     try:
@@ -165,10 +193,16 @@ def find_estimate(cfg: Config, directives: Directives, script: str, work_dir: st
     submission of the same script, into the same OOM. A directive above the lesson still wins.
     """
     chosen = _directive_estimate(cfg, directives, work_dir, uid, gpu_names)
+    exact = cache_lookup(cfg, script, gpu_names, uid)
+    key = command_cache_key(script, directives.script, work_dir, uid)
+    lessons = [e for e in (exact, cache_lookup(cfg, script, gpu_names, uid, key) if key else None)
+               if e is not None and e.source == "learned"]
+    lesson = max(lessons, key=lambda e: e.total_bytes) if lessons else None
+    if chosen is None and exact is not None and exact.source != "learned":
+        chosen = exact
     if chosen is None:
-        return cache_lookup(cfg, script, gpu_names, uid)
-    lesson = cache_lookup(cfg, script, gpu_names, uid)
-    if lesson is not None and lesson.source == "learned" and lesson.total_bytes > chosen.total_bytes:
+        return lesson
+    if lesson is not None and lesson.total_bytes > chosen.total_bytes:
         return Estimate(lesson.total_bytes, "learned", f"{lesson.detail}; {chosen.source} said "
                                                        f"{chosen.total_bytes / (1 << 30):.1f} GiB")
     return chosen

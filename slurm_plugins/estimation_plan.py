@@ -12,6 +12,13 @@ service picks up where it stopped:
 
 A released job keeps its record (``src: async``, ``est_job``, ``held_s``); an estimation job whose held
 jobs are all gone is cancelled.
+
+Whose estimate counts: only the estimation job root submitted for the held job. Its id is written into the
+held job's root-only record when root submits it; the one exception, an estimation job submitted just
+before the service was killed and not yet recorded, is adopted only when it belongs to the held job's user
+and writes into the spool directory root made for that very job (``<held id>-<submit time>``). The job
+name (``gpushare-estimate-<id>``) only says which jobs to look at: any user can give any of their jobs that
+name with ``scontrol update name=``, so it is never evidence (docs/security.md).
 """
 
 from __future__ import annotations
@@ -47,6 +54,11 @@ class HeldJob:
     command: TrainingCommand | NotFound | None = None  # None: batch script not readable
 
     @property
+    def spool_name(self) -> str:
+        """The name of the spool directory root creates for this job's estimation (estimationd.submit)."""
+        return f"{self.job_id}-{int(self.submit_time)}"
+
+    @property
     def est_job(self) -> int | None:
         value = self.record.get("est_job")
         return value if isinstance(value, int) and not isinstance(value, bool) else None
@@ -59,10 +71,16 @@ class EstimationJob:
     job_id: int
     user_id: int
     state: str
-    for_job: int  # the held job it was submitted for (from its name)
+    for_job: int  # the held job its name claims it serves (a hint: users can rename their jobs)
     outcome: Estimate | str | None = None  # the estimate, or why there is none
     ours: bool = True  # its output lies in our spool directory (a user may name a job like ours)
+    spool_name: str = ""  # the spool directory its output goes to (``<held id>-<submit time>``)
     interpreter: str | None = None  # "PATH (Python X, PyTorch Y)" the capture ran under, from its result
+
+    def made_for(self, job: HeldJob) -> bool:
+        """Whether this is the estimation job root submitted for ``job``: its user's, writing into the
+        directory root made for that job. What a user cannot forge by renaming a job of their own."""
+        return self.ours and self.user_id == job.user_id and self.spool_name == job.spool_name
 
 
 @dataclass(frozen=True)
@@ -123,10 +141,14 @@ def plan(held: list[HeldJob], estimations: dict[int, EstimationJob], now: float,
             counts.total += 1
     # An estimation job of ours that no record names yet but whose held job is waiting: the service was
     # killed between its sbatch and writing est_job into the record. It is adopted, never duplicated.
+    # Adopted only when it is that job's own (same user, root's directory for it), never by its name.
     unattached: dict[int, int] = {}  # held job -> the first (lowest) such estimation job
+    by_spool = {job.spool_name: job for job in held if job.est_job is None}
     for candidate in sorted(estimations.values(), key=lambda e: e.job_id):
-        if candidate.ours and candidate.state in ACTIVE_STATES and candidate.job_id not in named:
-            unattached.setdefault(candidate.for_job, candidate.job_id)
+        owner = by_spool.get(candidate.spool_name)
+        if (owner is not None and candidate.made_for(owner) and candidate.state in ACTIVE_STATES
+                and candidate.job_id not in named):
+            unattached.setdefault(owner.job_id, candidate.job_id)
     by_key: dict[str, int] = {}  # key -> est job already serving it
     for job in held:
         if job.est_job is not None and job.key:
@@ -178,7 +200,10 @@ def plan(held: list[HeldJob], estimations: dict[int, EstimationJob], now: float,
             if est.for_job not in held_ids:
                 actions.append(Cancel(est.job_id, f"job {est.for_job} no longer waits for it"))
             elif est.job_id not in named and unattached.get(est.for_job) != est.job_id:  # a second orphan
-                actions.append(Cancel(est.job_id, f"job {est.for_job} already has an estimation job"))
+                target = next(j for j in held if j.job_id == est.for_job)
+                why = ("already has an estimation job" if est.made_for(target)
+                       else f"has its own estimation job; this one (uid {est.user_id}) only bears its name")
+                actions.append(Cancel(est.job_id, f"job {est.for_job} {why}"))
     return actions + _cancel_unneeded(actions, estimations, referenced)
 
 
@@ -231,7 +256,12 @@ def _async_fields(job: HeldJob, now: float) -> dict[str, Any]:
 
 
 def finish(job: HeldJob, est: EstimationJob, now: float, cfg: Config) -> Release:
-    """The estimation ended: size the job from its estimate, or fall back with the reason."""
+    """The estimation ended: size the job from its estimate, or fall back with the reason.
+
+    The id came from the job's root-written record; its owner and output are checked again all the same
+    (defence in depth): only the held job's own user's estimate, from our spool, sizes it."""
+    if not est.ours or est.user_id != job.user_id:
+        return fallback(job, f"estimation job {est.job_id} is not this job's (uid {est.user_id})", now, cfg)
     if not isinstance(est.outcome, Estimate):
         reason = est.outcome or f"estimation job {est.job_id} {_ENDED.get(est.state, est.state.lower())}"
         return fallback(job, reason, now, cfg)

@@ -144,12 +144,14 @@ class EstimationService:
         # Still completing counts as active on every release (22.05 says COMPLETING, 24.11+ COMPLETED+COMPLETING)
         job_id, uid, state = int(job.job_id), int(job.user_id or 0), "COMPLETING" if job.completing else job.state
         stdout = job.std_out
-        ours = Path(os.path.normpath(stdout)).parent.parent == Path(self.cfg.estimation.spool_dir).resolve()
+        directory = Path(os.path.normpath(stdout)).parent
+        ours = directory.parent == Path(self.cfg.estimation.spool_dir).resolve()
         outcome: Estimate | str | None = None
         interpreter = None
         if ours and state in ("COMPLETED", "FAILED", "TIMEOUT", "OUT_OF_MEMORY"):
             outcome, interpreter = self._outcome(job_id, uid, state, stdout, for_job)
-        return EstimationJob(job_id, uid, state, for_job, outcome, ours, interpreter)
+        return EstimationJob(job_id, uid, state, for_job, outcome, ours, interpreter=interpreter,
+                             spool_name=directory.name if ours else "")
 
     def _outcome(self, job_id: int, uid: int, state: str, stdout: str,
                  for_job: int = 0) -> tuple[Estimate | str | None, str | None]:

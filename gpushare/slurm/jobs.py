@@ -81,6 +81,7 @@ class Job:
     features: str = ""  # the job's --constraint expression
     nodes: str = ""  # hostlist expression
     batch_host: str = ""
+    required_nodes: str = ""  # -w/--nodelist: a hostlist the job must run on ("" none)
     work_dir: str = ""
     std_out: str = ""  # as Slurm stores it: may hold %j patterns and be relative to work_dir
     std_err: str = ""
@@ -216,6 +217,7 @@ def job_from_json(obj: Mapping[str, Any]) -> Job:
         features=_text(obj.get("features")),
         nodes=_text(obj.get("nodes")),
         batch_host=_text(obj.get("batch_host")),
+        required_nodes=_text(obj.get("required_nodes")),
         work_dir=_text(obj.get("current_working_directory")),
         std_out=_text(obj.get("standard_output")),
         std_err=_text(obj.get("standard_error")),

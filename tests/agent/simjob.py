@@ -30,6 +30,11 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--grow-mib-per-s", type=float, default=0.0, help="memory growth while running (a leak)")
     parser.add_argument("--oom-first-run", action="store_true", help="end the first run with PyTorch's OOM")
+    parser.add_argument("--jump-after", type=float, default=None, help="seconds until it jumps to --jump-mib")
+    parser.add_argument("--jump-mib", type=float, default=0.0, help="its memory after the jump (caps ignored)")
+    parser.add_argument("--alloc-after", type=float, default=None,
+                        help="seconds until it allocates --alloc-mib more; fails as PyTorch does when the GPU is full")
+    parser.add_argument("--alloc-mib", type=float, default=0.0)
     args = parser.parse_args()
     backend = open_backend(load_config().agent.device_backend)
     gpu = int(os.environ["SLURM_JOB_GPUS"].split(",")[0])
@@ -39,8 +44,20 @@ def main() -> None:
         started, mib = time.monotonic(), args.mem_mib
         while time.monotonic() - started < args.seconds:
             time.sleep(0.2)
+            elapsed = time.monotonic() - started
             if args.grow_mib_per_s:
-                mib = args.mem_mib + args.grow_mib_per_s * (time.monotonic() - started)
+                mib = args.mem_mib + args.grow_mib_per_s * elapsed
+                backend.update_process(os.getpid(), memory_mib=mib)
+            if args.jump_after is not None and elapsed >= args.jump_after:
+                args.jump_after, mib = None, args.jump_mib
+                backend.update_process(os.getpid(), memory_mib=mib)
+            if args.alloc_after is not None and elapsed >= args.alloc_after:
+                args.alloc_after = None
+                if backend.memory(gpu).free < args.alloc_mib * 2**20:
+                    free = backend.memory(gpu).free / 2**30
+                    raise SystemExit(f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+                                     f"{args.alloc_mib / 1024:.2f} GiB. GPU {gpu} has {free:.2f} GiB free.")
+                mib += args.alloc_mib
                 backend.update_process(os.getpid(), memory_mib=mib)
     finally:
         backend.end_process(os.getpid())

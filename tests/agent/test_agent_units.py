@@ -38,14 +38,25 @@ class FakeFeature:
         return True
 
 
-def make_agent(tmp_path, clock, pids=None, backend=None, **agent):
+def honest_uids(holder: list, pids: dict | None, default: int = 1000):
+    """The uid of each fake pid: its claimed job's owner (an honest process), else ``default``."""
+    def uid_of(pid):
+        acc = holder[0].sampler.jobs.get((pids or {}).get(pid)) if holder else None
+        return acc.uid if acc is not None else None
+    return uid_of
+
+
+def make_agent(tmp_path, clock, pids=None, backend=None, uids=None, **agent):
     backend = backend or SimBackend.from_scenario(SCENARIO, clock=clock)
     cfg = parse_config({"agent": {"state_dir": str(tmp_path / "state"), "run_dir": str(tmp_path / "run"),
                                   "window_samples": 5, "flush_every_s": 3.0, **agent}}).agent
     registry = CollectorRegistry()
     feature = FakeFeature()
+    holder: list = []
     agent_obj = Agent(cfg, backend, clock=clock, feature=feature, registry=registry,
-                      pid_job=lambda pid: (pids or {}).get(pid))
+                      pid_job=lambda pid: (pids or {}).get(pid),
+                      pid_uid=uids.get if uids is not None else honest_uids(holder, pids))
+    holder.append(agent_obj)
     return agent_obj, backend, registry, feature
 
 
@@ -362,12 +373,21 @@ def test_slurm_must_confirm_a_running_job_of_this_node_and_of_the_processes_owne
     assert "uid" in adopter.refusal(slurm_job(uid=1000), "n1", {0: [501], 1: [502]})
 
 
+@pytest.mark.hostile
+def test_a_cpu_only_jobs_gpu_process_is_not_adopted_uncapped() -> None:
+    """Issue 22: a job granted no GPU that opens one anyway (no device cgroups) was adopted with no cap. It is
+    refused; its process then belongs to no job on the GPU (tests/agent/test_guard.py stops such a one)."""
+    adopter = Adopter(uid_of={501: 1000}.get)
+    assert "granted no GPU" in adopter.refusal(slurm_job(tres=""), "n1", {0: [501]})
+    assert adopter.refusal(slurm_job(tres="gres:gpu:1"), "n1", {0: [501]}) is None
+    assert adopter.refusal(slurm_job(tres="gres/gpu:a100:2"), "n1", {0: [501]}) is None
+
+
 def test_the_agent_adopts_a_job_running_without_its_prolog_with_its_grant_as_cap(tmp_path, clock) -> None:
     comment = 'gpushare:{"v":1,"decision":"shared","est_gib":4.0,"margin_gib":1.0,"new":"gres:shard:5"}'
     fake = FakeSlurm({"9": slurm_job(comment=comment)})
-    agent, sim, _, _ = make_agent(tmp_path, clock, pids={501: "9"}, node_name="n1", collocation="mps")
+    agent, sim, _, _ = make_agent(tmp_path, clock, pids={501: "9"}, uids={501: 1000}, node_name="n1", collocation="mps")
     agent.slurm = fake
-    agent.adopter.uid_of = {501: 1000}.get
     sim.start_process(1, 501, 3 * GiB)
     run(agent, clock, 2)
     assert agent.followup_pending() >= 1 and fake.asked == ["9"]
@@ -383,9 +403,8 @@ def test_the_agent_adopts_a_job_running_without_its_prolog_with_its_grant_as_cap
 
 def test_the_agent_leaves_a_job_slurm_does_not_confirm_and_asks_again_later(tmp_path, clock) -> None:
     fake = FakeSlurm({"9": slurm_job(state="COMPLETING")})
-    agent, sim, _, _ = make_agent(tmp_path, clock, pids={501: "9"}, node_name="n1")
+    agent, sim, _, _ = make_agent(tmp_path, clock, pids={501: "9"}, uids={501: 1000}, node_name="n1")
     agent.slurm = fake
-    agent.adopter.uid_of = {501: 1000}.get
     sim.start_process(0, 501, 1 * GiB)
     run(agent, clock, 5)
     agent.followup_pending()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -12,6 +13,7 @@ from prometheus_client import CollectorRegistry
 from gpushare.agent.backstop import judge, oom_message
 from gpushare.agent.daemon import Agent
 from gpushare.agent.enforce import append_to_job_log, bigger_share, requeue_early, stop_processes
+from gpushare.agent.jobs import final_record
 from gpushare.config import parse_config
 from gpushare.gres.sim_backend import SimBackend
 
@@ -20,11 +22,22 @@ MiB = 1 << 20
 SCENARIO = {"version": 1, "name": "guard", "processes": [], "gpus": [{"model": "a100-40gb"}]}
 
 
-def make_agent(tmp_path, clock, pids, **agent):
+def make_agent(tmp_path, clock, pids, uids=None, **agent):
+    """``uids``: each pid's owner; by default the owner of the job it claims (an honest process), else 1000."""
     backend = SimBackend.from_scenario(SCENARIO, clock=clock)
     cfg = parse_config({"agent": {"state_dir": str(tmp_path / "state"), "run_dir": str(tmp_path / "run"),
                                   "window_samples": 5, "collocation": "fraction", **agent}}).agent
-    return Agent(cfg, backend, clock=clock, registry=CollectorRegistry(), pid_job=lambda pid: pids.get(pid)), backend
+    holder: list[Agent] = []
+
+    def uid_of(pid: int) -> int | None:
+        if uids is not None:
+            return uids.get(pid)
+        acc = holder[0].sampler.jobs.get(pids.get(pid)) if holder else None
+        return acc.uid if acc is not None else None
+
+    holder.append(Agent(cfg, backend, clock=clock, registry=CollectorRegistry(), pid_job=lambda pid: pids.get(pid),
+                        pid_uid=uid_of))
+    return holder[0], backend
 
 
 def register(agent, job_id, uid=1000):
@@ -78,8 +91,6 @@ def test_backstop_stops_the_offender_and_records_its_own_oom(tmp_path, clock, vi
     assert "oom" not in agent.store.get("12")  # the neighbour is left alone
     assert agent.counters["backstop_stops"] == 1
     record = agent.close("11")
-    from gpushare.agent.jobs import final_record
-
     assert final_record(record, sim)["oom"]["source"] == "agent-backstop"
 
 
@@ -195,3 +206,150 @@ def test_requeue_early_holds_enlarges_and_always_releases():
     assert failing.calls[-1] == ("release", "5")
     pending = FakeSlurm(state="PENDING")
     assert not requeue_early(pending, "5", 9 * GiB) and pending.calls == []
+
+
+@pytest.fixture
+def sleepers():
+    """Real processes standing in for GPU processes of several users (the agent may SIGKILL them)."""
+    started: list[subprocess.Popen] = []
+
+    def start() -> subprocess.Popen:
+        started.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"]))
+        return started[-1]
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+
+
+def two_users(tmp_path, clock, pids, uids):
+    agent, sim = make_agent(tmp_path, clock, pids, uids=uids, backstop_grace_s=2.0, backstop_tolerance_mib=256,
+                            forecast_action="none")
+    register(agent, "11", uid=1000)  # the victim
+    register(agent, "12", uid=2000)  # the other user's own job on the same GPU
+    return agent, sim
+
+
+def tick(agent, clock, seconds: int) -> None:
+    for _ in range(seconds):
+        agent.tick()
+        clock.advance(1.0)
+
+
+@pytest.mark.hostile
+def test_a_process_claiming_another_users_job_is_billed_and_stopped_as_its_own_users(tmp_path, clock, sleepers):
+    """Without job cgroups, another user's process exports SLURM_JOB_ID=<victim> and takes 8 GiB: it is
+    its own user's job's memory (stopped there), never the victim's (issue 22, attack 2)."""
+    victim, forger = sleepers(), sleepers()
+    agent, sim = two_users(tmp_path, clock, {victim.pid: "11", forger.pid: "11"},
+                           {victim.pid: 1000, forger.pid: 2000})
+    sim.start_process(0, victim.pid, 3 * GiB)
+    sim.start_process(0, forger.pid, 8 * GiB)
+    tick(agent, clock, 4)
+    assert forger.wait(10) == -9 and victim.poll() is None
+    assert "oom" not in agent.store.get("11") and agent.sampler.jobs["11"].peak_bytes["0"] == 3 * GiB
+    oom = agent.store.get("12")["oom"]
+    assert oom["pids"] == [forger.pid] and oom["peak_bytes"] == 8 * GiB
+
+
+@pytest.mark.hostile
+def test_a_process_that_drops_its_job_id_is_still_its_jobs(tmp_path, clock, sleepers):
+    """``env -u SLURM_JOB_ID python train.py`` inside one's own job: 20 GiB on a 5 GiB cap is stopped."""
+    escaped = sleepers()
+    agent, sim = two_users(tmp_path, clock, {}, {escaped.pid: 2000})
+    sim.start_process(0, escaped.pid, 20 * GiB)
+    tick(agent, clock, 4)
+    assert escaped.wait(10) == -9
+    assert agent.store.get("12")["oom"]["pids"] == [escaped.pid] and "oom" not in agent.store.get("11")
+
+
+@pytest.mark.hostile
+def test_a_process_of_no_job_on_its_gpu_is_stopped_and_recorded_billed_to_nobody(tmp_path, clock, sleepers):
+    """A user with no job on this GPU runs on it claiming the victim's job id: an unattributed overrun."""
+    victim, stranger = sleepers(), sleepers()
+    agent, sim = two_users(tmp_path, clock, {victim.pid: "11", stranger.pid: "11"},
+                           {victim.pid: 1000, stranger.pid: 3000})
+    sim.start_process(0, victim.pid, 3 * GiB)
+    sim.start_process(0, stranger.pid, 8 * GiB)
+    tick(agent, clock, 2)
+    assert stranger.poll() is None  # within the grace period (and the adoption retry: it claims a job id)
+    tick(agent, clock, 40)
+    assert stranger.wait(10) == -9 and victim.poll() is None
+    (record,) = agent.snapshot()["unattributed"]
+    assert (record["pid"], record["uid"], record["claimed_job"], record["action"]) == (stranger.pid, 3000, "11", "stop")
+    assert record["pids"] == [stranger.pid] and agent.counters["unattributed_stops"] == 1
+    assert agent.sampler.jobs["11"].peak_bytes["0"] == 3 * GiB and "oom" not in agent.store.get("11")
+    assert "oom" not in agent.store.get("12")
+
+
+@pytest.mark.hostile
+def test_a_lane_job_is_held_to_its_charge_outside_its_turn(tmp_path, clock, sleepers):
+    """A lane job is charged persistent + half its ephemeral (shard:4 for 1 + 4 GiB, +1 GiB margin): it may
+    use its full estimate only while it holds its lane's turn. Demoted, or never joined, it is stopped at
+    its charge (issue 22, attack 3)."""
+    demoted, holder, loner = sleepers(), sleepers(), sleepers()
+    pids = {demoted.pid: "7", holder.pid: "8", loner.pid: "9"}
+    agent, sim = make_agent(tmp_path, clock, pids, backstop_grace_s=2.0, backstop_tolerance_mib=256,
+                            forecast_action="none", lane_turn_limit_s=60.0)
+    for job in ("7", "8", "9"):
+        agent.register({"job": job, "uid": 1000, "user": "u", "gpus": [0], "shared": True, "est_gib": 5.0,
+                        "margin_gib": 1.0, "shards": 4, "lanes": True, "persistent_bytes": GiB,
+                        "ephemeral_bytes": 4 * GiB})
+    assert agent.sampler.jobs["7"].lane_cap_bytes == 4 * GiB and agent.sampler.jobs["7"].cap_bytes == 6 * GiB
+    agent.lanes.join("7")
+    assert agent.lanes.turn("7", lambda: True, 0)["granted"]
+    agent.lanes.join("8")
+    assert not agent.lanes.turn("8", lambda: True, 0)["granted"]  # waits behind 7
+    sim.start_process(0, demoted.pid, int(5.5 * GiB))  # its turn: up to its full 6 GiB
+    sim.start_process(0, holder.pid, int(3.5 * GiB))  # waiting: within its 4 GiB charge
+    tick(agent, clock, 4)
+    assert demoted.poll() is None and holder.poll() is None
+    assert agent.lanes.board.overdue(time.monotonic() + 1000.0, 60.0) == ["7"]  # demoted: 8 gets the turn
+    sim.update_process(holder.pid, memory_mib=5.5 * 1024)
+    sim.start_process(0, loner.pid, int(5.5 * GiB))  # a lane job that never joined its lane (python -S)
+    tick(agent, clock, 4)
+    assert demoted.wait(10) == -9 and loner.wait(10) == -9 and holder.poll() is None
+    for job in ("7", "9"):
+        oom = agent.store.get(job)["oom"]
+        assert oom["lane"] == "off-turn" and oom["cap_bytes"] == 4 * GiB
+    assert "oom" not in agent.store.get("8")
+    assert "outside its lane turn" in oom_message("9", agent.store.get("9")["oom"])
+
+
+@pytest.mark.hostile
+def test_the_neighbours_of_a_job_over_its_cap_are_marked_as_its_possible_victims(tmp_path, clock):
+    """From the first sample it is over its cap (grace or not), every other shared job on its GPU carries
+    ``collateral`` naming it, once; the offender itself does not."""
+    agent, sim = make_agent(tmp_path, clock, {801: "11", 802: "12"}, backstop="record", backstop_grace_s=5.0,
+                            forecast_action="none")
+    register(agent, "11")
+    register(agent, "12", uid=1001)
+    sim.start_process(0, 801, 3 * GiB)
+    sim.start_process(0, 802, 2 * GiB)
+    tick(agent, clock, 2)
+    assert "collateral" not in agent.store.get("12")
+    sim.update_process(801, memory_mib=30 * 1024)
+    agent.tick()
+    note = agent.store.get("12")["collateral"]
+    assert note == {"by": "11", "gpu": 0, "at": clock()} and "collateral" not in agent.store.get("11")
+    tick(agent, clock, 3)
+    assert agent.store.get("12")["collateral"] == note  # once per offender
+    assert final_record(agent.close("12"), sim)["collateral"] == note  # the run record carries it too
+
+
+@pytest.mark.hostile
+def test_a_job_over_its_cap_on_a_full_gpu_is_stopped_at_the_first_sample(tmp_path, clock, sleepers):
+    """The grace period spares spikes nobody pays for; on a GPU with a neighbour and no memory left, the
+    overrun is the neighbour's memory, so it is stopped at once (issue 22: 10-11 s before)."""
+    offender, neighbour = sleepers(), sleepers()
+    agent, sim = make_agent(tmp_path, clock, {offender.pid: "11", neighbour.pid: "12"}, backstop_grace_s=10.0,
+                            forecast_action="none")
+    register(agent, "11")
+    register(agent, "12", uid=1001)
+    sim.start_process(0, neighbour.pid, 4 * GiB)  # within its 5 GiB cap
+    sim.start_process(0, offender.pid, 36 * GiB)  # 4 + 36 = the whole 40 GiB
+    agent.tick()
+    assert offender.wait(10) == -9 and neighbour.poll() is None
+    assert agent.store.get("11")["oom"]["at"] == agent.store.get("11")["oom"]["over_since"]

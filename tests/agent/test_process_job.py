@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from gpushare.agent.sampler import process_job
@@ -36,3 +37,16 @@ def test_a_slurm_daemon_is_no_job_and_no_cgroups_falls_back_to_the_environment(t
     (with_cgroups / "system.slice" / "slurmstepd.scope").mkdir(parents=True)
     assert process_job(13, plain, str(with_cgroups)) is None  # an ssh session claiming a job: no job
     assert process_job(14, str(tmp_path)) is None  # gone
+
+
+def test_a_process_uid_is_its_real_uid_even_when_it_makes_itself_look_like_roots(tmp_path: Path) -> None:
+    """``prctl(PR_SET_DUMPABLE, 0)`` makes proc(5) show a process's files as root's; root's processes are
+    never stopped as unattributed, so such an owner would be a way out of the backstop. The real uid in
+    ``status`` is what counts."""
+    from gpushare.agent.adopt import process_uid
+
+    (tmp_path / "20").mkdir()
+    (tmp_path / "20" / "status").write_text("Name:\tpython\nUid:\t1000\t0\t0\t0\nGid:\t1000\t1000\t1000\t1000\n")
+    assert process_uid(20, str(tmp_path)) == 1000
+    assert process_uid(21, str(tmp_path)) is None
+    assert process_uid(os.getpid()) == os.getuid()

@@ -3,6 +3,7 @@ and the agent's backstop stopping a job that grows past its cap while its neighb
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -14,8 +15,10 @@ from pathlib import Path
 import pytest
 
 from devcluster.local_cluster import ensure_login_user
+from gpushare.epilog.ledger import Ledger
 from gpushare.epilog.records import RecordLedger
 from gpushare.slurm.gres_request import plain_gres
+from gpushare.slurm.record import parse as parse_record
 from gpushare.slurm.jobs import ENDED_STATES
 from gpushare.estimator_cli.allocator_config import AllocatorConfig
 
@@ -204,3 +207,85 @@ def test_forecast_requeues_a_leaking_job_before_it_reaches_its_cap(agent_cluster
         assert "forecast to run out of its GPU memory share" in log
     finally:
         cluster.client.run("scancel", str(job), check=False)
+
+
+@pytest.mark.hostile
+def test_another_users_forged_job_id_and_a_dropped_job_id_are_stopped_as_their_own_jobs(agent_cluster, out_dir):
+    """Without job cgroups (proctrack/linuxproc, as here) a process's SLURM_JOB_ID is its own to set (issue 22,
+    attack 2). Another user's job runs a process exporting SLURM_JOB_ID=<victim> with 8 GiB on the victim's
+    GPU: it is its own job's memory, so that job is stopped and the victim completes unbilled. Then a job's
+    ``env -u SLURM_JOB_ID`` process with 20 GiB on a 5 GiB cap: stopped all the same."""
+    other = ensure_login_user()
+    cluster = agent_cluster(withhold="none", extra='backstop_grace_s = 1.0\nbackstop_tolerance_mib = 256\n'
+                                                  'forecast_action = "none"', other_users=True)
+    open_to_other_users(cluster)
+    as_other = ("--gres=gpu:1", "--no-requeue", f"--uid={other.pw_uid}", f"--gid={other.pw_gid}")
+    victim = submit(cluster, out_dir, script("4G", "--mem-mib 3000 --seconds 12"), "--gres=gpu:1")
+    forger = submit(cluster, out_dir, script("4G", "--mem-mib 8192 --seconds 30").replace(
+        f"'{sys.executable}'", f"SLURM_JOB_ID={victim} '{sys.executable}'"), *as_other)
+    assert cluster.wait_job(victim, 90).state == "COMPLETED", (out_dir / f"job-{victim}.out").read_text()
+    assert cluster.wait_job(forger, 60).state != "COMPLETED"
+    ledger = RecordLedger(cluster.agent_cfg().records_dir)
+    cluster.wait_for(lambda: bool(ledger.get(str(victim))) and bool(ledger.get(str(forger))), 20, "no record")
+    gpu = job_env(out_dir, victim)["SLURM_JOB_GPUS"]
+    assert job_env(out_dir, forger)["SLURM_JOB_GPUS"] == gpu  # one GPU, two users
+    mine = ledger.get(str(victim))[0]
+    assert mine.get("oom") is None and mine["gpus"][gpu]["peak_bytes"] < 4 << 30  # never billed the 8 GiB
+    assert ledger.get(str(forger))[0]["oom"]["peak_bytes"] >= 8 << 30
+
+    started = time.monotonic()
+    escaped = submit(cluster, out_dir, script("4G", "--mem-mib 20000 --seconds 40").replace(
+        f"'{sys.executable}'", f"env -u SLURM_JOB_ID '{sys.executable}'"), *as_other)
+    assert cluster.wait_job(escaped, 90).state != "COMPLETED" and time.monotonic() - started < 40
+    cluster.wait_for(lambda: bool(ledger.get(str(escaped))), 20, "no record")
+    oom = ledger.get(str(escaped))[0]["oom"]
+    assert oom["source"] == "agent-backstop" and oom["action"] == "stop" and oom["peak_bytes"] >= 19 << 30
+
+
+@pytest.mark.hostile
+def test_a_lane_job_that_never_joins_its_lane_is_stopped_at_its_charge(agent_cluster, out_dir):
+    """``#GPUSHARE lanes`` with a 1 + 4 GiB estimate is charged shard:4 (persistent + half its ephemeral +
+    margin); a job that never joins its lane (no ``import torch``, as ``python -S`` would) and holds 5 GiB,
+    under its 5.5 GiB full cap, is stopped at its charge (issue 22, attack 3)."""
+    cluster = agent_cluster(withhold="none", extra='backstop_grace_s = 1.0\nbackstop_tolerance_mib = 256\n'
+                                                  'forecast_action = "none"')
+    (out_dir / "est.json").write_text(json.dumps({"targets": [{"gpu": "a100-40gb", "peak_total_bytes": 5 << 30,
+                                                               "persistent_bytes": 1 << 30,
+                                                               "ephemeral_bytes": 4 << 30}]}))
+    text = ("#!/bin/sh\n#GPUSHARE lanes\n#GPUSHARE estimate=est.json\n"
+            f"'{sys.executable}' '{SIMJOB}' --mem-mib 5120 --seconds 30\n")
+    started = time.monotonic()
+    job = submit(cluster, out_dir, text, "--gres=gpu:1", "--no-requeue")
+    assert cluster.wait_job(job, 90).state != "COMPLETED" and time.monotonic() - started < 30
+    record = parse_record(cluster.client.require_job(job).admin_comment) or {}
+    assert plain_gres(record["new"]) == "shard:4" and record["lanes"] == {"p_gib": 1.0, "e_gib": 4.0}
+    ledger = RecordLedger(cluster.agent_cfg().records_dir)
+    cluster.wait_for(lambda: bool(ledger.get(str(job))), 20, "no record")
+    oom = ledger.get(str(job))[0]["oom"]
+    assert oom["lane"] == "off-turn" and oom["cap_bytes"] == 4 << 30 and oom["action"] == "stop"
+
+
+@pytest.mark.hostile
+def test_the_victim_of_a_neighbours_overrun_is_requeued_on_its_share_at_no_cost(agent_cluster, out_dir):
+    """A neighbour drops its framework caps and jumps to 30 GiB on a 5 GiB cap; the job beside it (6 GiB) fails
+    to allocate 5 GiB more inside its own 11 GiB share, 4 GiB being free. (A full GPU would have the offender
+    stopped at the agent's first sample; here it runs out its grace period.) The agent saw the neighbour over its cap, so the victim's
+    OOM is collateral: requeued at once on the same share, not charged to its user's daily budget, the
+    offender named; the rerun completes (issue 22, attack 4)."""
+    cluster = agent_cluster(withhold="none", extra='backstop_grace_s = 4.0\nbackstop_tolerance_mib = 256\n'
+                                                  'forecast_action = "none"')
+    offender = submit(cluster, out_dir, script("4G", "--mem-mib 3000 --jump-after 2 --jump-mib 30720 --seconds 30"),
+                      "--gres=gpu:1", "--no-requeue")
+    victim = submit(cluster, out_dir, script("10G", "--mem-mib 6144 --alloc-after 3.5 --alloc-mib 5120 --seconds 6"),
+                    "--gres=gpu:1", "--open-mode=append")
+    after = _stopped_then(cluster, victim)
+    log = (out_dir / f"job-{victim}.out").read_text()
+    assert "CUDA out of memory" in log, log  # the first run really failed beside the offender
+    assert (after.restarts, after.state, plain_gres(after.tres_per_node)) == (1, "COMPLETED", "shard:11"), after
+    assert cluster.wait_job(offender, 60).state != "COMPLETED"
+    ledger = Ledger(cluster.config().oom.ledger_dir)
+    entry = ledger.get(str(victim), 0)
+    assert entry["action"] == "requeue" and "collateral" in entry["reason"] and f"job {offender}" in entry["reason"]
+    assert entry["oom"]["by"] == str(offender) and entry["oom"]["coll"] == 1 and entry["oom"]["n"] == 0
+    assert ledger.user_recoveries(0) == 0  # the victim's user paid nothing
+    assert "does not count against your OOM recoveries" in log

@@ -31,8 +31,9 @@ def held(job_id, uid=1000, t=100.0, key=None, command=TRAIN, **record):
     return HeldJob(job_id, uid, uid, t, dict(RECORD, **record), "/home/u", key or f"k{job_id}", command)
 
 
-def est(job_id, for_job, state="RUNNING", uid=1000, outcome=None):
-    return EstimationJob(job_id, uid, state, for_job, outcome)
+def est(job_id, for_job, state="RUNNING", uid=1000, outcome=None, spool=None):
+    """An estimation job as root submits it: for ``for_job`` (held at t=100), writing into its spool directory."""
+    return EstimationJob(job_id, uid, state, for_job, outcome, True, f"{for_job}-100" if spool is None else spool)
 
 
 def test_config_turns_async_on_where_a_cpu_partition_exists_and_checks_it():
@@ -194,3 +195,34 @@ def test_an_estimation_submitted_just_before_a_crash_is_adopted_not_duplicated()
     assert Attach(1, 10, dict(RECORD, est_job=10)) in actions
     assert not [a for a in actions if isinstance(a, Submit)]
     assert Cancel(12, "job 1 already has an estimation job") in actions
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("decoy, why", [
+    (est(66, 1, uid=2000, spool="9-100"), "another user's job, renamed, writing into its own spool directory"),
+    (est(66, 1, uid=2000), "another user's job pointing its output at the victim's directory"),
+    (est(66, 1, spool="1-99"), "the user's own job, into another directory"),
+    (EstimationJob(66, 1000, "RUNNING", 1, None, False, ""), "output outside the spool"),
+])
+def test_a_job_renamed_like_an_estimation_is_never_adopted(decoy, why):
+    """The forgery of issue 22: a held decoy renamed ``gpushare-estimate-<victim>`` with ``scontrol update
+    name=`` while the victim waits. The name is a user's to set, so it proves nothing: the decoy is not
+    attached, the victim gets its own estimation job, and the decoy (if in the spool) is cancelled."""
+    actions = plan([held(1)], {66: decoy}, 200.0, CFG)
+    assert not [a for a in actions if isinstance(a, Attach)], why
+    assert [a.job.job_id for a in actions if isinstance(a, Submit)] == [1], why
+    if decoy.ours:
+        assert Cancel(66, "job 1 has its own estimation job; this one "
+                          f"(uid {decoy.user_id}) only bears its name") in actions
+
+
+@pytest.mark.hostile
+def test_a_recorded_estimation_of_another_user_never_sizes_the_job():
+    """Defence in depth: even an id in the root-written record sizes the job only with its own user's estimate."""
+    small = Estimate(1 * GiB, "async", "gpu-estimate job 66 for a100-40gb")
+    forged = plan([held(1, est_job=66)], {66: est(66, 1, state="COMPLETED", uid=2000, outcome=small)}, 200.0, CFG)
+    (release,) = [a for a in forged if isinstance(a, Release)]
+    assert release.outcome == "fallback" and "is not this job's (uid 2000)" in release.record["why"]
+    own = plan([held(1, est_job=66)], {66: est(66, 1, state="COMPLETED", outcome=small)}, 200.0, CFG)
+    (release,) = [a for a in own if isinstance(a, Release)]
+    assert release.outcome == "estimated"

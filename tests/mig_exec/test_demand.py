@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
+
 from gpushare.gpus import BUILTIN_GPUS
 from gpushare.mig_manager.demand import Want, mark_busy, mig_request, pending_wants, target_for
 from gpushare.mig_manager.layout import Instance, format_layout
@@ -96,3 +98,17 @@ def test_young_jobs_are_no_demand_and_each_user_is_capped() -> None:
     wants = pending_wants(jobs, PROFILES, min_age_s=300, max_per_user=4, now=now)
     assert [w.job_id for w in wants] == ["2", "2", "2", "2", "4"]
     assert len(pending_wants(jobs, PROFILES, now=now)) == 17  # without the bounds every instance counts
+
+
+@pytest.mark.hostile
+def test_a_job_pinned_to_another_node_is_no_demand_here() -> None:
+    """Issue 22: ``sbatch -w n2`` with n2 drained waits forever (ReqNodeNotAvail) and counted as MIG demand
+    on every node; it counts only on the nodes it may run on (an unreadable list: nowhere)."""
+    def pinned(nodes: str) -> Job:
+        return job_from_json({"job_id": 9, "job_state": "PENDING", "tres_per_node": "gres:gpu:1g.5gb:1",
+                              "priority": 1, "submit_time": 1, "partition": "gpu", "required_nodes": nodes,
+                              "state_reason": "ReqNodeNotAvail,_UnavailableNodes:n2"})
+    assert pending_wants([pinned("n2")], PROFILES, node="n1") == []
+    assert pending_wants([pinned("n[1-2]")], PROFILES, node="n1") == [Want("1g.5gb", "9")]
+    assert pending_wants([pinned("n[")], PROFILES, node="n1") == []
+    assert pending_wants([pinned("")], PROFILES, node="n1") == [Want("1g.5gb", "9")]

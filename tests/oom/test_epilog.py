@@ -45,9 +45,10 @@ def test_oom_job_is_requeued_on_all_shards_then_boosted(setup) -> None:  # type:
     outcome = run(cfg, fake, lambda job, restarts: later.append((job, restarts)))
     assert outcome.startswith("requeue:") and later == [("1", 0)]
     assert [c[0] for c in fake.calls] == ["scontrol", "requeuehold", "update", "update", "release"]
-    learned = list((Path(cfg.submit.cache_dir) / "by-script").glob("*.json"))
-    assert len(learned) == 1  # the batch script's cached estimate was raised: 4 GiB failed -> 6 GiB
-    assert json.loads(learned[0].read_text())["peak_total_bytes"] == 6 << 30
+    learned = sorted((Path(cfg.submit.cache_dir) / "by-script").glob("*.json"))
+    assert len(learned) == 2  # the batch script's cached estimate and its training command's lesson were raised
+    assert any(".cmd." in p.name for p in learned) and all(json.loads(p.read_text())["peak_total_bytes"] == 6 << 30
+                                              for p in learned)  # 4 GiB failed -> 6 GiB
     assert fake.fields["TresPerNode"] == "gres:shard:40"
     assert '"to":"gres:shard:40"' in fake.fields["AdminComment"]
     assert "requeued with shard:4 -> shard:40" in err.read_text()  # the user is told, in their own log

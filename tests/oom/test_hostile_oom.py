@@ -9,7 +9,10 @@ an OOM (cheap filter first, bounded concurrency).
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
+
+import pytest
 
 from gpushare.atomic import write_json_atomic
 from gpushare.config import parse_config
@@ -212,3 +215,34 @@ def test_an_interrupted_recovery_is_finished_on_an_idle_cluster(tmp_path: Path) 
     other = _oom_job(tmp_path, "2", comment='gpushare:{"decision":"shared","run":{"peak_gib":3.9},"v":1}')
     hook.handle("2", _env("2"), other, cfg, ledger, None, resume_later=spawned.append)
     assert spawned == [hook.RESUME_DELAY_S]
+
+
+def _collateral(at: float, by: str = "7") -> str:
+    return 'gpushare:{"collateral":{"at":%s,"by":"%s","gpu":0},"decision":"shared","run":{"peak_gib":1.0},"v":1}' % (
+        at, by)
+
+
+@pytest.mark.hostile
+def test_a_victim_of_a_neighbours_overrun_is_requeued_on_its_share_at_no_cost(tmp_path: Path) -> None:
+    """Far below its share (no corroboration of its own), but the agent saw job 7 over its cap on its GPU
+    just before: requeued on the same share, retries and the user's budget untouched, 7 named."""
+    cfg = _cfg(tmp_path, max_recoveries_per_user_day=1)
+    fake = _oom_job(tmp_path, comment=_collateral(time.time() - 3))
+    fake.fields["TresPerNode"] = "gres:shard:11"
+    outcome = hook.run(_env(), client=fake, cfg=cfg, finish_later=None)
+    assert outcome.startswith("requeue"), outcome
+    ledger = Ledger(cfg.oom.ledger_dir)
+    entry = ledger.get("1", 0)
+    assert entry["new_gres"] == entry["old_gres"] and "collateral" in entry["reason"] and "job 7" in entry["reason"]
+    assert entry["oom"]["by"] == "7" and entry["oom"]["n"] == 0 and ledger.user_recoveries(os.geteuid()) == 0
+    assert not (tmp_path / "cache" / "by-script").exists()  # its estimate was right: nothing learned
+    assert "does not count against your OOM recoveries" in (tmp_path / "err-1.txt").read_text()
+
+
+@pytest.mark.hostile
+def test_an_old_collateral_note_buys_nothing(tmp_path: Path) -> None:
+    """A note from long before the job failed (its own later OOM) is no evidence."""
+    cfg = _cfg(tmp_path)
+    fake = _oom_job(tmp_path, comment=_collateral(time.time() - 3600))
+    fake.fields["TresPerNode"] = "gres:shard:11"
+    assert hook.run(_env(), client=fake, cfg=cfg, finish_later=None).startswith("stay_failed")

@@ -78,3 +78,24 @@ def test_the_lesson_is_a_floor_under_the_scripts_own_directives(tmp_path: Path) 
     learn_from_oom(cfg, big, "6", "gres:shard:5", 80 * GiB, 1000)
     assert find_estimate(cfg, parse_directives(big), big, None, 1000, ["a100-80gb"]).source == "directive:mem"
     assert find_estimate(cfg, parse_directives(small), small, None, 1001, ["a100-80gb"]).source == "directive:mem"
+
+
+@pytest.mark.hostile
+def test_the_lesson_survives_a_cosmetic_edit_of_the_batch_script(tmp_path: Path) -> None:
+    """Issue 22: one added comment line dropped the learned floor. The lesson is also keyed on the training
+    command as found (its working directory, script and arguments), so an edit elsewhere keeps it; other
+    arguments, another directory or another user do not inherit it."""
+    from gpushare.slurm_plugins.directives import parse_directives
+    from gpushare.slurm_plugins.estimate_source import find_estimate
+
+    cfg = parse_config({"submit": {"cache_dir": str(tmp_path / "cache")}})
+    learn_from_oom(cfg, SCRIPT, "5", "gres:shard:8", 80 * GiB, 1000, work_dir="/home/u/proj")
+
+    def found(script: str, work_dir: str = "/home/u/proj", uid: int = 1000):  # type: ignore[no-untyped-def]
+        return find_estimate(cfg, parse_directives(script), script, work_dir, uid, ["a100-80gb"])
+
+    edited = SCRIPT.replace("#!/bin/bash\n", "#!/bin/bash\n# run 2: same model, new comment\nmodule load cuda\n")
+    lesson = found(edited)
+    assert lesson is not None and lesson.source == "learned" and lesson.total_bytes == 12 * GiB
+    assert found(edited.replace("--batch-size 64", "--batch-size 8")) is None
+    assert found(edited, "/home/u/other") is None and found(edited, uid=1001) is None

@@ -1,0 +1,94 @@
+"""A forged asynchronous estimate, replayed on a real local Slurm (issue 22, attack 1).
+
+Another user submits a held decoy that writes a tiny ``result.json``, renames it
+``gpushare-estimate-<victim id>`` with ``scontrol update name=`` while the victim's job waits for its
+estimation, and releases it. The victim must be sized by its own estimation job only.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from devcluster.local_cluster import LOGIN_TEST_USER, LocalCluster, ensure_login_user, missing_requirements
+from gpushare.slurm.gres_request import plain_gres
+from gpushare.slurm_plugins.decision import parse_record
+
+pytestmark = [pytest.mark.slurm, pytest.mark.hostile]
+ATTACKER = "gpushare-attacker"
+SLEEPER = "# FAKE_SLEEP\n"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def attacker() -> pwd.struct_passwd:
+    """A second ordinary user, made before the cluster starts (26.05's chroot copies the accounts then)."""
+    if missing_requirements():
+        pytest.skip(f"real Slurm unavailable: {missing_requirements()}")
+    return ensure_login_user(ATTACKER)
+
+
+def as_user(cluster: LocalCluster, user: str, *argv: str, script: str | None = None) -> str:
+    proc = subprocess.run(cluster.user_argv(user, list(argv)), input=script, capture_output=True, text=True,
+                          env=cluster.env, timeout=30)
+    assert proc.returncode == 0, f"{argv}: {proc.stderr}"
+    return proc.stdout.strip()
+
+
+def owned_dir(path: Path, user: pwd.struct_passwd, mode: int = 0o755) -> Path:
+    path.mkdir(mode=mode)
+    os.chown(path, user.pw_uid, user.pw_gid)
+    return path
+
+
+def record_of(cluster: LocalCluster, job_id: int) -> dict:
+    job = cluster.client.job(job_id)
+    assert job is not None, f"job {job_id} gone"
+    return parse_record(job.admin_comment) or {}
+
+
+def test_a_decoy_renamed_as_the_victims_estimation_does_not_size_it(est_cluster, est_root, user, attacker):
+    victim_dir = owned_dir(est_root / "victim-work", user)
+    for index in range(3):  # the victim's own estimations fill its cap: its next job waits without one
+        (victim_dir / f"slow{index}.py").write_text(SLEEPER)
+    (victim_dir / "train.py").write_text("# FAKE_PEAK_GIB=20\n")
+    for name in os.listdir(victim_dir):
+        os.chown(victim_dir / name, user.pw_uid, user.pw_gid)
+    sbatch = ["sbatch", "--parsable", "--gres=gpu:1", "-D", str(victim_dir), "-o", "/dev/null"]
+    sleepers = [as_user(est_cluster, LOGIN_TEST_USER, *sbatch, script=f"#!/bin/sh\npython slow{i}.py\n")
+                for i in range(3)]
+    victim = int(as_user(est_cluster, LOGIN_TEST_USER, *sbatch, script="#!/bin/sh\npython train.py\n"))
+    time.sleep(2)  # a few estimation rounds: the victim stays held, with no estimation job of its own yet
+    assert record_of(est_cluster, victim).get("est_job") is None, "the victim's cap did not hold it back"
+
+    # The attacker's own (earlier) estimation directory in the spool: users can write into theirs.
+    spool = est_root / "spool"
+    stash = owned_dir(spool / f"999-{int(time.time())}", attacker, 0o700)
+    tiny = '{"targets": [{"gpu": "a100-40gb", "peak_total_bytes": 1073741824}]}'
+    decoy = int(as_user(est_cluster, ATTACKER, "sbatch", "--parsable", "--hold", "-p", "cpu", "--mem=10",
+                        "-D", "/tmp", "-o", str(stash / "slurm.out"),
+                        script=f"#!/bin/sh\necho '{tiny}' > {stash}/result.json\n").split(";")[0])
+    as_user(est_cluster, ATTACKER, "scontrol", "update", f"jobid={decoy}", f"name=gpushare-estimate-{victim}")
+    as_user(est_cluster, ATTACKER, "scontrol", "release", str(decoy))
+
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:  # the service cancels the decoy; the old one attached it
+        assert record_of(est_cluster, victim).get("est_job") != decoy, "the decoy was attached to the victim"
+        found = est_cluster.client.job(decoy)
+        if found is None or found.state not in ("PENDING", "RUNNING", "CONFIGURING"):
+            break
+        time.sleep(0.3)
+
+    subprocess.run(["scancel", *sleepers], env=est_cluster.env, check=False)  # the victim's turn comes
+    deadline = time.monotonic() + 90
+    while (final := record_of(est_cluster, victim)).get("decision") == "estimating":
+        assert time.monotonic() < deadline, f"victim {victim} still held"
+        time.sleep(0.3)
+    own = est_cluster.client.job(final["est_job"])
+    assert final["est_job"] != decoy and (own is None or own.user_id == user.pw_uid), final
+    assert final["src"] == "async" and int(plain_gres(final["new"]).split(":")[1]) >= 20, final
+    subprocess.run(["scancel", str(victim)], env=est_cluster.env, check=False)
