@@ -126,11 +126,11 @@ class _Telemetry(Policy):
 
     def eligible(self, job: JobRequest, gpu: GpuState) -> bool:
         need = max(job.mem_bytes or 0, self.min_free_bytes)
-        return (
+        return (  # cheap tests first: warming and risk may be computed on demand (the simulator's views)
             not gpu.exclusive
+            and gpu.free_bytes >= need
             and not (self.ttfk and gpu.warming)
             and not (self.risk_filter and gpu.risky)
-            and gpu.free_bytes >= need
         )
 
     def key(self, gpu: GpuState) -> tuple:
@@ -220,7 +220,8 @@ class SlurmShardWithheld(SlurmShardFirstFit):
     needs_telemetry = True
 
     def _choose_shared(self, job: JobRequest, gpus: list[GpuState]) -> list[int] | None:
-        return super()._choose_shared(job, [g for g in gpus if not g.risky and not g.warming])
+        fits = [g for g in gpus if not g.exclusive and g.shards_free >= max(job.shards, 1)]  # Slurm's test first
+        return super()._choose_shared(job, [g for g in fits if not g.warming and not g.risky])
 
 
 class SlurmShardLeastLoaded(Policy):
