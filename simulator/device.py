@@ -21,6 +21,7 @@ below are datasheet TDPs and typical idle draws (an assumption where no datashee
 from __future__ import annotations
 
 import bisect
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -54,6 +55,30 @@ def _noise(seed: int) -> list[float]:
     return _NOISE[seed]
 
 
+def noise_bound(seed: int) -> float:
+    """The largest |noise| of a seed's table: no sample of a window moves further from its step value."""
+    return max(abs(x) for x in _noise(seed))
+
+
+_SCORES: dict[tuple[int, int, int], tuple[float, float, float]] = {}
+
+
+def noise_scores(seed: int, start: int, samples: int) -> tuple[float, float, float]:
+    """The risk scores (``gpushare.agent.risk.score``) of the noise alone over a window whose first sample
+    has noise index ``start``, for SMACT, SMOCC and DRAMA. A score is a weighted mean (weights summing to 1)
+    of statistics that all shift with their samples, so a steady window that the noise never pushes past
+    0 or 1 scores its step value plus these, to rounding."""
+    key = (seed, start, samples)
+    if key not in _SCORES:
+        from gpushare.agent.risk import score
+
+        noise = _noise(seed)
+        at = [(start + 3 * k) % _NOISE_LEN for k in range(samples)]
+        _SCORES[key] = (score([noise[n] for n in at]), score([noise[n + 1] for n in at]),
+                        score([noise[n + 2] for n in at]))
+    return _SCORES[key]
+
+
 @dataclass
 class Resident:
     """A job's footprint on one GPU."""
@@ -73,6 +98,7 @@ class SimGpu:
     capacity_bytes: int  # whole card, or the MIG profile's usable memory
     residents: dict[str, Resident] = field(default_factory=dict)
     exclusive: bool = False
+    version: int = 0  # changes recorded so far
     # step history of what the backend reported: time, used bytes, SMACT, SMOCC, DRAMA, power W
     history: list[tuple[float, int, float, float, float, float]] = field(default_factory=list)
     _times: list[float] = field(default_factory=list)
@@ -85,23 +111,66 @@ class SimGpu:
     def shards_free(self) -> int:
         return self.shards_total - sum(r.shards for r in self.residents.values())
 
+    def window_range(self, t: float, samples: int) -> tuple[tuple[float, float], ...]:
+        """(lowest, highest) SMACT, SMOCC and DRAMA of the steps the window up to ``t`` samples, before
+        noise: a risk verdict that holds for every value in these ranges widened by the noise needs no
+        window (``Simulation``'s views)."""
+        end = int(t)
+        first = bisect.bisect_right(self._times, end - samples + 1) - 1
+        last = bisect.bisect_right(self._times, end) - 1
+        points = [p[2:5] for p in self.history[max(first, 0):last + 1]]
+        if first < 0:
+            points.append((0.0, 0.0, 0.0))
+        return tuple((min(p[k] for p in points), max(p[k] for p in points)) for k in range(3))
+
+    def steady(self, t: float, samples: int) -> tuple[tuple[float, float, float], int] | None:
+        """When the window up to ``t`` lies within one step of a busy GPU: that step's (SMACT, SMOCC, DRAMA)
+        and the noise index of its first sample (``noise_scores``); None otherwise."""
+        end = int(t)
+        k = bisect.bisect_right(self._times, end - samples + 1) - 1
+        if k < 0 or k + 1 < len(self._times) and self._times[k + 1] <= end:
+            return None
+        values = self.history[k][2:5]
+        if not values[0] > 0:
+            return None
+        return values, ((end - samples + 1) * 3 + self.index * 7919) % _NOISE_LEN
+
     def window(self, t: float, samples: int, seed: int) -> list[tuple[float, float, float]]:
         """The last ``samples`` 1 Hz samples (SMACT, SMOCC, DRAMA) up to ``t``, with seeded noise."""
-        out, noise = [], _noise(seed)
+        return list(zip(*self.window_series(t, samples, seed)))
+
+    def window_series(self, t: float, samples: int, seed: int) -> tuple[list[float], list[float], list[float]]:
+        """``window`` as three series (SMACT, SMOCC, DRAMA), step by step rather than second by second."""
+        noise = _noise(seed)
         end = int(t)
-        for second in range(end - samples + 1, end + 1):
-            k = bisect.bisect_right(self._times, second) - 1
+        first = end - samples + 1
+        smact: list[float] = []
+        smocc: list[float] = []
+        drama: list[float] = []
+        k = bisect.bisect_right(self._times, first) - 1
+        second = first
+        while second <= end:
+            upto = end if k + 1 >= len(self._times) else min(end, math.ceil(self._times[k + 1]) - 1)
             if k < 0:
-                out.append((0.0, 0.0, 0.0))
-                continue
-            a, o, d = self.history[k][2:5]
-            if a > 0:
-                n = (second * 3 + self.index * 7919) % _NOISE_LEN
-                a = min(1.0, max(0.0, a + noise[n]))
-                o = min(1.0, max(0.0, o + noise[n + 1]))
-                d = min(1.0, max(0.0, d + noise[n + 2]))
-            out.append((a, o, d))
-        return out
+                zeros = [0.0] * (upto - second + 1)
+                smact += zeros
+                smocc += zeros
+                drama += zeros
+            else:
+                a, o, d = self.history[k][2:5]
+                for s in range(second, upto + 1):
+                    if a > 0:
+                        n = (s * 3 + self.index * 7919) % _NOISE_LEN
+                        smact.append(min(1.0, max(0.0, a + noise[n])))
+                        smocc.append(min(1.0, max(0.0, o + noise[n + 1])))
+                        drama.append(min(1.0, max(0.0, d + noise[n + 2])))
+                    else:
+                        smact.append(a)
+                        smocc.append(o)
+                        drama.append(d)
+            second = upto + 1
+            k += 1
+        return smact, smocc, drama
 
 
 class SimCluster:
@@ -192,6 +261,7 @@ class SimCluster:
         point = (t, self.used_bytes(gpu), float(act["smact"]), float(act["smocc"]), float(act["drama"]),
                  float(tl.power_at(self._power[gpu], procs, t)))
         sim_gpu = self.gpus[gpu]
+        sim_gpu.version += 1
         if sim_gpu.history and sim_gpu.history[-1][0] == t:
             sim_gpu.history[-1] = point
         else:

@@ -29,6 +29,7 @@ while telemetry changes (risk windows and TTFK windows expire without an event o
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections import deque
@@ -40,7 +41,7 @@ from gpushare.gpus import GiB, capacity_bytes, parse_target
 from gpushare.agent import risk
 from gpushare.simulator.policies import GpuState, JobRequest, make_policy
 from gpushare.simulator import estimators
-from gpushare.simulator.device import CONTEXT_GIB, SimCluster, SimGpu
+from gpushare.simulator.device import CONTEXT_GIB, SimCluster, SimGpu, noise_bound, noise_scores
 from gpushare.simulator.interference import Interference
 from gpushare.simulator.trace import JobSpec
 from gpushare.simulator.workload import UTIL_CLASSES
@@ -105,11 +106,14 @@ class GpuView(GpuState):
     _at: float  # the time the clock-dependent fields below were computed for
     _warming: bool | None
     _verdict: risk.RiskAssessment | None
+    _window_key: tuple[int, int] | None
+    _window_verdict: risk.RiskAssessment
 
     def __init__(self, sim: Simulation, gpu: SimGpu) -> None:
         object.__setattr__(self, "_sim", sim)
         object.__setattr__(self, "_gpu", gpu)
         object.__setattr__(self, "_at", -math.inf)
+        object.__setattr__(self, "_window_key", None)
         self.refresh()
 
     def refresh(self) -> None:
@@ -136,20 +140,51 @@ class GpuView(GpuState):
             object.__setattr__(self, "_warming", self._sim.ttfk.warming(self._gpu.index, self._sim.now))
         return bool(self._warming)
 
+    def _settled(self) -> bool | None:
+        """The verdict without a window where the noise cannot change it: every sample is below a
+        threshold it must reach (not risky) or above all of them (risky); None when it might. Safe because
+        each score is a weighted mean of statistics of the window, none outside its lowest and highest
+        sample."""
+        if not self._sim.policy.needs_telemetry:
+            return False
+        (a_lo, a_hi), (o_lo, o_hi), (d_lo, d_hi) = self._gpu.window_range(self._sim.now, risk.WINDOW_SAMPLES)
+        noise, limit = self._sim.noise + 1e-9, risk.Thresholds()
+        if a_hi + noise < limit.smact or (o_hi + noise < limit.smocc and d_hi + noise < limit.drama):
+            return False
+        if a_lo - noise >= limit.smact and (o_lo - noise >= limit.smocc or d_lo - noise >= limit.drama):
+            return True
+        steady = self._gpu.steady(self._sim.now, risk.WINDOW_SAMPLES)
+        if steady is None or any(v - noise <= 0.0 or v + noise >= 1.0 for v in steady[0]):
+            return None  # the window spans a change, or the noise may be clipped: only the window can tell
+        scores = [v + s for v, s in zip(steady[0], noise_scores(self._sim.config.seed, steady[1], risk.WINDOW_SAMPLES))]
+        margins = [score - limit for score, limit in zip(scores, (limit.smact, limit.smocc, limit.drama))]
+        if any(abs(m) < 1e-9 for m in margins):
+            return None  # too close to call to rounding
+        return margins[0] >= 0 and (margins[1] >= 0 or margins[2] >= 0)
+
     def _assess(self) -> risk.RiskAssessment:
         self._now()
         if self._verdict is None:
             verdict = risk.RiskAssessment(0.0, 0.0, 0.0, False)
             if self._sim.policy.needs_telemetry:
-                window = risk.MetricWindow()
-                window.extend(self._gpu.window(self._sim.now, risk.WINDOW_SAMPLES, self._sim.config.seed))
-                verdict = window.assess()
+                # the window is the same within one second of an unchanged GPU
+                key = (int(self._sim.now), self._gpu.version)
+                if self._window_key != key:
+                    object.__setattr__(self, "_window_key", key)
+                    object.__setattr__(self, "_window_verdict", risk.assess(*self._gpu.window_series(
+                        self._sim.now, risk.WINDOW_SAMPLES, self._sim.config.seed)))
+                verdict = self._window_verdict
             object.__setattr__(self, "_verdict", verdict)
             return verdict
         return self._verdict
 
     @property  # type: ignore[override]
     def risky(self) -> bool:
+        self._now()
+        if self._verdict is None:
+            settled = self._settled()
+            if settled is not None:
+                return settled
         return self._assess().risky
 
     @property  # type: ignore[override]
@@ -190,10 +225,18 @@ class Simulation:
         self._seq = 0
         self._poll_pending = False
         self._last_change = 0.0
+        self.noise = noise_bound(config.seed)  # how far telemetry noise moves a sample
         self._views = [GpuView(self, gpu) for gpu in self.gpus]
         self._stale: set[int] = set()  # GPUs whose view needs a refresh
         self._clocked = False  # the current placement attempt read a clock-dependent field
         self._blocked: tuple[str, bool, int] | None = None  # a failed attempt that would fail again
+        self._head_key: tuple[str, bool] | None = None  # the job ``_head`` was computed for
+        self._head: set[int] = set()  # GPUs the policy's prefilter keeps for it
+        self._head_stale: set[int] = set()  # GPUs changed since
+        self._walked = ""  # the last job whose first try walked the ranked GPUs
+        # every GPU as (policy key, index), sorted, where the key reads only what the GPU holds
+        self._keys: list[tuple] = [self.policy.key(v) for v in self._views] if self.policy.static_key else []
+        self._ranked = sorted((k, i) for i, k in enumerate(self._keys)) if self.policy.static_key else None
 
     # --- event plumbing -----------------------------------------------------------------------------
     def _push(self, t: float, kind: str, job_id: str = "") -> int:
@@ -310,9 +353,38 @@ class Simulation:
         self._blocked = None if self._clocked else key
         return False
 
+    def _candidates(self, request: JobRequest) -> list[GpuState]:
+        """The policy's ``prefilter`` of every GPU for this job, kept between attempts for the same job and
+        re-tested only on the GPUs that changed since (``choose`` answers the same on it as on all)."""
+        views = self.snapshot()
+        key = (request.job_id, request.exclusive)
+        if key != self._head_key:
+            self._head_key = key
+            self._head = {g.index for g in self.policy.prefilter(request, views)}
+        else:
+            for index in self._head_stale:
+                if self.policy.prefilter(request, [views[index]]):
+                    self._head.add(index)
+                else:
+                    self._head.discard(index)
+        self._head_stale.clear()
+        return [views[index] for index in sorted(self._head)]
+
+    def _choose(self, request: JobRequest) -> list[int] | None:
+        """The policy's choice. A job's first try walks the GPUs in the policy's order as far as needed
+        (``choose_ranked``); a job that waits keeps its prefiltered GPUs between tries (``_candidates``)."""
+        shared = self.policy.collocates and not request.exclusive
+        if self._ranked is not None and shared and request.job_id != self._walked:
+            self._walked = request.job_id
+            views = self.snapshot()
+            per_node = self.config.gpus_per_node
+            return self.policy.choose_ranked(request, (views[i] for _, i in self._ranked),
+                                             lambda node: views[node * per_node:(node + 1) * per_node])
+        return self.policy.choose(request, self._candidates(request))
+
     def _try_place(self, job: JobRun) -> bool:
         request = JobRequest(job.spec.job_id, job.spec.gpus, job.request, job.shards, exclusive=job.recovered)
-        chosen = self.policy.choose(request, self.snapshot())
+        chosen = self._choose(request)
         if not chosen:
             return False
         exclusive = job.recovered or not self.policy.collocates
@@ -424,6 +496,13 @@ class Simulation:
     def snapshot(self) -> list[GpuState]:
         """One view per GPU, current as of now (see :class:`GpuView`)."""
         for index in self.cluster.touched:
-            self._views[index].refresh()
+            view = self._views[index]
+            if self._ranked is not None:
+                del self._ranked[bisect.bisect_left(self._ranked, (self._keys[index], index))]
+            view.refresh()
+            if self._ranked is not None:
+                self._keys[index] = self.policy.key(view)
+                bisect.insort(self._ranked, (self._keys[index], index))
+        self._head_stale |= self.cluster.touched
         self.cluster.touched.clear()
         return self._views  # type: ignore[return-value]

@@ -220,3 +220,35 @@ def test_with_caps_the_offender_hits_its_own_cap_and_the_neighbour_is_safe():
     assert a.ooms == 1 and a.recovered and a.state == "done"  # its own OOM, then an exclusive rerun
     assert b.ooms == 0 and b.state == "done"
     assert sum(j.neighbour_ooms for j in sim.jobs.values()) == 0
+
+
+def test_risk_verdicts_taken_without_a_window_agree_with_the_window():
+    """The engine decides ``risky`` without scoring the 30-sample window where the noise cannot change the
+    verdict (every sample clearly below or above the thresholds, or a steady window scored from the noise
+    alone); on random step histories at and around CARMA's thresholds it must agree with the window."""
+    import random
+
+    from gpushare.agent import risk
+    from gpushare.simulator.engine import GpuView
+
+    rng = random.Random(3)
+    levels = [0.0, 0.3, 0.45, 0.6, 0.78, 0.8, 0.82, 0.85, 0.9, 1.0]
+    decided = 0
+    for trial in range(400):
+        sim = Simulation([], SimConfig(gpus_per_node=1, seed=trial % 4), Interference(None, mode="share"))
+        gpu = sim.gpus[0]
+        t = 0.0
+        for _ in range(rng.randrange(1, 5)):
+            gpu.history.append((t, 0, rng.choice(levels), rng.choice(levels), rng.choice(levels), 0.0))
+            gpu._times.append(t)
+            t += rng.choice([0.5, 3.0, 12.0, 40.0])
+        for now in (t, t + rng.uniform(0, 20), t + 45.0):
+            sim.now = now
+            view = GpuView(sim, gpu)
+            quick = view._settled()
+            exact = risk.assess(*gpu.window_series(now, risk.WINDOW_SAMPLES, sim.config.seed)).risky
+            if quick is not None:
+                decided += 1
+                assert quick == exact, (gpu.history, now)
+            assert view.risky == exact
+    assert decided > 600  # the shortcut is taken for most windows
