@@ -111,17 +111,17 @@ def gpu_timelines(sim: Any) -> list[dict[str, Any]]:
 
 def to_json(sim: Any) -> str:
     document = {"version": 1, "summary": summarise(sim), "jobs": job_records(sim), "gpus": gpu_timelines(sim)}
-    return json.dumps(_clean(document), indent=2, allow_nan=False)
+    return json.dumps(clean(document), indent=2, allow_nan=False)
 
 
-def _clean(value: Any) -> Any:
+def clean(value: Any) -> Any:
     """NaN is not JSON: write null instead."""
     if isinstance(value, float) and math.isnan(value):
         return None
     if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
+        return {k: clean(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_clean(v) for v in value]
+        return [clean(v) for v in value]
     return value
 
 
