@@ -43,6 +43,7 @@ from gpushare.simulator.policies import GpuState, JobRequest, make_policy
 from gpushare.simulator import estimators
 from gpushare.simulator.device import CONTEXT_GIB, SimCluster, SimGpu, noise_bound, noise_scores
 from gpushare.simulator.interference import Interference
+from gpushare.simulator.live import LiveSetup
 from gpushare.simulator.trace import JobSpec
 from gpushare.simulator.workload import UTIL_CLASSES
 
@@ -67,6 +68,14 @@ class SimConfig:
     # a job that outgrew its share first runs within it and grows past it later (GROW_AFTER of its work),
     # without / with per-job caps (framework caps, MPS limit, the agent's backstop)
     caps: bool | None = None
+    live: LiveSetup | None = None  # --policy live: the deployed stack's settings (gpushare.simulator.live)
+
+    def policy_options(self) -> dict[str, object]:
+        """What ``make_policy`` needs beyond the name: the live stack's placement settings."""
+        if self.live is None:
+            return {}
+        return {"least_loaded": self.live.least_loaded, "withhold": self.live.withhold,
+                "withhold_when": self.live.withhold_when, "thread_policy": self.live.thread_policy}
 
 
 @dataclass
@@ -79,6 +88,7 @@ class JobRun:
     state: str = "queued"  # queued | starting | running | done | failed
     gpus: list[int] = field(default_factory=list)
     recovered: bool = False  # this attempt is an OOM recovery (exclusive)
+    whole: bool = False  # its request keeps a whole GPU (the live stack's exclusive_above_fraction)
     ooms: int = 0
     neighbour_ooms: int = 0  # OOMs this job suffered while within its own request (a neighbour's fault)
     rate: float = 0.0
@@ -208,15 +218,19 @@ class Simulation:
         self.gpus = self.cluster.gpus
         self.energy_j: list[float] = [0.0] * len(self.gpus)  # per GPU, first arrival to last completion
         self._energy_start: list[float] | None = None
-        self.policy = make_policy(config.policy)
+        self.policy = make_policy(config.policy, **config.policy_options())
         self.interference = interference or Interference.load(config.throughputs, config.interference)
         self.ttfk = risk.TtfkTable(config.window_s)
         total = self.gpus[0].shards_total
         self.jobs: dict[str, JobRun] = {}
+        live = config.live
+        margin = (live.margin_fraction, live.margin_min_gib) if live else (0.10, 1.0)
         for spec in jobs:
-            request = estimators.request_bytes(config.estimator, spec.mem_gib, spec.job_id, config.seed)
+            request = estimators.request_bytes(config.estimator, spec.mem_gib, spec.job_id, config.seed, margin)
             self.jobs[spec.job_id] = JobRun(spec, request, estimators.shards_for(request, total), spec.solo_s,
                                             spec.submit_s)
+            if live and request is not None and request > live.exclusive_above * self.gpus[0].capacity_bytes:
+                self.jobs[spec.job_id].whole = True
         self.queue: deque[JobRun] = deque()
         self.recovery: deque[JobRun] = deque()
         # (time, 0 = a finish / 1 = any other event, tie-break, kind, job id, sequence number): finishes
@@ -383,11 +397,12 @@ class Simulation:
         return self.policy.choose(request, self._candidates(request))
 
     def _try_place(self, job: JobRun) -> bool:
-        request = JobRequest(job.spec.job_id, job.spec.gpus, job.request, job.shards, exclusive=job.recovered)
+        request = JobRequest(job.spec.job_id, job.spec.gpus, job.request, job.shards,
+                             exclusive=job.recovered or job.whole)
         chosen = self._choose(request)
         if not chosen:
             return False
-        exclusive = job.recovered or not self.policy.collocates
+        exclusive = job.recovered or job.whole or not self.policy.collocates
         util = UTIL_CLASSES[job.spec.util]
         for index in chosen:
             gpu = self.gpus[index]
@@ -406,10 +421,10 @@ class Simulation:
         self._push(self.now + job.spec.ttfk_s, "kernel", job.spec.job_id)
 
     def _share(self, job: JobRun) -> int:
-        """The job's own memory share: estimate + margin, else its shards; the whole GPU when recovered
+        """The job's own memory share: estimate + margin, else its shards; the whole GPU when recovered or whole
         (never more than the GPU: a job bigger than its GPU has only itself to blame)."""
         capacity = min(self.gpus[i].capacity_bytes for i in job.gpus)
-        if job.recovered:
+        if job.recovered or job.whole:
             return capacity
         return min(capacity, job.request if job.request is not None else job.shards * GiB)
 

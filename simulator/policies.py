@@ -276,6 +276,48 @@ class SlurmShardLeastLoaded(SlurmShardFirstFit):
         return (gpu.shards_total - gpu.shards_free, gpu.index)
 
 
+class LivePlacement(Policy):
+    """``--policy live`` (``gpushare.simulator.live``): Slurm's own shard selection — first-fit, or
+    least-loaded with ``LL_SHARED_GRES`` — over the nodes the agent's withholding leaves open
+    (``gpushare.agent.withhold.node_open`` over each GPU's risky-or-warming flag, GPUs held whole left
+    out, as the agent does). With a ``gimbal-*`` thread policy it runs on the Gimbal engine (live caps)."""
+
+    name = "live"
+    static_key = False  # withholding reads every GPU of a node
+
+    def __init__(self, least_loaded: bool = False, withhold: str = "none", withhold_when: str = "any",
+                 thread_policy: str = "fixed") -> None:
+        self.least_loaded, self.withhold, self.withhold_when = least_loaded, withhold, withhold_when
+        self.needs_telemetry = withhold == "feature"
+        gimbal = thread_policy.startswith("gimbal-")
+        self.engine = "gimbal" if gimbal else "placement"
+        self.objective = thread_policy.removeprefix("gimbal-") if gimbal else None
+        self.runtime = False
+
+    def fits(self, job: JobRequest, gpu: GpuState) -> bool:
+        return not gpu.exclusive and gpu.shards_free >= max(job.shards, 1)
+
+    def key(self, gpu: GpuState) -> tuple:
+        return (gpu.shards_total - gpu.shards_free, gpu.index) if self.least_loaded else (gpu.index,)
+
+    def prefilter(self, job: JobRequest, gpus: Sequence[GpuState]) -> list[GpuState]:
+        if self.withhold == "feature" and not job.exclusive:
+            return list(gpus)  # a full GPU still closes its node
+        return super().prefilter(job, gpus)
+
+    def _choose_shared(self, job: JobRequest, gpus: list[GpuState]) -> list[int] | None:
+        if self.withhold == "feature":
+            from gpushare.agent.withhold import node_open
+
+            nodes: dict[int, list[bool]] = {}
+            for g in gpus:
+                nodes.setdefault(g.node, [])
+                if not g.exclusive:
+                    nodes[g.node].append(g.risky or g.warming)
+            gpus = [g for g in gpus if node_open(nodes[g.node], self.withhold_when)]
+        return _by_node([g for g in gpus if self.fits(job, g)], job.gpus, self.key)
+
+
 class SalusLanes(Policy):
     """Salus' GPU lanes (``gpushare.agent.lane_policy``): the simulation offers only GPUs whose lane layout
     admits the job (safety condition); among them the one with the fewest jobs, then the most free memory,
@@ -349,7 +391,7 @@ class FreeCompetition(GimbalPacking):
 POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
     for cls in (Exclusive, RoundRobin, FirstFit, BestFit, MostAvailableMemory, LeastUtilised, SlurmShardFirstFit,
-                SlurmShardWithheld, SlurmShardLeastLoaded, SalusLanes, SalusSrtf, SalusFair, GimbalPacking,
+                SlurmShardWithheld, SlurmShardLeastLoaded, LivePlacement, SalusLanes, SalusSrtf, SalusFair, GimbalPacking,
                 GimbalMakespan, GimbalJctRuntime, GimbalMakespanRuntime, FreeCompetition)
 }
 
