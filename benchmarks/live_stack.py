@@ -1,6 +1,6 @@
 """The deployed stack (``--policy live``) in its variants, against Exclusive and the SM-work bound.
 
-    python benchmarks/live_stack.py [--seeds 0 1 2 3 4] [--workers N]
+    python benchmarks/live_stack.py [--seeds 0 1 2 3 4] [--workers N] [--synthetic 2000 64]
 
 CARMA's setting (Philly 60-job trace, 1 node x 3 A100-40GB, default interference), as in
 benchmarks/collocation_gain.py. Each row is a gpushare.toml choice on a Slurm release
@@ -9,6 +9,9 @@ framework caps and backstop, OOM recovery, 10 % / 1 GiB margin, whole GPU above 
 changed at a time. Estimates carry gpu-estimate's measured error (``--estimator measured``). Printed: the
 5-seed means, each seed's change against Exclusive on the same seed averaged, OOMs, recoveries, failed
 jobs, and the share of the SM-work bound's makespan gain each row reaches.
+
+``--synthetic JOBS GPUS``: the same variants on benchmarks/simulator_scale.py's synthetic trace (1-8 GPUs per
+job, offered load 0.8) on nodes of 8 x A100-80GB, seed 0, where a node has more GPUs to withhold or not.
 """
 
 from __future__ import annotations
@@ -48,13 +51,46 @@ def sm_work_bound(jobs: list[trace.JobSpec], gpus: int = 3) -> float:
     return sum(j.solo_s * j.gpus * UTIL_CLASSES[j.util][0] for j in jobs) / (gpus * 0.95)
 
 
+def synthetic(jobs: int, gpus: int, workers: int | None, data: Path) -> None:
+    """The variants on a synthetic multi-node trace, one seed, against Exclusive."""
+    import tempfile
+
+    from simulator_scale import synthetic_trace
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "synthetic.csv"
+        path.write_text(synthetic_trace(jobs, gpus, 0.8))
+        common = {"nodes": gpus // 8, "gpus_per_node": 8, "gpu": "a100-80gb", "throughputs": data / THROUGHPUTS_NAME}
+        configs = [SimConfig(policy="exclusive", estimator="none", **common)]
+        for _, release, changes in VARIANTS:
+            live = dataclasses.replace(setup(parse_config({}), release), **changes)
+            configs.append(SimConfig(policy="live", estimator="measured", caps=live.caps, recovery=live.recovery,
+                                     live=live, **common))
+        runs = batch.run_all(batch.Source(str(path)), configs, workers)
+    base = runs[0]
+    print(f"synthetic trace, {jobs:,} jobs, {gpus // 8} x 8 A100-80GB, offered load 0.8, seed 0\n")
+    print("| stack | makespan h | vs excl. | mean JCT min | vs excl. | energy MJ | vs excl. | OOMs | recovered | failed |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for label, r in zip(["Exclusive"] + [v[0] for v in VARIANTS], runs):
+        cells = []
+        for key, scale in (("makespan_s", 3600), ("jct_mean_s", 60), ("energy_mj", 1)):
+            cells += [f"{r[key] / scale:.2f}", f"{r[key] / base[key] - 1:+.1%}"]
+        cells += [str(r[k]) for k in ("ooms", "recoveries", "failed")]
+        print(f"| {label} | " + " | ".join(cells) + " |")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--workers", type=int, default=None)
+    parser.add_argument("--synthetic", type=int, nargs=2, metavar=("JOBS", "GPUS"), default=None)
     args = parser.parse_args(argv)
     data = data_dir(None)
     started = time.perf_counter()
+    if args.synthetic:
+        synthetic(*args.synthetic, args.workers, data)
+        print(f"\n({time.perf_counter() - started:.0f} s)")
+        return 0
     common = {"nodes": 1, "gpus_per_node": 3, "gpu": "a100-40gb", "throughputs": data / THROUGHPUTS_NAME}
     configs = [SimConfig(policy="exclusive", estimator="none", seed=s, **common) for s in args.seeds]
     for _, release, changes in VARIANTS:
