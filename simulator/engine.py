@@ -167,7 +167,7 @@ class GpuView(GpuState):
         if steady is None or any(v - noise <= 0.0 or v + noise >= 1.0 for v in steady[0]):
             return None  # the window spans a change, or the noise may be clipped: only the window can tell
         scores = [v + s for v, s in zip(steady[0], noise_scores(self._sim.config.seed, steady[1], risk.WINDOW_SAMPLES))]
-        margins = [score - limit for score, limit in zip(scores, (limit.smact, limit.smocc, limit.drama))]
+        margins = [score - threshold for score, threshold in zip(scores, (limit.smact, limit.smocc, limit.drama))]
         if any(abs(m) < 1e-9 for m in margins):
             return None  # too close to call to rounding
         return margins[0] >= 0 and (margins[1] >= 0 or margins[2] >= 0)
