@@ -160,9 +160,11 @@ class TtfkTable:
                 entry.kernel_at = float(now)
                 self._ttfk.setdefault(job, float(now) - entry.dispatched_at)
 
-    def job_ended(self, job: str) -> None:
-        for gpu in list(self._entries):
-            self._entries[gpu] = [e for e in self._entries[gpu] if e.job != job]
+    def job_ended(self, job: str, gpus: Iterable[int] | None = None) -> None:
+        """Forget ``job`` on ``gpus`` (the GPUs it was dispatched to; every GPU when not given)."""
+        for gpu in list(self._entries) if gpus is None else gpus:
+            if gpu in self._entries:
+                self._entries[gpu] = [e for e in self._entries[gpu] if e.job != job]
 
     def warming(self, gpu: int, now: float) -> bool:
         """True while any job on ``gpu`` has no first kernel yet or its kernel is younger than a window."""

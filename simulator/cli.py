@@ -6,18 +6,23 @@ Reference data (the default Philly trace and Gavel's throughputs) is read from `
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 import click
 
+from gpushare.config import ConfigError, load_config
 from gpushare.gpus import BUILTIN_GPUS, parse_target
+from gpushare.slurm.version import SUPPORTED
 from gpushare.simulator.policies import POLICIES, make_policy
-from gpushare.simulator import estimators, report
+from gpushare.simulator import batch, estimators, report
 from gpushare.simulator.engine import SimConfig
 from gpushare.simulator.runner import simulation
 from gpushare.simulator.sweep import hyperparameter_sweep
 from gpushare.simulator.interference import MODES
+from gpushare.simulator.live import LiveSetup, setup
 from gpushare.simulator.trace import TraceError, read
 
 TRACE_NAME = "philly_trace_60_tasks.csv"
@@ -51,7 +56,9 @@ def _check(policy: str, estimator: str, gpu: str) -> None:
 @click.option("--gpu", default="a100-40gb", show_default=True, help=f"GPU model: {', '.join(BUILTIN_GPUS)}")
 @click.option("--policy", default="magm", show_default=True,
               help=f"{', '.join(POLICIES)}, ff|bf|magm|lug-nofilter, or {', '.join(MIG_POLICIES)}")
-@click.option("--estimator", default="oracle", show_default=True, help="oracle, none, gpu-estimate or noisy:SIGMA")
+@click.option("--estimator", default=None,
+              help="oracle (default), none, gpu-estimate, measured (gpu-estimate's measured error; --policy live's "
+                   "default) or noisy:SIGMA")
 @click.option("--seed", type=int, default=0, show_default=True, help="drives workload mapping, TTFK and noise")
 @click.option("--interference", type=click.Choice(MODES), default="gavel", show_default=True)
 @click.option("--throughputs", type=click.Path(dir_okay=False), default=None,
@@ -65,27 +72,53 @@ def _check(policy: str, estimator: str, gpu: str) -> None:
 @click.option("--sweep", "sweep_jobs", type=click.IntRange(0), default=0, show_default=True,
               help="instead of a trace, a seeded hyper-parameter sweep of this many small-model jobs (docs/simulator.md)")
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False), default=None, help="write PNG plots here")
-def command(trace_path: str | None, nodes: int, gpus_per_node: int, gpu: str, policy: str, estimator: str, seed: int,
-            interference: str, throughputs: str | None, data_dir_flag: str | None, no_recovery: bool, as_json: bool,
-            plot_dir: str | None, caps: bool | None, sweep_jobs: int = 0) -> None:
-    """Replay a job trace against simulated GPUs through one placement policy."""
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
+              help="--policy live: the gpushare.toml to deploy (default: $GPUSHARE_CONFIG, else /etc/slurm/gpushare.toml, "
+                   "else defaults)")
+@click.option("--slurm", "release", type=click.Choice(SUPPORTED), default="22.05", show_default=True,
+              help="--policy live: the Slurm release (its shard placement)")
+@click.option("--seeds", default=None, help="several seeds, e.g. 0-4 or 0,2,7 (instead of --seed): a table of runs")
+@click.option("--workers", type=click.IntRange(1), default=None,
+              help="processes for several runs (default: one per core)")
+@click.option("--progress/--no-progress", default=None,
+              help="a progress bar on stderr for several runs (default: when stderr is a terminal)")
+def command(trace_path: str | None, nodes: int, gpus_per_node: int, gpu: str, policy: str, estimator: str | None,
+            seed: int, interference: str, throughputs: str | None, data_dir_flag: str | None, no_recovery: bool,
+            as_json: bool, plot_dir: str | None, caps: bool | None, sweep_jobs: int = 0, seeds: str | None = None,
+            workers: int | None = None, progress: bool | None = None, config_file: str | None = None,
+            release: str = "22.05") -> None:
+    """Replay a job trace against simulated GPUs through placement policies (several: comma-separated)."""
     data = data_dir(data_dir_flag)
-    policy = policy.lower()
-    _check(policy, estimator, gpu)
+    policies = [p.strip() for p in policy.lower().split(",") if p.strip()]
+    seed_list = _seeds(seeds) if seeds else [seed]
+    for name in policies:
+        _check(name, estimator or "oracle", gpu)
+    deployed = _live(config_file, release) if "live" in policies else None
     path = Path(trace_path) if trace_path else data / TRACE_NAME
     try:
-        jobs = hyperparameter_sweep(sweep_jobs, seed) if sweep_jobs else read(path, seed=seed)
+        jobs = hyperparameter_sweep(sweep_jobs, seed_list[0]) if sweep_jobs else read(path, seed=seed_list[0])
     except TraceError as exc:
         raise click.ClickException(str(exc)) from None
-    if policy in MIG_POLICIES:
-        _mig(jobs, gpu, nodes * gpus_per_node, policy, as_json)
+    if len(policies) == 1 and policies[0] in MIG_POLICIES:
+        _mig(jobs, gpu, nodes * gpus_per_node, policies[0], as_json)
         return
+    if any(name in MIG_POLICIES for name in policies):
+        raise click.BadParameter("mig-a/mig-b run alone, not in a list of policies", param_hint="--policy")
     gavel = Path(throughputs) if throughputs else data / THROUGHPUTS_NAME
     if throughputs and not gavel.exists():
         raise click.BadParameter(f"{gavel} does not exist", param_hint="--throughputs")
-    config = SimConfig(nodes=nodes, gpus_per_node=gpus_per_node, gpu=gpu, policy=policy, estimator=estimator,
-                       seed=seed, recovery=not no_recovery, throughputs=gavel, interference=interference,
-                       caps=caps)
+    configs = [SimConfig(nodes=nodes, gpus_per_node=gpus_per_node, gpu=gpu, policy=name, seed=s,
+                         throughputs=gavel, interference=interference,
+                         **_settings(deployed if name == "live" else None, estimator, caps, no_recovery))
+               for name in policies for s in seed_list]
+    if len(configs) > 1:
+        if plot_dir:
+            raise click.BadParameter("plots are drawn for one run (one policy, one seed)", param_hint="--plot")
+        summaries = batch.run_all(batch.Source(str(path), sweep_jobs), configs, workers, progress)
+        click.echo(json.dumps(report.clean({"version": 1, "runs": summaries}), indent=2, allow_nan=False) if as_json
+                   else batch.table(summaries))
+        return
+    config = configs[0]
     sim = simulation(jobs, config).run()
     click.echo(report.to_json(sim) if as_json else report.to_text(report.summarise(sim)))
     if plot_dir:
@@ -96,9 +129,37 @@ def command(trace_path: str | None, nodes: int, gpus_per_node: int, gpu: str, po
                 click.echo(f"wrote {written}")
 
 
-def _mig(jobs, gpu: str, gpus: int, policy: str, as_json: bool) -> None:
-    import json
+def _live(config_file: str | None, release: str) -> LiveSetup:
+    try:
+        return setup(load_config(config_file), release)
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc), param_hint="--config") from None
 
+
+def _settings(deployed: LiveSetup | None, estimator: str | None, caps: bool | None,
+              no_recovery: bool) -> dict[str, Any]:
+    """Estimator, caps and recovery of one run: the options given, else (live) what the stack deploys."""
+    if deployed is None:
+        return {"estimator": estimator or "oracle", "caps": caps, "recovery": not no_recovery}
+    return {"estimator": estimator or "measured", "caps": deployed.caps if caps is None else caps,
+            "recovery": deployed.recovery and not no_recovery, "live": deployed}
+
+
+def _seeds(text: str) -> list[int]:
+    """``0-4`` or ``0,2,7`` (or both: ``0-2,9``) as a list of seeds."""
+    out: list[int] = []
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.strip().partition("-")
+            out += list(range(int(lo), int(hi) + 1)) if hi else [int(lo)]
+    except ValueError:
+        raise click.BadParameter(f"expected seeds like 0-4 or 0,2,7, got {text!r}", param_hint="--seeds") from None
+    if not out:
+        raise click.BadParameter(f"no seeds in {text!r}", param_hint="--seeds")
+    return out
+
+
+def _mig(jobs, gpu: str, gpus: int, policy: str, as_json: bool) -> None:
     from gpushare.simulator.mig import run_mix
 
     model, profile = parse_target(gpu)

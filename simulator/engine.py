@@ -5,6 +5,15 @@ takes thousands of steps, not millions of seconds. The policy objects are the ag
 (``gpushare.simulator.policies``), fed with the same inputs the agent builds from NVML: free memory,
 CARMA's risk verdict over a 1 Hz 30-sample window (``gpushare.agent.risk``) and the TTFK table.
 
+Why its cost grows with events, not jobs × events (a month of a 1,000-GPU cluster is 100,000 jobs): a
+running job's finish time is an event in the queue, recomputed only when its rate changes, and rates are
+recomputed only for the jobs on GPUs whose processes changed (``SimCluster.changed``); a job's remaining
+work is kept as of its last rate change (``JobRun.since``). Placement reads one persistent view per GPU
+(``GpuView``), refreshed when that GPU changes; the time-dependent fields (TTFK warming, the risk window)
+are computed when a policy reads them, and a queue head that failed without reading any of them is not
+retried until a GPU changes, since the policy would see the same inputs. Same results as the
+per-event engine it replaced: ``tests/simulator/test_golden_tables.py``.
+
 Life of a job: queued → dispatched (CUDA context only, no progress) → first kernel after its TTFK: memory
 grows to its peak; if the GPU's memory is now over capacity the *new* job dies with an OOM (CARMA §2.5:
 co-runners survive). With ``caps`` set (False or True), a job whose peak exceeds its share (estimate +
@@ -20,8 +29,10 @@ while telemetry changes (risk windows and TTFK windows expire without an event o
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -30,8 +41,9 @@ from gpushare.gpus import GiB, capacity_bytes, parse_target
 from gpushare.agent import risk
 from gpushare.simulator.policies import GpuState, JobRequest, make_policy
 from gpushare.simulator import estimators
-from gpushare.simulator.device import CONTEXT_GIB, SimCluster
+from gpushare.simulator.device import CONTEXT_GIB, SimCluster, SimGpu, noise_bound, noise_scores
 from gpushare.simulator.interference import Interference
+from gpushare.simulator.live import LiveSetup
 from gpushare.simulator.trace import JobSpec
 from gpushare.simulator.workload import UTIL_CLASSES
 
@@ -56,6 +68,14 @@ class SimConfig:
     # a job that outgrew its share first runs within it and grows past it later (GROW_AFTER of its work),
     # without / with per-job caps (framework caps, MPS limit, the agent's backstop)
     caps: bool | None = None
+    live: LiveSetup | None = None  # --policy live: the deployed stack's settings (gpushare.simulator.live)
+
+    def policy_options(self) -> dict[str, object]:
+        """What ``make_policy`` needs beyond the name: the live stack's placement settings."""
+        if self.live is None:
+            return {}
+        return {"least_loaded": self.live.least_loaded, "withhold": self.live.withhold,
+                "withhold_when": self.live.withhold_when, "thread_policy": self.live.thread_policy}
 
 
 @dataclass
@@ -63,20 +83,123 @@ class JobRun:
     spec: JobSpec
     request: int | None  # per-GPU bytes the policy sees
     shards: int
-    remaining: float  # solo seconds of work left
+    remaining: float  # solo seconds of work left at ``since`` (``Simulation.remaining`` gives it now)
     queued_since: float
     state: str = "queued"  # queued | starting | running | done | failed
     gpus: list[int] = field(default_factory=list)
     recovered: bool = False  # this attempt is an OOM recovery (exclusive)
+    whole: bool = False  # its request keeps a whole GPU (the live stack's exclusive_above_fraction)
     ooms: int = 0
     neighbour_ooms: int = 0  # OOMs this job suffered while within its own request (a neighbour's fault)
     rate: float = 0.0
+    since: float = 0.0  # when ``remaining`` was last brought up to date (its rate is constant since)
+    finish_seq: int = 0  # the sequence number of its pending finish event; 0: none
     dispatched_t: float = 0.0
     first_start: float | None = None
     end: float | None = None
     wait_s: float = 0.0
     exec_s: float = 0.0
     reason: str = ""
+
+
+class GpuView(GpuState):
+    """What a policy sees of one GPU: a :class:`GpuState` kept up to date by the engine.
+
+    Why not a fresh ``GpuState`` per GPU and attempt: on a 1,000-GPU cluster that is the whole cost of a
+    run. The fields from the GPU's own state are refreshed when it changes (``refresh``); ``warming``,
+    ``risky`` and ``smact`` depend on the clock too and are computed when first read at a given time,
+    which also tells the engine whether a failed attempt depended on the clock (``Simulation._clocked``).
+    """
+
+    _sim: Simulation
+    _gpu: SimGpu
+    _at: float  # the time the clock-dependent fields below were computed for
+    _warming: bool | None
+    _verdict: risk.RiskAssessment | None
+    _window_key: tuple[int, int] | None
+    _window_verdict: risk.RiskAssessment
+
+    def __init__(self, sim: Simulation, gpu: SimGpu) -> None:
+        object.__setattr__(self, "_sim", sim)
+        object.__setattr__(self, "_gpu", gpu)
+        object.__setattr__(self, "_at", -math.inf)
+        object.__setattr__(self, "_window_key", None)
+        self.refresh()
+
+    def refresh(self) -> None:
+        gpu, sim = self._gpu, self._sim
+        for name, value in (("index", gpu.index), ("node", gpu.node), ("total_bytes", gpu.capacity_bytes),
+                            ("free_bytes", gpu.capacity_bytes - sim.cluster.used_bytes(gpu.index)),
+                            ("jobs", len(gpu.residents)), ("exclusive", gpu.exclusive),
+                            ("shards_total", gpu.shards_total), ("shards_free", gpu.shards_free)):
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "_at", -math.inf)
+
+    def _now(self) -> None:
+        sim = self._sim
+        sim._clocked = True
+        if self._at != sim.now:
+            object.__setattr__(self, "_at", sim.now)
+            object.__setattr__(self, "_warming", None)
+            object.__setattr__(self, "_verdict", None)
+
+    @property  # type: ignore[override]
+    def warming(self) -> bool:
+        self._now()
+        if self._warming is None:
+            object.__setattr__(self, "_warming", self._sim.ttfk.warming(self._gpu.index, self._sim.now))
+        return bool(self._warming)
+
+    def _settled(self) -> bool | None:
+        """The verdict without a window where the noise cannot change it: every sample is below a
+        threshold it must reach (not risky) or above all of them (risky); None when it might. Safe because
+        each score is a weighted mean of statistics of the window, none outside its lowest and highest
+        sample."""
+        if not self._sim.policy.needs_telemetry:
+            return False
+        (a_lo, a_hi), (o_lo, o_hi), (d_lo, d_hi) = self._gpu.window_range(self._sim.now, risk.WINDOW_SAMPLES)
+        noise, limit = self._sim.noise + 1e-9, risk.Thresholds()
+        if a_hi + noise < limit.smact or (o_hi + noise < limit.smocc and d_hi + noise < limit.drama):
+            return False
+        if a_lo - noise >= limit.smact and (o_lo - noise >= limit.smocc or d_lo - noise >= limit.drama):
+            return True
+        steady = self._gpu.steady(self._sim.now, risk.WINDOW_SAMPLES)
+        if steady is None or any(v - noise <= 0.0 or v + noise >= 1.0 for v in steady[0]):
+            return None  # the window spans a change, or the noise may be clipped: only the window can tell
+        scores = [v + s for v, s in zip(steady[0], noise_scores(self._sim.config.seed, steady[1], risk.WINDOW_SAMPLES))]
+        margins = [score - threshold for score, threshold in zip(scores, (limit.smact, limit.smocc, limit.drama))]
+        if any(abs(m) < 1e-9 for m in margins):
+            return None  # too close to call to rounding
+        return margins[0] >= 0 and (margins[1] >= 0 or margins[2] >= 0)
+
+    def _assess(self) -> risk.RiskAssessment:
+        self._now()
+        if self._verdict is None:
+            verdict = risk.RiskAssessment(0.0, 0.0, 0.0, False)
+            if self._sim.policy.needs_telemetry:
+                # the window is the same within one second of an unchanged GPU
+                key = (int(self._sim.now), self._gpu.version)
+                if self._window_key != key:
+                    object.__setattr__(self, "_window_key", key)
+                    object.__setattr__(self, "_window_verdict", risk.assess(*self._gpu.window_series(
+                        self._sim.now, risk.WINDOW_SAMPLES, self._sim.config.seed)))
+                verdict = self._window_verdict
+            object.__setattr__(self, "_verdict", verdict)
+            return verdict
+        return self._verdict
+
+    @property  # type: ignore[override]
+    def risky(self) -> bool:
+        self._now()
+        if self._verdict is None:
+            settled = self._settled()
+            if settled is not None:
+                return settled
+        return self._assess().risky
+
+    @property  # type: ignore[override]
+    def smact(self) -> float:
+        return self._assess().smact
 
 
 class Simulation:
@@ -95,26 +218,53 @@ class Simulation:
         self.gpus = self.cluster.gpus
         self.energy_j: list[float] = [0.0] * len(self.gpus)  # per GPU, first arrival to last completion
         self._energy_start: list[float] | None = None
-        self.policy = make_policy(config.policy)
+        self.policy = make_policy(config.policy, **config.policy_options())
         self.interference = interference or Interference.load(config.throughputs, config.interference)
         self.ttfk = risk.TtfkTable(config.window_s)
         total = self.gpus[0].shards_total
         self.jobs: dict[str, JobRun] = {}
+        live = config.live
+        margin = (live.margin_fraction, live.margin_min_gib) if live else (0.10, 1.0)
         for spec in jobs:
-            request = estimators.request_bytes(config.estimator, spec.mem_gib, spec.job_id, config.seed)
+            request = estimators.request_bytes(config.estimator, spec.mem_gib, spec.job_id, config.seed, margin)
             self.jobs[spec.job_id] = JobRun(spec, request, estimators.shards_for(request, total), spec.solo_s,
                                             spec.submit_s)
-        self.queue: list[JobRun] = []
-        self.recovery: list[JobRun] = []
-        self._events: list[tuple[float, int, str, str]] = []
+            if live and request is not None and request > live.exclusive_above * self.gpus[0].capacity_bytes:
+                self.jobs[spec.job_id].whole = True
+        self.queue: deque[JobRun] = deque()
+        self.recovery: deque[JobRun] = deque()
+        # (time, 0 = a finish / 1 = any other event, tie-break, kind, job id, sequence number): finishes
+        # first at equal times, among them by job id; other events in the order they were pushed
+        self._events: list[tuple[float, int, str | int, str, str, int]] = []
         self._seq = 0
         self._poll_pending = False
         self._last_change = 0.0
+        self.noise = noise_bound(config.seed)  # how far telemetry noise moves a sample
+        self._views = [GpuView(self, gpu) for gpu in self.gpus]
+        self._stale: set[int] = set()  # GPUs whose view needs a refresh
+        self._clocked = False  # the current placement attempt read a clock-dependent field
+        self._blocked: tuple[str, bool, int] | None = None  # a failed attempt that would fail again
+        self._head_key: tuple[str, bool] | None = None  # the job ``_head`` was computed for
+        self._head: set[int] = set()  # GPUs the policy's prefilter keeps for it
+        self._head_stale: set[int] = set()  # GPUs changed since
+        self._walked = ""  # the last job whose first try walked the ranked GPUs
+        # every GPU as (policy key, index), sorted, where the key reads only what the GPU holds
+        self._keys: list[tuple] = [self.policy.key(v) for v in self._views] if self.policy.static_key else []
+        self._ranked = sorted((k, i) for i, k in enumerate(self._keys)) if self.policy.static_key else None
 
     # --- event plumbing -----------------------------------------------------------------------------
-    def _push(self, t: float, kind: str, job_id: str = "") -> None:
+    def _push(self, t: float, kind: str, job_id: str = "") -> int:
         self._seq += 1
-        heapq.heappush(self._events, (t, self._seq, kind, job_id))
+        tie: str | int = job_id if kind == "finish" else self._seq
+        heapq.heappush(self._events, (t, 0 if kind == "finish" else 1, tie, kind, job_id, self._seq))
+        return self._seq
+
+    def _drop(self, kind: str, job_id: str) -> None:
+        """Remove pending events of one kind and id (rare: a cancelled measurement window)."""
+        kept = [e for e in self._events if not (e[3] == kind and e[4] == job_id)]
+        if len(kept) != len(self._events):
+            self._events[:] = kept
+            heapq.heapify(self._events)
 
     def run(self) -> Simulation:
         for job in sorted(self.jobs.values(), key=lambda j: (j.spec.submit_s, j.spec.job_id)):
@@ -124,37 +274,58 @@ class Simulation:
             self._push(job.spec.submit_s, "arrive", job.spec.job_id)
         for gpu in self.gpus:
             self.cluster.record(gpu.index)
-        while True:
-            t_event = self._events[0][0] if self._events else math.inf
-            finishing = [(self.now + j.remaining / j.rate, j.spec.job_id) for j in self.jobs.values()
-                         if j.state == "running" and j.rate > 0]
-            t_finish, finish_id = min(finishing, default=(math.inf, ""))
-            if math.isinf(t_event) and math.isinf(t_finish):
-                break
-            self._advance(min(t_event, t_finish))
-            if t_finish <= t_event:
-                self._finish(self.jobs[finish_id])
+        self.cluster.changed.clear()
+        while self._events:
+            t, _, _, kind, job_id, seq = heapq.heappop(self._events)
+            if kind == "finish":
+                job = self.jobs[job_id]
+                if job.finish_seq != seq:
+                    continue  # superseded by a rate change, or the job left the GPU
+                self.now = t
+                self._finish(job)
                 self._last_change = self.now
             else:
-                _, _, kind, job_id = heapq.heappop(self._events)
+                self.now = t
                 getattr(self, f"_on_{kind}")(job_id)
                 if kind not in self.quiet_events:
                     self._last_change = self.now
             self._schedule()
             self._update_rates()
             self._maybe_poll()
-        for job in self.recovery + self.queue:  # an idle cluster that could not place them never will
+        for job in [*self.recovery, *self.queue]:  # an idle cluster that could not place them never will
             job.state, job.reason = "failed", "does not fit an idle node"
         start = self._energy_start or [0.0] * len(self.gpus)
         self.energy_j = [self.cluster.energy_j(g.index) - start[g.index] for g in self.gpus]
         return self
 
-    def _advance(self, t: float) -> None:
-        dt = t - self.now
-        for job in self.jobs.values():
-            if job.state == "running":
-                job.remaining = max(0.0, job.remaining - job.rate * dt)
-        self.now = t
+    # --- remaining work -------------------------------------------------------------------------------
+    def remaining(self, job: JobRun) -> float:
+        """Solo seconds of work the job has left now."""
+        if job.state != "running":
+            return job.remaining
+        return max(0.0, job.remaining - job.rate * (self.now - job.since))
+
+    def _sync(self, job: JobRun) -> None:
+        job.remaining, job.since = self.remaining(job), self.now
+
+    def set_rate(self, job: JobRun, rate: float) -> None:
+        """A running job's speed changes: its finish event moves."""
+        if rate == job.rate and job.finish_seq:
+            return
+        self._sync(job)
+        job.rate = rate
+        self._plan_finish(job)
+
+    def add_work(self, job: JobRun, seconds: float) -> None:
+        """Charge a running job extra solo seconds (a context switch, a cap change)."""
+        self._sync(job)
+        job.remaining += seconds
+        self._plan_finish(job)
+
+    def _plan_finish(self, job: JobRun) -> None:
+        job.finish_seq = 0
+        if job.state == "running" and job.rate > 0:
+            job.finish_seq = self._push(self.now + job.remaining / job.rate, "finish", job.spec.job_id)
 
     def _maybe_poll(self) -> None:
         """Retry a blocked head while telemetry can still change without an event of its own.
@@ -178,18 +349,60 @@ class Simulation:
     # --- job transitions ----------------------------------------------------------------------------
     def _schedule(self) -> None:
         while self.recovery:
-            if not self._try_place(self.recovery[0]):
+            if not self._attempt(self.recovery[0]):
                 return  # CARMA §2.5: the recovery queue pre-empts normal scheduling
-            self.recovery.pop(0)
-        while self.queue and self._try_place(self.queue[0]):
-            self.queue.pop(0)
+            self.recovery.popleft()
+        while self.queue and self._attempt(self.queue[0]):
+            self.queue.popleft()
+
+    def _attempt(self, job: JobRun) -> bool:
+        """``_try_place``, unless the same head failed before without reading the clock and no GPU has
+        changed since: the policy would see the same inputs and fail again."""
+        key = (job.spec.job_id, job.recovered, self.cluster.changes)
+        if key == self._blocked:
+            return False
+        self._clocked = False
+        if self._try_place(job):
+            return True
+        self._blocked = None if self._clocked else key
+        return False
+
+    def _candidates(self, request: JobRequest) -> list[GpuState]:
+        """The policy's ``prefilter`` of every GPU for this job, kept between attempts for the same job and
+        re-tested only on the GPUs that changed since (``choose`` answers the same on it as on all)."""
+        views = self.snapshot()
+        key = (request.job_id, request.exclusive)
+        if key != self._head_key:
+            self._head_key = key
+            self._head = {g.index for g in self.policy.prefilter(request, views)}
+        else:
+            for index in self._head_stale:
+                if self.policy.prefilter(request, [views[index]]):
+                    self._head.add(index)
+                else:
+                    self._head.discard(index)
+        self._head_stale.clear()
+        return [views[index] for index in sorted(self._head)]
+
+    def _choose(self, request: JobRequest) -> list[int] | None:
+        """The policy's choice. A job's first try walks the GPUs in the policy's order as far as needed
+        (``choose_ranked``); a job that waits keeps its prefiltered GPUs between tries (``_candidates``)."""
+        shared = self.policy.collocates and not request.exclusive
+        if self._ranked is not None and shared and request.job_id != self._walked:
+            self._walked = request.job_id
+            views = self.snapshot()
+            per_node = self.config.gpus_per_node
+            return self.policy.choose_ranked(request, (views[i] for _, i in self._ranked),
+                                             lambda node: views[node * per_node:(node + 1) * per_node])
+        return self.policy.choose(request, self._candidates(request))
 
     def _try_place(self, job: JobRun) -> bool:
-        request = JobRequest(job.spec.job_id, job.spec.gpus, job.request, job.shards, exclusive=job.recovered)
-        chosen = self.policy.choose(request, self.snapshot())
+        request = JobRequest(job.spec.job_id, job.spec.gpus, job.request, job.shards,
+                             exclusive=job.recovered or job.whole)
+        chosen = self._choose(request)
         if not chosen:
             return False
-        exclusive = job.recovered or not self.policy.collocates
+        exclusive = job.recovered or job.whole or not self.policy.collocates
         util = UTIL_CLASSES[job.spec.util]
         for index in chosen:
             gpu = self.gpus[index]
@@ -208,10 +421,10 @@ class Simulation:
         self._push(self.now + job.spec.ttfk_s, "kernel", job.spec.job_id)
 
     def _share(self, job: JobRun) -> int:
-        """The job's own memory share: estimate + margin, else its shards; the whole GPU when recovered
+        """The job's own memory share: estimate + margin, else its shards; the whole GPU when recovered or whole
         (never more than the GPU: a job bigger than its GPU has only itself to blame)."""
         capacity = min(self.gpus[i].capacity_bytes for i in job.gpus)
-        if job.recovered:
+        if job.recovered or job.whole:
             return capacity
         return min(capacity, job.request if job.request is not None else job.shards * GiB)
 
@@ -242,9 +455,13 @@ class Simulation:
         for index in job.gpus:
             self.cluster.first_kernel(index, job_id, hold)
             self.ttfk.kernel_seen(index, job_id, self.now)
-        job.state = "running"
+        self._start_running(job)
         if hold < peak:
             self._push(self.now + GROW_AFTER * job.spec.solo_s, "grow", job_id)
+
+    def _start_running(self, job: JobRun) -> None:
+        """Past its first kernel: its work starts counting down at the rate ``_update_rates`` gives it."""
+        job.state, job.rate, job.since, job.finish_seq = "running", 0.0, self.now, 0
 
     def _on_grow(self, job_id: str) -> None:
         """An offender outgrows its share: its cap stops it, or (no caps) it takes whatever room is free."""
@@ -266,36 +483,41 @@ class Simulation:
 
     def _release(self, job: JobRun) -> None:
         job.exec_s += self.now - job.dispatched_t
+        job.finish_seq = 0
         for index in job.gpus:
             if job.spec.job_id in self.gpus[index].residents:
                 self.cluster.end(index, job.spec.job_id)
-        self.ttfk.job_ended(job.spec.job_id)
+        self.ttfk.job_ended(job.spec.job_id, job.gpus)
 
     def _update_rates(self) -> None:
-        for job in self.jobs.values():
-            if job.state != "running":
-                continue
+        """New rates for the running jobs on GPUs whose processes changed (the others' are unchanged)."""
+        touched: dict[str, JobRun] = {}
+        for index in sorted(self.cluster.changed):
+            for resident in self.gpus[index].residents.values():
+                job = self.jobs[resident.job_id]
+                if resident.active and job.state == "running":
+                    touched[resident.job_id] = job
+        self.cluster.changed.clear()
+        for job in touched.values():
             me = (job.spec.gavel, UTIL_CLASSES[job.spec.util][0])
             speeds = []
             for index in job.gpus:
                 others = [(self.jobs[r.job_id].spec.gavel, r.util[0])
                           for r in self.gpus[index].residents.values() if r.active and r.job_id != job.spec.job_id]
                 speeds.append(self.interference.speed(me, others))
-            job.rate = min(speeds)
+            self.set_rate(job, min(speeds))
 
     # --- what the policy sees -------------------------------------------------------------------------
     def snapshot(self) -> list[GpuState]:
-        states = []
-        for gpu in self.gpus:
-            verdict = risk.RiskAssessment(0.0, 0.0, 0.0, False)
-            if self.policy.needs_telemetry:
-                window = risk.MetricWindow()
-                window.extend(gpu.window(self.now, risk.WINDOW_SAMPLES, self.config.seed))
-                verdict = window.assess()
-            states.append(GpuState(
-                index=gpu.index, node=gpu.node, total_bytes=gpu.capacity_bytes,
-                free_bytes=gpu.capacity_bytes - self.cluster.used_bytes(gpu.index), jobs=len(gpu.residents), exclusive=gpu.exclusive,
-                risky=verdict.risky, warming=self.ttfk.warming(gpu.index, self.now), smact=verdict.smact,
-                shards_total=gpu.shards_total, shards_free=gpu.shards_free,
-            ))
-        return states
+        """One view per GPU, current as of now (see :class:`GpuView`)."""
+        for index in self.cluster.touched:
+            view = self._views[index]
+            if self._ranked is not None:
+                del self._ranked[bisect.bisect_left(self._ranked, (self._keys[index], index))]
+            view.refresh()
+            if self._ranked is not None:
+                self._keys[index] = self.policy.key(view)
+                bisect.insort(self._ranked, (self._keys[index], index))
+        self._head_stale |= self.cluster.touched
+        self.cluster.touched.clear()
+        return self._views  # type: ignore[return-value]

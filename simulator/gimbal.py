@@ -22,7 +22,6 @@ Two ways to set the caps, both with the policy math of ``gpushare.agent.gimbal``
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Sequence
 
 from gpushare.agent import gimbal as gb
@@ -61,7 +60,7 @@ class GimbalSimulation(Simulation):
     def features(self, job_id: str) -> gb.GimbalJob:
         """What Gimbal knows of a job here: true remaining work and its utilisation class's solo SMACT."""
         job = self.jobs[job_id]
-        return gb.GimbalJob(job_id, remaining_s=job.remaining, demand=UTIL_CLASSES[job.spec.util][0],
+        return gb.GimbalJob(job_id, remaining_s=self.remaining(job), demand=UTIL_CLASSES[job.spec.util][0],
                             world_size=job.spec.gpus)
 
     def pair_extra(self, a: gb.GimbalJob, b: gb.GimbalJob) -> float:
@@ -102,7 +101,8 @@ class GimbalSimulation(Simulation):
             self._sync_activity(gpu.index)
         for job in self.jobs.values():
             if job.state == "running":
-                job.rate = min(speeds.get(job.spec.job_id, [0.0]))
+                self.set_rate(job, min(speeds.get(job.spec.job_id, [0.0])))
+        self.cluster.changed.clear()
 
     # --- live: the starting job's share only ----------------------------------------------------------
     def _live(self, running: dict[int, list[str]]) -> None:
@@ -174,11 +174,7 @@ class GimbalSimulation(Simulation):
     def _cancel(self, index: int) -> None:
         """Drop the GPU's pending window: a stale one would move the clock past the last completion and
         add idle energy to the run."""
-        events = self._events
-        kept = [e for e in events if not (e[2] == "window" and e[3] == str(index))]
-        if len(kept) != len(events):
-            events[:] = kept
-            heapq.heapify(events)
+        self._drop("window", str(index))
 
     def _apply(self, index: int, plan: gb.Plan) -> None:
         """Set a GPU's caps; a running job whose cap changes pays ``RECONFIG_S`` of work once per instant
@@ -189,7 +185,7 @@ class GimbalSimulation(Simulation):
                 if self._charged_at.get(job_id) != self.now:
                     self._charged_at[job_id] = self.now
                     self.reconfigurations += 1
-                    self.jobs[job_id].remaining += RECONFIG_S
+                    self.add_work(self.jobs[job_id], RECONFIG_S)
                     self.switch_log.append((self.now, job_id, old[job_id], percent))
             if old.get(job_id) != percent:
                 self.cap_log.append((self.now, index, job_id, percent))
@@ -203,6 +199,5 @@ class GimbalSimulation(Simulation):
                 continue
             smact = min(resident.util[0], percent / 100.0)
             if self._shown.get((index, job_id)) != smact:
-                self.cluster.backend.update_process(resident.pid, smact=smact)
+                self.cluster.show(index, job_id, smact=smact)
                 self._shown[(index, job_id)] = smact
-                self.cluster.record(index)

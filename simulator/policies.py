@@ -43,7 +43,7 @@ policy. Multi-GPU jobs get all their GPUs on one node.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from gpushare.gpus import GiB
@@ -79,32 +79,81 @@ class JobRequest:
     exclusive: bool = False  # whole GPUs only (exclusive policy or OOM recovery)
 
 
-def _by_node(candidates: list[GpuState], n: int, key: Callable[[GpuState], tuple]) -> list[int] | None:
-    """The best ``n`` candidates by ``key`` on one node: the node of the best candidate that has ``n``."""
+def _by_node(candidates: list[GpuState], n: int, key: Callable[[GpuState], tuple],
+             ok: Callable[[GpuState], bool] | None = None) -> list[int] | None:
+    """The best ``n`` candidates by ``key`` on one node: the node of the best candidate that has ``n``.
+
+    ``ok``: a further test, applied only to the candidates that can still decide the answer (the driver
+    may compute what it reads — warming, risk — on demand); the same answer as filtering first.
+    """
     ranked = sorted(candidates, key=key)
+    return _walk(ranked, n, ok or (lambda g: True), lambda node: [g for g in ranked if g.node == node])
+
+
+def _walk(ranked: Iterable[GpuState], n: int, ok: Callable[[GpuState], bool],
+          node: Callable[[int], list[GpuState]]) -> list[int] | None:
+    """``_by_node`` over GPUs already in rank order; ``node(i)`` gives node i's GPUs in rank order."""
+    seen: set[int] = set()
     for first in ranked:
-        same = [g for g in ranked if g.node == first.node]
+        if first.node in seen or not ok(first):
+            continue
+        if n == 1:  # the best GPU that passes: nothing ranked above it on its node passed
+            return [first.index]
+        seen.add(first.node)
+        same = [g for g in node(first.node) if ok(g)]
         if len(same) >= n:
             return [g.index for g in same[:n]]
     return None
 
 
 class Policy:
-    """Base class: ``choose(job, gpus) -> list[int] | None``."""
+    """Base class: ``choose(job, gpus) -> list[int] | None``.
+
+    A collocating policy is three functions: ``fits`` (the job's request against what the GPU holds),
+    ``ready`` (what changes with the clock alone: TTFK warming, risk) and ``key`` (rank, lowest first); it
+    picks the best-ranked GPUs that pass both, on one node.
+    """
 
     name = "policy"
     collocates = True
     engine = "placement"  # which simulation runs it: placement (engine.py), salus (salus.py), gimbal (gimbal.py)
     needs_telemetry = False  # whether GpuState.risky/smact matter (drivers may skip computing them)
+    static_key = True  # ``key`` reads only what the GPU holds (no clock): a driver may keep GPUs sorted by it
 
     def choose(self, job: JobRequest, gpus: Sequence[GpuState]) -> list[int] | None:
         if job.exclusive or not self.collocates:
-            idle = [g for g in gpus if g.jobs == 0 and not g.exclusive]
-            return _by_node(idle, job.gpus, key=lambda g: (g.index,))
-        return self._choose_shared(job, list(gpus))
+            return _by_node(self.prefilter(job, gpus), job.gpus, key=lambda g: (g.index,))
+        return self._choose_shared(job, self.prefilter(job, gpus))
+
+    def choose_ranked(self, job: JobRequest, ranked: Iterable[GpuState],
+                      node: Callable[[int], Sequence[GpuState]]) -> list[int] | None:
+        """``choose`` for a shared request (not ``exclusive``) from every GPU in ``key`` order, reading
+        only as far as the answer needs; ``node(i)``: node i's GPUs. Only for a ``static_key`` policy."""
+        def ok(g: GpuState) -> bool:
+            return self.fits(job, g) and self.ready(g)
+
+        return _walk(ranked, job.gpus, ok, lambda n: sorted(node(n), key=self.key))
+
+    def prefilter(self, job: JobRequest, gpus: Sequence[GpuState]) -> list[GpuState]:
+        """The GPUs ``choose`` could pick for ``job`` whatever the clock says: those that fail only on
+        fields that change without the GPU changing (``warming``, ``risky``, ``smact``) stay in. ``choose``
+        gives the same answer on this list as on all GPUs, so a driver retrying a blocked job may keep it
+        and re-test only the GPUs that changed."""
+        if job.exclusive or not self.collocates:
+            return [g for g in gpus if g.jobs == 0 and not g.exclusive]
+        return [g for g in gpus if self.fits(job, g)]
+
+    def fits(self, job: JobRequest, gpu: GpuState) -> bool:
+        return True
+
+    def ready(self, gpu: GpuState) -> bool:
+        return True
+
+    def key(self, gpu: GpuState) -> tuple:
+        return (gpu.index,)
 
     def _choose_shared(self, job: JobRequest, gpus: list[GpuState]) -> list[int] | None:
-        raise NotImplementedError
+        return _by_node(gpus, job.gpus, self.key, self.ready)
 
 
 class Exclusive(Policy):
@@ -125,26 +174,18 @@ class _Telemetry(Policy):
         self.min_free_bytes = min_free_bytes
 
     def eligible(self, job: JobRequest, gpu: GpuState) -> bool:
-        need = max(job.mem_bytes or 0, self.min_free_bytes)
-        return (
-            not gpu.exclusive
-            and not (self.ttfk and gpu.warming)
-            and not (self.risk_filter and gpu.risky)
-            and gpu.free_bytes >= need
-        )
+        return self.fits(job, gpu) and self.ready(gpu)
 
-    def key(self, gpu: GpuState) -> tuple:
-        raise NotImplementedError
+    def fits(self, job: JobRequest, gpu: GpuState) -> bool:
+        return not gpu.exclusive and gpu.free_bytes >= max(job.mem_bytes or 0, self.min_free_bytes)
 
-    def _choose_shared(self, job: JobRequest, gpus: list[GpuState]) -> list[int] | None:
-        return _by_node([g for g in gpus if self.eligible(job, g)], job.gpus, self.key)
+    def ready(self, gpu: GpuState) -> bool:
+        """Not warming (TTFK) and not risky: the tests that depend on the clock."""
+        return not (self.ttfk and gpu.warming) and not (self.risk_filter and gpu.risky)
 
 
 class FirstFit(_Telemetry):
     name = "ff"
-
-    def key(self, gpu: GpuState) -> tuple:
-        return (gpu.index,)
 
 
 class BestFit(_Telemetry):
@@ -169,6 +210,7 @@ class LeastUtilised(_Telemetry):
     """LUG: the lowest SMACT risk score, to keep interference down."""
 
     name = "lug"
+    static_key = False
 
     def key(self, gpu: GpuState) -> tuple:
         return (gpu.smact, gpu.index)
@@ -178,6 +220,7 @@ class RoundRobin(Policy):
     """Cyclic placement with no memory or risk precondition (CARMA's RR); TTFK-warming GPUs are skipped."""
 
     name = "rr"
+    static_key = False  # the rank moves with the cursor
 
     def __init__(self, ttfk: bool = True) -> None:
         self.ttfk = ttfk
@@ -204,9 +247,8 @@ class SlurmShardFirstFit(Policy):
 
     name = "slurm-shards"
 
-    def _choose_shared(self, job: JobRequest, gpus: list[GpuState]) -> list[int] | None:
-        fits = [g for g in gpus if not g.exclusive and g.shards_free >= max(job.shards, 1)]
-        return _by_node(fits, job.gpus, key=lambda g: (g.index,))
+    def fits(self, job: JobRequest, gpu: GpuState) -> bool:
+        return not gpu.exclusive and gpu.shards_free >= max(job.shards, 1)
 
 
 class SlurmShardWithheld(SlurmShardFirstFit):
@@ -219,20 +261,61 @@ class SlurmShardWithheld(SlurmShardFirstFit):
     name = "slurm-shards-withheld"
     needs_telemetry = True
 
-    def _choose_shared(self, job: JobRequest, gpus: list[GpuState]) -> list[int] | None:
-        return super()._choose_shared(job, [g for g in gpus if not g.risky and not g.warming])
+    def ready(self, gpu: GpuState) -> bool:
+        return not gpu.warming and not gpu.risky
 
 
-class SlurmShardLeastLoaded(Policy):
+class SlurmShardLeastLoaded(SlurmShardFirstFit):
     """What Slurm 24.11+ picks with ``SelectTypeParameters=LL_SHARED_GRES``: the GPU with the fewest shards
     already allocated that still has N free (lowest index on ties). Still only Slurm's accounting of
     requests, but it spreads jobs instead of stacking them on the first GPU."""
 
     name = "slurm-shards-ll"
 
+    def key(self, gpu: GpuState) -> tuple:
+        return (gpu.shards_total - gpu.shards_free, gpu.index)
+
+
+class LivePlacement(Policy):
+    """``--policy live`` (``gpushare.simulator.live``): Slurm's own shard selection — first-fit, or
+    least-loaded with ``LL_SHARED_GRES`` — over the nodes the agent's withholding leaves open
+    (``gpushare.agent.withhold.node_open`` over each GPU's risky-or-warming flag, GPUs held whole left
+    out, as the agent does). With a ``gimbal-*`` thread policy it runs on the Gimbal engine (live caps)."""
+
+    name = "live"
+    static_key = False  # withholding reads every GPU of a node
+
+    def __init__(self, least_loaded: bool = False, withhold: str = "none", withhold_when: str = "any",
+                 thread_policy: str = "fixed") -> None:
+        self.least_loaded, self.withhold, self.withhold_when = least_loaded, withhold, withhold_when
+        self.needs_telemetry = withhold == "feature"
+        gimbal = thread_policy.startswith("gimbal-")
+        self.engine = "gimbal" if gimbal else "placement"
+        self.objective = thread_policy.removeprefix("gimbal-") if gimbal else None
+        self.runtime = False
+
+    def fits(self, job: JobRequest, gpu: GpuState) -> bool:
+        return not gpu.exclusive and gpu.shards_free >= max(job.shards, 1)
+
+    def key(self, gpu: GpuState) -> tuple:
+        return (gpu.shards_total - gpu.shards_free, gpu.index) if self.least_loaded else (gpu.index,)
+
+    def prefilter(self, job: JobRequest, gpus: Sequence[GpuState]) -> list[GpuState]:
+        if self.withhold == "feature" and not job.exclusive:
+            return list(gpus)  # a full GPU still closes its node
+        return super().prefilter(job, gpus)
+
     def _choose_shared(self, job: JobRequest, gpus: list[GpuState]) -> list[int] | None:
-        fits = [g for g in gpus if not g.exclusive and g.shards_free >= max(job.shards, 1)]
-        return _by_node(fits, job.gpus, key=lambda g: (g.shards_total - g.shards_free, g.index))
+        if self.withhold == "feature":
+            from gpushare.agent.withhold import node_open
+
+            nodes: dict[int, list[bool]] = {}
+            for g in gpus:
+                nodes.setdefault(g.node, [])
+                if not g.exclusive:
+                    nodes[g.node].append(g.risky or g.warming)
+            gpus = [g for g in gpus if node_open(nodes[g.node], self.withhold_when)]
+        return _by_node([g for g in gpus if self.fits(job, g)], job.gpus, self.key)
 
 
 class SalusLanes(Policy):
@@ -244,9 +327,11 @@ class SalusLanes(Policy):
     engine = "salus"
     lane_policy = "pack"
 
-    def _choose_shared(self, job: JobRequest, gpus: list[GpuState]) -> list[int] | None:
-        usable = [g for g in gpus if not g.exclusive]
-        return _by_node(usable, job.gpus, key=lambda g: (g.jobs, -g.free_bytes, g.index))
+    def fits(self, job: JobRequest, gpu: GpuState) -> bool:
+        return not gpu.exclusive
+
+    def key(self, gpu: GpuState) -> tuple:
+        return (gpu.jobs, -gpu.free_bytes, gpu.index)
 
 
 class SalusSrtf(SalusLanes):
@@ -274,10 +359,12 @@ class GimbalPacking(Policy):
     objective: str | None = "jct"
     runtime = False
 
-    def _choose_shared(self, job: JobRequest, gpus: list[GpuState]) -> list[int] | None:
+    def fits(self, job: JobRequest, gpu: GpuState) -> bool:
         need = max(job.mem_bytes or 0, MIN_FREE_BYTES)
-        fits = [g for g in gpus if not g.exclusive and g.jobs < GIMBAL_MAX_JOBS and g.free_bytes >= need]
-        return _by_node(fits, job.gpus, key=lambda g: (-g.free_bytes, g.index))
+        return not gpu.exclusive and gpu.jobs < GIMBAL_MAX_JOBS and gpu.free_bytes >= need
+
+    def key(self, gpu: GpuState) -> tuple:
+        return (-gpu.free_bytes, gpu.index)
 
 
 class GimbalMakespan(GimbalPacking):
@@ -304,7 +391,7 @@ class FreeCompetition(GimbalPacking):
 POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
     for cls in (Exclusive, RoundRobin, FirstFit, BestFit, MostAvailableMemory, LeastUtilised, SlurmShardFirstFit,
-                SlurmShardWithheld, SlurmShardLeastLoaded, SalusLanes, SalusSrtf, SalusFair, GimbalPacking,
+                SlurmShardWithheld, SlurmShardLeastLoaded, LivePlacement, SalusLanes, SalusSrtf, SalusFair, GimbalPacking,
                 GimbalMakespan, GimbalJctRuntime, GimbalMakespanRuntime, FreeCompetition)
 }
 

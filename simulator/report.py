@@ -88,6 +88,7 @@ def summarise(sim: Any) -> dict[str, Any]:
         "gpu_mem_mean_gib": _mean([_time_average(g.history, 1, start, end) / GiB for g in sim.gpus]),
         "interference_fallback_pairs": len(sim.interference.fallback_pairs),
         "interference_measured": sim.interference.measured,
+        "live": cfg.live.describe() if cfg.live else None,
     }
 
 
@@ -111,17 +112,17 @@ def gpu_timelines(sim: Any) -> list[dict[str, Any]]:
 
 def to_json(sim: Any) -> str:
     document = {"version": 1, "summary": summarise(sim), "jobs": job_records(sim), "gpus": gpu_timelines(sim)}
-    return json.dumps(_clean(document), indent=2, allow_nan=False)
+    return json.dumps(clean(document), indent=2, allow_nan=False)
 
 
-def _clean(value: Any) -> Any:
+def clean(value: Any) -> Any:
     """NaN is not JSON: write null instead."""
     if isinstance(value, float) and math.isnan(value):
         return None
     if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
+        return {k: clean(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_clean(v) for v in value]
+        return [clean(v) for v in value]
     return value
 
 
@@ -141,6 +142,8 @@ def to_text(summary: dict[str, Any]) -> str:
         f"execution mean {s['exec_mean_s'] / 60:.1f} min, p95 {s['exec_p95_s'] / 60:.1f} min",
         f"energy {s['energy_mj']:.2f} MJ; mean SMACT {s['gpu_util_mean']:.2f}, mean memory {s['gpu_mem_mean_gib']:.1f} GiB",
     ]
+    if s.get("live"):
+        lines.insert(1, s["live"])
     if not s["interference_measured"]:
         lines.append("note: no measured throughputs found; interference used the fallback model only")
     return "\n".join(lines)

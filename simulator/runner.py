@@ -18,5 +18,5 @@ ENGINES: dict[str, type[Simulation]] = {"placement": Simulation, "salus": SalusS
 
 def simulation(jobs: list[JobSpec], config: SimConfig, interference: Interference | None = None) -> Simulation:
     """A ready-to-run simulation of ``jobs`` under ``config``, on the engine its policy needs."""
-    engine = make_policy(config.policy).engine
+    engine = make_policy(config.policy, **config.policy_options()).engine
     return ENGINES[engine](jobs, config, interference)

@@ -58,7 +58,7 @@ class SalusSimulation(Simulation):
     def _schedule(self) -> None:
         waiting = list(self.queue)
         if self.lane_policy is lp.LanePolicy.SRTF:
-            waiting.sort(key=lambda j: (j.remaining, j.spec.submit_s))
+            waiting.sort(key=lambda j: (self.remaining(j), j.spec.submit_s))
         for job in waiting:
             if self._try_place(job):
                 self.queue.remove(job)
@@ -101,7 +101,7 @@ class SalusSimulation(Simulation):
         for index in job.gpus:
             self.cluster.first_kernel(index, job_id, self._held.get((index, job_id)))
             self.ttfk.kernel_seen(index, job_id, self.now)
-        job.state = "running"
+        self._start_running(job)
 
     def _release(self, job: JobRun) -> None:
         super()._release(job)
@@ -115,7 +115,7 @@ class SalusSimulation(Simulation):
         """Per lane of a GPU, the time share of each running member."""
         out = {}
         for lane in self.lanes[index].lanes:
-            members = [lp.TurnState(j, self.admitted_seq[j], self.jobs[j].remaining)
+            members = [lp.TurnState(j, self.admitted_seq[j], self.remaining(self.jobs[j]))
                        for j in lane.job_ids if self.jobs[j].state == "running"]
             out[lane.lane_id] = lp.time_shares(self.lane_policy, members)
         return out
@@ -136,7 +136,8 @@ class SalusSimulation(Simulation):
             self._sync_activity(gpu.index, shares)
         for job in self.jobs.values():
             if job.state == "running":
-                job.rate = min(speeds.get(job.spec.job_id, [0.0]))
+                self.set_rate(job, min(speeds.get(job.spec.job_id, [0.0])))
+        self.cluster.changed.clear()
 
     def _lane_speed(self, job_id: str, others: list[tuple[str, float]]) -> float:
         """Speed of a lane's turn holder next to the other lanes (each weighted by its time share)."""
@@ -160,8 +161,7 @@ class SalusSimulation(Simulation):
         previous = self.holders.get((index, lane_id))
         if previous is not None and previous != holder and self.jobs[previous].state == "running":
             self.switches += 1
-            job = self.jobs[holder]
-            job.remaining += SWITCH_S  # one lost switch, in solo seconds
+            self.add_work(self.jobs[holder], SWITCH_S)  # one lost switch, in solo seconds
         self.holders[(index, lane_id)] = holder
 
     def _sync_activity(self, index: int, shares: dict[int, dict[str, float]]) -> None:
@@ -173,6 +173,5 @@ class SalusSimulation(Simulation):
                     continue
                 smact, smocc, drama = (round(v * share, 4) for v in resident.util)
                 if self._shown.get((index, job_id)) != (smact, smocc, drama):
-                    self.cluster.backend.update_process(resident.pid, smact=smact, smocc=smocc, drama=drama)
+                    self.cluster.show(index, job_id, smact=smact, smocc=smocc, drama=drama)
                     self._shown[(index, job_id)] = (smact, smocc, drama)
-                    self.cluster.record(index)

@@ -107,3 +107,21 @@ def test_cli_mig_policy(tmp_path):
     assert result.exit_code == 0, result.output
     assert "reconfigurations" in result.output
     assert simulate("--trace", str(mix), "--policy", "mig-a", "--gpu", "l40s-48gb").exit_code == 2
+
+
+@needs_data
+def test_several_policies_and_seeds_run_in_processes_in_order():
+    result = simulate("--policy", "exclusive,magm", "--seeds", "0-1", "--workers", "2", "--json", "--no-progress")
+    assert result.exit_code == 0, result.output
+    runs = json.loads(result.output)["runs"]
+    assert [(r["policy"], r["seed"]) for r in runs] == [("exclusive", 0), ("exclusive", 1), ("magm", 0), ("magm", 1)]
+    alone = json.loads(simulate("--policy", "magm", "--seed", "1", "--json").output)["summary"]
+    assert runs[3] == alone  # a worker process gives what a single run gives
+    text = simulate("--policy", "exclusive,magm", "--seeds", "0,1", "--workers", "1", "--progress")
+    assert text.exit_code == 0, text.output
+    assert "| magm | oracle | mean of 2 |" in text.output and "2/4 runs" in text.output  # the bar (stderr mixed in)
+
+
+def test_bad_seed_list_is_one_line_error():
+    result = simulate("--policy", "magm", "--seeds", "0-x")
+    assert result.exit_code == 2 and "--seeds" in result.output and "0-x" in result.output

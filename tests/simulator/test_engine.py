@@ -96,7 +96,56 @@ def test_energy_is_the_backend_counter_delta():
     # 10 s TTFK at idle (context only) + 100 s at 55 + 345 * .3 W = 550 + 15850 J
     sim = run("submit_s,duration_s,mem_gib,util,ttfk_s\n0,100,4,light,10\n", policy="exclusive")
     assert sim.energy_j[0] == pytest.approx(550 + 15850, abs=1)
-    assert sim.cluster.backend.energy_mj(0) == pytest.approx(16400 * 1000, abs=1000)
+    assert sim.cluster.energy_j(0) == pytest.approx(16400, abs=1)
+
+
+def test_simulated_gpus_report_what_the_simulated_backend_reports():
+    """The simulator's GPUs keep only running processes and a running energy sum; driven through the same
+    changes at the same times, the project's SimBackend must report the same memory, activity, power and
+    energy counter."""
+    from gpushare.gpus import BUILTIN_GPUS, GiB
+    from gpushare.gres.sim_backend import SimBackend
+    from gpushare.simulator.device import CONTEXT_GIB, POWER_W, SimCluster
+
+    clock = [0.0]
+    model = BUILTIN_GPUS["a100-40gb"]
+    cluster = SimCluster(model, 40 * GiB, 1, 2, clock=lambda: clock[0])
+    idle, peak = POWER_W[model.name]
+    backend = SimBackend.from_scenario({"version": 1, "name": "t", "gpus": [
+        {"index": i, "model": model.name, "idle_power_w": idle, "max_power_w": peak} for i in range(2)]},
+        clock=lambda: clock[0])
+    pids = {}
+    for gpu in range(2):
+        cluster.record(gpu)  # what the engine does at t = 0
+
+    def launch(gpu, job, mem_gib, util):
+        cluster.launch(gpu, job, int(mem_gib * GiB), util, 1)
+        pids[job] = cluster.gpus[gpu].residents[job].pid
+        backend.start_process(gpu, pids[job], int(CONTEXT_GIB * GiB))
+
+    steps = [
+        (0.0, lambda: launch(0, "a", 12, (0.3, 0.15, 0.1))),
+        (3.5, lambda: launch(0, "b", 20, (0.85, 0.45, 0.45))),
+        (10.0, lambda: (cluster.first_kernel(0, "a"),
+                        backend.update_process(pids["a"], memory_mib=12 * 1024, smact=0.3, smocc=0.15, drama=0.1))),
+        (10.0, lambda: launch(1, "c", 8, (0.6, 0.3, 0.3))),
+        (41.25, lambda: (cluster.first_kernel(0, "b", int(16 * GiB)),
+                         backend.update_process(pids["b"], memory_mib=16 * 1024, smact=0.85, smocc=0.45, drama=0.45))),
+        (100.0, lambda: (cluster.show(0, "b", smact=0.5), backend.update_process(pids["b"], smact=0.5))),
+        (250.0, lambda: (cluster.grow(0, "b", int(30 * GiB)), backend.update_process(pids["b"], memory_mib=30 * 1024))),
+        (900.5, lambda: (cluster.end(0, "a"), backend.end_process(pids["a"]))),
+        (1200.0, lambda: (cluster.end(1, "c"), backend.end_process(pids["c"]))),
+    ]
+    for t, step in steps:
+        clock[0] = t
+        step()
+        for gpu in range(2):
+            point = cluster.gpus[gpu].history[-1]
+            util = backend.utilization(gpu)
+            assert point[1:] == (backend.memory(gpu).used, util.smact, util.smocc, util.drama, backend.power_watts(gpu))
+            assert cluster.used_bytes(gpu) == backend.memory(gpu).used
+    clock[0] = 2000.0
+    assert [cluster.energy_j(g) for g in range(2)] == [backend.energy_mj(g) / 1000 for g in range(2)]
 
 
 def test_policy_sees_the_backend_memory_view():
@@ -171,3 +220,35 @@ def test_with_caps_the_offender_hits_its_own_cap_and_the_neighbour_is_safe():
     assert a.ooms == 1 and a.recovered and a.state == "done"  # its own OOM, then an exclusive rerun
     assert b.ooms == 0 and b.state == "done"
     assert sum(j.neighbour_ooms for j in sim.jobs.values()) == 0
+
+
+def test_risk_verdicts_taken_without_a_window_agree_with_the_window():
+    """The engine decides ``risky`` without scoring the 30-sample window where the noise cannot change the
+    verdict (every sample clearly below or above the thresholds, or a steady window scored from the noise
+    alone); on random step histories at and around CARMA's thresholds it must agree with the window."""
+    import random
+
+    from gpushare.agent import risk
+    from gpushare.simulator.engine import GpuView
+
+    rng = random.Random(3)
+    levels = [0.0, 0.3, 0.45, 0.6, 0.78, 0.8, 0.82, 0.85, 0.9, 1.0]
+    decided = 0
+    for trial in range(400):
+        sim = Simulation([], SimConfig(gpus_per_node=1, seed=trial % 4), Interference(None, mode="share"))
+        gpu = sim.gpus[0]
+        t = 0.0
+        for _ in range(rng.randrange(1, 5)):
+            gpu.history.append((t, 0, rng.choice(levels), rng.choice(levels), rng.choice(levels), 0.0))
+            gpu._times.append(t)
+            t += rng.choice([0.5, 3.0, 12.0, 40.0])
+        for now in (t, t + rng.uniform(0, 20), t + 45.0):
+            sim.now = now
+            view = GpuView(sim, gpu)
+            quick = view._settled()
+            exact = risk.assess(*gpu.window_series(now, risk.WINDOW_SAMPLES, sim.config.seed)).risky
+            if quick is not None:
+                decided += 1
+                assert quick == exact, (gpu.history, now)
+            assert view.risky == exact
+    assert decided > 600  # the shortcut is taken for most windows

@@ -123,3 +123,40 @@ def test_least_loaded_shards_spread_where_first_fit_stacks() -> None:
     assert make_policy("slurm-shards").choose(job(8), snap) == [0]
     assert make_policy("slurm-shards-ll").choose(job(8), snap) == [1]
     assert make_policy("slurm-shards-ll").choose(job(50), snap) == [2]  # only GPU 2 has 50 free
+
+
+def _random_cluster(rng, nodes=4, per_node=4):
+    out = []
+    for i in range(nodes * per_node):
+        free = rng.choice([0, 1, 3, 8, 12, 20, 30, 40])
+        out.append(GpuState(index=i, node=i // per_node, total_bytes=TOTAL, free_bytes=int(free * GiB),
+                            jobs=rng.randrange(3), exclusive=rng.random() < 0.1, risky=rng.random() < 0.3,
+                            warming=rng.random() < 0.3, smact=round(rng.random(), 2), shards_total=40,
+                            shards_free=rng.choice([0, 2, 8, 20, 40])))
+    return out
+
+
+def test_prefiltered_and_ranked_choices_equal_the_plain_choice():
+    """What the simulator's engine relies on to avoid a pass over every GPU: ``choose`` on the policy's
+    ``prefilter`` of the GPUs, and ``choose_ranked`` over the GPUs in ``key`` order, answer as ``choose``
+    on all of them, for every policy, job size and memory request (random clusters, fixed seed)."""
+    import random
+
+    from gpushare.simulator.policies import POLICIES
+
+    rng = random.Random(7)
+    checked = 0
+    for _ in range(300):
+        cluster = _random_cluster(rng)
+        for name in [*POLICIES, "magm-nofilter"]:
+            request = job(rng.choice([None, 2, 8, 15, 30]), n=rng.choice([1, 1, 2, 3, 4]),
+                          exclusive=rng.random() < 0.1)
+            expected = make_policy(name).choose(request, cluster)
+            policy = make_policy(name)
+            assert policy.choose(request, policy.prefilter(request, cluster)) == expected, name
+            if policy.static_key and policy.collocates and not request.exclusive:
+                ranked = sorted(cluster, key=policy.key)
+                nodes = {g.node: [h for h in cluster if h.node == g.node] for g in cluster}
+                assert policy.choose_ranked(request, iter(ranked), nodes.__getitem__) == expected, name
+                checked += expected is not None
+    assert checked > 500  # most draws place something

@@ -1,0 +1,99 @@
+"""How the trace simulator's cost grows with the trace: wall time and peak RSS per run, growth exponent.
+
+    python benchmarks/simulator_scale.py [--jobs 1000 10000 100000] [--gpus 64 256 1024] [--policy magm]
+
+What an admin would run before deploying: a synthetic Philly-format trace (``wait_seconds,num_tasks``:
+exponential gaps, 1-8 GPUs per job: 1, 1, 1, 1, 2, 2, 4 or 8 uniformly) read by the simulator's own trace
+reader, on nodes of 8 x A100-80GB (``--nodes G/8 --gpus-per-node 8 --gpu a100-80gb``), MAGM with the oracle
+estimator and the default interference model. The mean gap is set so that the offered load is ``--load``
+(0.8) of the cluster's GPU-seconds run exclusively, whatever its size, so every cluster is about as busy.
+Each run is a fresh process (its peak RSS is its own). The growth exponent is the least-squares slope of
+log(wall time) against log(jobs) at each cluster size; n log n over 1k-100k jobs would read about 1.2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import resource
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gpushare.simulator import trace  # noqa: E402
+from gpushare.simulator.cli import THROUGHPUTS_NAME, data_dir  # noqa: E402
+from gpushare.simulator.engine import SimConfig  # noqa: E402
+from gpushare.simulator.runner import simulation  # noqa: E402
+
+GPUS_PER_JOB = (1, 1, 1, 1, 2, 2, 4, 8)
+PER_NODE = 8
+
+
+def synthetic_trace(jobs: int, gpus: int, load: float, seed: int = 0) -> str:
+    """A Philly-format trace whose offered load is ``load`` of ``gpus`` GPUs (measured on a draft)."""
+    rng = random.Random(seed)
+    tasks = [rng.choice(GPUS_PER_JOB) for _ in range(jobs)]
+    draft = trace.parse("".join(f"0,{t}\n" for t in tasks[:2000]), "draft", seed)
+    gpu_seconds = statistics.mean(j.solo_s * j.gpus for j in draft)
+    gap = gpu_seconds / (gpus * load)
+    return "".join(f"{rng.expovariate(1.0 / gap):.1f},{t}\n" for t in tasks)
+
+
+def run_one(jobs: int, gpus: int, policy: str, load: float) -> dict[str, float]:
+    """One run in this (fresh) process: trace reading and simulation timed together, peak RSS after."""
+    started = time.perf_counter()
+    specs = trace.parse(synthetic_trace(jobs, gpus, load), "synthetic", 0)
+    config = SimConfig(nodes=gpus // PER_NODE, gpus_per_node=PER_NODE, gpu="a100-80gb", policy=policy,
+                       throughputs=data_dir(None) / THROUGHPUTS_NAME)
+    sim = simulation(specs, config).run()
+    wall = time.perf_counter() - started
+    done = sum(j.state == "done" for j in sim.jobs.values())
+    end = max((j.end for j in sim.jobs.values() if j.end is not None), default=0.0)
+    return {"jobs": jobs, "gpus": gpus, "wall_s": wall, "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "done": done, "days": end / 86400}
+
+
+def _isolated(args: tuple[int, int, str, float]) -> dict[str, float]:
+    with ProcessPoolExecutor(1) as pool:  # a process of its own, so that ru_maxrss is this run's
+        return pool.submit(run_one, *args).result()
+
+
+def slope(points: list[tuple[float, float]]) -> float:
+    """Least-squares slope of log(y) on log(x)."""
+    xs, ys = [math.log(x) for x, _ in points], [math.log(y) for _, y in points]
+    mx, my = statistics.mean(xs), statistics.mean(ys)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, nargs="+", default=[1000, 10000, 100000])
+    parser.add_argument("--gpus", type=int, nargs="+", default=[64, 256, 1024])
+    parser.add_argument("--policy", default="magm")
+    parser.add_argument("--load", type=float, default=0.8)
+    args = parser.parse_args(argv)
+    print(f"policy {args.policy}, a100-80gb x 8 per node, offered load {args.load}, Philly-format synthetic trace\n")
+    print("| jobs | GPUs | wall s | peak RSS MiB | completed | simulated days |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    results = []
+    for gpus in args.gpus:
+        for jobs in args.jobs:
+            r = _isolated((jobs, gpus, args.policy, args.load))
+            results.append(r)
+            print(f"| {jobs:,} | {gpus:,} | {r['wall_s']:.1f} | {r['rss_mib']:.0f} | {r['done']:,} | {r['days']:.1f} |",
+                  flush=True)
+    if len(args.jobs) > 1:
+        print()
+        for gpus in args.gpus:
+            points = [(r["jobs"], r["wall_s"]) for r in results if r["gpus"] == gpus]
+            print(f"growth exponent on {gpus:,} GPUs (wall time ~ jobs^k): k = {slope(points):.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""``--policy live``: the stack an admin would deploy, read from their gpushare.toml and Slurm release.
+
+Why: every other policy of the simulator is one idea in isolation (CARMA's MAGM, Slurm's first-fit,
+Gimbal's caps); what a site runs is a combination of settings, and the admin's table needs one row that
+is that combination. Each setting maps to the model of the part that implements it:
+
+=====================================  ==========================================================================
+placement                              Slurm's own shard selection: first-fit on 22.05, least-loaded
+                                       (``LL_SHARED_GRES``, which ``gpushare slurm-config`` offers) on 24.11+
+``[agent] withhold = "feature"``       the agent closes a node to shared jobs while any (``withhold_node_when``
+                                       ``any``) or every (``all``) GPU not held whole is risky or warming
+                                       (``gpushare.agent.withhold.node_open``, the agent's own function)
+``[agent] thread_policy``              ``fixed``: no caps on SMs; ``gimbal-*``: a starting job's MPS share by
+                                       ``gpushare.agent.gimbal.starting_share`` (the simulator's live Gimbal)
+``framework_caps`` / ``backstop``      a job that outgrows its share hits its own cap (``caps`` on) or takes free
+                                       memory (off); the growth model of docs/simulator.md
+``[oom] max_retries``                  OOM recovery on (≥ 1) or off
+``[policy] margin_*``                  the margin added to each estimate
+``[policy] exclusive_above_fraction``  estimate + margin above it keeps a whole GPU
+estimates                              gpu-estimate's measured error (``estimators.MEASURED``)
+=====================================  ==========================================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpushare.config import Config
+from gpushare.slurm.version import SlurmVersion
+
+
+@dataclass(frozen=True)
+class LiveSetup:
+    """The settings of the deployed stack that change what the simulation does."""
+
+    release: str = "22.05"
+    least_loaded: bool = False  # Slurm 24.11+: LL_SHARED_GRES
+    withhold: str = "none"  # or "feature"
+    withhold_when: str = "any"
+    thread_policy: str = "fixed"  # or gimbal-jct / gimbal-makespan
+    caps: bool = True
+    recovery: bool = True
+    margin_fraction: float = 0.10
+    margin_min_gib: float = 1.0
+    exclusive_above: float = 0.90
+
+    def describe(self) -> str:
+        """One line for the report: what was deployed."""
+        placement = "least-loaded shards" if self.least_loaded else "first-fit shards"
+        withheld = f"withhold {self.withhold_when}" if self.withhold == "feature" else "no withholding"
+        return (f"live stack: Slurm {self.release} {placement}, {withheld}, threads {self.thread_policy}, "
+                f"caps {'on' if self.caps else 'off'}, recovery {'on' if self.recovery else 'off'}, "
+                f"margin {self.margin_fraction:.0%}/{self.margin_min_gib:g} GiB, whole GPU above "
+                f"{self.exclusive_above:.0%}")
+
+
+def setup(cfg: Config, release: str = "22.05") -> LiveSetup:
+    """What ``cfg`` and Slurm ``release`` deploy."""
+    version = SlurmVersion.parse(release)
+    agent = cfg.agent
+    return LiveSetup(
+        release=release, least_loaded=version.least_loaded_shared_gres, withhold=agent.withhold,
+        withhold_when=agent.withhold_node_when, thread_policy=agent.thread_policy,
+        caps=agent.framework_caps == "yes" or agent.backstop == "stop", recovery=cfg.oom.max_retries > 0,
+        margin_fraction=cfg.policy.margin_fraction, margin_min_gib=cfg.policy.margin_min_gib,
+        exclusive_above=cfg.policy.exclusive_above_fraction)
