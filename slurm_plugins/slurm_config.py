@@ -89,6 +89,12 @@ def render_slurm_conf(cfg: Config, hook_dir: str, version: SlurmVersion | None =
     if version.least_loaded_shared_gres:
         lines.append("# Slurm 24.11+: add LL_SHARED_GRES to SelectTypeParameters to place shards on the least-loaded "
                      "GPU instead of the first that fits (docs/compatibility.md)")
+        lines.append("# measured with the live stack on the Philly trace (docs/benchmarks.md): LL_SHARED_GRES with "
+                     "[agent] thread_policy = \"gimbal-jct\" had the best makespan (-19.5 % vs -17.3 % with the "
+                     "defaults, 5-seed means)")
+    if cfg.agent.withhold == "feature" and cfg.agent.withhold_node_when == "any":
+        lines.append("# [agent] withhold_node_when = \"any\" closed whole nodes for most of the run in every simulated "
+                     "table (docs/benchmarks.md); \"all\" cost nothing there")
     for key, entry in HOOK_ENTRY_POINTS.items():
         lines.append(f"{key}={hook_dir}/{entry}")
     for group in cfg.nodes:
