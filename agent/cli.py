@@ -100,9 +100,10 @@ def run_agent(argv: list[str], agent_cls: type, open_backend: Callable[[str | No
         from gpushare.agent.metrics import serve
 
         try:
-            metrics_server = serve(registry, agent_cfg.metrics_port)
+            metrics_server = serve(registry, agent_cfg.metrics_port, agent_cfg.metrics_address)
         except OSError as exc:
-            log.error("metrics on 127.0.0.1:%d unavailable: %s; agent continues", agent_cfg.metrics_port, exc)
+            log.error("metrics on %s:%d unavailable: %s; agent continues", agent_cfg.metrics_address,
+                      agent_cfg.metrics_port, exc)
     api = agent_cls_api(socket_path(agent_cfg), agent.handle)
     from gpushare.agent.lane_api import LaneServer, lanes_socket_path
 

@@ -74,7 +74,7 @@ def register(agent: "Agent", registry: CollectorRegistry) -> AgentCollector:
 
 
 def serve(registry: CollectorRegistry, port: int, address: str = "127.0.0.1") -> Any:
-    """Expose ``registry`` on localhost; returns the server (``shutdown()`` stops it)."""
+    """Expose ``registry`` on ``address`` (``[agent] metrics_address``); returns the server (``shutdown()`` stops it)."""
     from prometheus_client import start_http_server
 
     result = start_http_server(port, addr=address, registry=registry)

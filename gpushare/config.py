@@ -216,7 +216,10 @@ class AgentSection:
                                  "must be a letter then letters, digits or _", "node feature shared jobs need")
     withhold_node_when: str = _opt("any", _one_of("any", "all"),
                                    "withhold the node when any GPU (safe) or all GPUs (more packing) are busy")
-    metrics_port: int = _opt(9402, _between(0, 65535), "Prometheus port on 127.0.0.1; 0 turns metrics off")
+    metrics_port: int = _opt(9402, _between(0, 65535), "Prometheus port on metrics_address; 0 turns metrics off")
+    metrics_address: str = _opt("127.0.0.1", lambda v: None if _is_ip(v) else "must be an IP address (0.0.0.0: all)",
+                                "address the metrics listen on: a central Prometheus needs the node's own address "
+                                "or 0.0.0.0 (the metrics carry job ids and users: firewall them to the scraper)")
     admin_comment: str = _opt("yes", _one_of("yes", "no"), "write each job's record into its AdminComment")
     framework_caps: str = _opt("yes", _one_of("yes", "no"),
                                "time-sliced shared jobs also get PYTORCH_CUDA_ALLOC_CONF per_process_memory_fraction "
@@ -414,6 +417,16 @@ def _from_env(name: str, text: str, expected: Any) -> Any:
     except ValueError:
         raise ConfigError(f"environment {name}: expected {expected.__name__}, got {text!r}") from None
     return text
+
+
+def _is_ip(text: str) -> bool:
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def config_path(explicit: str | os.PathLike[str] | None = None) -> tuple[Path, bool]:

@@ -133,6 +133,33 @@ def test_metrics_served_on_localhost(tmp_path, clock):
     assert samples[("gpushare_gpu_risky", "0")] == 0.0
 
 
+def test_metrics_listen_where_the_config_says(tmp_path):
+    """[agent] metrics_address: a central Prometheus reaches a node only if the agent listens beyond loopback.
+    127.0.0.2 stands for the node's own address (all of 127/8 is this host): served there, not on 127.0.0.1."""
+    import socket
+    import urllib.error
+    import urllib.request
+
+    from prometheus_client import CollectorRegistry
+
+    from gpushare.agent.metrics import serve
+
+    cfg = parse_config({"agent": {"metrics_address": "127.0.0.2"}}).agent
+    assert parse_config({}).agent.metrics_address == "127.0.0.1"
+    with pytest.raises(ConfigError, match="metrics_address"):
+        parse_config({"agent": {"metrics_address": "node1.example"}})
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.2", 0))
+        port = probe.getsockname()[1]
+    server = serve(CollectorRegistry(), port, cfg.metrics_address)
+    try:
+        assert urllib.request.urlopen(f"http://127.0.0.2:{port}/metrics", timeout=5).status == 200
+        with pytest.raises(urllib.error.URLError):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5)
+    finally:
+        server.shutdown()
+
+
 @pytest.mark.parametrize("current, expected", [
     (None, "gpushare_open"), ("", "gpushare_open"), ("intel", "intel&gpushare_open"),
     ("intel&gpushare_open", "intel&gpushare_open"), ("intel|amd", "intel|amd"), ("[a|b]", "[a|b]"),
