@@ -71,9 +71,7 @@ def use_of_read(frame: FrameType | None = None) -> Use:
     frame = frame or user_frame()
     if frame is None:
         return Use(False, frozenset(), where(frame))
-    tree = _tree(frame.f_code.co_filename)
-    position = _position(frame.f_code, frame.f_lasti)
-    node = None if tree is None or position is None else _node_at(tree, position)
+    tree, node = _source_at(frame)
     if tree is None or node is None:
         return Use(False, frozenset(), where(frame))
     # The instruction that asked for the value: ``seq[t]`` (the tensor itself was the index), ``range(t)``,
@@ -93,6 +91,13 @@ def use_of_read(frame: FrameType | None = None) -> Use:
 
 # -- source -------------------------------------------------------------------------------------------
 _TREES: dict[str, tuple[ast.Module | None, dict[int, ast.AST]]] = {}
+
+
+def _source_at(frame: FrameType) -> tuple[ast.Module | None, ast.AST | None]:
+    """The parsed source of ``frame``'s file and the node of its current instruction (None where unknown)."""
+    tree = _tree(frame.f_code.co_filename)
+    position = _position(frame.f_code, frame.f_lasti)
+    return tree, None if tree is None or position is None else _node_at(tree, position)
 
 
 def _tree(filename: str) -> ast.Module | None:
@@ -241,9 +246,7 @@ def condition_of_read(frame: FrameType | None = None) -> Use:
     frame = frame or user_frame()
     if frame is None:
         return Use(False, frozenset(), where(frame))
-    tree = _tree(frame.f_code.co_filename)
-    position = _position(frame.f_code, frame.f_lasti)
-    node = None if tree is None or position is None else _node_at(tree, position)
+    tree, node = _source_at(frame)
     if isinstance(node, ast.If):
         return Use(_host_only(node.body) and _host_only(node.orelse), frozenset({"condition"}), where(frame))
     while node is not None and not isinstance(node, ast.stmt):

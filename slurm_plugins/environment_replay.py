@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 MAX_LINES = 64  # environment lines replayed; a batch script with more is refused (naming the line)
@@ -37,7 +38,6 @@ _OPEN_RE = re.compile(r"(?:^|[;&|(]|\bthen|\bdo|\belse)\s*(if|for|while|until|ca
 _CLOSE_RE = re.compile(r"(?:^|[;&|]|\s)(fi|done|esac)\b")
 _BLOCK_WORD_RE = re.compile(r"\b(?:if|for|while|until|case|select|fi|done|esac)\b")
 _FUNCTION_RE = re.compile(r"^(?:function\s+[\w.-]+|[\w.-]+\s*\(\s*\))\s*(?:\(\s*\))?\s*\{?\s*$")
-_HEREDOC_RE = re.compile(r"<<-?\s*['\"]?([A-Za-z_][A-Za-z0-9_]*)['\"]?")
 _SHELLS = {"sh", "bash", "dash"}
 _SIMPLE_WORD_RE = re.compile(r"^[A-Za-z0-9_./${}+:@%-]+$")  # may carry $VAR / ${VAR}, nothing the shell runs
 
@@ -104,16 +104,14 @@ def _shebang(text: str) -> tuple[str, bool]:
     return words[0].rsplit("/", 1)[-1], login
 
 
-def find_environment(batch_script: str, training_line: int, max_bytes: int = 65536) -> Environment | Unreproducible:
-    """The environment lines before ``training_line`` (0: the directive named a script no line runs; then
-    every top-level environment line), or why they cannot be replayed."""
-    text = batch_script[:max_bytes]
-    shell, login = _shebang(text)
-    lines: list[EnvironmentLine] = []
-    notes: list[str] = []
-    depth = 0
-    heredoc: str | None = None
+_HEREDOC_RE = re.compile(r"<<-?\s*['\"]?([A-Za-z_][A-Za-z0-9_]*)['\"]?")
+
+
+def joined_lines(text: str, skip_heredoc_bodies: bool = False) -> Iterator[tuple[int, str]]:
+    """(first line number, text) of each logical line: backslash continuations joined, blank and comment
+    lines dropped; with ``skip_heredoc_bodies`` a here-document's body is skipped (it is data, not commands)."""
     pending, start = "", 0
+    heredoc: str | None = None
     for number, raw in enumerate(text.splitlines(), start=1):
         if heredoc is not None:
             if raw.strip() == heredoc:
@@ -128,11 +126,24 @@ def find_environment(batch_script: str, training_line: int, max_bytes: int = 655
             pending += stripped[:-1] + " "
             continue
         line, pending = (pending + stripped).strip(), ""
+        if skip_heredoc_bodies and "<<" in line:
+            match = _HEREDOC_RE.search(line)
+            heredoc = match.group(1) if match else None
+        yield start, line
+    if pending:
+        yield start, pending.strip()
+
+def find_environment(batch_script: str, training_line: int, max_bytes: int = 65536) -> Environment | Unreproducible:
+    """The environment lines before ``training_line`` (0: the directive named a script no line runs; then
+    every top-level environment line), or why they cannot be replayed."""
+    text = batch_script[:max_bytes]
+    shell, login = _shebang(text)
+    lines: list[EnvironmentLine] = []
+    notes: list[str] = []
+    depth = 0
+    for start, line in joined_lines(text, skip_heredoc_bodies=True):
         if training_line and start >= training_line:
             break
-        match = _HEREDOC_RE.search(line) if "<<" in line else None
-        if match:
-            heredoc = match.group(1)
         kind = _kind(line)
         nested = depth > 0
         if _BLOCK_WORD_RE.search(line):  # most lines have none: one scan instead of two

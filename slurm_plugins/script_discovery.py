@@ -28,7 +28,7 @@ import re
 import shlex
 from dataclasses import dataclass, field, replace
 
-from gpushare.slurm_plugins.environment_replay import Environment
+from gpushare.slurm_plugins.environment_replay import Environment, joined_lines
 
 _PYTHON_RE = re.compile(r"^(?:.*/)?python(?:\d+(?:\.\d+)?)?$")
 _ASSIGN_RE = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(\S*)\s*$")
@@ -175,27 +175,7 @@ def _logical_lines(text: str) -> list[_Line]:
             if stripped and not stripped.startswith("#"):
                 lines.append(_Line(number, stripped))
         return lines
-    return _logical_lines_joined(text)
-
-
-def _logical_lines_joined(text: str) -> list[_Line]:
-    lines: list[_Line] = []
-    pending = ""
-    start = 0
-    for number, raw in enumerate(text.splitlines(), start=1):
-        stripped = raw.strip()
-        if not pending and (not stripped or stripped.startswith("#")):
-            continue
-        if not pending:
-            start = number
-        if stripped.endswith("\\"):
-            pending += stripped[:-1] + " "
-            continue
-        lines.append(_Line(start, (pending + stripped).strip()))
-        pending = ""
-    if pending:
-        lines.append(_Line(start, pending.strip()))
-    return lines
+    return [_Line(start, line) for start, line in joined_lines(text)]
 
 
 def _split(text: str) -> list[str]:
