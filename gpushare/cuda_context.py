@@ -17,10 +17,9 @@ Numbers (MiB), by compute capability:
   for convolutional models without a GEMM, 812 MiB with a second CUDA stream. So sm 9.0 has its own
   library row: 610 + 132 (cuBLAS, two handles) + 20 (cuDNN) gives 742 and 762 MiB, and 630 without cuBLAS.
   An H100 80GB HBM3 with the same software gave the same numbers to the byte.
-* Other architectures are not measured here: the context with lazy module loading from PyTorch's own reports
-  (about 274 MiB in pytorch/pytorch#86509; "around 300-400 MB" for torch 2.x in #107667 and #109888; 426 MiB
-  for torch 2.10 + CUDA 13.0 on an RTX 6000 Ada, unslothai/unsloth-zoo#1053), growing with the SM count; the
-  library sizes are rough figures for what a training step loads. The accuracy benchmark calibrates them.
+* Other architectures are not measured here: their context figures come from PyTorch's own published reports
+  (docs/estimator.md, *CUDA context*), growing with the SM count, and the library sizes are rough figures for
+  what a training step loads. The accuracy benchmarks calibrate them.
 """
 
 from __future__ import annotations
