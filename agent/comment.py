@@ -36,11 +36,6 @@ def run_summary(record: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in summary.items() if v is not None}
 
 
-def comment_with_run(existing: str | None, record: dict[str, Any]) -> str | None:
-    """The new AdminComment, or None when the job carries someone else's comment (left alone)."""
-    return merged_comment(existing, run=run_summary(record))
-
-
 def merged_comment(existing: str | None, **fields: Any) -> str | None:
     """``existing`` with ``fields`` merged in; None for someone else's comment. The run summary is merged key
     by key: the agent writes it in parts while the job runs (TTFK first, the peak when it becomes OOM

@@ -13,7 +13,7 @@ from gpushare.epilog.slurmd_epilog import close_job
 from gpushare.config import parse_config
 from gpushare.gres.sim_backend import SimBackend
 from gpushare.agent.api import AgentUnavailable, ApiServer, call
-from gpushare.agent.comment import comment_with_run
+from gpushare.agent.comment import merged_comment, run_summary
 from gpushare.agent.store import JobStore
 from gpushare.prolog import task_prolog
 from gpushare.agent.jobs import shards_of
@@ -110,8 +110,8 @@ def test_epilog_for_unregistered_job_writes_nothing(tmp_path):
 
 def test_admin_comment_keeps_foreign_comments_and_size():
     record = {"node": "n1", "ttfk_s": 2.5, "gpus": {"0": {"energy_j": 10.0, "share_j": 5.0, "peak_bytes": GiB}}}
-    assert comment_with_run("site: do not touch", record) is None
-    text = comment_with_run('gpushare:{"v":1,"decision":"shared","why":"' + "x" * 2000 + '"}', record)
+    assert merged_comment("site: do not touch", run=run_summary(record)) is None
+    text = merged_comment('gpushare:{"v":1,"decision":"shared","why":"' + "x" * 2000 + '"}', run=run_summary(record))
     assert len(text) <= 900 and json.loads(text[9:])["run"] == {"node": "n1", "ttfk_s": 2.5, "energy_j": 10.0,
                                                                "share_j": 5.0, "peak_gib": 1.0}
 
