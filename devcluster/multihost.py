@@ -1,0 +1,566 @@
+"""A Slurm cluster whose roles run on hosts of their own, on one machine: controller, login, CPU and GPU nodes.
+
+Why: a real site splits Slurm's roles across hosts that share no /tmp, /run, /var or /etc/slurm, with homes on
+a file system the controller's root cannot read, and often with configless nodes. A single-host test cluster
+hides every path that quietly needs a shared disk. Here each host of ``multihost.toml`` is modelled by Linux
+namespaces:
+
+- its own mount namespace, in which the host's private directories (:data:`PRIVATE_DIRS`, and /etc/hosts) are
+  bind-mounted from ``<base>/hosts/<name>/fs``; /home is the one shared file system (``<base>/shared/home``);
+- its own UTS namespace (hostname = the Slurm node name) and its own loopback address (127.0.10.x): slurmd
+  finds its node by hostname, munged resolves its address through the cluster's /etc/hosts;
+- the controller's processes lose CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH from their bounding set, so root
+  there cannot read 0700 homes, as with NFS root squash;
+- every host runs its own munged with the same key, at Debian's default paths;
+- a configless node has no /etc/slurm/slurm.conf: its slurmd runs with ``--conf-server``.
+
+Everything a host runs goes through the host's ``enter`` script (``<base>/hosts/<name>/enter [--user U]
+[--cwd D] CMD...``), which builds the namespace for that process tree: processes of one host started
+separately see the same files, as processes of one machine do. For Slurm 24.11/26.05 the script also
+chroots into the release's cached Debian chroot (devcluster.chroot), with the private directories mounted
+inside it. The harness itself (the tests) reads a host's files at :meth:`MultiHostCluster.path_on`, as an
+admin reading a node's disk would.
+
+Needs root, util-linux (unshare, setpriv) and the packages the single-host cluster needs.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import tomllib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from devcluster import chroot, slurm_runtime
+from devcluster.local_cluster import REPO, ClusterError
+from gpushare.atomic import write_text_atomic
+from gpushare.config import Config, parse_config
+from gpushare.gres.gres_conf import gres_conf_lines, node_gres
+from gpushare.slurm.client import SlurmClient
+from gpushare.slurm.jobs import ENDED_STATES, Job
+from gpushare.slurm_plugins.slurm_config import group_gpus, render_lua, render_slurm_conf
+from gpushare.slurm.version import SlurmVersion
+
+DESCRIPTION = Path(__file__).with_name("multihost.toml")
+#: What each host keeps to itself. Everything else (/usr, /work with the installed package, the chroot cache)
+#: is the same on every host, as an image-installed cluster's system disk is.
+PRIVATE_DIRS = ("/tmp", "/var/tmp", "/run", "/var/log", "/var/spool", "/var/lib/gpushare", "/var/lib/gpushare-sim",
+                "/var/lib/munge", "/var/lib/slurm", "/etc/slurm", "/etc/munge", "/etc/gpushare")
+SHARED_DIRS = ("/home",)
+SLURM_CONF = "/etc/slurm/slurm.conf"
+GPUSHARE_CONF = "/etc/slurm/gpushare.toml"
+SIM_DIR = "/var/lib/gpushare-sim"  # a GPU host's simulated GPUs: device files and the NVML state (private)
+TOOLS = ("sbatch", "scontrol", "squeue", "sinfo", "scancel", "sacct", "sacctmgr", "srun")
+USERS = ("gpushare-alice", "gpushare-bob")  # ordinary users with 0700 homes in the shared /home
+_SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+@dataclass(frozen=True)
+class Host:
+    """One host of the description: its name (hostname and Slurm node name), address and roles."""
+
+    name: str
+    address: str
+    roles: tuple[str, ...]
+    gpu: str = ""
+    gpus: int = 0
+    mig: bool = False
+    configless: bool = False
+
+    def has(self, role: str) -> bool:
+        return role in self.roles
+
+
+def read_description(path: Path = DESCRIPTION) -> tuple[Host, ...]:
+    """The hosts of a description file; a malformed one is refused with the file and the host named."""
+    data = tomllib.loads(path.read_text())
+    hosts = []
+    for index, entry in enumerate(data.get("host", [])):
+        try:
+            hosts.append(Host(name=entry["name"], address=entry["address"], roles=tuple(entry["roles"]),
+                              gpu=entry.get("gpu", ""), gpus=int(entry.get("gpus", 0)), mig=bool(entry.get("mig")),
+                              configless=bool(entry.get("configless"))))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ClusterError(f"{path}: host {index + 1}: {exc!r}") from None
+    if sum(h.has("controller") for h in hosts) != 1:
+        raise ClusterError(f"{path}: exactly one host needs the controller role")
+    return tuple(hosts)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def ensure_user(name: str) -> pwd.struct_passwd:
+    """An ordinary user whose home is /home/<name> (which exists only inside the cluster's hosts)."""
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        subprocess.run(["useradd", "-M", "-d", f"/home/{name}", "-s", "/bin/sh", name], check=True)
+        return pwd.getpwnam(name)
+
+
+@dataclass
+class MultiHostCluster:
+    """The cluster under ``base``: ``start()``, then ``run(host, argv)``/``client``/``wait_job``, ``stop()``."""
+
+    base: Path
+    hosts: tuple[Host, ...] = field(default_factory=read_description)
+    toml_extra: str = ""  # appended to the generated gpushare.toml
+    slurm_version: str = field(default_factory=slurm_runtime.requested_version)
+    bin_dir: str = field(default_factory=lambda: os.path.dirname(sys.executable))  # installed gpushare
+    pids: dict[str, int] = field(default_factory=dict)
+    namespaces: set[str] = field(default_factory=set)
+    ports: dict[str, int] = field(default_factory=dict)
+    runtime: slurm_runtime.SlurmRuntime | None = None
+
+    # --- the description ------------------------------------------------------------------------------------
+    def host(self, name: str) -> Host:
+        for host in self.hosts:
+            if host.name == name:
+                return host
+        raise KeyError(name)
+
+    def with_role(self, role: str) -> list[Host]:
+        return [h for h in self.hosts if h.has(role)]
+
+    @property
+    def controller(self) -> Host:
+        return self.with_role("controller")[0]
+
+    @property
+    def login(self) -> Host:
+        return (self.with_role("login") or [self.controller])[0]
+
+    @property
+    def slurm_nodes(self) -> list[Host]:
+        return [h for h in self.hosts if h.has("gpu") or h.has("cpu")]
+
+    def slurm_at_least(self, version: str) -> bool:
+        return slurm_runtime.at_least(self.slurm_version, version)
+
+    # --- where things are -----------------------------------------------------------------------------------
+    def host_dir(self, host: str) -> Path:
+        return self.base / "hosts" / host
+
+    def path_on(self, host: str, path: str | os.PathLike[str]) -> Path:
+        """Where ``path`` as ``host`` sees it is, for the harness (a private or shared directory)."""
+        text = os.path.normpath(os.fspath(path))
+        for shared in SHARED_DIRS:
+            if text == shared or text.startswith(shared + "/"):
+                return self.base / "shared" / text.lstrip("/")
+        for private in sorted(PRIVATE_DIRS, key=len, reverse=True):
+            if text == private or text.startswith(private + "/"):
+                return self.host_dir(host) / "fs" / text.lstrip("/")
+        return Path(text)
+
+    def home(self, user: str) -> Path:
+        return self.path_on(self.login.name, f"/home/{user}")
+
+    def config(self) -> Config:
+        return parse_config(tomllib.loads(self.toml_text()), source=GPUSHARE_CONF)
+
+    def enter(self, host: str) -> Path:
+        return self.host_dir(host) / "enter"
+
+    # --- running things on a host ---------------------------------------------------------------------------
+    def argv(self, host: str, argv: Sequence[str], user: str | None = None, cwd: str | None = None) -> list[str]:
+        """``argv`` run on ``host`` (as ``user`` with a login-like environment, else as the host's root)."""
+        prefix = [str(self.enter(host))]
+        if user:
+            prefix += ["--user", user]
+        if cwd:
+            prefix += ["--cwd", cwd]
+        return [*prefix, *argv]
+
+    def env(self, user: str | None = None) -> dict[str, str]:
+        """A clean environment, as a login shell gives one: the site's install directory on PATH."""
+        path = f"{self.bin_dir}:{_SAFE_PATH}"
+        if user:
+            home = f"/home/{user}"
+            return {"PATH": path, "HOME": home, "USER": user, "LOGNAME": user, "SHELL": "/bin/sh",
+                    "LANG": "C.UTF-8"}
+        return {"PATH": path, "HOME": "/root", "LANG": "C.UTF-8"}
+
+    def run(self, host: str, argv: Sequence[str], user: str | None = None, cwd: str | None = None,
+            check: bool = True, timeout_s: float = 120.0, input: str | None = None,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(self.argv(host, argv, user, cwd), capture_output=True, text=True, input=input,
+                              timeout=timeout_s, env={**self.env(user), **(env or {})})
+        if check and done.returncode != 0:
+            who = f"{user}@{host}" if user else f"root@{host}"
+            raise ClusterError(f"{who}: {' '.join(argv)} exited {done.returncode}: "
+                               f"{(done.stderr or done.stdout).strip()[-400:]}")
+        return done
+
+    def sbatch(self, host: str, user: str, script: str, *args: str, cwd: str | None = None) -> int:
+        """Submit ``script`` as ``user`` from ``host`` (their home by default); the job id."""
+        cwd = cwd or f"/home/{user}"
+        done = self.run(host, ["sbatch", "--parsable", *args], user=user, cwd=cwd, input=script)
+        return int(done.stdout.strip().split(";")[0])
+
+    def spawn(self, host: str, name: str, argv: Sequence[str]) -> int:
+        """Start a daemon on ``host``; its output goes to the host's /var/log/devcluster/<name>.out."""
+        log_dir = self.path_on(host, "/var/log/devcluster")
+        log_dir.mkdir(parents=True, exist_ok=True)
+        with open(log_dir / f"{name}.out", "ab") as log:
+            proc = subprocess.Popen(self.argv(host, argv), stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT, env=self.env(), start_new_session=True, close_fds=True)
+        key = f"{host}:{name}"
+        self.pids[key] = proc.pid
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:  # the namespace, once the enter script has re-executed itself
+            try:
+                namespace = os.readlink(f"/proc/{proc.pid}/ns/mnt")
+            except OSError:
+                break
+            if namespace != os.readlink("/proc/self/ns/mnt"):
+                self.namespaces.add(namespace)
+                break
+            time.sleep(0.02)
+        return proc.pid
+
+    @property
+    def client(self) -> SlurmClient:
+        """Slurm's tools as root on the login host (an admin's shell there)."""
+        return self.client_on(self.login.name)
+
+    def client_on(self, host: str) -> SlurmClient:
+        return SlurmClient(SLURM_CONF if not self.host(host).configless else None,
+                           bin_dir=str(self.base / "hostbin" / host))
+
+    # --- building the hosts ---------------------------------------------------------------------------------
+    def toml_text(self) -> str:
+        groups = "".join(
+            f'\n[[nodes]]\nnames = "{h.name}"\ngpu = "{h.gpu}"\ncount = {h.gpus}\ndevice_dir = "{SIM_DIR}/dev"\n'
+            f'partition = "{"mig" if h.mig else "gpu"}"\n' + ("mig = true\n" if h.mig else "")
+            for h in self.with_role("gpu"))
+        agent = (f'\n[agent]\ndevice_backend = "sim:{SIM_DIR}/sim.json"\nmetrics_port = 0\n'
+                 if "[agent]" not in self.toml_extra else "")
+        return f"version = 1\n{self.toml_extra}\n{agent}{groups}"
+
+    def _write_hosts(self) -> None:
+        self.base.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.base, 0o755)
+        home = self.base / "shared" / "home"
+        home.mkdir(parents=True, exist_ok=True)
+        os.chmod(home, 0o755)
+        for user in USERS:
+            account = ensure_user(user)
+            directory = home / user
+            directory.mkdir(exist_ok=True)
+            os.chown(directory, account.pw_uid, account.pw_gid)
+            os.chmod(directory, 0o700)
+        key = os.urandom(1024)
+        hosts_file = "127.0.0.1 localhost\n" + "".join(f"{h.address} {h.name}\n" for h in self.hosts)
+        cfg_text = self.toml_text()
+        cfg = self.config()
+        self.ports = {"ctld": _free_port(), **{h.name: _free_port() for h in self.slurm_nodes}}
+        slurm_conf = self._slurm_conf(cfg)
+        for host in self.hosts:
+            for directory in PRIVATE_DIRS:
+                path = self.path_on(host.name, directory)
+                path.mkdir(parents=True, exist_ok=True)
+                os.chmod(path, 0o1777 if directory in ("/tmp", "/var/tmp") else 0o755)
+            write_text_atomic(self.host_dir(host.name) / "hosts", hosts_file)
+            munge = self.path_on(host.name, "/etc/munge/munge.key")
+            munge.write_bytes(key)
+            os.chmod(munge, 0o400)
+            os.chmod(munge.parent, 0o700)
+            for sub in ("/var/log/munge", "/run/munge"):
+                self.path_on(host.name, sub).mkdir(parents=True, exist_ok=True)
+            write_text_atomic(self.path_on(host.name, GPUSHARE_CONF), cfg_text)
+            if not host.configless:
+                write_text_atomic(self.path_on(host.name, SLURM_CONF), slurm_conf)
+                write_text_atomic(self.path_on(host.name, "/etc/slurm/gres.conf"), self._gres_conf(cfg))
+                if self.slurm_at_least("23.02"):
+                    write_text_atomic(self.path_on(host.name, "/etc/slurm/cgroup.conf"), "CgroupPlugin=disabled\n")
+            if host.has("controller"):
+                write_text_atomic(self.path_on(host.name, "/etc/slurm/job_submit.lua"), render_lua(cfg))
+                self.path_on(host.name, "/var/spool/slurmctld").mkdir(parents=True, exist_ok=True)
+            if host.has("gpu"):
+                self._make_gpus(host, cfg)
+            self._write_enter(host)
+            self._write_tools(host)
+
+    def _make_gpus(self, host: Host, cfg: Config) -> None:
+        from gpushare.gres.sim_backend import SimBackend
+
+        sim = self.path_on(host.name, SIM_DIR)
+        (sim / "dev").mkdir(parents=True, exist_ok=True)
+        os.chmod(sim, 0o777)  # jobs register their processes in the simulated NVML state, as users
+        for index in range(host.gpus):
+            device = sim / "dev" / f"nvidia{index}"
+            if not device.exists():
+                os.mknod(device, 0o666 | 0o020000, os.makedev(195, index))
+        scenario = {"version": 1, "name": host.name, "processes": [],
+                    "gpus": [{"model": host.gpu} for _ in range(host.gpus)]}
+        SimBackend.from_scenario(scenario, sim / "sim.json")
+        for name in ("sim.json", "sim.json.lock"):
+            (sim / name).touch()
+            os.chmod(sim / name, 0o666)
+
+    def _gres_conf(self, cfg: Config) -> str:
+        lines = ["# generated by devcluster.multihost from gpushare's gres.conf generator"]
+        for group in cfg.nodes:
+            lines.extend(gres_conf_lines(group_gpus(cfg, group), group.device_dir, node_name=group.names))
+        return "\n".join(lines) + "\n"
+
+    def _slurm_conf(self, cfg: Config) -> str:
+        ctl = self.controller
+        version = SlurmVersion.parse(self._runtime().release or self.slurm_version)
+        lines = [
+            "ClusterName=gpushare-multihost",
+            f"SlurmctldHost={ctl.name}({ctl.address})",
+            f"SlurmctldPort={self.ports['ctld']}",
+            "SlurmctldParameters=enable_configless",
+            "AuthType=auth/munge\nCredType=cred/munge",
+            "SlurmUser=root\nSlurmdUser=root",
+            "StateSaveLocation=/var/spool/slurmctld\nSlurmdSpoolDir=/var/spool/slurmd",
+            "SlurmctldPidFile=/run/slurmctld.pid\nSlurmdPidFile=/run/slurmd.pid",
+            "SlurmctldLogFile=/var/log/slurm/slurmctld.log\nSlurmdLogFile=/var/log/slurm/slurmd.log",
+            "SlurmctldDebug=info\nSlurmdDebug=info",
+            "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none",
+            "SelectTypeParameters=CR_Core_Memory\nDefMemPerCPU=100",
+            "MailProg=/bin/true\nReturnToService=2\nMpiDefault=none",
+            "SchedulerType=sched/backfill\nSchedulerParameters=sched_interval=1",
+            "JobCompType=jobcomp/none\nAccountingStorageType=accounting_storage/none",
+            "InactiveLimit=0\nKillWait=5\nMinJobAge=300",
+            "SlurmctldTimeout=30\nSlurmdTimeout=60",
+        ]
+        generated = render_slurm_conf(cfg, self.bin_dir, version).splitlines()
+        cpus = max(2, os.cpu_count() or 2)
+        for line in generated:
+            if line.startswith("NodeName="):
+                name = line.split()[0].split("=", 1)[1]
+                if name in self.ports:
+                    line += f" NodeHostname={name} NodeAddr={self.host(name).address} Port={self.ports[name]}"
+                line += f" CPUs={cpus} RealMemory=4000" if "CPUs=" not in line else ""
+            lines.append(line)
+        cpu_nodes = [h for h in self.with_role("cpu")]
+        for host in cpu_nodes:
+            lines.append(f"NodeName={host.name} NodeHostname={host.name} NodeAddr={host.address} "
+                         f"Port={self.ports[host.name]} CPUs={cpus} RealMemory=4000 State=UNKNOWN")
+        if cpu_nodes:
+            lines.append(f"PartitionName=cpu Nodes={','.join(h.name for h in cpu_nodes)} MaxTime=INFINITE State=UP")
+        text = "\n".join(lines) + "\n"
+        first = text.find("PartitionName=gpu ")
+        if first >= 0:  # the GPU partition is the default one, as at most sites
+            text = text.replace("PartitionName=gpu ", "PartitionName=gpu Default=YES ", 1)
+        return text
+
+    def _runtime(self) -> slurm_runtime.SlurmRuntime:
+        if self.runtime is None:
+            problem = slurm_runtime.missing_requirements(self.slurm_version)
+            if problem:
+                raise ClusterError(problem)
+            for tool in ("unshare", "setpriv", "runuser"):
+                if not shutil.which(tool, path=_SAFE_PATH):
+                    raise ClusterError(f"{tool} not found (util-linux)")
+            if self.slurm_version == slurm_runtime.HOST:
+                self.runtime = slurm_runtime.SlurmRuntime(version=slurm_runtime.HOST,
+                                                          release=slurm_runtime.host_release())
+            else:
+                root = chroot.ensure_chroot(self.slurm_version)
+                chroot.prepare_runtime(root, self._chroot_binds())
+                stamp = chroot.read_stamp(root) or {}
+                self.runtime = slurm_runtime.SlurmRuntime(version=self.slurm_version,
+                                                          release=str(stamp.get("slurm", self.slurm_version)),
+                                                          root=root)
+        return self.runtime
+
+    def _chroot_binds(self) -> list[str]:
+        """What a chroot host sees of this machine: the interpreter, the repository and its virtualenv."""
+        return [p for p in chroot.runtime_binds([REPO, self.bin_dir]) if p != "/tmp"]
+
+    def _write_enter(self, host: Host) -> None:
+        q = shlex.quote
+        runtime = self._runtime()
+        root = str(runtime.root) if runtime.root else ""
+        fs = self.host_dir(host.name) / "fs"
+        # mkdir: an empty mount point on this machine (or in the chroot) where the directory is missing
+        mounts = [f'mkdir -p "$root"{q(d)}; mount --bind {q(str(fs / d.lstrip("/")))} "$root"{q(d)}'
+                  for d in PRIVATE_DIRS]
+        mounts += [f'mkdir -p "$root"{q(d)}; mount --bind {q(str(self.base / "shared" / d.lstrip("/")))} "$root"{q(d)}'
+                   for d in SHARED_DIRS]
+        mounts.append(f'mount --bind {q(str(self.host_dir(host.name) / "hosts"))} "$root"/etc/hosts')
+        # a directory holding the cluster's own tree (/tmp for pytest's) is covered last: until then every
+        # source is still reachable
+        base = str(self.base.resolve())
+        mounts.sort(key=lambda line: not root and any(base.startswith(d + "/") for d in PRIVATE_DIRS
+                                                      if line.endswith(f'"$root"{q(d)}')))
+        if root:
+            setup = ['mount -t proc proc "$root/proc"', 'mount --rbind /sys "$root/sys"',
+                     'mount --rbind /dev "$root/dev"']
+            setup += [f'mount --rbind {q(p)} "$root"{q(p)}' for p in self._chroot_binds()]
+            enter = 'chroot "$root"'
+        else:
+            setup, enter = [], ""
+        # root squash: the controller's root keeps every capability but the two that bypass file permissions
+        squash = "setpriv --bounding-set -dac_override,-dac_read_search " if host.has("controller") else ""
+        script = f"""#!/bin/sh
+# Runs a command on host {host.name} of the multi-host test cluster (generated by devcluster.multihost).
+# Usage: enter [--user NAME] [--cwd DIR] COMMAND [ARG...]
+if [ "${{1-}}" != --in-namespace ]; then
+  exec unshare --mount --uts --propagation private -- "$0" --in-namespace "$@"
+fi
+shift
+set -e
+root={q(root)}
+user=
+cwd=/
+if [ "${{1-}}" = --user ]; then user=$2; shift 2; fi
+if [ "${{1-}}" = --cwd ]; then cwd=$2; shift 2; fi
+hostname {q(host.name)}
+{chr(10).join(setup)}
+{chr(10).join(mounts)}
+export GPUSHARE_DEVCLUSTER_HOST={q(host.name)}
+if [ -n "$user" ]; then
+  exec {squash}{enter} /bin/sh -c 'cd "$1" && u=$2 && shift 2 && exec runuser -u "$u" -- "$@"' sh "$cwd" "$user" "$@"
+fi
+exec {squash}{enter} /bin/sh -c 'cd "$1" && shift && exec "$@"' sh "$cwd" "$@"
+"""
+        path = self.enter(host.name)
+        path.write_text(script)
+        path.chmod(0o755)
+
+    def _write_tools(self, host: Host) -> None:
+        """Slurm's tools as root on ``host``, for :class:`SlurmClient` (its bin_dir)."""
+        directory = self.base / "hostbin" / host.name
+        directory.mkdir(parents=True, exist_ok=True)
+        for tool in TOOLS:
+            wrapper = directory / tool
+            wrapper.write_text(f"#!/bin/sh\nexec {shlex.quote(str(self.enter(host.name)))} {tool} \"$@\"\n")
+            wrapper.chmod(0o755)
+
+    # --- starting and stopping ------------------------------------------------------------------------------
+    def start(self, timeout_s: float = 60.0, services: bool = True) -> "MultiHostCluster":
+        self._runtime()
+        self._write_hosts()
+        for host in self.hosts:
+            self.spawn(host.name, "munged", ["munged", "-F", "--force"])
+        for host in self.hosts:
+            self._wait(lambda h=host: self.path_on(h.name, "/run/munge/munge.socket.2").exists(), 10,
+                       f"munged on {host.name} did not create its socket")
+        ctl = self.controller.name
+        if services:
+            self.spawn(ctl, "submitd", [f"{self.bin_dir}/gpushare-submitd"])
+            self._wait(lambda: self.path_on(ctl, "/run/gpushare/submitd.sock").exists(), 15,
+                       "gpushare-submitd did not listen")
+        self.spawn(ctl, "slurmctld", ["slurmctld", "-D", "-i"])
+        self._wait(self._controller_up, timeout_s, "slurmctld did not answer")
+        for host in self.slurm_nodes:
+            self.start_slurmd(host.name)
+        self._wait(self._nodes_idle, timeout_s, "nodes did not become idle")
+        return self
+
+    def start_slurmd(self, name: str) -> None:
+        host = self.host(name)
+        argv = ["slurmd", "-D"]
+        if host.configless:
+            argv += ["--conf-server", f"{self.controller.address}:{self.ports['ctld']}"]
+        self.spawn(name, "slurmd", argv)
+
+    def start_agent(self, name: str, *args: str) -> None:
+        self.spawn(name, "agent", [f"{self.bin_dir}/gpushare-agent", *args])
+
+    def stop_process(self, key: str) -> None:
+        pid = self.pids.pop(key, None)
+        if pid is None:
+            return
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(pid, sig)
+            except ProcessLookupError:
+                return
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                try:
+                    if os.waitpid(pid, os.WNOHANG)[0]:
+                        return
+                except ChildProcessError:
+                    return
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        """Stop the daemons, then every process left in one of the hosts' namespaces (job steps, jobs)."""
+        order = sorted(self.pids, key=lambda k: (k.endswith(":munged"), k.endswith(":slurmctld")))
+        for key in order:
+            self.stop_process(key)
+        for _ in range(5):
+            leftovers = self.leftover_pids()
+            if not leftovers:
+                break
+            for pid in leftovers:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.2)
+
+    def leftover_pids(self) -> list[int]:
+        found = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    if os.readlink(f"/proc/{entry}/ns/mnt") in self.namespaces:
+                        found.append(int(entry))
+                except OSError:
+                    continue
+        return found
+
+    def _controller_up(self) -> bool:
+        try:
+            return "UP" in self.client.run("scontrol", "ping")
+        except Exception:  # noqa: BLE001 - polling until it answers
+            return False
+
+    def _nodes_idle(self) -> bool:
+        try:
+            states = self.client.node_states()
+        except Exception:  # noqa: BLE001
+            return False
+        return all(states.get(h.name, "").rstrip("*") == "idle" for h in self.slurm_nodes)
+
+    def _wait(self, predicate: Callable[[], bool], timeout_s: float, message: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if predicate():
+                return
+            time.sleep(0.2)
+        raise ClusterError(f"{message} within {timeout_s:.0f} s; logs under {self.base / 'hosts'}/*/fs/var/log")
+
+    def wait_for(self, predicate: Callable[[], bool], timeout_s: float, message: str) -> None:
+        self._wait(predicate, timeout_s, message)
+
+    def wait_job(self, job_id: int | str, timeout_s: float = 60.0) -> Job:
+        deadline = time.monotonic() + timeout_s
+        job: Job | None = None
+        while time.monotonic() < deadline:
+            job = self.client.job(job_id)
+            if job is not None and job.state in ENDED_STATES and not job.completing:
+                return job
+            time.sleep(0.3)
+        raise ClusterError(f"job {job_id} not finished in {timeout_s:.0f} s (state {job.states if job else None})")
+
+    def logs(self, tail: int = 25) -> str:
+        """The last lines of every log of every host, for a failing test's report."""
+        parts = []
+        for host in self.hosts:
+            for log in sorted(self.path_on(host.name, "/var/log").rglob("*")):
+                if log.is_file():
+                    lines = log.read_text(errors="replace").splitlines()[-tail:]
+                    parts.append(f"== {host.name}:{log.relative_to(self.path_on(host.name, '/var/log'))}\n"
+                                 + "\n".join(lines))
+        return "\n".join(parts)
