@@ -168,6 +168,14 @@ class MultiHostCluster:
     def home(self, user: str) -> Path:
         return self.path_on(self.login.name, f"/home/{user}")
 
+    def write_as(self, user: str, name: str, text: str) -> Path:
+        """A file in ``user``'s home, owned by them (as they would write it on the login host)."""
+        path = self.home(user) / name
+        path.write_text(text)
+        account = pwd.getpwnam(user)
+        os.chown(path, account.pw_uid, account.pw_gid)
+        return path
+
     def config(self) -> Config:
         return parse_config(tomllib.loads(self.toml_text()), source=GPUSHARE_CONF)
 
@@ -278,7 +286,7 @@ class MultiHostCluster:
             munge.write_bytes(key)
             os.chmod(munge, 0o400)
             os.chmod(munge.parent, 0o700)
-            for sub in ("/var/log/munge", "/run/munge"):
+            for sub in ("/var/log/munge", "/run/munge", "/var/log/slurm", "/var/spool/slurmd"):
                 self.path_on(host.name, sub).mkdir(parents=True, exist_ok=True)
             write_text_atomic(self.path_on(host.name, GPUSHARE_CONF), cfg_text)
             if not host.configless:

@@ -1,0 +1,67 @@
+"""What a researcher and the suite do on a cluster whose roles are hosts of their own (devcluster/multihost.py).
+
+Shipped defaults throughout; the site settings are in tests/multihost/conftest.py. Job logs stay on the GPU
+node's own /tmp (``--output=/tmp/...``), homes are 0700 and the controller's root cannot read them.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from devcluster.local_cluster import ClusterError
+from gpushare.slurm.gres_request import plain_gres
+from gpushare.slurm.record import parse as parse_record
+
+pytestmark = [pytest.mark.slurm, pytest.mark.multihost]
+ALICE = "gpushare-alice"
+
+TRAIN = """import torch
+model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 10)).cuda()
+opt = torch.optim.AdamW(model.parameters())
+for _ in range(3):
+    x = torch.randn(64, 512, device="cuda")
+    loss = model(x).sum()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+"""
+BATCH = """#!/bin/sh
+#SBATCH --gres=gpu:1
+#SBATCH --output=/tmp/job-%j.out
+echo "on $(hostname): CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES shards=${SLURM_SHARDS_ON_NODE:-none}"
+"""
+
+
+@pytest.mark.torch
+def test_an_estimate_made_on_the_login_host_travels_in_the_script_and_shares_the_gpu(multihost):
+    cluster = multihost()
+    cluster.write_as(ALICE, "train.py", TRAIN)
+    cluster.write_as(ALICE, "train.sbatch", BATCH)
+    done = cluster.run("login", ["gpu-estimate", "--gpu", "a100-40gb", "--annotate", "train.py", "--", "train.sbatch"],
+                       user=ALICE, cwd=f"/home/{ALICE}", timeout_s=300)
+    job_id = int(re.findall(r"Submitted batch job (\d+)", done.stdout + done.stderr)[-1])
+    job = cluster.wait_job(job_id, 60)
+    record = parse_record(job.admin_comment) or {}
+    assert job.state == "COMPLETED" and plain_gres(job.tres_per_node).startswith("shard:"), (job, record)
+    assert record.get("decision") == "shared" and record.get("src") == "directive:est", record
+    output = cluster.path_on("gpu1", f"/tmp/job-{job_id}.out").read_text()  # the node's own disk
+    assert output.startswith("on gpu1: ") and "shards=none" not in output, output
+    assert not cluster.path_on("login", f"/tmp/job-{job_id}.out").exists()
+
+
+def test_an_estimate_file_the_controller_cannot_read_is_refused_with_the_way_out(multihost):
+    """``#GPUSHARE estimate=PATH`` in a 0700 home: root on the controller cannot open it (root squash)."""
+    cluster = multihost()
+    cluster.write_as(ALICE, "estimate.json", '{"schema_version": 1, "peak_bytes": 4294967296}')
+    cluster.write_as(ALICE, "job.sbatch", BATCH.replace("#SBATCH --gres", "#GPUSHARE estimate=estimate.json\n#SBATCH --gres"))
+    try:
+        job_id = cluster.sbatch("login", ALICE, (cluster.home(ALICE) / "job.sbatch").read_text())
+    except ClusterError as exc:  # a site that rejects rather than keeps the GPU whole
+        assert "gpu-estimate --annotate" in str(exc)
+        return
+    job = cluster.wait_job(job_id, 60)
+    record = parse_record(job.admin_comment) or {}
+    assert job.state == "COMPLETED" and plain_gres(job.tres_per_node) == "gpu:1", (job, record)
+    assert "controller can read" in str(record.get("why")) and "--annotate" in str(record.get("why")), record
