@@ -44,7 +44,7 @@ from devcluster import chroot, slurm_runtime
 from devcluster.local_cluster import REPO, ClusterError
 from gpushare.atomic import write_text_atomic
 from gpushare.config import Config, parse_config
-from gpushare.gres.gres_conf import gres_conf_lines, node_gres
+from gpushare.gres.gres_conf import gres_conf_lines
 from gpushare.slurm.client import SlurmClient
 from gpushare.slurm.jobs import ENDED_STATES, Job
 from gpushare.slurm_plugins.slurm_config import group_gpus, render_lua, render_slurm_conf
@@ -359,7 +359,7 @@ class MultiHostCluster:
         cpu_nodes = [h for h in self.with_role("cpu")]
         for host in cpu_nodes:
             lines.append(f"NodeName={host.name} NodeHostname={host.name} NodeAddr={host.address} "
-                         f"Port={self.ports[host.name]} CPUs={cpus} RealMemory=4000 State=UNKNOWN")
+                         f"Port={self.ports[host.name]} CPUs={cpus} RealMemory=16000 State=UNKNOWN")  # estimation jobs ask 8 GiB
         if cpu_nodes:
             lines.append(f"PartitionName=cpu Nodes={','.join(h.name for h in cpu_nodes)} MaxTime=INFINITE State=UP")
         text = "\n".join(lines) + "\n"

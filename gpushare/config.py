@@ -130,10 +130,12 @@ class EstimationSection:
                          "what a job gets when its estimation fails: all shards of a GPU, or the recover size")
     poll_s: float = _opt(2.0, _between(0.1, 600.0), "how often held jobs and estimation jobs are checked")
     spool_dir: str = _opt("/var/lib/gpushare/estimation", None,
-                          "per-job directories (owned by the user) where estimation results land")
+                          "the service's own directory on the controller (its lock); results travel in the "
+                          "estimation job's Comment, never through here")
     spool_max_mib_per_user: int = _opt(256, _between(1, 1 << 20),
-                                       "a user's spool directories beyond this are removed, oldest first")
-    command: str = _opt("", None, "estimator executable; empty: gpu-estimate next to the service's Python")
+                                       "unused since results travel through Slurm; accepted so older files load")
+    command: str = _opt("", None, "estimator executable on the CPU nodes; empty: gpu-estimate next to the "
+                                  "service's Python (the same install path on every host, docs/deployment.md)")
 
 
 @dataclass

@@ -5,8 +5,8 @@ job_submit only marks and holds the job. Security, since this runs as root:
 
 - the user's code runs only inside the estimation job, which root submits with ``sbatch --uid --gid`` of
   the job's owner (taken from squeue's JSON, never from text a user can shape) and ``--export=NONE``;
-- results come back through a per-job spool directory owned by that user; root reads them with
-  ``read_user_file`` (regular file, owned by the user, no final symlink, size-capped);
+- results come back in the estimation job's own Comment (slurm_plugins/estimation_result.py): the job runs on
+  a CPU node that shares no file system with the controller; every field of it is checked here;
 - every failure here releases the job (fallback), so nothing stays held because of us: the watchdog in
   the plan covers the rest.
 """
@@ -20,21 +20,18 @@ import math
 import os
 import re
 import shlex
-import shutil
-import stat
 import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from gpushare.config import Config, parse_size
 from gpushare.gpus import MiB
 from gpushare.slurm_plugins.decision import Estimate, parse_record
 from gpushare.slurm_plugins.directives import parse_directives
-from gpushare.slurm_plugins.estimate_source import EstimateUnavailable, peak_total_from_json, read_user_file
+from gpushare.slurm_plugins import estimation_result
 from gpushare.slurm_plugins.estimation_plan import (ESTIMATION_JOB_PREFIX, Action, Attach, Cancel, EstimationJob, HeldJob,
                                            Release, Submit, overdue, plan)
 from gpushare.slurm_plugins.environment_replay import (Environment, Unreproducible, find_environment, replay_script,
@@ -50,29 +47,12 @@ _EXIT_REASONS = {2: "gpu-estimate usage error", 3: "the training script failed u
                  4: "gpu-estimate hit its time or memory limit", 5: "gpu-estimate cannot estimate this script",
                  90: "the job's working directory is not accessible to its user",
                  91: "the batch script's environment could not be reproduced"}
-_PYTHON_ERROR_RE = re.compile(r"^gpu-estimate: (--python [\x20-\x7e]{1,200})$", re.MULTILINE)
 _VERSION_RE = re.compile(r"^[0-9A-Za-z.+_-]{1,40}$")
 
 
-_SPOOL_NAME_RE = re.compile(r"^(\d{1,12})-(\d{1,12})$")
-MAX_SPOOL_ENTRIES = 10000  # a directory with more entries than this counts as over any size limit
-
-
-def spool_usage(directory: Path) -> int:
-    """Bytes under ``directory`` (symlinks not followed); a tree with more than MAX_SPOOL_ENTRIES entries
-    counts as infinitely large, so walking a hostile tree stays bounded."""
-    total, seen, stack = 0, 0, [directory]
-    while stack:
-        with os.scandir(stack.pop()) as listing:
-            for item in listing:
-                seen += 1
-                if seen > MAX_SPOOL_ENTRIES:
-                    return 1 << 62
-                info = item.stat(follow_symlinks=False)
-                total += info.st_blocks * 512
-                if stat.S_ISDIR(info.st_mode):
-                    stack.append(Path(item.path))
-    return total
+OUTPUT_DIR = "/tmp"  # an estimation job's output stays on its CPU node: every host has a /tmp of its own
+OUTPUT_PREFIX = "gpushare-estimate-"
+_OUTPUT_RE = re.compile(r"^/tmp/gpushare-estimate-(\d{1,12}-\d{1,12})\.out$")
 
 
 def cluster_gpu_names(cfg: Config) -> list[str]:
@@ -143,48 +123,35 @@ class EstimationService:
     def _estimation(self, job: Job, for_job: int) -> EstimationJob:
         # Still completing counts as active on every release (22.05 says COMPLETING, 24.11+ COMPLETED+COMPLETING)
         job_id, uid, state = int(job.job_id), int(job.user_id or 0), "COMPLETING" if job.completing else job.state
-        stdout = job.std_out
-        directory = Path(os.path.normpath(stdout)).parent
-        ours = directory.parent == Path(self.cfg.estimation.spool_dir).resolve()
+        match = _OUTPUT_RE.match(os.path.normpath(job.std_out)) if job.std_out else None
         outcome: Estimate | str | None = None
         interpreter = None
-        if ours and state in ("COMPLETED", "FAILED", "TIMEOUT", "OUT_OF_MEMORY"):
-            outcome, interpreter = self._outcome(job_id, uid, state, stdout, for_job)
-        return EstimationJob(job_id, uid, state, for_job, outcome, ours, interpreter=interpreter,
-                             spool_name=directory.name if ours else "")
+        if match and state in ("COMPLETED", "FAILED", "TIMEOUT", "OUT_OF_MEMORY"):
+            outcome, interpreter = self._outcome(job_id, state, job.comment, for_job)
+        return EstimationJob(job_id, uid, state, for_job, outcome, bool(match), interpreter=interpreter,
+                             spool_name=match.group(1) if match else "")
 
-    def _outcome(self, job_id: int, uid: int, state: str, stdout: str,
+    def _outcome(self, job_id: int, state: str, comment: str,
                  for_job: int = 0) -> tuple[Estimate | str | None, str | None]:
-        """The estimate an ended estimation job left in its spool directory, or why there is none, and the
-        interpreter it names. Every file there is the user's: read capped, parsed strictly."""
-        spool = Path(self.cfg.estimation.spool_dir).resolve()
-        directory = Path(os.path.normpath(stdout)).parent
-        if directory.parent != spool:
-            return f"estimation job {job_id}: output outside {spool}", None
-        limit = self.cfg.submit.max_estimate_file_bytes
-        if state != "COMPLETED":
-            try:
-                code = int(read_user_file(str(directory / "exit"), None, uid, 64).strip() or b"-1")
-            except (EstimateUnavailable, ValueError):
-                return None, None
+        """The estimate an ended estimation job left in its Comment, or why there is none, and the
+        interpreter it names. The Comment is the user's to write: parsed strictly (estimation_result.parse)."""
+        result = estimation_result.parse(comment)
+        if result is None:
+            if state == "COMPLETED":
+                return f"estimation job {job_id}: no result reached the controller (its Comment holds none)", None
+            return f"estimation job {job_id}: ended {state} before gpu-estimate reported", None
+        code = result["exit"]
+        if state != "COMPLETED" or code != 0:
             why = _EXIT_REASONS.get(code, f"gpu-estimate exit {code}")
-            return f"estimation job {job_id}: {why}{self._environment_detail(directory, uid, code, for_job)}", None
-        try:
-            document = json.loads(read_user_file(str(directory / "result.json"), None, uid, limit))
-            total, gpu = peak_total_from_json(document, cluster_gpu_names(self.cfg))
-        except (EstimateUnavailable, ValueError) as exc:
-            return f"estimation job {job_id}: no usable result ({str(exc).rsplit(': ', 1)[-1][:80]})", None
-        return Estimate(total, "async", f"gpu-estimate job {job_id} for {gpu}"), _interpreter_of(document)
+            return f"estimation job {job_id}: {why}{self._environment_detail(result, code, for_job)}", None
+        gpus = cluster_gpu_names(self.cfg)
+        total, gpu = result.get("bytes"), result.get("gpu")
+        if not isinstance(total, int) or total <= 0 or gpu not in gpus:
+            return f"estimation job {job_id}: no usable result ({str(result.get('error', 'no estimate'))[:80]})", None
+        return Estimate(total, "async", f"gpu-estimate job {job_id} for {gpu}"), _interpreter_of(result)
 
-    def _environment_detail(self, directory: Path, uid: int, code: int, for_job: int) -> str:
+    def _environment_detail(self, result: dict[str, Any], code: int, for_job: int) -> str:
         """Which replayed line failed or ended the shell, or gpu-estimate's one line about --python."""
-        def number(name: str) -> int | None:
-            try:
-                text = read_user_file(str(directory / name), None, uid, 4096).decode("ascii").split()
-                return int(text[0]) if text and text[0].isdigit() and len(text[0]) < 8 else None
-            except (EstimateUnavailable, ValueError, UnicodeDecodeError):
-                return None
-
         def line(n: int) -> str:
             command = self._scripts.get(for_job, ("", None))[1]
             environment = command.environment if isinstance(command, TrainingCommand) else None
@@ -192,67 +159,14 @@ class EstimationService:
             return f"batch script line {n}" + (f" ({text[:60]})" if text else "")
 
         if code == 91:
-            ended = number("env_line")
+            ended = result.get("env_line")
             return f": {line(ended)} ended the shell" if ended else ""
-        detail = ""
-        if code == 2:
-            try:
-                stderr = read_user_file(str(directory / "stderr.txt"), None, uid, 65536).decode("utf-8", "replace")
-                match = _PYTHON_ERROR_RE.search(stderr)
-                detail = f": {match.group(1)[:160]}" if match else ""
-            except EstimateUnavailable:
-                pass
-        failed = number("env_failed")
+        detail = f": {result['python_error']}" if code == 2 and result.get("python_error") else ""
+        failed = result.get("env_failed")
         return detail + (f"; {line(failed)} failed when replayed" if failed else "")
 
     # --- applying actions -------------------------------------------------------------------------
-    def prune_spool(self) -> None:
-        """Remove result directories whose job was submitted more than twice the watchdog ago, and a
-        user's oldest directories while that user's spool use is over ``spool_max_mib_per_user``.
-
-        Why by name, not mtime: the directory belongs to the user, who can set any mtime (a future one kept
-        it forever); its name ``<job>-<submit time>`` is root's own record, written when root created it.
-        ``shutil.rmtree`` works on directory descriptors on Linux, so a user's symlinks inside their own
-        directory cannot redirect root's deletion elsewhere.
-        """
-        spool = Path(self.cfg.estimation.spool_dir)
-        cutoff = self.clock() - 2 * self.cfg.estimation.watchdog_s
-        try:
-            entries = list(spool.iterdir())
-        except OSError:
-            return
-        kept: dict[int, list[tuple[int, int, Path]]] = {}
-        for entry in entries:
-            match = _SPOOL_NAME_RE.match(entry.name)
-            try:
-                info = entry.lstat()
-                if not match or not stat.S_ISDIR(info.st_mode):
-                    continue
-                created = int(match.group(2))
-                if created < cutoff:
-                    shutil.rmtree(entry)
-                    continue
-                kept.setdefault(info.st_uid, []).append((created, spool_usage(entry), entry))
-            except OSError as exc:
-                log.warning("spool %s not pruned: %s", entry, exc)
-        limit = self.cfg.estimation.spool_max_mib_per_user * MiB
-        for uid, dirs in kept.items():
-            total = sum(size for _, size, _ in dirs)
-            for _, size, entry in sorted(dirs):
-                if total <= limit:
-                    break
-                log.warning("spool of uid %s uses %d MiB (limit %d MiB); removing %s", uid, total // MiB,
-                            limit // MiB, entry.name)
-                try:
-                    shutil.rmtree(entry)
-                    total -= size
-                except OSError as exc:
-                    log.warning("spool %s not pruned: %s", entry, exc)
-
     def tick(self) -> list[Action]:
-        self._ticks += 1
-        if self._ticks % 100 == 1:
-            self.prune_spool()
         held, estimations, started = self.snapshot()
         return self._apply_all(plan(held, estimations, self.clock(), self.cfg, started))
 
@@ -314,34 +228,31 @@ class EstimationService:
         command = job.command
         assert isinstance(command, TrainingCommand)
         est = self.cfg.estimation
-        spool = Path(est.spool_dir).resolve()  # the same spelling _outcome() checks output paths against
-        spool.mkdir(parents=True, exist_ok=True)
-        os.chmod(spool, 0o711)  # users reach their own directory, cannot list the others
-        directory = spool / f"{job.job_id}-{int(job.submit_time)}"
-        if directory.exists():
-            shutil.rmtree(directory)
-        directory.mkdir(mode=0o700)
-        os.chown(directory, job.user_id, job.group_id)
+        output = f"{OUTPUT_DIR}/{OUTPUT_PREFIX}{job.spool_name}.out"  # the CPU node's own /tmp
         minutes = max(1, math.ceil(est.time_limit_s / 60))
         job_id, _ = self.client.sbatch(
             f"--uid={job.user_id}", f"--gid={job.group_id}", f"--partition={est.partition}",
             f"--job-name={ESTIMATION_JOB_PREFIX}{job.job_id}", f"--cpus-per-task={est.cpus}",
             f"--mem={max(1, parse_size(est.memory) // MiB)}M", f"--time={minutes}", "--export=NONE",
-            f"--chdir={job.work_dir or '/'}", f"--output={directory / 'slurm.out'}",
+            f"--chdir={job.work_dir or '/'}", f"--output={output}",
             f"--comment=gpushare: GPU memory estimate for job {job.job_id}",
-            script=self.wrapper(job, command, directory))
+            script=self.wrapper(job, command))
         log.info("job %s: estimation job %s submitted as uid %s", job.job_id, job_id, job.user_id)
         return job_id
 
-    def wrapper(self, job: HeldJob, command: TrainingCommand, directory: Path) -> str:
-        """The estimation job's script (bash, run as the user): the batch script's environment lines replayed
-        (slurm_plugins/environment_replay.py), then gpu-estimate under the interpreter the training would use."""
+    def wrapper(self, job: HeldJob, command: TrainingCommand) -> str:
+        """The estimation job's script (bash, run as the user on a CPU node): the batch script's environment
+        lines replayed (slurm_plugins/environment_replay.py) and gpu-estimate run under the interpreter the
+        training would use, both in a subshell writing into a private directory of the node's own; then the
+        result condensed into the job's Comment (slurm_plugins/estimation_result.py) by this installation's
+        interpreter, outside whatever the replayed lines set up."""
         est = self.cfg.estimation
         environment = command.environment or Environment()
         estimator = est.command or os.path.join(os.path.dirname(sys.executable), "gpu-estimate")
+        gpus = cluster_gpu_names(self.cfg)
         argv = [estimator, "--json", "--no-progress", "--no-warm", "--timeout", f"{max(10.0, est.time_limit_s - 30):g}",
                 "--max-cpu-memory", self.cfg.estimator.max_cpu_memory]
-        for gpu in cluster_gpu_names(self.cfg):
+        for gpu in gpus:
             argv += ["--gpu", gpu]
         if self.cfg.source and os.path.isfile(self.cfg.source):
             argv += ["--config", self.cfg.source]
@@ -351,18 +262,21 @@ class EstimationService:
             if not environment.lines and "/" not in command.interpreter:
                 options += " --own-python-if-unusable"  # nothing set up: a bare `python` may be any system one
         training = " ".join(shlex.quote(a) for a in (command.script, *command.args))
-        out = shlex.quote(str(directory))
         # The user's PYTHONPATH (a module's PyTorch) is for the capture child, not for gpu-estimate itself.
         run = (f'rc=0\nGPUSHARE_CHILD_PYTHONPATH="${{PYTHONPATH-}}" env -u PYTHONPATH {options} {training} '
-               f"> {out}/result.json 2> {out}/stderr.txt || rc=$?")
+               '> "$gpushare_out/result.json" 2> "$gpushare_out/stderr.txt" || rc=$?')
+        report = " ".join(shlex.quote(a) for a in (sys.executable, "-I", "-m", "gpushare.slurm_plugins.estimation_result"))
         return "\n".join([
             "#!/bin/bash -l" if environment.login else "#!/bin/bash",
             f"# gpushare: GPU memory estimate for job {job.job_id}, run as you on a CPU node.",
             "# The job is released with a right-sized GPU share when this ends.",
-            f"gpushare_out={out}",
-            f"cd {shlex.quote(job.work_dir or '/')} || {{ echo 90 > {out}/exit; exit 90; }}",
+            'gpushare_out=$(mktemp -d "${TMPDIR:-/tmp}/gpushare-estimate.XXXXXX") || exit 1',
+            "(",
+            f"cd {shlex.quote(job.work_dir or '/')} || {{ echo 90 > \"$gpushare_out/exit\"; exit 90; }}",
             *replay_script(environment),
-            run, f"echo $rc > {out}/exit", "exit $rc", ""])
+            run, "exit $rc", ")", "rc=$?",
+            f'{report} "$gpushare_out" "$rc" {" ".join(shlex.quote(g) for g in gpus)}',
+            'rm -rf "$gpushare_out"', "exit $rc", ""])
 
     # --- loop -------------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:

@@ -77,6 +77,7 @@ class Job:
     restarts: int = 0
     requeue: bool | None = None  # False for --no-requeue jobs
     admin_comment: str = ""
+    comment: str = ""  # the owner's to write (an estimation job's result travels here)
     partition: str = ""
     features: str = ""  # the job's --constraint expression
     nodes: str = ""  # hostlist expression
@@ -213,6 +214,7 @@ def job_from_json(obj: Mapping[str, Any]) -> Job:
         restarts=_int(obj.get("restart_cnt")) or 0,
         requeue=requeue if isinstance(requeue, bool) else None,
         admin_comment=_text(obj.get("admin_comment")),
+        comment=_text(obj.get("comment")),
         partition=_text(obj.get("partition")),
         features=_text(obj.get("features")),
         nodes=_text(obj.get("nodes")),

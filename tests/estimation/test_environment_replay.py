@@ -14,6 +14,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from gpushare.config import parse_config
+from gpushare.slurm_plugins import estimation_result
 from gpushare.slurm_plugins.environment_replay import Environment, Unreproducible, find_environment
 from gpushare.slurm_plugins.estimation_plan import HeldJob
 from gpushare.slurm_plugins.estimationd import EstimationService
@@ -73,27 +74,30 @@ def test_environments_that_cannot_be_replayed_name_the_line() -> None:
     assert isinstance(found, Unreproducible) and found.reason.startswith("line 66: more than 64")
 
 
-def run_wrapper(tmp_path: Path, batch_script: str) -> tuple[int, Path, str]:
+def run_wrapper(tmp_path: Path, batch_script: str) -> tuple[int, dict, str]:
     """The estimation job's script for ``batch_script``, run with bash as this user; returns its exit status,
-    its result directory and what the stand-in estimator reported."""
+    what its Comment would carry and what the stand-in estimator saw."""
     estimator = tmp_path / "estimator"
-    estimator.write_text('#!/bin/sh\necho "args=$*"\necho "pwd=$(pwd)"\necho "path=$PATH"\n'
-                         'echo "hf=${HF_HOME-} pythonpath=${PYTHONPATH-} child=${GPUSHARE_CHILD_PYTHONPATH-}"\n')
+    seen = tmp_path / "seen.txt"  # what the stand-in estimator saw (the job's own files are gone at its end)
+    estimator.write_text(f'#!/bin/sh\n{{ echo "args=$*"\necho "pwd=$(pwd)"\necho "path=$PATH"\n'
+                         'echo "hf=${HF_HOME-} pythonpath=${PYTHONPATH-} child=${GPUSHARE_CHILD_PYTHONPATH-}"; }'
+                         f' > {seen}\n')
     estimator.chmod(0o755)
     cfg = parse_config({"estimation": {"partition": "cpu", "spool_dir": str(tmp_path / "spool"),
                                        "command": str(estimator)}, "nodes": [{"names": "n1", "gpu": "a100-40gb"}]})
     client = SimpleNamespace(run=lambda *args, **kwargs: batch_script)  # scontrol write batch_script
     svc = EstimationService(cfg, client=client, clock=lambda: 1000.0)  # type: ignore[arg-type]
     _, command = svc._discover(5, os.getuid(), str(tmp_path))
-    out = tmp_path / "out"
-    out.mkdir()
     wrapper = tmp_path / "wrapper.sh"
     wrapper.write_text(svc.wrapper(HeldJob(5, os.getuid(), os.getgid(), 990.0, {}, str(tmp_path), "k", command),
-                                   command, out))
+                                   command))
     proc = subprocess.run(["bash", str(wrapper)], capture_output=True, text=True, timeout=30,
-                          env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
-    result = (out / "result.json").read_text() if (out / "result.json").exists() else ""
-    return proc.returncode, out, result
+                          env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "TMPDIR": str(tmp_path)})
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(estimation_result.PREFIX)]
+    report = estimation_result.parse(lines[-1]) if lines else None  # what the job's Comment would carry
+    assert report is not None, proc.stdout + proc.stderr
+    assert not list(tmp_path.glob("gpushare-estimate.*"))  # the node's private directory is removed
+    return proc.returncode, report, seen.read_text() if seen.exists() else ""
 
 
 def test_replay_runs_the_lines_then_the_estimator_with_the_training_interpreter(tmp_path: Path) -> None:
@@ -103,22 +107,21 @@ def test_replay_runs_the_lines_then_the_estimator_with_the_training_interpreter(
     (tmp_path / "sub").mkdir()
     script = (f"#!/bin/bash\nsource {venv}/bin/activate\nexport HF_HOME=/scratch/hf PYTHONPATH=/opt/mods\n"
               "cd sub\nfalse_command_that_is_not_replayed\npython train.py --bs 4\n")
-    code, out, result = run_wrapper(tmp_path, script)
-    assert code == 0 and (out / "exit").read_text() == "0\n"
+    code, report, result = run_wrapper(tmp_path, script)
+    assert code == 0 and report["exit"] == 0
     assert f"path={venv}/bin:" in result and f"pwd={tmp_path}/sub" in result
     assert "hf=/scratch/hf pythonpath= child=/opt/mods" in result  # the user's PYTHONPATH is the child's only
     assert "--python python train.py --bs 4" in result and "--own-python-if-unusable" not in result
-    assert not (out / "env_failed").exists()
+    assert "env_failed" not in report
 
 
 def test_a_failing_line_is_named_and_one_that_ends_the_shell_stops_the_replay(tmp_path: Path) -> None:
-    code, out, result = run_wrapper(tmp_path, "#!/bin/sh\nmodule load nosuch/1.0\npython3 train.py\n")
-    assert code == 0 and (out / "env_failed").read_text() == "2\n" and "--python python3" in result
+    code, report, result = run_wrapper(tmp_path, "#!/bin/sh\nmodule load nosuch/1.0\npython3 train.py\n")
+    assert code == 0 and report["env_failed"] == 2 and "--python python3" in result
     strict = tmp_path / "strict"
     strict.mkdir()
-    code, out, result = run_wrapper(strict, "#!/bin/bash\nset -e\nsource /nonexistent/activate\npython train.py\n")
-    assert code == 91 and result == "" and (out / "env_line").read_text() == "3\n"
-    assert (out / "exit").read_text() == "91\n"
+    code, report, result = run_wrapper(strict, "#!/bin/bash\nset -e\nsource /nonexistent/activate\npython train.py\n")
+    assert code == 91 and result == "" and report["env_line"] == 3 and report["exit"] == 91
 
 
 def test_no_environment_lines_let_a_bare_python_fall_back_to_ours(tmp_path: Path) -> None:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 
 from gpushare.config import parse_config
 from gpushare.slurm_plugins.estimation_plan import HeldJob
+from gpushare.slurm_plugins.estimation_result import MAX_CHARS, condense, parse, render
 from gpushare.slurm_plugins.estimationd import EstimationService
 from gpushare.slurm_plugins.script_discovery import TrainingCommand
 from gpushare.slurm.jobs import Job, job_from_json
@@ -43,7 +43,7 @@ def service(tmp_path: Path, jobs: list[dict] | None = None, now: float = 1000.0)
     return EstimationService(cfg, FakeClient(jobs), clock=lambda: now)  # type: ignore[arg-type]
 
 
-def test_submit_runs_as_the_user_with_limits_and_a_private_result_directory(tmp_path):
+def test_submit_runs_as_the_user_with_limits_and_its_output_on_the_node(tmp_path):
     svc = service(tmp_path)
     job = HeldJob(5, os.getuid(), os.getgid(), 990.0, {"decision": "estimating"}, "/home/ana/run", "k",
                   TrainingCommand("train.py", ("--bs", "4 8"), "python", 2))
@@ -52,11 +52,11 @@ def test_submit_runs_as_the_user_with_limits_and_a_private_result_directory(tmp_
     args, script = call[1:-1], call[-1]
     assert f"--uid={os.getuid()}" in args and "--partition=cpu" in args and "--export=NONE" in args
     assert "--job-name=gpushare-estimate-5" in args and "--mem=2048M" in args and "--chdir=/home/ana/run" in args
-    directory = (tmp_path / "spool" / "5-990").resolve()
-    assert directory.is_dir() and oct(directory.stat().st_mode & 0o777) == "0o700"
+    assert "--output=/tmp/gpushare-estimate-5-990.out" in args  # the CPU node's own disk: nothing shared
+    assert not (tmp_path / "spool").exists()  # root makes nothing for the job on the controller
     assert "/opt/est/gpu-estimate --json --no-progress" in script
     assert "--gpu a100-40gb" in script and "train.py --bs '4 8'" in script
-    assert f"> {directory}/result.json" in script and f"echo $rc > {directory}/exit" in script
+    assert "gpushare.slurm_plugins.estimation_result" in script and script.rstrip().endswith("exit $rc")
 
 
 def test_tick_discovers_holds_and_attaches(tmp_path):
@@ -72,50 +72,42 @@ def test_tick_discovers_holds_and_attaches(tmp_path):
     assert update[:2] == ("update", 5) and json.loads(update[2]["admincomment"][9:])["est_job"] == 77
 
 
-def test_results_are_read_only_from_the_spool_and_only_when_owned(tmp_path):
+def estimation_job(job_id: int, state: str, comment: str, uid: int | None = None,
+                   output: str = "/tmp/gpushare-estimate-5-990.out") -> dict:
+    return {"job_id": job_id, "user_id": os.getuid() if uid is None else uid, "job_state": state,
+            "standard_output": output, "comment": comment}
+
+
+def test_results_are_read_from_the_estimation_jobs_comment_and_checked(tmp_path):
     svc = service(tmp_path)
-    spool = (tmp_path / "spool").resolve()
-    directory = spool / "5-990"
-    directory.mkdir(parents=True)
-    (directory / "result.json").write_text(json.dumps({"targets": [{"gpu": "a100-40gb",
-                                                                    "peak_total_bytes": 3 << 30}]}))
-    est = svc._estimation(job_from_json({"job_id": 77, "user_id": os.getuid(), "job_state": "COMPLETED",
-                           "standard_output": str(directory / "slurm.out")}), 5)
-    assert est.ours and est.outcome.total_bytes == 3 << 30
-    other = svc._estimation(job_from_json({"job_id": 78, "user_id": os.getuid() + 1, "job_state": "COMPLETED",
-                             "standard_output": str(directory / "slurm.out")}), 5)
-    assert "no usable result" in other.outcome and "that you own" in other.outcome
-    outside = svc._estimation(job_from_json({"job_id": 79, "user_id": os.getuid(), "job_state": "COMPLETED",
-                               "standard_output": str(tmp_path / "elsewhere" / "x" / "slurm.out")}), 5)
+    good = render({"v": 1, "exit": 0, "bytes": 3 << 30, "gpu": "a100-40gb",
+                   "python": {"executable": "/home/ana/venv/bin/python", "python_version": "3.11.2",
+                              "torch_version": "2.5.1"}})
+    est = svc._estimation(job_from_json(estimation_job(77, "COMPLETED", good)), 5)
+    assert est.ours and est.spool_name == "5-990" and est.outcome.total_bytes == 3 << 30
+    assert est.interpreter == "/home/ana/venv/bin/python (Python 3.11.2, PyTorch 2.5.1)"
+    for forged in (render({"v": 1, "exit": 0, "bytes": 3 << 30, "gpu": "h100-80gb"}),  # not this cluster's GPU
+                   render({"v": 1, "exit": 0, "bytes": -5, "gpu": "a100-40gb"}),
+                   render({"v": 1, "exit": 0, "bytes": True, "gpu": "a100-40gb"}),
+                   'gpushare-estimate:{"v":1,"exit":0,"bytes":1e99,"gpu":"a100-40gb"}'):
+        outcome = svc._estimation(job_from_json(estimation_job(77, "COMPLETED", forged)), 5).outcome
+        assert isinstance(outcome, str) and "no usable result" in outcome, forged
+    missing = svc._estimation(job_from_json(estimation_job(77, "COMPLETED", "gpushare: GPU memory estimate")), 5)
+    assert "no result reached the controller" in missing.outcome
+    outside = svc._estimation(job_from_json(estimation_job(79, "COMPLETED", good, output="/home/ana/x.out")), 5)
     assert not outside.ours and outside.outcome is None
-    (directory / "exit").write_text("3\n")
-    failed = svc._estimation(job_from_json({"job_id": 77, "user_id": os.getuid(), "job_state": "FAILED",
-                              "standard_output": str(directory / "slurm.out")}), 5)
+    failed = svc._estimation(job_from_json(estimation_job(77, "FAILED", render({"v": 1, "exit": 3}))), 5)
     assert failed.outcome == "estimation job 77: the training script failed under gpu-estimate"
 
 
-def test_old_result_directories_are_pruned_by_roots_record_not_the_users_mtime(tmp_path):
-    """The directory is the user's: a future mtime once kept it forever. Its name is root's record."""
-    now = time.time()
-    spool = tmp_path / "spool"
-    old, new = spool / f"5-{int(now - 3 * 3600 * 2)}", spool / f"6-{int(now - 60)}"
-    old.mkdir(parents=True)
-    new.mkdir()
-    future = now + 10 * 365 * 86400
-    os.utime(old, (future, future))  # what a user can do to their own directory
-    svc = service(tmp_path, now=now)
-    svc.prune_spool()
-    assert sorted(p.name for p in spool.iterdir()) == [new.name]
-
-
-def test_a_users_spool_is_bounded_oldest_first(tmp_path):
-    now = time.time()
-    spool = tmp_path / "spool"
-    names = [f"{job}-{int(now - 600 + job)}" for job in (1, 2, 3)]
-    for name in names:
-        (spool / name).mkdir(parents=True)
-        (spool / name / "fill").write_bytes(b"x" * (3 << 20))  # 3 MiB each, 9 MiB in all
-    svc = service(tmp_path, now=now)
-    svc.cfg.estimation.spool_max_mib_per_user = 7
-    svc.prune_spool()
-    assert sorted(p.name for p in spool.iterdir()) == names[1:]  # the oldest went
+def test_the_comment_carries_what_the_node_saw_and_stays_short(tmp_path):
+    (tmp_path / "result.json").write_text(json.dumps({"targets": [{"gpu": "a100-40gb", "peak_total_bytes": 3 << 30}],
+                                                      "python": {"executable": "/p/" + "a" * 180}}))
+    (tmp_path / "env_failed").write_text("4\n")
+    (tmp_path / "stderr.txt").write_text("gpu-estimate: --python /opt/py: not a Python\n")
+    ok = condense(tmp_path, 0, ["a100-40gb"])
+    assert (ok["bytes"], ok["gpu"], ok["env_failed"]) == (3 << 30, "a100-40gb", 4)
+    assert parse(render(ok))["bytes"] == 3 << 30 and len(render(ok)) <= MAX_CHARS
+    usage = parse(render(condense(tmp_path, 2, ["a100-40gb"])))
+    assert usage["python_error"] == "--python /opt/py: not a Python" and "bytes" not in usage
+    assert parse("gpushare-estimate:" + "x" * 2000) is None and parse('gpushare-estimate:{"v":2,"exit":0}') is None

@@ -65,13 +65,12 @@ def test_a_decoy_renamed_as_the_victims_estimation_does_not_size_it(est_cluster,
     time.sleep(2)  # a few estimation rounds: the victim stays held, with no estimation job of its own yet
     assert record_of(est_cluster, victim).get("est_job") is None, "the victim's cap did not hold it back"
 
-    # The attacker's own (earlier) estimation directory in the spool: users can write into theirs.
-    spool = est_root / "spool"
-    stash = owned_dir(spool / f"999-{int(time.time())}", attacker, 0o700)
-    tiny = '{"targets": [{"gpu": "a100-40gb", "peak_total_bytes": 1073741824}]}'
+    # A job of the attacker's own that looks like an estimation job: our output name, our job name, and a
+    # result in its Comment as an estimation job leaves it (users may set their own jobs' comments).
+    tiny = 'gpushare-estimate:{"v":1,"exit":0,"bytes":1073741824,"gpu":"a100-40gb"}'
     decoy = int(as_user(est_cluster, ATTACKER, "sbatch", "--parsable", "--hold", "-p", "cpu", "--mem=10",
-                        "-D", "/tmp", "-o", str(stash / "slurm.out"),
-                        script=f"#!/bin/sh\necho '{tiny}' > {stash}/result.json\n").split(";")[0])
+                        "-D", "/tmp", "-o", f"/tmp/gpushare-estimate-999-{int(time.time())}.out",
+                        script=f"#!/bin/sh\nscontrol update jobid=$SLURM_JOB_ID comment='{tiny}'\n").split(";")[0])
     as_user(est_cluster, ATTACKER, "scontrol", "update", f"jobid={decoy}", f"name=gpushare-estimate-{victim}")
     as_user(est_cluster, ATTACKER, "scontrol", "release", str(decoy))
 

@@ -65,3 +65,21 @@ def test_an_estimate_file_the_controller_cannot_read_is_refused_with_the_way_out
     record = parse_record(job.admin_comment) or {}
     assert job.state == "COMPLETED" and plain_gres(job.tres_per_node) == "gpu:1", (job, record)
     assert "controller can read" in str(record.get("why")) and "--annotate" in str(record.get("why")), record
+
+
+@pytest.mark.torch
+def test_a_job_without_an_estimate_is_estimated_on_the_cpu_node_and_shared(multihost):
+    """Asynchronous estimation across hosts: the estimation job runs as the user on cpu1, its result reaches
+    the controller in the job's Comment (no spool shared between cpu1 and ctl), the held job is released
+    with a share."""
+    cluster = multihost()
+    cluster.write_as(ALICE, "train.py", TRAIN)
+    python = f"{cluster.bin_dir}/python"
+    job_id = cluster.sbatch("login", ALICE, BATCH + f"{python} train.py\n")
+    job = cluster.wait_job(job_id, 240)
+    record = parse_record(job.admin_comment) or {}
+    assert record.get("decision") == "shared" and record.get("src") == "async", (job, record)
+    assert plain_gres(job.tres_per_node).startswith("shard:"), job
+    est = cluster.client.require_job(record["est_job"])
+    assert est.state == "COMPLETED" and est.nodes == "cpu1" and est.user_name == ALICE, est
+    assert est.std_out.startswith("/tmp/") and cluster.path_on("cpu1", est.std_out).exists()
