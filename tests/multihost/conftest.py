@@ -19,7 +19,6 @@ from devcluster.multihost import MultiHostCluster
 from devcluster.slurm_runtime import missing_requirements
 
 SITE_SETTINGS = '[estimation]\npartition = "cpu"\n'
-SIMJOB = Path(__file__).parents[1] / "agent" / "simjob.py"  # a GPU process on the simulated backend
 
 
 @pytest.fixture

@@ -7,14 +7,18 @@ node's own /tmp (``--output=/tmp/...``), homes are 0700 and the controller's roo
 from __future__ import annotations
 
 import re
+import time
+from pathlib import Path
 
 import pytest
 
 from devcluster.local_cluster import ClusterError
 from gpushare.slurm.gres_request import plain_gres
+from gpushare.slurm.jobs import ENDED_STATES
 from gpushare.slurm.record import parse as parse_record
 
 pytestmark = [pytest.mark.slurm, pytest.mark.multihost]
+SIMJOB = Path(__file__).parents[1] / "agent" / "simjob.py"  # a GPU process on the simulated backend
 ALICE = "gpushare-alice"
 
 TRAIN = """import torch
@@ -83,3 +87,43 @@ def test_a_job_without_an_estimate_is_estimated_on_the_cpu_node_and_shared(multi
     est = cluster.client.require_job(record["est_job"])
     assert est.state == "COMPLETED" and est.nodes == "cpu1" and est.user_name == ALICE, est
     assert est.std_out.startswith("/tmp/") and cluster.path_on("cpu1", est.std_out).exists()
+
+
+def _recovered(cluster, job_id: int, timeout_s: float = 150.0):  # type: ignore[no-untyped-def]
+    """The job once OOM recovery decided and the re-run ended (or the first run ended with no re-run)."""
+    deadline = time.monotonic() + timeout_s
+    job = None
+    while time.monotonic() < deadline:
+        job = cluster.client.require_job(job_id)
+        if job.state in ENDED_STATES and not job.completing and (job.restarts >= 1 or job.state == "FAILED"):
+            time.sleep(2.0)  # a recovery decided by EpilogSlurmctld shows as a requeue within a moment
+            again = cluster.client.require_job(job_id)
+            if (again.states, again.restarts) == (job.states, job.restarts):
+                return again
+        time.sleep(0.5)
+    raise AssertionError(f"job {job_id} not finished in {timeout_s:.0f} s: {job}")
+
+
+@pytest.mark.xfail(strict=True, reason="not recovered across hosts yet: the controller's EpilogSlurmctld cannot read a "
+                   "log on the GPU node's disk or in a 0700 home, and Slurm refuses a finished job's AdminComment to "
+                   "the node's Epilog (22.05: 'Job has already finished'), so the OOM text never reaches the controller")
+def test_a_framework_oom_is_corroborated_through_slurm_requeued_whole_and_its_lesson_kept(multihost):
+    """Shipped [oom] defaults (corroboration on). The job fills 4.2 GiB of its 5 GiB share on gpu1 and ends
+    with PyTorch's own OOM text in a log on gpu1's disk. The controller has neither the log nor the node's
+    records: the evidence is the peak the agent on gpu1 wrote into the job's AdminComment while it ran."""
+    cluster = multihost(agents=True)
+    cluster.wait_for(lambda: cluster.path_on("gpu1", "/run/gpushare/agent/agent.sock").exists(), 20, "agent")
+    python = f"{cluster.bin_dir}/python"
+    script = (f"#!/bin/sh\n#SBATCH --gres=gpu:1\n#SBATCH --output=/tmp/job-%j.out\n#SBATCH --open-mode=append\n"
+              f"#GPUSHARE mem=4G\n{python} {SIMJOB} --mem-mib 4300 --seconds 4 --oom-first-run\n")
+    job_id = cluster.sbatch("login", ALICE, script)
+    after = _recovered(cluster, job_id)
+    whole = "gpu:1" if cluster.client.version.held_gres_across_names else "shard:40"  # docs/compatibility.md
+    log = cluster.path_on("gpu1", f"/tmp/job-{job_id}.out").read_text()
+    assert (after.restarts, after.state, plain_gres(after.tres_per_node)) == (1, "COMPLETED", whole), (after, log)
+    assert "CUDA out of memory" in log
+    assert not list(cluster.path_on("ctl", "/var/lib/gpushare/records").glob("*"))  # nothing of gpu1's here
+    again = cluster.sbatch("login", ALICE, script)  # the same script: the lesson is a floor under mem=4G
+    record = parse_record(cluster.client.require_job(again).admin_comment) or {}
+    assert record.get("src") == "learned" and record.get("est_gib", 0) > 4.2, record
+    cluster.run("login", ["scancel", str(again)])
