@@ -8,7 +8,8 @@ PY := $(VENV)/bin/python
 # Debian's interpreter, not a per-user one (pyenv lives under /root): Slurm jobs and estimation jobs run
 # as ordinary users and must be able to execute the virtualenv's python and gpu-estimate.
 BASE_PYTHON ?= $(shell [ -x /usr/bin/python3 ] && echo /usr/bin/python3 || echo python3)
-DEBS := slurmctld slurmd slurm-client munge lua-socket lua5.1 python3-venv lmod
+# prometheus: the tests' real Prometheus server (devcluster/prometheus.py) scrapes the node agents.
+DEBS := slurmctld slurmd slurm-client munge lua-socket lua5.1 python3-venv lmod prometheus
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # Newer Slurm releases the integration tests also run on (devcluster/chroot.py builds their chroots).
 CHROOT_SLURM ?= 24.11 26.05
@@ -18,12 +19,18 @@ SLURM ?=
 
 setup: system-packages $(VENV)/.installed
 
+# The packages' maintainer scripts start no service meanwhile (policy-rc.d answers 101 while we install, where
+# the machine has none of its own): the tests start their own daemons, and prometheus's postinst would otherwise
+# start a server on port 9090 (or fail the install where no init system runs, as in a CI container).
 system-packages:
 	@missing=""; for p in $(DEBS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
-	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -qq || exit 1; \
+	  guard=; if [ ! -e /usr/sbin/policy-rc.d ]; then guard=1; \
+	    printf '#!/bin/sh\nexit 101\n' | $(SUDO) tee /usr/sbin/policy-rc.d >/dev/null; $(SUDO) chmod 755 /usr/sbin/policy-rc.d; fi; \
 	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	  rc=$$?; [ -z "$$guard" ] || $(SUDO) rm -f /usr/sbin/policy-rc.d; exit $$rc; \
 	fi
 
 # torch is pinned first so the package's own `torch>=2.4` is already met by the CPU build.

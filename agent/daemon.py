@@ -497,7 +497,8 @@ class Agent:
                              "risky": risky, "warming": warming, "ready_at": self.sampler.ttfk.ready_at(index),
                              "jobs": list(view.jobs) or [a.job for a in self.sampler.jobs_on(index)],
                              "samples": view.samples, "error": view.error})
-            jobs = [{"job": a.job, "uid": a.uid, "gpus": a.gpus, "mode": a.mode, "start": a.start,
+            jobs = [{"job": a.job, "uid": a.uid, "user": a.user, "gpus": a.gpus, "mode": a.mode, "start": a.start,
+                     "now_bytes": dict(a.now_bytes), "cap_bytes": a.cap_bytes,
                      **{k: v for k, v in a.fields().items() if k not in ("series", "series_stride")}}
                     for a in self.sampler.jobs.values()]
             state = {"now": now, "node_open": self.open, "gpus": gpus, "jobs": jobs, "guard": dict(self.counters),

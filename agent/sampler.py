@@ -102,6 +102,7 @@ class JobAcc:
     uid: int
     gpus: list[int]
     start: float
+    user: str = ""  # the Prolog's validated user name ("" when unknown)
     mode: str = "none"
     shared: bool = True
     kernel_at: float | None = None
@@ -124,7 +125,7 @@ class JobAcc:
     @classmethod
     def from_entry(cls, entry: dict[str, Any]) -> "JobAcc":
         return cls(job=str(entry["job"]), uid=int(entry.get("uid", -1)), gpus=[int(g) for g in entry.get("gpus", [])],
-                   start=float(entry["start"]), mode=str((entry.get("caps") or {}).get("mode", "none")),
+                   start=float(entry["start"]), user=str(entry.get("user") or ""), mode=str((entry.get("caps") or {}).get("mode", "none")),
                    shared=bool(entry.get("shared", True)),
                    kernel_at=entry.get("kernel_at"), ttfk_source=entry.get("ttfk_source"),
                    share_mj=dict(entry.get("share_mj") or {}),

@@ -82,7 +82,7 @@ def test_ttfk_is_the_first_kernel_not_the_context(tmp_path, clock):
     run(agent, clock, 1)
     acc = agent.sampler.jobs["7"]
     assert acc.kernel_at - acc.start == pytest.approx(5.0, abs=1.0) and acc.ttfk_source == "kernel"
-    assert registry.get_sample_value("gpushare_job_ttfk_seconds", {"job": "7", "source": "kernel"}) is not None
+    assert registry.get_sample_value("gpushare_job_ttfk_seconds", {"jobid": "7", "source": "kernel"}) is not None
 
 
 def test_ttfk_falls_back_to_first_process_where_the_gpu_cannot_sample_per_process(tmp_path, clock):
@@ -95,7 +95,7 @@ def test_ttfk_falls_back_to_first_process_where_the_gpu_cannot_sample_per_proces
     run(agent, clock, 1)
     acc = agent.sampler.jobs["7"]
     assert acc.kernel_at is not None and acc.ttfk_source == "first-process"
-    assert registry.get_sample_value("gpushare_job_ttfk_seconds", {"job": "7", "source": "first-process"}) == 2.0
+    assert registry.get_sample_value("gpushare_job_ttfk_seconds", {"jobid": "7", "source": "first-process"}) == 2.0
     agent.close("7")
     assert agent.store.get("7")["ttfk_source"] == "first-process"
 
@@ -109,11 +109,46 @@ def test_ttfk_is_first_process_of_the_job_and_warming_lasts_one_window(tmp_path,
     sim.start_process(0, 501, 2 * GiB, smact=0.3)
     run(agent, clock, 1)
     # an MPS job: its kernels are reported under the MPS server's pid, so its first process stands in
-    assert registry.get_sample_value("gpushare_job_ttfk_seconds", {"job": "7", "source": "first-process"}) == 4.0
+    assert registry.get_sample_value("gpushare_job_ttfk_seconds", {"jobid": "7", "source": "first-process"}) == 4.0
     run(agent, clock, 3)
     assert agent.snapshot()["gpus"][0]["warming"]  # 4 s after the kernel: kernel + window (5 s) not over
     run(agent, clock, 2)
     assert not agent.snapshot()["gpus"][0]["warming"] and feature.calls[-1] is True
+
+
+def test_metrics_follow_prometheus_conventions_and_job_series_end_with_the_job(tmp_path, clock):
+    agent, sim, registry, _ = make_agent(tmp_path, clock, pids={501: "7"}, collocation="fraction")
+    agent.register(job("7"))
+    sim.start_process(0, 501, 2 * GiB, smact=0.5)
+    run(agent, clock, 4)
+    value = registry.get_sample_value
+    mode = agent.snapshot()["jobs"][0]["mode"]
+    assert value("gpushare_job_info", {"jobid": "7", "user": "u1000", "mode": mode}) == 1.0
+    assert value("gpushare_job_memory_used_bytes", {"jobid": "7", "gpu": "0"}) == 2 * GiB
+    assert value("gpushare_job_memory_peak_bytes", {"jobid": "7", "gpu": "0"}) == 2 * GiB
+    assert value("gpushare_job_memory_limit_bytes", {"jobid": "7"}) == 5 * GiB  # 4 GiB estimate + 1 GiB margin
+    assert value("gpushare_job_energy_joules_total", {"jobid": "7", "gpu": "0"}) > 0
+    assert value("gpushare_gpu_energy_joules_total", {"gpu": "0"}) >= value("gpushare_job_energy_joules_total",
+                                                                           {"jobid": "7", "gpu": "0"})
+    assert value("gpushare_gpu_power_watts", {"gpu": "0"}) > 50
+    assert value("gpushare_guard_actions_total", {"action": "backstop_stops"}) == 0
+    assert value("gpushare_node_open") == 0.0  # the job is still warming its GPU: withheld
+    families = list(registry.collect())
+    for family in families:  # base units in names, counters as counters ending in _total, info as _info
+        assert family.name.startswith("gpushare_")
+        for sample in family.samples:
+            if family.type == "counter":
+                assert sample.name.endswith("_total"), sample.name
+            else:
+                assert not sample.name.endswith("_total"), sample.name
+            if family.type == "info":
+                assert sample.name.endswith("_info") and sample.value == 1.0
+    assert {f.name for f in families if f.type == "counter"} >= {"gpushare_gpu_energy_joules",
+                                                                  "gpushare_job_energy_joules",
+                                                                  "gpushare_guard_actions"}
+    agent.close("7")
+    # a job's series (and with them its user label) exist only while it runs on the node
+    assert not [s for f in registry.collect() for s in f.samples if "jobid" in s.labels or "user" in s.labels]
 
 
 def test_job_that_ends_before_its_first_kernel_releases_the_gpu(tmp_path, clock):
