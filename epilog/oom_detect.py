@@ -101,6 +101,7 @@ class OomVerdict:
     message: str | None = None  # the matched line, cleaned and shortened
     source: str | None = None  # which log file it came from
     problems: tuple[str, ...] = field(default=())  # files we could not read, and why
+    unread: bool = False  # it failed and no log could be read here (they may be on another host's disk)
 
 
 def _clean(line: str) -> str:
@@ -135,7 +136,7 @@ def classify(tails: list[tuple[str, str | None]], exit_code: int, exit_signal: i
                               path, problems)
     status = f"exit {exit_code}" + (f", signal {exit_signal}" if exit_signal else "")
     if not any(text for _, text in tails):
-        return OomVerdict(False, f"failed ({status}) and no log could be read", problems=problems)
+        return OomVerdict(False, f"failed ({status}) and no log could be read", problems=problems, unread=True)
     return OomVerdict(False, f"failed ({status}) without a GPU out-of-memory message", problems=problems)
 
 

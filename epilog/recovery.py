@@ -60,6 +60,7 @@ class JobFacts:
     requeue_allowed: bool = True  # False for --no-requeue jobs: Slurm refuses requeuehold for them
     nice: int | None = None  # the job's own nice, given back after the requeue (release resets it)
     work_dir: str = ""  # its working directory (the OOM lesson of its training command is keyed with it)
+    comment: str = ""  # the user's Comment: the TaskEpilog's OOM report from the node (gpushare.epilog.task_epilog)
 
     @classmethod
     def from_job(cls, job: Job | None, env: Mapping[str, str]) -> "JobFacts":
@@ -93,6 +94,7 @@ class JobFacts:
             requeue_allowed=job.requeue is not False if job else True,
             nice=job.nice if job else None,
             work_dir=job.work_dir if job else "",
+            comment=job.comment if job else "",
         )
 
 

@@ -25,6 +25,7 @@ from typing import Any, Callable, Mapping
 from gpushare.epilog.corroborate import collateral_evidence, corroborate
 from gpushare.epilog.executor import execute, finish, resume_unfinished, spawn_finisher
 from gpushare.epilog.ledger import FINAL_STATES, Ledger
+from gpushare.epilog import task_epilog
 from gpushare.epilog.oom_detect import OomVerdict, TailError, append_note, classify, compile_patterns, read_tail
 from gpushare.epilog.learn import learn_from_oom
 from gpushare.epilog.recovery import RECOVERABLE_STATES, Action, JobFacts, decide, whole_gpu_shards
@@ -114,9 +115,22 @@ def prefilter(env: Mapping[str, str], cfg: Config) -> tuple[str | None, OomVerdi
         return None, None
     quick = JobFacts.from_job(None, env)
     verdict = detect(dataclasses.replace(quick, log_paths=paths), cfg)
+    if not verdict.is_oom and verdict.unread:
+        return None, None  # logs on another host's disk: the node's TaskEpilog may have reported one
     if not verdict.is_oom:
         return f"none: {verdict.reason}", None
     return None, verdict
+
+
+def reported_from_node(job: JobFacts, verdict: OomVerdict) -> OomVerdict:
+    """``verdict``, or the OOM message the job's TaskEpilog read on the node and put in its Comment
+    (gpushare.epilog.task_epilog), for this run, when the logs here showed none."""
+    report = task_epilog.parse(job.comment)
+    if verdict.is_oom or report is None or report["restarts"] != job.restarts:
+        return verdict
+    return OomVerdict(True, f"GPU out of memory ({report['family']}) in {report['source']} on {job.node or 'its node'}, "
+                            "reported by the job's TaskEpilog", report["family"], report["line"],
+                      f"{job.node}:{report['source']}", verdict.problems)
 
 
 def handle(job_id: str, env: Mapping[str, str], client: SlurmClient, cfg: Config, ledger: Ledger,
@@ -153,6 +167,7 @@ def _handle_heavy(job_id: str, env: Mapping[str, str], client: SlurmClient, cfg:
         entry = ledger.get(job.job_id, job.restarts)
         if entry is None:
             verdict = early if early is not None and _same_paths(early, job) else detect(job, cfg)
+            verdict = reported_from_node(job, verdict)
             for problem in verdict.problems:
                 log.warning("job %s: %s", job.job_id, problem)
             needs_types = "gpu:" in job.tres_per_node

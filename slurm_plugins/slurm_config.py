@@ -25,6 +25,7 @@ HOOK_ENTRY_POINTS = {
     "Prolog": "gpushare-prolog",
     "Epilog": "gpushare-epilog",
     "TaskProlog": "gpushare-task-prolog",
+    "TaskEpilog": "gpushare-task-epilog",
     "EpilogSlurmctld": "gpushare-epilog-slurmctld",
 }
 

@@ -104,13 +104,11 @@ def _recovered(cluster, job_id: int, timeout_s: float = 150.0):  # type: ignore[
     raise AssertionError(f"job {job_id} not finished in {timeout_s:.0f} s: {job}")
 
 
-@pytest.mark.xfail(strict=True, reason="not recovered across hosts yet: the controller's EpilogSlurmctld cannot read a "
-                   "log on the GPU node's disk or in a 0700 home, and Slurm refuses a finished job's AdminComment to "
-                   "the node's Epilog (22.05: 'Job has already finished'), so the OOM text never reaches the controller")
 def test_a_framework_oom_is_corroborated_through_slurm_requeued_whole_and_its_lesson_kept(multihost):
     """Shipped [oom] defaults (corroboration on). The job fills 4.2 GiB of its 5 GiB share on gpu1 and ends
     with PyTorch's own OOM text in a log on gpu1's disk. The controller has neither the log nor the node's
-    records: the evidence is the peak the agent on gpu1 wrote into the job's AdminComment while it ran."""
+    records: the message comes from the job's TaskEpilog on gpu1 (its Comment), the peak from the agent on gpu1
+    (the AdminComment it wrote while the job ran)."""
     cluster = multihost(agents=True)
     cluster.wait_for(lambda: cluster.path_on("gpu1", "/run/gpushare/agent/agent.sock").exists(), 20, "agent")
     python = f"{cluster.bin_dir}/python"
