@@ -30,6 +30,8 @@ def run_hook(program: str, body: Callable[[Config], Any], log_file: Callable[[Co
         log.error("%s: configuration unusable (%s); %s", program, exc, on_failure)
         return 0
     setup_logging(program, log_file(cfg), syslog_fallback=True)
+    if cfg.missing_line():  # loud, in the hook's own log too, but the job goes on (defaults)
+        log.warning("%s: %s", program, cfg.missing_line())
     try:
         body(cfg)
     except Exception:  # noqa: BLE001 - docs/style.md #10: never fail a job or drain a node on our account
