@@ -63,7 +63,7 @@ def run_agent(argv: list[str], agent_cls: type, open_backend: Callable[[str | No
 
     args = parse_args(argv)
     try:
-        cfg = load_config(args.config, require=not args.defaults)
+        cfg = load_config(args.config, require=not args.defaults, warn=False)
     except ConfigError as exc:
         print(f"gpushare-agent: {exc}")
         return 2

@@ -482,12 +482,13 @@ def config_path(explicit: str | os.PathLike[str] | None = None) -> tuple[Path, b
     return candidates[-1], False
 
 
-def load_config(path: str | os.PathLike[str] | None = None, *, require: bool = False) -> Config:
+def load_config(path: str | os.PathLike[str] | None = None, *, require: bool = False, warn: bool = True) -> Config:
     """Read and validate the configuration.
 
     No file where one was named (``--config``, ``GPUSHARE_CONFIG``) is an error. No file in the standard
     places gives the built-in defaults with a warning naming the paths tried, or, with ``require`` (the
-    long-running services unless told ``--defaults``), an error naming them."""
+    long-running services unless told ``--defaults``), an error naming them. ``warn=False``: the caller logs
+    ``cfg.missing_line()`` itself, once its own logging is set up (hooks, services)."""
     file, named = config_path(path)
     if not file.exists():
         if named:
@@ -498,7 +499,8 @@ def load_config(path: str | os.PathLike[str] | None = None, *, require: bool = F
                               "GPUSHARE_CONFIG or pass --config, or start with --defaults to run on built-in defaults")
         cfg = parse_config({}, source="<defaults>")
         cfg.tried = tried
-        logging.getLogger("gpushare.config").warning("%s", cfg.missing_line())
+        if warn:
+            logging.getLogger("gpushare.config").warning("%s", cfg.missing_line())
         return cfg
     try:
         raw = file.read_bytes()

@@ -24,7 +24,7 @@ def run_hook(program: str, body: Callable[[Config], Any], log_file: Callable[[Co
 
     ``on_failure`` finishes the log line of a failure (what happens to the job or node instead)."""
     try:
-        cfg = load_config()
+        cfg = load_config(warn=False)
     except Exception as exc:  # noqa: BLE001 - a bad configuration must not fail jobs or drain nodes
         setup_logging(program, "", syslog_fallback=True)
         log.error("%s: configuration unusable (%s); %s", program, exc, on_failure)

@@ -213,7 +213,7 @@ def serve(socket_path: str, cfg: Config, config_path: str | None) -> int:
               "(without it the service refuses to start: decisions on defaults disagree silently with the nodes).")
 def cli(config_path: str | None, socket_path: str | None, log_level: str, defaults: bool) -> int:
     """Serve job_submit decisions on a unix socket."""
-    cfg = load_config(config_path, require=not defaults)
+    cfg = load_config(config_path, require=not defaults, warn=False)
     setup_logging("gpushare-submitd", cfg.submit.log_file, log_level)
     if cfg.missing_line():
         log.warning("%s", cfg.missing_line())
