@@ -47,7 +47,10 @@ def handle_submit(cfg: Config, request: SubmitRequest, work_dir: str | None) -> 
                                      cluster_gpu_names(cfg))
         except EstimateUnavailable as exc:
             directives.problems.append((directives.lines.get("estimate", 0), str(exc)))
-    return decide(request, directives, estimate, cfg)
+    decision = decide(request, directives, estimate, cfg)
+    if decision.record:  # the controller's configuration, for the node's Prolog to compare with its own
+        decision.record["cfg"] = cfg.sha256[:12]
+    return decision
 
 
 class _Handler(socketserver.StreamRequestHandler):
