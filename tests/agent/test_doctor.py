@@ -148,3 +148,24 @@ def test_doctor_flags_settings_that_need_a_shared_path(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "[estimation] spool_dir" in out and "[agent] records_dir" in out and "[mig] gres_conf" in out
     assert "metrics_port = 0" in out
+
+
+@pytest.mark.slurm
+def test_doctor_finds_the_gpu_nodes_through_slurm(agent_cluster, capsys, monkeypatch):
+    """No --node: the GPU nodes and their addresses come from ``scontrol show node`` (n1, NodeAddr 127.0.0.1)
+    and the FUTURE standby node is no host. The agent gets a metrics port from the environment (the test
+    cluster's file turns metrics off), which the doctor then reports as an override."""
+    port = free_port(["127.0.0.1"])
+    monkeypatch.setenv("GPUSHARE_AGENT_METRICS_PORT", str(port))
+    cluster = agent_cluster(start_agent=False)
+    monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
+    cluster.start_agent()
+    wait_for_metrics("127.0.0.1", port, cluster.agent_proc, cluster.base / "log" / "agent.out")
+    assert gpushare_main(["doctor", "--config", str(cluster.gpushare_conf)]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert lines["slurm"].split()[1] == "ok" and lines["n1"].split()[1] == "ok"
+    assert "GPUSHARE_AGENT_METRICS_PORT" in lines["environment"]
+    assert not any(name.startswith("gpushare-") for name in lines)  # the standby node is not a host
+    cluster.stop_agent()
+    assert gpushare_main(["doctor", "--config", str(cluster.gpushare_conf), "--timeout", "1"]) == 1
+    assert " unreachable " in capsys.readouterr().out

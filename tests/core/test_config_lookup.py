@@ -107,3 +107,12 @@ def test_agent_finds_its_slurm_node_by_host_name():
     shared = [{"NodeName": "n1", "NodeHostName": "localhost"}, {"NodeName": "n2", "NodeHostName": "localhost"}]
     with pytest.raises(ConfigError, match=r"several Slurm nodes .*n1, n2.*\[agent\] node_name"):
         own_slurm_node(_Nodes(shared), "localhost")
+
+
+def test_config_check_without_a_file_fails_naming_the_paths(no_site_file, capsys):
+    from gpushare.cli import main as gpushare_main
+
+    assert gpushare_main(["config", "check"]) == 1
+    assert "no gpushare.toml (tried" in capsys.readouterr().err
+    (no_site_file / "slurm" / "gpushare.toml").write_text("version = 1\n")
+    assert gpushare_main(["config", "check"]) == 0
