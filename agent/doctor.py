@@ -25,8 +25,8 @@ from typing import Any
 
 import click
 
-from gpushare.config import (NO_DIGEST, Config, ConfigError, config_candidates, config_path, file_digest, installed_version, load_config,
-                             parse_config)
+from gpushare.config import (NO_DIGEST, Config, ConfigError, config_candidates, config_path, file_digest,
+                             installed_version, load_config, settings_table)
 
 OK, DIFFERS, NO_CONFIG, UNREACHABLE, UNKNOWN, PROBLEM, NOTE = (
     "ok", "differs", "no config", "unreachable", "unknown", "problem", "note")
@@ -91,23 +91,24 @@ def local_config(explicit: str | None) -> tuple[Config, Check, str, str]:
     admin sees at once whether they hold the same broken file or another one."""
     path, named = config_path(explicit)
     if not path.exists():
-        tried = [str(path)] if named else [str(p) for p in config_candidates()]
-        return (parse_config({}), Check("config", PROBLEM, f"no gpushare.toml (tried {', '.join(tried)}): every "
-                                        "gpushare program here runs on built-in defaults; the services refuse to start"),
-                "", NO_DIGEST)
+        if named:
+            return Config(), Check("config", PROBLEM, f"{path}: no such file"), "", NO_DIGEST
+        tried = ", ".join(str(p) for p in config_candidates())
+        return (Config(), Check("config", PROBLEM, f"no gpushare.toml (tried {tried}): every gpushare program here "
+                                "runs on built-in defaults; the services refuse to start"), "", NO_DIGEST)
     digest = NO_DIGEST
     try:
         digest = file_digest(path.read_bytes())
         cfg = load_config(explicit)
     except (ConfigError, OSError) as exc:
-        return parse_config({}), Check("config", PROBLEM, str(exc)), str(path), digest
+        return Config(), Check("config", PROBLEM, str(exc)), str(path), digest
     return cfg, Check("config", OK, f"{path} sha256 {digest[:12]} (gpushare {installed_version()})"), str(path), digest
 
 
 def environment_check() -> Check | None:
     """``GPUSHARE_*`` variables override the file here and are not part of its digest: name them."""
-    names = sorted(n for n in os.environ if n.startswith("GPUSHARE_") and n != "GPUSHARE_CONFIG"
-                   and not n.startswith("GPUSHARE_TEST"))
+    settings = {env for _, env, _, _ in settings_table()}
+    names = sorted(n for n in os.environ if n in settings)
     if not names:
         return None
     return Check("environment", NOTE, f"{', '.join(names)} override the file on this host (not in its digest)")
