@@ -30,6 +30,7 @@ class AgentArgs:
     node: str | None = None
     backend: str | None = None
     log_level: str = "INFO"
+    defaults: bool = False
 
 
 @click.command(name="gpushare-agent", context_settings={"help_option_names": ["-h", "--help"]})
@@ -37,9 +38,11 @@ class AgentArgs:
 @click.option("--node", help="this node's Slurm name (overrides [agent] node_name)")
 @click.option("--backend", help="nvml or sim:<state.json> (overrides [agent] device_backend)")
 @click.option("--log-level", default="INFO", show_default=True, type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
-def _command(config: str | None, node: str | None, backend: str | None, log_level: str) -> AgentArgs:
+@click.option("--defaults", is_flag=True, help="run on the built-in defaults when no gpushare.toml is found "
+              "(without it the agent refuses to start: a node on defaults disagrees silently with the controller)")
+def _command(config: str | None, node: str | None, backend: str | None, log_level: str, defaults: bool) -> AgentArgs:
     """The gpushare node agent."""
-    return AgentArgs(config, node, backend, log_level)
+    return AgentArgs(config, node, backend, log_level, defaults)
 
 
 def parse_args(argv: list[str]) -> AgentArgs:
@@ -60,14 +63,23 @@ def run_agent(argv: list[str], agent_cls: type, open_backend: Callable[[str | No
 
     args = parse_args(argv)
     try:
-        cfg = load_config(args.config)
+        cfg = load_config(args.config, require=not args.defaults, warn=False)
     except ConfigError as exc:
         print(f"gpushare-agent: {exc}")
         return 2
     agent_cfg = cfg.agent
-    if args.node:
-        agent_cfg.node_name = args.node
     setup_logging(agent_cfg.log_file, args.log_level)
+    if cfg.missing_line():
+        log.warning("%s", cfg.missing_line())
+    from gpushare.slurm.client import SlurmClient
+
+    slurm = SlurmClient.from_config(cfg)
+    try:
+        agent_cfg.node_name = args.node or agent_cfg.node_name or own_slurm_node(slurm)
+    except ConfigError as exc:
+        log.error("%s", exc)
+        print(f"gpushare-agent: {exc}")
+        return 2
     spec = args.backend or agent_cfg.device_backend or None
     try:
         backend = open_backend(spec)
@@ -78,9 +90,6 @@ def run_agent(argv: list[str], agent_cls: type, open_backend: Callable[[str | No
         return 2
     from gpushare.agent.api import node_name, socket_path
 
-    from gpushare.slurm.client import SlurmClient
-
-    slurm = SlurmClient.from_config(cfg)
     feature = None
     if agent_cfg.withhold == "feature":
         from gpushare.agent.withhold import NodeFeature
@@ -92,6 +101,9 @@ def run_agent(argv: list[str], agent_cls: type, open_backend: Callable[[str | No
         from prometheus_client import CollectorRegistry
 
         registry = CollectorRegistry()
+        from gpushare.agent.metrics import register_config_info
+
+        register_config_info(registry, cfg.sha256, cfg.source)
     # always given: AdminComment summaries check admin_comment themselves; the guard needs it for job logs
     agent = agent_cls(agent_cfg, backend, feature=feature, registry=registry, slurm=slurm,
                       evidence_fraction=cfg.oom.corroborate_fraction)
@@ -112,8 +124,9 @@ def run_agent(argv: list[str], agent_cls: type, open_backend: Callable[[str | No
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    log.info("agent up: %d GPU(s) via %s, node %s, socket %s", len(agent.sampler.views), backend.name,
-             node_name(agent_cfg), socket_path(agent_cfg))
+    log.info("agent up: %d GPU(s) via %s, node %s, socket %s, configuration %s (sha256 %s)",
+             len(agent.sampler.views), backend.name, node_name(agent_cfg), socket_path(agent_cfg), cfg.source,
+             cfg.sha256[:12])
     try:
         agent.run(stop)
     finally:
@@ -123,6 +136,34 @@ def run_agent(argv: list[str], agent_cls: type, open_backend: Callable[[str | No
             metrics_server.shutdown()
         log.info("agent stopped")
     return 0
+
+
+def own_slurm_node(slurm: Any, hostname: str | None = None) -> str:
+    """This host's Slurm node name, when neither ``--node`` nor ``[agent] node_name`` says it.
+
+    Why ask Slurm: the service runs outside slurmd (no ``SLURMD_NODENAME``), and a node whose Slurm name
+    differs from its host name (``NodeName=gpu01 NodeHostname=rack3-07``) would otherwise register jobs,
+    withhold features and name records under a node Slurm does not know. One match by NodeHostname (else by
+    NodeName), full or short host name; none or several is an error naming the setting."""
+    import socket
+
+    from gpushare.config import ConfigError
+    from gpushare.slurm.client import SlurmError
+
+    host = hostname or socket.gethostname()
+    names = {host, host.split(".")[0]}
+    try:
+        nodes = slurm.nodes()
+    except (SlurmError, OSError) as exc:
+        raise ConfigError(f"cannot find this host's Slurm node ({exc}); set [agent] node_name or pass --node") from None
+    for key in ("NodeHostName", "NodeName"):
+        matches = sorted({n["NodeName"] for n in nodes if n.get(key) in names})
+        if len(matches) == 1:
+            return matches[0]
+        if len(matches) > 1:
+            raise ConfigError(f"several Slurm nodes have {key} {host.split('.')[0]!r} ({', '.join(matches)}); "
+                              "set [agent] node_name or pass --node")
+    raise ConfigError(f"no Slurm node has NodeHostname or NodeName {host!r}; set [agent] node_name or pass --node")
 
 
 def agent_cls_api(path: Any, handler: Callable[[dict], dict]) -> Any:

@@ -130,3 +130,27 @@ def serve(registry: CollectorRegistry, port: int, address: str = "127.0.0.1") ->
 
     result = start_http_server(port, addr=address, registry=registry)
     return result[0] if isinstance(result, tuple) else result
+
+
+class ConfigInfoCollector(Collector):
+    """``gpushare_config_info{sha256, path, version} 1``: which gpushare.toml (and gpushare release) this node runs.
+
+    Why a metric: ``gpushare doctor`` and a central Prometheus compare it across nodes without a shared disk
+    or a login on each node; ``sha256="none"`` is an agent started with ``--defaults`` (no file)."""
+
+    def __init__(self, sha256: str, path: str, version: str) -> None:
+        self.labels = {"sha256": sha256, "path": path, "version": version}
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import InfoMetricFamily
+
+        yield InfoMetricFamily("gpushare_config", "the configuration file this agent read (sha256 of its bytes; "
+                               "none: built-in defaults) and the gpushare release", value=self.labels)
+
+
+def register_config_info(registry: CollectorRegistry, sha256: str, path: str) -> ConfigInfoCollector:
+    from gpushare.config import installed_version
+
+    collector = ConfigInfoCollector(sha256, path, installed_version())
+    registry.register(collector)
+    return collector

@@ -1,7 +1,8 @@
 """The per-job records ledger: what each GPU job did on its node (TTFK, energy, peak memory, exit).
 
 Why this shape: the slurmd Epilog of every job on a node writes here, up to hundreds at once when a job
-array ends. Each run of a job (job id + restart count) gets its own file, written whole with
+array ends. Each run of a job on a node (``<node>.<job id>.<restart count>.json``; a multi-node job has
+one per node, and a directory several nodes write to keeps them apart) gets its own file, written whole with
 ``gpushare.atomic`` (temp file + fsync + rename), so concurrent epilogs never touch the same file and a
 crash leaves the old file or the new one. An append-only ``history.jsonl`` (one line per record, one
 ``write`` under an exclusive ``flock``: the OOM ledger's mechanism, reused from ``gpushare.epilog.ledger``) gives
@@ -31,7 +32,8 @@ from gpushare.epilog.ledger import Ledger
 from gpushare.agent.jobs import RECORD_VERSION
 from gpushare.atomic import read_json_object, write_json_atomic
 
-_NAME_RE = re.compile(r"^(\d{1,10}(?:_\d{1,10})?)\.(\d{1,7})\.json$")
+# <node>.<job>.<restarts>.json; the node part is optional: records written before the node was named
+_NAME_RE = re.compile(r"^(?:([A-Za-z0-9][A-Za-z0-9_-]{0,99})\.)?(\d{1,10}(?:_\d{1,10})?)\.(\d{1,7})\.json$")
 
 
 class RecordLedger:
@@ -46,29 +48,45 @@ class RecordLedger:
         os.chmod(self.dir, 0o755)
         return self
 
-    def path(self, job: str, restarts: int) -> Path:
-        name = f"{job}.{int(restarts)}.json"
-        if not _NAME_RE.match(name):
-            raise ValueError(f"bad record key: job {str(job)[:30]!r}, restarts {restarts!r}")
+    def path(self, job: str, restarts: int, node: str = "") -> Path:
+        """The file of one run on one node (``node`` empty: the older name without it)."""
+        name = f"{node + '.' if node else ''}{job}.{int(restarts)}.json"
+        match = _NAME_RE.match(name)
+        if not match or match.group(2) != str(job):
+            raise ValueError(f"bad record key: node {str(node)[:30]!r}, job {str(job)[:30]!r}, restarts {restarts!r}")
         return self.dir / name
 
     def put(self, record: dict[str, Any]) -> Path:
-        """Write one record (replacing an earlier write of the same run) and index it."""
+        """Write one record (replacing an earlier write of the same run on the same node) and index it.
+
+        A node name that cannot be part of a file name (Slurm allows dots) gives the older name without it."""
         self.ensure()
-        target = self.path(str(record["job"]), int(record.get("restarts", 0)))
+        job, restarts, node = str(record["job"]), int(record.get("restarts", 0)), str(record.get("node") or "")
+        try:
+            target = self.path(job, restarts, node)
+        except ValueError:
+            target = self.path(job, restarts)
         write_json_atomic(target, record, mode=0o644)
         self._history.append_history({"event": "record", "job": str(record["job"]),
                                       "restarts": int(record.get("restarts", 0)), "end": record.get("end")})
         return target
 
     def get(self, job: str, restarts: int | None = None) -> list[dict[str, Any]]:
-        """The records of one job (every run, oldest first), or of one run."""
-        if restarts is not None:
-            found = self._load(self.path(job, restarts))
-            return [found] if found else []
+        """The records of one job (every run, oldest first; a multi-node run has one per node), or of one run.
+        Files of both names are read: ``<node>.<job>.<restarts>.json`` and the older ``<job>.<restarts>.json``."""
         self.path(job, 0)  # validates the id before it becomes part of a glob
-        return sorted((r for r in (self._load(p) for p in self.dir.glob(f"{job}.*.json")) if r),
-                      key=lambda r: int(r.get("restarts", 0)))
+        if not self.dir.is_dir():
+            return []
+        wanted = "*" if restarts is None else str(int(restarts))
+        paths = [*self.dir.glob(f"{job}.{wanted}.json"), *self.dir.glob(f"*.{job}.{wanted}.json")]
+        found = []
+        for path in sorted(set(paths)):
+            match = _NAME_RE.match(path.name)
+            if match and match.group(2) == job:
+                record = self._load(path)
+                if record:
+                    found.append(record)
+        return sorted(found, key=lambda r: (int(r.get("restarts", 0)), str(r.get("node") or "")))
 
     def all(self, since: float | None = None) -> Iterator[dict[str, Any]]:
         """Every record (ending at or after ``since``), in end-time order."""

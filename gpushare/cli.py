@@ -16,6 +16,7 @@ import click
 SUBCOMMANDS: dict[str, str] = {
     "slurm-config": "gpushare.slurm_plugins.slurm_config:command",
     "config": "gpushare.config_cli:command",
+    "doctor": "gpushare.agent.doctor:command",
     "mig": "gpushare.mig_manager.mig_cli:command",
     "simulate": "gpushare.simulator.cli:command",
     "report": "gpushare.epilog.report_cli:command",
@@ -50,7 +51,7 @@ def _available(name: str) -> bool:
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="slurm-gpushare")
 def group() -> None:
-    """slurm-gpushare administration: Slurm configuration, MIG, reports, simulation."""
+    """slurm-gpushare administration: Slurm configuration, checks across hosts, MIG, reports, simulation."""
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,6 +11,8 @@ variable, then this file, then the default written here (docs/configuration.md l
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import logging
 import os
 import re
 import tomllib
@@ -23,7 +25,9 @@ from gpushare.errors import GpushareError
 from gpushare.gpus import BUILTIN_GPUS, GiB, MiB, GpuModel
 
 DEFAULT_PATH = Path("/etc/slurm/gpushare.toml")
+FILE_NAME = "gpushare.toml"
 CONFIG_VERSION = 1
+NO_DIGEST = "none"  # what a component running on built-in defaults reports as its configuration's digest
 
 
 class ConfigError(GpushareError, ValueError):
@@ -201,7 +205,8 @@ class AgentSection:
     records_dir: str = _opt("/var/lib/gpushare/records", None, "durable per-job records (TTFK, energy, peak memory)")
     run_dir: str = _opt("/run/gpushare", None, "agent socket, MPS pipe/log directories, caps for the TaskProlog")
     device_backend: str = _opt("", None, "nvml or sim:<state.json>; empty: $GPUSHARE_DEVICE_BACKEND, else nvml")
-    node_name: str = _opt("", None, "this node's Slurm name; empty: $SLURMD_NODENAME, else the short host name")
+    node_name: str = _opt("", None, "this node's Slurm name; empty: the hooks take slurmd's $SLURMD_NODENAME, "
+                                    "the agent the Slurm node whose NodeHostname (else NodeName) is this host")
     sample_period_s: float = _opt(1.0, _between(0.05, 60.0), "seconds between GPU samples (CARMA: 1 Hz)")
     window_samples: int = _opt(30, _between(2, 3600), "samples in the risk window (CARMA: 30)")
     flush_every_s: float = _opt(10.0, _between(0.1, 3600.0), "how often running jobs' accumulators are persisted")
@@ -336,6 +341,22 @@ class Config:
     nodes: list[NodeGroup] = field(default_factory=list)
     gpus: dict[str, GpuModel] = field(default_factory=lambda: dict(BUILTIN_GPUS))
     source: str = "<defaults>"
+    # sha256 of the file's bytes: the configuration's identity, compared between hosts (gpushare doctor,
+    # the agent's gpushare_config_info metric); NO_DIGEST when no file was read
+    sha256: str = NO_DIGEST
+    # the paths looked at when no file was found (for the one-line warning every entry point gives)
+    tried: tuple[str, ...] = ()
+
+    @property
+    def from_file(self) -> bool:
+        return not self.source.startswith("<")
+
+    def missing_line(self) -> str:
+        """The one line every entry point logs when it runs on built-in defaults (empty when a file was read)."""
+        if self.from_file or not self.tried:
+            return ""
+        return (f"no gpushare.toml (tried {', '.join(self.tried)}): running on built-in defaults; "
+                "install the site's file there or set GPUSHARE_CONFIG (docs/deployment.md)")
 
     def slurm_conf_path(self, environ: typing.Mapping[str, str] | None = None) -> str | None:
         """The slurm.conf Slurm's tools should read (None: their built-in default).
@@ -431,30 +452,84 @@ def _is_ip(text: str) -> bool:
     return True
 
 
+def config_candidates(environ: typing.Mapping[str, str] | None = None) -> list[Path]:
+    """Where the file is looked for when nobody named one, in order: beside ``$SLURM_CONF``, then /etc/slurm.
+
+    Why beside ``$SLURM_CONF``: a site that keeps Slurm's files elsewhere points every Slurm program there
+    with that variable, and slurmd passes it to the hooks it runs. Configless slurmd fetches only Slurm's
+    own files into its cache (``/run/slurm/conf``), so on such a node the file lives in /etc/slurm
+    (docs/configuration.md)."""
+    env = os.environ if environ is None else environ
+    found: list[Path] = []
+    slurm_conf = env.get("SLURM_CONF", "")
+    if slurm_conf:
+        found.append(Path(slurm_conf).parent / FILE_NAME)
+    found.append(DEFAULT_PATH)
+    return list(dict.fromkeys(found))
+
+
 def config_path(explicit: str | os.PathLike[str] | None = None) -> tuple[Path, bool]:
-    """Which file to read, and whether its absence is an error (it is when someone named it)."""
+    """Which file to read, and whether its absence is an error (it is when someone named it).
+
+    Unnamed: the first of ``config_candidates()`` that exists, else the standard place."""
     if explicit:
         return Path(explicit), True
     env = os.environ.get("GPUSHARE_CONFIG")
     if env:
         return Path(env), True
-    return DEFAULT_PATH, False
+    candidates = config_candidates()
+    for candidate in candidates:
+        if candidate.exists():
+            return candidate, False
+    return candidates[-1], False
 
 
-def load_config(path: str | os.PathLike[str] | None = None) -> Config:
-    """Read and validate the configuration; defaults when the default file is absent."""
-    file, required = config_path(path)
+def load_config(path: str | os.PathLike[str] | None = None, *, require: bool = False, warn: bool = True) -> Config:
+    """Read and validate the configuration.
+
+    No file where one was named (``--config``, ``GPUSHARE_CONFIG``) is an error. No file in the standard
+    places gives the built-in defaults with a warning naming the paths tried, or, with ``require`` (the
+    long-running services unless told ``--defaults``), an error naming them. ``warn=False``: the caller logs
+    ``cfg.missing_line()`` itself, once its own logging is set up (hooks, services)."""
+    file, named = config_path(path)
     if not file.exists():
-        if required:
+        if named:
             raise ConfigError(f"{file}: no such file (set GPUSHARE_CONFIG or pass --config)")
-        return parse_config({}, source="<defaults>")
+        tried = tuple(str(p) for p in config_candidates())
+        if require:
+            raise ConfigError(f"no gpushare.toml (tried {', '.join(tried)}); install the site's file, set "
+                              "GPUSHARE_CONFIG or pass --config, or start with --defaults to run on built-in defaults")
+        cfg = parse_config({}, source="<defaults>")
+        cfg.tried = tried
+        if warn:
+            logging.getLogger("gpushare.config").warning("%s", cfg.missing_line())
+        return cfg
     try:
-        data = tomllib.loads(file.read_text(encoding="utf-8"))
+        raw = file.read_bytes()
+        data = tomllib.loads(raw.decode("utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{file}: not valid TOML: {exc}") from exc
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{file}: cannot read: {exc}") from exc
-    return parse_config(data, source=str(file))
+    cfg = parse_config(data, source=str(file))
+    cfg.sha256 = file_digest(raw)
+    return cfg
+
+
+def installed_version() -> str:
+    """This host's slurm-gpushare release (hosts compare it beside the configuration's digest)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("slurm-gpushare")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def file_digest(data: bytes) -> str:
+    """The configuration's identity: sha256 of the file's bytes (a comment changes it too: hosts should hold
+    the same file, not merely equivalent ones, so that a diff between two hosts is always empty)."""
+    return hashlib.sha256(data).hexdigest()
 
 
 def parse_config(data: dict[str, Any], source: str = "<string>") -> Config:

@@ -17,9 +17,11 @@ def command() -> None:
 def check(config_path: str | None) -> None:
     """Load the file the way every gpushare program does; one line either way."""
     try:
-        cfg = load_config(config_path)
+        cfg = load_config(config_path, warn=False)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
+    if not cfg.from_file:  # nothing to check: this host's programs run on the defaults
+        raise click.ClickException(cfg.missing_line())
     click.echo(f"{cfg.source}: ok ({len(cfg.nodes)} node groups, GPUs: {', '.join(sorted({g.gpu for g in cfg.nodes})) or 'none'})")
 
 

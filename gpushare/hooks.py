@@ -24,12 +24,14 @@ def run_hook(program: str, body: Callable[[Config], Any], log_file: Callable[[Co
 
     ``on_failure`` finishes the log line of a failure (what happens to the job or node instead)."""
     try:
-        cfg = load_config()
+        cfg = load_config(warn=False)
     except Exception as exc:  # noqa: BLE001 - a bad configuration must not fail jobs or drain nodes
         setup_logging(program, "", syslog_fallback=True)
         log.error("%s: configuration unusable (%s); %s", program, exc, on_failure)
         return 0
     setup_logging(program, log_file(cfg), syslog_fallback=True)
+    if cfg.missing_line():  # loud, in the hook's own log too, but the job goes on (defaults)
+        log.warning("%s: %s", program, cfg.missing_line())
     try:
         body(cfg)
     except Exception:  # noqa: BLE001 - docs/style.md #10: never fail a job or drain a node on our account

@@ -42,8 +42,10 @@ def write_caps(run_dir: str, job: str, env: dict[str, str]) -> None:
 
 
 def register(env: Mapping[str, str], cfg: AgentSection, client: SlurmClient | None = None,
-             backend: GpuBackend | None = None) -> dict[str, Any] | None:
-    """Register the job of this Prolog; returns the exports written for it (None: not a GPU job)."""
+             backend: GpuBackend | None = None, config: tuple[str, str] | None = None) -> dict[str, Any] | None:
+    """Register the job of this Prolog; returns the exports written for it (None: not a GPU job).
+
+    ``config``: this node's configuration (path, sha256), compared with the controller's in the job's record."""
     from gpushare.agent.api import call, socket_path
     from gpushare.prolog.hook_env import job_from_env, slurm_facts
 
@@ -62,6 +64,8 @@ def register(env: Mapping[str, str], cfg: AgentSection, client: SlurmClient | No
         slurm_job = client.job(job.job)
     except Exception as exc:  # noqa: BLE001 - without Slurm's record the job is registered uncapped
         log.warning("job %s: Slurm record unavailable (%s); registered without estimate", job.job, exc)
+    if config is not None and slurm_job is not None:
+        compare_config(job.job, slurm_job.admin_comment, *config)
     facts = slurm_facts(job, slurm_job)
     try:
         reply = call(socket_path(cfg), {"op": "register", "job": facts}, timeout_s=5.0)
@@ -74,6 +78,21 @@ def register(env: Mapping[str, str], cfg: AgentSection, client: SlurmClient | No
     write_caps(cfg.run_dir, job.job, exports)
     log.info("job %s registered on GPUs %s: %s", job.job, job.gpus, exports.get("GPUSHARE_CAPS_MODE"))
     return exports
+
+
+def compare_config(job: str, admin_comment: str, path: str, sha256: str) -> bool:
+    """Does this node read the controller's gpushare.toml? The submit decision records the controller's
+    digest (``cfg`` in the AdminComment record); a different one here is logged at ERROR on every job start,
+    through Slurm, with no other host asked. The job proceeds (on this node's settings). False: it differs."""
+    from gpushare.slurm.record import parse
+
+    theirs = (parse(admin_comment) or {}).get("cfg")
+    if not isinstance(theirs, str) or not theirs or sha256[:len(theirs)] == theirs:
+        return True
+    log.error("job %s: this node's gpushare.toml (%s, sha256 %s) is not the controller's (sha256 %s, in the job's "
+              "record): the job is capped by this node's settings; `gpushare doctor` lists every node that differs",
+              job, path, sha256[:12], theirs[:12])
+    return False
 
 
 def _register_locally(facts: dict[str, Any], cfg: AgentSection, backend: GpuBackend | None) -> dict[str, str]:
@@ -95,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     from gpushare.hooks import run_hook
     from gpushare.slurm.client import SlurmClient
 
-    return run_hook("gpushare-prolog", lambda cfg: register(os.environ, cfg.agent, client=SlurmClient.from_config(cfg)),
+    return run_hook("gpushare-prolog", lambda cfg: register(os.environ, cfg.agent, client=SlurmClient.from_config(cfg),
+                                                            config=(cfg.source, cfg.sha256)),
                     lambda cfg: cfg.agent.log_file, "job proceeds")
 
 

@@ -32,7 +32,7 @@ HOOK_ENTRY_POINTS = {
 
 def render_lua(cfg: Config) -> str:
     """The job_submit.lua shim with this site's socket, deadline and script limit filled in."""
-    template = resources.files("slurm_plugins").joinpath("job_submit.lua").read_text(encoding="utf-8")
+    template = resources.files("gpushare.slurm_plugins").joinpath("job_submit.lua").read_text(encoding="utf-8")
     socket_path = cfg.submit.socket
     if any(c in socket_path for c in '"\\\n'):
         raise ConfigError(f"{cfg.source}: [submit].socket: quotes, backslashes and newlines are not allowed")

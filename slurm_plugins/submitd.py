@@ -47,7 +47,10 @@ def handle_submit(cfg: Config, request: SubmitRequest, work_dir: str | None) -> 
                                      cluster_gpu_names(cfg))
         except EstimateUnavailable as exc:
             directives.problems.append((directives.lines.get("estimate", 0), str(exc)))
-    return decide(request, directives, estimate, cfg)
+    decision = decide(request, directives, estimate, cfg)
+    if decision.record:  # the controller's configuration, for the node's Prolog to compare with its own
+        decision.record["cfg"] = cfg.sha256[:12]
+    return decision
 
 
 class _Handler(socketserver.StreamRequestHandler):
@@ -176,7 +179,7 @@ def serve(socket_path: str, cfg: Config, config_path: str | None) -> int:
 
     def _reload(signum: int, frame: object) -> None:
         try:
-            new = load_config(config_path)
+            new = load_config(config_path, require=cfg.from_file)  # a file that vanished: keep the old one
             server.reload(new)
             _start_estimation_if_needed(new)
             log.warning("configuration reloaded")
@@ -209,10 +212,15 @@ def serve(socket_path: str, cfg: Config, config_path: str | None) -> int:
 @click.option("--socket", "socket_path", help="Unix socket to listen on (default: [submit] socket).")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
-def cli(config_path: str | None, socket_path: str | None, log_level: str) -> int:
+@click.option("--defaults", is_flag=True, help="Run on the built-in defaults when no gpushare.toml is found "
+              "(without it the service refuses to start: decisions on defaults disagree silently with the nodes).")
+def cli(config_path: str | None, socket_path: str | None, log_level: str, defaults: bool) -> int:
     """Serve job_submit decisions on a unix socket."""
-    cfg = load_config(config_path)
+    cfg = load_config(config_path, require=not defaults, warn=False)
     setup_logging("gpushare-submitd", cfg.submit.log_file, log_level)
+    if cfg.missing_line():
+        log.warning("%s", cfg.missing_line())
+    log.warning("configuration %s (sha256 %s)", cfg.source, cfg.sha256)
     return serve(socket_path or cfg.submit.socket, cfg, config_path)
 
 

@@ -195,6 +195,12 @@ class SlurmClient:
         job_id = int(proc.stdout.strip().split(";")[0])
         return job_id, proc.stderr
 
+    def nodes(self) -> list[dict[str, str]]:
+        """Every node as ``scontrol -o show node`` prints it (NodeName, NodeAddr, NodeHostName, Gres, State…)."""
+        out = self.run("scontrol", "-o", "show", "node")
+        return [fields for fields in (parse_scontrol_record(line) for line in out.splitlines() if line.strip())
+                if fields.get("NodeName")]
+
     def node_states(self) -> dict[str, str]:
         out = self.run("sinfo", "-h", "-N", "-o", "%N %T")
         states = {}

@@ -7,7 +7,8 @@ writer's keys, never overwrites a comment that is not ours, and keeps the text w
 ``scontrol show job`` stays readable. The record holds no free text from the job (reasons are ours).
 
 Format (``v`` 1): ``decision`` (shared|exclusive|estimating|explicit|…), ``old``/``new`` (tres_per_node),
-``est_gib``, ``margin_gib``, ``src``, ``why``, ``detail``, ``array``, ``est_job``, ``held_s``, ``script``,
+``est_gib``, ``margin_gib``, ``src``, ``why``, ``detail``, ``array``, ``cfg`` (the controller's gpushare.toml
+sha256, 12 hex digits), ``est_job``, ``held_s``, ``script``,
 ``oom`` {n, max, fam, from, to}, ``run`` {node, ttfk_s, energy_j, share_j, peak_gib, exit, caps},
 ``lanes`` {p_gib, e_gib, own} (a ``#GPUSHARE lanes`` job: its persistent/ephemeral split, docs/agent.md).
 A record of a newer major version than this reader knows is treated as not ours (never rewritten).

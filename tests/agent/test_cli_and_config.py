@@ -179,3 +179,19 @@ def test_lua_adds_the_feature_only_to_simple_constraints(tmp_path, current, expe
               f'dofile("{script}")\nlocal job = {{features = {value}}}\ntest_add(job)\nio.write(job.features or "")\n')
     out = subprocess.run([lua, "-"], input=driver, capture_output=True, text=True, check=True)
     assert out.stdout == expected
+
+
+def test_record_files_carry_the_node_and_the_older_names_still_read(tmp_path):
+    """Two nodes of one multi-node run write to one directory (shared, or gathered) without overwriting each
+    other; records written before the node was part of the name are found beside them."""
+    ledger = RecordLedger(tmp_path / "rec")
+    first = ledger.put({**record("7", 100.0), "node": "gpu01"})
+    second = ledger.put({**record("7", 101.0), "node": "gpu02"})
+    assert (first.name, second.name) == ("gpu01.7.0.json", "gpu02.7.0.json")
+    (tmp_path / "rec" / "8.0.json").write_text(first.read_text().replace('"7"', '"8"'))  # the older name
+    assert [r["node"] for r in ledger.get("7")] == ["gpu01", "gpu02"]
+    assert [r["job"] for r in ledger.get("8", 0)] == ["8"] and ledger.get("17") == [] and ledger.get("7", 1) == []
+    assert sorted(r["job"] for r in ledger.all()) == ["7", "7", "8"]
+    assert ledger.put({**record("9", 1.0), "node": "odd.name"}).name == "9.0.json"  # not a file-name part
+    with pytest.raises(ValueError):
+        ledger.get("../7")

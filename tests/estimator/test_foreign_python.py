@@ -55,6 +55,14 @@ def make_venv(path: Path, torch_version: str | None = None, borrow_torch: bool =
     return path / "bin" / "python"
 
 
+@pytest.fixture(autouse=True)
+def site_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A site file (empty: the defaults), as a login node has one: without it gpu-estimate adds a line saying
+    so (docs/configuration.md), and these tests count the lines of a refusal."""
+    (tmp_path / "gpushare.toml").write_text("")
+    monkeypatch.setenv("GPUSHARE_CONFIG", str(tmp_path / "gpushare.toml"))
+
+
 def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     capsys.readouterr()
     code = main(list(args))

@@ -33,7 +33,7 @@ def test_same_seed_same_result_other_seed_other_result():
 def test_json_document_and_plots(tmp_path):
     result = simulate("--policy", "lug", "--json", "--plot", str(tmp_path))
     assert result.exit_code == 0, result.output
-    doc = json.loads(result.output)
+    doc = json.loads(result.stdout)
     assert doc["version"] == 1 and doc["summary"]["jobs"] == 60 and len(doc["jobs"]) == 60
     assert doc["summary"]["interference_measured"] is True
     assert [g["index"] for g in doc["gpus"]] == [0, 1, 2] and doc["gpus"][0]["steps"][0][0] == 0
@@ -113,7 +113,7 @@ def test_cli_mig_policy(tmp_path):
 def test_several_policies_and_seeds_run_in_processes_in_order():
     result = simulate("--policy", "exclusive,magm", "--seeds", "0-1", "--workers", "2", "--json", "--no-progress")
     assert result.exit_code == 0, result.output
-    runs = json.loads(result.output)["runs"]
+    runs = json.loads(result.stdout)["runs"]
     assert [(r["policy"], r["seed"]) for r in runs] == [("exclusive", 0), ("exclusive", 1), ("magm", 0), ("magm", 1)]
     alone = json.loads(simulate("--policy", "magm", "--seed", "1", "--json").output)["summary"]
     assert runs[3] == alone  # a worker process gives what a single run gives

@@ -66,7 +66,7 @@ def test_cli_runs_the_configured_stack(tmp_path):
     result = CliRunner().invoke(command, ["--trace", str(trace), "--policy", "live", "--config", str(conf),
                                           "--slurm", "24.11", "--json"])
     assert result.exit_code == 0, result.output
-    summary = json.loads(result.output)["summary"]
+    summary = json.loads(result.stdout)["summary"]
     assert summary["estimator"] == "measured" and summary["caps"] is True and summary["completed"] == 2
     assert "Slurm 24.11 least-loaded shards, withhold any, threads gimbal-jct" in summary["live"]
     bad = CliRunner().invoke(command, ["--trace", str(trace), "--policy", "live", "--config", str(tmp_path / "no.toml")])

@@ -72,4 +72,4 @@ def test_live_stack_replays_an_imported_export(tmp_path):
     result = CliRunner().invoke(command, ["--trace", str(path), "--policy", "live", "--slurm", "24.11",
                                           "--gpus-per-node", "2", "--json"])
     assert result.exit_code == 0, result.output
-    assert json.loads(result.output)["summary"]["completed"] == 3
+    assert json.loads(result.stdout)["summary"]["completed"] == 3
