@@ -117,10 +117,6 @@ def environment_check() -> Check | None:
 def shared_path_checks(cfg: Config) -> list[Check]:
     """Settings whose path must be the same directory on two kinds of host (docs/deployment.md)."""
     checks = []
-    if cfg.estimation.partition:
-        checks.append(Check("shared", NOTE, f"[estimation] spool_dir {cfg.estimation.spool_dir}: estimation jobs "
-                                            f"on partition {cfg.estimation.partition} write their results there and "
-                                            "gpushare-submitd on the controller reads them: one directory on both"))
     if cfg.agent.admin_comment == "no":
         checks.append(Check("shared", NOTE, f"[agent] records_dir {cfg.agent.records_dir}: with [agent] "
                                             "admin_comment = no, OOM corroboration on the controller reads the GPU "

@@ -218,13 +218,14 @@ class MultiHostCluster:
         done = self.run(host, ["sbatch", "--parsable", *args], user=user, cwd=cwd, input=script)
         return int(done.stdout.strip().split(";")[0])
 
-    def spawn(self, host: str, name: str, argv: Sequence[str]) -> int:
+    def spawn(self, host: str, name: str, argv: Sequence[str], env: dict[str, str] | None = None) -> int:
         """Start a daemon on ``host``; its output goes to the host's /var/log/devcluster/<name>.out."""
         log_dir = self.path_on(host, "/var/log/devcluster")
         log_dir.mkdir(parents=True, exist_ok=True)
         with open(log_dir / f"{name}.out", "ab") as log:
             proc = subprocess.Popen(self.argv(host, argv), stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=subprocess.STDOUT, env=self.env(), start_new_session=True, close_fds=True)
+                                    stderr=subprocess.STDOUT, env={**self.env(), **(env or {})}, start_new_session=True,
+                                    close_fds=True)
         key = f"{host}:{name}"
         self.pids[key] = proc.pid
         deadline = time.monotonic() + 5
@@ -254,8 +255,7 @@ class MultiHostCluster:
             f'\n[[nodes]]\nnames = "{h.name}"\ngpu = "{h.gpu}"\ncount = {h.gpus}\ndevice_dir = "{SIM_DIR}/dev"\n'
             f'partition = "{"mig" if h.mig else "gpu"}"\n' + ("mig = true\n" if h.mig else "")
             for h in self.with_role("gpu"))
-        agent = (f'\n[agent]\ndevice_backend = "sim:{SIM_DIR}/sim.json"\nmetrics_port = 0\n'
-                 if "[agent]" not in self.toml_extra else "")
+        agent = (f'\n[agent]\ndevice_backend = "sim:{SIM_DIR}/sim.json"\n' if "[agent]" not in self.toml_extra else "")
         return f"version = 1\n{self.toml_extra}\n{agent}{groups}"
 
     def _write_hosts(self) -> None:
@@ -480,8 +480,15 @@ exec {squash}{enter} /bin/sh -c 'cd "$1" && shift && exec "$@"' sh "$cwd" "$@"
             argv += ["--conf-server", f"{self.controller.address}:{self.ports['ctld']}"]
         self.spawn(name, "slurmd", argv)
 
-    def start_agent(self, name: str, *args: str) -> None:
-        self.spawn(name, "agent", [f"{self.bin_dir}/gpushare-agent", *args])
+    def start_agent(self, name: str, *args: str, env: dict[str, str] | None = None) -> None:
+        """The node agent on ``name``, its metrics on the host's own address. The hosts share one network
+        namespace, so the one setting a site would write once (``metrics_address = "0.0.0.0"``) is given per
+        host as its environment override instead (``gpushare doctor`` lists such overrides)."""
+        self.spawn(name, "agent", [f"{self.bin_dir}/gpushare-agent", *args],
+                   env={"GPUSHARE_AGENT_METRICS_ADDRESS": self.host(name).address, **(env or {})})
+
+    def agent_up(self, name: str) -> bool:
+        return self.path_on(name, "/run/gpushare/agent/agent.sock").exists()
 
     def stop_process(self, key: str) -> None:
         pid = self.pids.pop(key, None)

@@ -6,6 +6,7 @@ node's own /tmp (``--output=/tmp/...``), homes are 0700 and the controller's roo
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from devcluster.local_cluster import ClusterError
+from devcluster.multihost import SIM_DIR
 from gpushare.slurm.gres_request import plain_gres
 from gpushare.slurm.jobs import ENDED_STATES
 from gpushare.slurm.record import parse as parse_record
@@ -125,3 +127,30 @@ def test_a_framework_oom_is_corroborated_through_slurm_requeued_whole_and_its_le
     record = parse_record(cluster.client.require_job(again).admin_comment) or {}
     assert record.get("src") == "learned" and record.get("est_gib", 0) > 4.2, record
     cluster.run("login", ["scancel", str(again)])
+
+
+def test_the_check_command_names_the_node_whose_configuration_differs_or_is_missing(multihost):
+    """gpu1's gpushare.toml was edited on gpu1 alone; mig1 has none (its agent runs on defaults, as
+    ``--defaults`` lets it). ``gpushare doctor`` on the controller compares them with its own through the
+    agents' metrics endpoints: nothing shared between the hosts."""
+    cluster = multihost()
+    edited = cluster.path_on("gpu1", "/etc/slurm/gpushare.toml")
+    edited.write_text(edited.read_text().replace("version = 1\n", "version = 1\n[policy]\nmargin_fraction = 0.3\n", 1))
+    cluster.path_on("mig1", "/etc/slurm/gpushare.toml").unlink()
+    cluster.start_agent("gpu1")
+    # on defaults its GPUs would be NVML's; the simulated driver stands in, named by environment
+    cluster.start_agent("mig1", "--defaults", env={"GPUSHARE_DEVICE_BACKEND": f"sim:{SIM_DIR}/sim.json"})
+    cluster.wait_for(lambda: cluster.agent_up("gpu1") and cluster.agent_up("mig1"), 20, "agents")
+    time.sleep(1.0)  # the metrics endpoint starts beside the socket
+    done = cluster.run("ctl", ["gpushare", "doctor", "--json"], check=False)
+    report = json.loads(done.stdout)
+    hosts = {h["node"]: h for h in report["hosts"]}
+    assert done.returncode == 1 and not report["ok"], done.stdout
+    assert hosts["gpu1"]["status"] == "differs" and hosts["gpu1"]["sha256"] != report["config"]["sha256"], hosts
+    assert hosts["mig1"]["status"] == "no config", hosts
+    same = cluster.path_on("ctl", "/etc/slurm/gpushare.toml").read_bytes()
+    edited.write_bytes(same)  # the admin puts the controller's file back on gpu1 and restarts its agent
+    cluster.stop_process("gpu1:agent")
+    cluster.start_agent("gpu1")
+    cluster.wait_for(lambda: json.loads(cluster.run("ctl", ["gpushare", "doctor", "--json"], check=False).stdout)
+                     ["hosts"][0]["status"] == "ok", 20, "gpu1 agreeing again")
