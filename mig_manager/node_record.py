@@ -92,7 +92,9 @@ def _fields(text: str, node: str, field: str, keys: tuple[str, ...]) -> dict[str
     if text in ("", "(null)"):
         return None
     where = f"node {node} {field}"
-    if not text.startswith(PREFIX + "|") or len(text) > MAX_CHARS:
+    if len(text) > MAX_CHARS:
+        raise RecordError(f"{where}: {len(text)} characters (max {MAX_CHARS})")
+    if not text.startswith(PREFIX + "|"):
         raise RecordError(f"{where} holds {text[:40]!r}, not a gpushare-mig record; clear it "
                           f"(scontrol update nodename={node} {field.lower()}=) to let gpushare use it")
     parts = dict(p.partition("=")[::2] for p in text[len(PREFIX) + 1:].split("|"))
