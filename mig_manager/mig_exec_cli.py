@@ -93,14 +93,19 @@ def _report(result: Result, notes: list[str], as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
 def apply_command(node: str | None, targets: tuple[str, ...], from_demand: bool, config: str | None,
                   as_json: bool) -> None:
-    """Move this node's GPUs to a MIG layout: drain, wait, apply, regenerate GRES, restart, resume."""
+    """Move this node's GPUs to a MIG layout: drain, wait, apply, regenerate GRES, restart, resume.
+
+    With [mig] coordination = "controller", --from-demand follows the target the controller published."""
     if bool(targets) == from_demand:
         raise click.UsageError("give --target GPU=LAYOUT (repeatable) or --from-demand, not both")
     cfg = _load(config)
     try:
-        executor = build_executor(cfg, node_name(cfg, node))
+        # a configless node has no slurm.conf: its tools then find slurmd's cached copy on their own
+        client = (SlurmClient.from_config(cfg) if cfg.mig.coordination == "controller" else
+                  SlurmClient(slurm_paths(cfg)[0], cfg.slurm.bin_dir or None))
+        executor = build_executor(cfg, node_name(cfg, node), client=client)
         if from_demand:
-            result, notes = reshape_for_demand(cfg, executor, SlurmClient(slurm_paths(cfg)[0], cfg.slurm.bin_dir or None))
+            result, notes = reshape_for_demand(cfg, executor, client)
         else:
             result, notes = executor.apply(_targets(cfg, executor.backend, targets)), []
     except (GpuError, SlurmError, JournalError, OSError, RuntimeError, ValueError) as exc:  # RecordError too
