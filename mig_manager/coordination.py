@@ -41,13 +41,13 @@ from gpushare.gres.gres_conf import gres_conf_lines, node_gres
 from gpushare.mig_manager.demand import Want, held_profiles, mark_busy, pending_wants, target_for
 from gpushare.mig_manager.device_ops import node_gpus_by_placement, read_layout
 from gpushare.mig_manager.fsm import MigSpace
-from gpushare.mig_manager.gres_files import rewrite_node_gres
+from gpushare.mig_manager.gres_files import GresFileError, rewrite_node_gres
 from gpushare.mig_manager.journal import JournalError, JournalStore
 from gpushare.mig_manager.layout import format_layout, parse_layout
 from gpushare.mig_manager.node_record import (RecordError, Report, Target, parse_report, parse_target,
                                               read_records, write_field)
 from gpushare.mig_manager.profiles import all_profiles
-from gpushare.mig_manager.slurm_actions import SlurmNodeQueries, gpu_jobs_on
+from gpushare.mig_manager.slurm_actions import NodeStatus, SlurmNodeQueries, gpu_jobs_on
 from gpushare.slurm.client import SlurmClient, SlurmError
 
 log = logging.getLogger("gpushare.mig")
@@ -94,6 +94,18 @@ class RecordSlurmActions(SlurmNodeQueries):
         self.node, self.backend, self.catalogue, self.store = node, backend, catalogue, store
         self.dev_dir, self.shards, self._restart = dev_dir, shards, restart
         self.wait_s, self.poll_s, self.clock, self.sleep = wait_s, poll_s, clock, sleep
+
+    def status(self, node: str) -> NodeStatus:
+        """As on one host, but a Slurm tool that fails for a moment is asked again (up to ``wait_s``): on a
+        configless node the tools read slurmd's cached configuration, which a slurmd restart renews."""
+        deadline = self.clock() + self.wait_s
+        while True:
+            try:
+                return super().status(node)
+            except SlurmError:
+                if self.clock() >= deadline:
+                    raise
+                self.sleep(self.poll_s)
 
     def write_gres(self, node: str, lines: list[str], gres: str) -> bool:
         prefix = f"NodeName={node} "
@@ -202,7 +214,11 @@ def controller_pass(cfg: Config, client: SlurmClient, slurm_conf: Path, gres_con
         for name, (_, report, target) in sorted(parsed.items()):
             if report.state != "files" or (target is not None and target.written == report.files):
                 continue
-            changed = rewrite_node_gres(slurm_conf, gres_conf, name, report.node_lines(name), report.gres)
+            try:
+                changed = rewrite_node_gres(slurm_conf, gres_conf, name, report.node_lines(name), report.gres)
+            except GresFileError as exc:  # this node's lines cannot be edited alone: say so, go on with others
+                notes.append(f"{name}: {exc}")
+                continue
             notes.append(f"{name}: wrote Gres={report.gres} and {len(report.lines)} gres.conf line(s)"
                          + ("" if changed else " (already there)"))
             acked.append(name)

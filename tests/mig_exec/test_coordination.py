@@ -291,3 +291,17 @@ def test_controller_plans_nothing_for_a_drained_node_or_busy_instances(tmp_path:
     assert slurm.nodes["a1"]["Extra"] == "" and slurm.nodes["b1"]["Extra"] == ""
     assert any(n.startswith("a1: DRAIN") for n in notes) and any("busy 7g.40gb@0" in n for n in notes), notes
     assert read_records(slurm, "a1")[0].state == "IDLE+DRAIN"  # type: ignore[arg-type]
+
+
+def test_a_node_whose_lines_cannot_be_edited_alone_is_named_and_not_acknowledged(tmp_path: Path) -> None:
+    slurm, control, _ = _setup(tmp_path)
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(conf.read_text().replace("NodeName=a1 CPUs=2", "NodeName=a[1-2] CPUs=2"))
+    report = Report("ab", "files", {0: ("a100-40gb", "3g.20gb@4")}, "gpu:3g.20gb:1", (LINE.replace("~", " "),), "cd")
+    slurm.nodes["a1"]["Comment"] = report.encode()
+    slurm.nodes["b1"]["Comment"] = Report("ef", "files", {0: ("a100-40gb", "3g.20gb@4")}, "gpu:3g.20gb:1",
+                                          (LINE.replace("~", " "),), "ab").encode()
+    notes = control()
+    assert any(n.startswith("a1: ") and "no line of its own" in n for n in notes), notes
+    assert slurm.nodes["a1"]["Extra"] == "" and parse_target(slurm.nodes["b1"]["Extra"], "b1").written == "ab"
+    assert "NodeName=b1 CPUs=2 Gres=gpu:3g.20gb:1" in conf.read_text()

@@ -11,9 +11,11 @@ goes through ``scontrol update nodename=n1 extra=|comment=``.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -163,10 +165,26 @@ def test_controller_decides_and_writes_the_files_while_the_node_only_changes_its
             seen.add(index)
         assert seen == {0, 1, 2, 3}
 
-        # nothing pending any more: no new target, and the node has nothing to do
-        assert not any("target" in note for note in control())
-        again, _ = follow()
-        assert again.outcome == "nothing" and len(journal.history) == 1
+        # nothing pending any more, through the commands each host's timer runs: no new target, and the
+        # node has nothing to do (the node's restart command would fail if it ran)
+        slurm = f'[slurm]\nconf = "{cluster.conf}"\n' + (f'bin_dir = "{cluster.slurm_bin_dir}"\n'
+                                                          if cluster.slurm_bin_dir else "")
+        ctl_toml, node_toml = base / "etc" / "controller.toml", base / "etc" / "node.toml"
+        ctl_toml.write_text(f'version = 1\n{slurm}[mig]\ncoordination = "controller"\n'
+                            f'journal_dir = "{base / "controller"}"\ngres_conf = "{gres_conf}"\n'
+                            'controller_restart_commands = ["/bin/false"]\n')
+        node_toml.write_text(f'version = 1\n[agent]\ndevice_backend = "sim:{state}"\n{slurm}[mig]\n'
+                             f'coordination = "controller"\njournal_dir = "{base / "node-journal"}"\n'
+                             f'device_dir = "{cluster.device_dir("n1")}"\nnode_restart_commands = ["/bin/false"]\n')
+        gpushare = os.path.join(os.path.dirname(sys.executable), "gpushare")
+        for args in (["controller", "--config", str(ctl_toml)],
+                     ["apply", "--from-demand", "--node", "n1", "--config", str(node_toml)]):
+            proc = subprocess.run([gpushare, "mig", *args, "--json"], capture_output=True, text=True,
+                                  env=cluster.env, timeout=60)
+            assert proc.returncode == 0, proc.stderr
+            out = json.loads(proc.stdout)
+            assert out.get("outcome", "nothing") == "nothing" and not any("target" in n for n in out.get("notes", [])), out
+        assert len(JournalStore(base / "node-journal").load("n1").history) == 1
     finally:
         cluster.stop()
     shutil.rmtree(base, ignore_errors=True)
