@@ -305,3 +305,45 @@ def test_a_node_whose_lines_cannot_be_edited_alone_is_named_and_not_acknowledged
     assert any(n.startswith("a1: ") and "no line of its own" in n for n in notes), notes
     assert slurm.nodes["a1"]["Extra"] == "" and parse_target(slurm.nodes["b1"]["Extra"], "b1").written == "ab"
     assert "NodeName=b1 CPUs=2 Gres=gpu:3g.20gb:1" in conf.read_text()
+
+
+def test_a_controller_pass_killed_before_its_acknowledgement_reloads_again_next_time(tmp_path: Path) -> None:
+    slurm, control, restarts = _setup(tmp_path, "22.05.8")
+    slurm.nodes["a1"]["Comment"] = Report("ab", "files", {0: ("a100-40gb", "3g.20gb@4")}, "gpu:3g.20gb:1",
+                                          (LINE.replace("~", " "),), "cd").encode()
+    _, ctl_cfg = _cfgs(tmp_path, "ctl")
+
+    def dies() -> None:
+        raise SlurmError("systemctl restart slurmctld: exit 1")
+    with pytest.raises(SlurmError):
+        controller_pass(ctl_cfg, slurm, tmp_path / "slurm.conf", tmp_path / "gres.conf", dies)  # type: ignore[arg-type]
+    assert "Gres=gpu:3g.20gb:1" in (tmp_path / "slurm.conf").read_text() and slurm.nodes["a1"]["Extra"] == ""
+    notes = control()  # the files are already there, but Slurm has not read them: reload, then acknowledge
+    assert any("already there" in n for n in notes) and restarts == ["slurmctld"]
+    assert parse_target(slurm.nodes["a1"]["Extra"], "a1").written == "cd"
+    assert slurm.nodes["a1"]["Gres"] == "gpu:3g.20gb:1"
+    control()
+    assert restarts == ["slurmctld"]  # acknowledged: nothing to reload any more
+
+
+def test_a_refused_create_rolls_back_and_the_controller_writes_the_rolled_back_lines(tmp_path: Path) -> None:
+    from gpushare.gres.errors import GpuError, NvmlCode
+
+    slurm, control, _ = _setup(tmp_path)
+
+    def refuse(label: str) -> None:  # the driver refuses the second op (after the destroy)
+        if label == "op1":
+            raise GpuError(NvmlCode.INSUFFICIENT_RESOURCES, "simulated refusal")
+    node_cfg, _ = _cfgs(tmp_path, "a1")
+    follow_controller(node_cfg, _node(tmp_path, slurm, "a1", control), slurm)  # type: ignore[arg-type]
+    slurm.pending = [job(1, "gres:gpu:3g.20gb:2")]
+    control()
+    result, _ = follow_controller(node_cfg, _node(tmp_path, slurm, "a1", control, hook=refuse),  # type: ignore[arg-type]
+                                  slurm)
+    assert result.outcome == "rolled_back" and "simulated refusal" in result.detail
+    report = parse_report(slurm.nodes["a1"]["Comment"], "a1")
+    assert (report.state, report.gpus[0][1]) == ("rolled_back", "7g.40gb@0")
+    lines = [line for line in (tmp_path / "gres.conf").read_text().splitlines() if line.startswith("NodeName=a1 ")]
+    assert len(lines) == 1 and "Type=7g.40gb" in lines[0]  # the files follow the GPU, written by the controller
+    assert lines[0] != "NodeName=a1 Name=gpu Type=7g.40gb MultipleFiles=/dev/nvidia0,/dev/nvidia-caps/nvidia-cap3"
+    assert slurm.nodes["a1"]["State"] == "IDLE" and slurm.nodes["a1"]["Gres"] == "gpu:7g.40gb:1"
