@@ -62,7 +62,7 @@ def new_token() -> str:
 
 
 def node_report(backend: GpuBackend, catalogue: Mapping[str, GpuModel], run: str, state: str, dev_dir: str,
-                shards: bool, files: str = "-") -> Report:
+                shards: bool, files: str = "-", answered: str = "-") -> Report:
     """What this node has now: per MIG GPU its model and layout, and the gres.conf lines and Gres= for it."""
     gpus = node_gpus_by_placement(backend)
     layouts: dict[int, tuple[str, str]] = {}
@@ -71,7 +71,7 @@ def node_report(backend: GpuBackend, catalogue: Mapping[str, GpuModel], run: str
         if info.mig_current is True and model is not None:
             layouts[info.index] = (model.name, format_layout(read_layout(backend, info.index)))
     return Report(run, state, layouts, node_gres(gpus, shards=shards),
-                  tuple(gres_conf_lines(gpus, dev_dir, shards=shards)), files)
+                  tuple(gres_conf_lines(gpus, dev_dir, shards=shards)), files, answered)
 
 
 class RecordSlurmActions(SlurmNodeQueries):
@@ -112,9 +112,10 @@ class RecordSlurmActions(SlurmNodeQueries):
         if any(not line.startswith(prefix) for line in lines):
             raise RecordError(f"gres.conf line for another node than {node}: {lines}")
         run = self.store.load(node).run_id or "-"
+        before = parse_report(read_records(self.client, node)[0].comment, node)  # a foreign Comment: refused
         report = node_report(self.backend, self.catalogue, run, "files", self.dev_dir, self.shards, new_token())
         report = Report(report.run, "files", report.gpus, gres, tuple(line[len(prefix):] for line in lines),
-                        report.files)
+                        report.files, before.answered if before else "-")
         write_field(self.client, node, "comment", report.encode())
         return True
 
@@ -250,7 +251,7 @@ def _plan(cfg: Config, client: SlurmClient, parsed: Mapping[str, tuple[str, Repo
     queries = SlurmNodeQueries(client)
     served: list[Want] = []
     for name, (state, report, target) in sorted(parsed.items()):
-        if report.state == "files" or (target is not None and target.layouts and target.run != report.run):
+        if report.state == "files" or (target is not None and target.layouts and target.run != report.answered):
             notes.append(f"{name}: reshape {target.run if target else report.run} in progress")
             continue
         flags = set(state.upper().replace("*", "").split("+")) & _UNAVAILABLE

@@ -10,8 +10,9 @@ exactly), and every Slurm host can read them with ``scontrol show node``. Each f
 other side's:
 
 - ``Extra``   — written by the controller: the node's **target** layout and the run id that names it.
-- ``Comment`` — written by the node: its **report** — the run it last worked on, how far it got, its GPUs'
-  actual layouts (with models) and the gres.conf lines and ``Gres=`` value Slurm needs for them.
+- ``Comment`` — written by the node: its **report** — the run it last worked on, how far it got, the last
+  target it answered, its GPUs' actual layouts (with models) and the gres.conf lines and ``Gres=`` value
+  Slurm needs for them.
 
 Format (a contract, docs/mig.md): ``gpushare-mig|v1|key=value|…`` with no spaces (``scontrol show node -o``
 separates fields with spaces), ``;`` between GPUs or lines, ``~`` for a space inside a gres.conf line.
@@ -70,12 +71,14 @@ class Report:
     gres: str  # the node's Gres= value for its actual GPUs
     lines: tuple[str, ...]  # its gres.conf lines, without "NodeName=<node> "
     files: str = "-"  # with state ``files``: a fresh token the controller echoes in Target.written when done
+    answered: str = "-"  # the last controller target (its run id) this node has answered; runs started on the
+    # node itself (``apply --target``, a restore after a GPU reset) keep it, so they never re-arm an old target
 
     def encode(self) -> str:
         gpus = ";".join(f"{g}:{m}:{lay}" for g, (m, lay) in sorted(self.gpus.items()))
         lines = ";".join(line.replace(" ", "~") for line in self.lines)
-        return _checked(f"{PREFIX}|run={self.run}|state={self.state}|files={self.files}|gres={self.gres}"
-                        f"|gpus={gpus}|lines={lines}")
+        return _checked(f"{PREFIX}|run={self.run}|state={self.state}|files={self.files}|answered={self.answered}"
+                        f"|gres={self.gres}|gpus={gpus}|lines={lines}")
 
     def node_lines(self, node: str) -> list[str]:
         return [f"NodeName={node} {line}" for line in self.lines]
@@ -131,7 +134,7 @@ def parse_target(text: str, node: str) -> Target | None:
 
 
 def parse_report(text: str, node: str) -> Report | None:
-    parts = _fields(text, node, "Comment", ("run", "state", "files", "gres", "gpus", "lines"))
+    parts = _fields(text, node, "Comment", ("run", "state", "files", "answered", "gres", "gpus", "lines"))
     if parts is None:
         return None
     where = f"node {node} Comment"
@@ -151,7 +154,8 @@ def parse_report(text: str, node: str) -> Report | None:
         if not _LINE_RE.match(line):
             raise RecordError(f"{where}: bad gres.conf line {line[:80]!r}")
         lines.append(line)
-    return Report(parts["run"], parts["state"], gpus, parts["gres"], tuple(lines), _token(parts["files"], where))
+    return Report(parts["run"], parts["state"], gpus, parts["gres"], tuple(lines), _token(parts["files"], where),
+                  _token(parts["answered"], where))
 
 
 @dataclass(frozen=True)

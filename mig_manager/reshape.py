@@ -153,8 +153,7 @@ def follow_controller(cfg: Config, executor: Executor, client: SlurmClient) -> t
     target = parse_target(record.extra, node)
     report = parse_report(record.comment, node)
     journal = executor.store.load(node)
-    answered = target is None or not target.layouts or (
-        report is not None and report.run == target.run and report.state != "files") or (
+    answered = target is None or not target.layouts or (report is not None and report.answered == target.run) or (
         journal.run_id == target.run and journal.phase != "running")
     if target is not None and not answered:
         layout = {}
@@ -171,7 +170,9 @@ def follow_controller(cfg: Config, executor: Executor, client: SlurmClient) -> t
             run, state = report.run, report.state
         else:
             run, state = (journal.run_id, _FINAL.get(journal.phase, "idle")) if journal.run_id else ("-", "idle")
-    text = node_report(executor.backend, cfg.gpus, run, state, cfg.mig.device_dir, settings(cfg).shards).encode()
+    last = target.run if target is not None else (report.answered if report is not None else "-")
+    text = node_report(executor.backend, cfg.gpus, run, state, cfg.mig.device_dir, settings(cfg).shards,
+                       answered=last).encode()
     if text != record.comment:
         write_field(client, node, "comment", text)
     return result, notes

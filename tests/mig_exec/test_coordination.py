@@ -17,6 +17,7 @@ from gpushare.config import parse_config
 from gpushare.mig_manager.coordination import RecordSlurmActions, controller_pass
 from gpushare.mig_manager.executor import Executor
 from gpushare.mig_manager.journal import JournalStore
+from gpushare.mig_manager.layout import Instance
 from gpushare.mig_manager.node_record import (MAX_CHARS, RecordError, Report, Target, parse_report, parse_target,
                                               read_records)
 from gpushare.mig_manager.reshape import follow_controller, settings
@@ -64,7 +65,8 @@ def test_a_target_that_is_not_ours_or_malformed_is_refused_by_name(text: str, ma
 ])
 def test_a_report_is_parsed_strictly_before_the_controller_writes_it_into_gres_conf(field: str, value: str,
                                                                                     match: str) -> None:
-    parts = {"run": "ab", "state": "files", "files": "cd", "gres": "gpu:3g.20gb:1", "gpus": "0:a100-40gb:3g.20gb@4",
+    parts = {"run": "ab", "state": "files", "files": "cd", "answered": "-", "gres": "gpu:3g.20gb:1",
+             "gpus": "0:a100-40gb:3g.20gb@4",
              "lines": LINE}
     parts[field] = value
     text = "gpushare-mig|v1|" + "|".join(f"{k}={v}" for k, v in parts.items())
@@ -347,3 +349,19 @@ def test_a_refused_create_rolls_back_and_the_controller_writes_the_rolled_back_l
     assert len(lines) == 1 and "Type=7g.40gb" in lines[0]  # the files follow the GPU, written by the controller
     assert lines[0] != "NodeName=a1 Name=gpu Type=7g.40gb MultipleFiles=/dev/nvidia0,/dev/nvidia-caps/nvidia-cap3"
     assert slurm.nodes["a1"]["State"] == "IDLE" and slurm.nodes["a1"]["Gres"] == "gpu:7g.40gb:1"
+
+
+def test_a_layout_set_by_hand_on_the_node_is_not_undone_by_an_old_target(tmp_path: Path) -> None:
+    slurm, control, _ = _setup(tmp_path)
+    node_cfg, _ = _cfgs(tmp_path, "a1")
+    follow_controller(node_cfg, _node(tmp_path, slurm, "a1", control), slurm)  # type: ignore[arg-type]
+    slurm.pending = [job(1, "gres:gpu:4g.20gb:1")]
+    control()
+    assert follow_controller(node_cfg, _node(tmp_path, slurm, "a1", control), slurm)[0].outcome == "applied"  # type: ignore[arg-type]
+    slurm.pending = []
+    by_hand = _node(tmp_path, slurm, "a1", control).apply({0: (Instance("7g.40gb", 0),)})  # gpushare mig apply --target
+    assert by_hand.outcome == "applied"
+    result, _ = follow_controller(node_cfg, _node(tmp_path, slurm, "a1", control), slurm)  # type: ignore[arg-type]
+    assert result.outcome == "nothing"
+    assert parse_report(slurm.nodes["a1"]["Comment"], "a1").gpus[0][1] == "7g.40gb@0"
+    assert slurm.nodes["a1"]["Gres"] == "gpu:7g.40gb:1"
