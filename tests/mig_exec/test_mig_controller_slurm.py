@@ -118,7 +118,12 @@ def test_controller_decides_and_writes_the_files_while_the_node_only_changes_its
         before = (cluster.conf.read_text(), gres_conf.read_text())
 
         outcome: dict[str, object] = {}
-        worker = threading.Thread(target=lambda: outcome.update(result=follow()), daemon=True)
+        def node_run() -> None:
+            try:
+                outcome["result"] = follow()
+            except BaseException as exc:  # noqa: BLE001 - shown by the assertions below
+                outcome["error"] = exc
+        worker = threading.Thread(target=node_run, daemon=True)
         worker.start()
         deadline = time.monotonic() + 30
         while (record()[0].state != "files") and time.monotonic() < deadline and worker.is_alive():
@@ -133,6 +138,7 @@ def test_controller_decides_and_writes_the_files_while_the_node_only_changes_its
         worker.join(timeout=40)
         reshape_s = time.monotonic() - started
         assert not worker.is_alive()
+        assert "error" not in outcome, outcome
         result, _ = outcome["result"]  # type: ignore[misc]
         journal = JournalStore(base / "node-journal").load("n1")
         assert result.outcome == "applied", (result, notes, journal.log)
