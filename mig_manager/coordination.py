@@ -94,16 +94,20 @@ class RecordSlurmActions(SlurmNodeQueries):
         self.node, self.backend, self.catalogue, self.store = node, backend, catalogue, store
         self.dev_dir, self.shards, self._restart = dev_dir, shards, restart
         self.wait_s, self.poll_s, self.clock, self.sleep = wait_s, poll_s, clock, sleep
+        self._answered = False  # Slurm answered a status call in this process (see status)
 
     def status(self, node: str) -> NodeStatus:
-        """As on one host, but a Slurm tool that fails for a moment is asked again (up to ``wait_s``): on a
-        configless node the tools read slurmd's cached configuration, which a slurmd restart renews."""
+        """As on one host, but once Slurm has answered in this run, a tool that fails for a moment is asked
+        again (up to ``wait_s``): on a configless node the tools read slurmd's cached configuration, which
+        a slurmd restart renews. A first call that fails (at boot, before slurmd) fails at once."""
         deadline = self.clock() + self.wait_s
         while True:
             try:
-                return super().status(node)
+                status = super().status(node)
+                self._answered = True
+                return status
             except SlurmError:
-                if self.clock() >= deadline:
+                if not self._answered or self.clock() >= deadline:
                     raise
                 self.sleep(self.poll_s)
 

@@ -365,3 +365,24 @@ def test_a_layout_set_by_hand_on_the_node_is_not_undone_by_an_old_target(tmp_pat
     assert result.outcome == "nothing"
     assert parse_report(slurm.nodes["a1"]["Comment"], "a1").gpus[0][1] == "7g.40gb@0"
     assert slurm.nodes["a1"]["Gres"] == "gpu:7g.40gb:1"
+
+
+def test_node_status_retries_only_after_slurm_has_answered(tmp_path: Path) -> None:
+    slurm, _, _ = _setup(tmp_path)
+    node_cfg, _ = _cfgs(tmp_path, "a1")
+    actions = RecordSlurmActions(slurm, "a1", sim_gpu(), node_cfg.gpus, JournalStore(tmp_path / "j"),  # type: ignore[arg-type]
+                                 "/dev", True, restart=lambda n: None, wait_s=5, poll_s=0.01, sleep=lambda s: None)
+    real_run, failures = slurm.run, []
+
+    def flaky(tool: str, *args: str, **kw: object) -> str:
+        if failures:
+            failures.pop()
+            raise SlurmError("scontrol: error: resolve_ctls_from_dns_srv: res_nsearch error")
+        return real_run(tool, *args, **kw)
+    slurm.run = flaky  # type: ignore[method-assign]
+    failures.append(1)
+    with pytest.raises(SlurmError):  # never answered yet (a configless node before slurmd): fail at once
+        actions.status("a1")
+    assert actions.status("a1").state == "IDLE"
+    failures.extend([1, 1])  # slurmd restarting: asked again
+    assert actions.status("a1").state == "IDLE" and not failures
