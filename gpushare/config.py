@@ -281,6 +281,16 @@ class MigSection:
                                    "a pending job counts as MIG demand only after waiting this long")
     demand_max_per_user: int = _opt(7, _between(0, 1000),
                                     "MIG instances one user's pending jobs can ask a reshape for; 0: no cap")
+    coordination: str = _opt("node", _one_of("node", "controller"),
+                             "node: each MIG node reads the demand and rewrites slurm.conf/gres.conf itself (one "
+                             "host or a shared /etc/slurm); controller: gpushare mig controller on the "
+                             "controller decides and owns the files, nodes follow through their Slurm record")
+    controller_restart_commands: list = _opt(["systemctl restart slurmctld"], None,
+                                             "coordination = controller, on the controller: run when the files "
+                                             "changed and scontrol reconfigure does not apply them (22.05)")
+    node_restart_commands: list = _opt(["systemctl restart slurmd"], None,
+                                       "coordination = controller, on the node: run once the controller has "
+                                       "applied the files, when slurmd must re-register (22.05)")
 
 
 @dataclass

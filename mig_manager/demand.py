@@ -138,11 +138,13 @@ def mark_busy(instances: Sequence[Instance], held: Counter[str], busy_placements
 
 
 def target_for(models: Mapping[int, GpuModel], current: Mapping[int, Sequence[Instance]],
-               wants: Sequence[Want]) -> tuple[Layout, list[str]]:
+               wants: Sequence[Want], served: list[Want] | None = None) -> tuple[Layout, list[str]]:
     """Greedy over the node's GPUs: each GPU serves what it can of the remaining wants.
 
     Returns the target (only GPUs whose layout changes) and one note per GPU plan. Wants a GPU cannot
-    serve without touching a busy instance are left for the next GPU.
+    serve without touching a busy instance are left for the next GPU. ``served`` (when given) receives
+    the wants this node serves, by reuse or by the target, so a caller planning several nodes can
+    offer the rest to the next one.
     """
     remaining = list(wants)
     target: Layout = {}
@@ -156,12 +158,14 @@ def target_for(models: Mapping[int, GpuModel], current: Mapping[int, Sequence[In
         if not mine:
             continue
         result: Plan = plan(model, current[gpu], [w.profile for w in mine])
-        served = {i for i in range(len(mine)) if i not in result.unmet}
+        chosen = {i for i in range(len(mine)) if i not in result.unmet}
         if result.actions:
             target[gpu] = tuple(Instance(i.profile, i.start) for i in result.final)
             notes.append(f"GPU {gpu}: " + "; ".join(a.text() for a in result.actions))
         notes.extend(f"GPU {gpu}: {result.notes[i]}" for i in result.unmet)
-        taken = [mine[i] for i in served]
+        taken = [mine[i] for i in chosen]
         for want in taken:
             remaining.remove(want)
+        if served is not None:
+            served.extend(taken)
     return target, notes

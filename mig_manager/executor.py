@@ -65,19 +65,22 @@ class Executor:
         self.hook = hook or (lambda label: None)
 
     # --- entry points --------------------------------------------------------------------------
-    def apply(self, target: Layout, *, rate_limit: bool = True) -> Result:
-        """Move the GPUs named in ``target`` to exactly those instances (``rate_limit=False``: restores)."""
+    def apply(self, target: Layout, *, rate_limit: bool = True, run_id: str | None = None) -> Result:
+        """Move the GPUs named in ``target`` to exactly those instances (``rate_limit=False``: restores).
+
+        ``run_id`` names the run (default: a fresh one); controller coordination passes the id of the
+        target the controller published, so the node's report and journal name the same run."""
         with self.store.lock(self.node):
             if self.store.load(self.node).phase == "running":
                 self._reconcile()
-            return self._apply(target, rate_limit)
+            return self._apply(target, rate_limit, run_id)
 
     def reconcile(self) -> Result:
         """Finish or roll back an interrupted run; resume a node we left drained. Safe to run any time."""
         with self.store.lock(self.node):
             return self._reconcile()
 
-    def _apply(self, target: Layout, rate_limit: bool) -> Result:
+    def _apply(self, target: Layout, rate_limit: bool, run_id: str | None = None) -> Result:
         journal = self.store.load(self.node)
         for gpu, items in target.items():
             info = self.backend.gpu(gpu)
@@ -96,7 +99,7 @@ class Executor:
         if ops and rate_limit and journal.recent(now) >= self.settings.max_per_hour:
             return Result("rate_limited", f"{journal.recent(now)} reshapes of {self.node} in the last hour "
                           f"(max {self.settings.max_per_hour}, [mig] max_reconfigurations_per_hour)")
-        run_id = uuid.uuid4().hex[:8]
+        run_id = run_id or uuid.uuid4().hex[:8]
         journal = Journal(node=self.node, run_id=run_id, phase="running", step="planned",
                           before={str(g): format_layout(v) for g, v in current.items()},
                           target={str(g): format_layout(v) for g, v in target.items()}, ops=ops,

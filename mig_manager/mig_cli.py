@@ -155,11 +155,13 @@ def plan_command(gpu: str, current: str, wants: tuple[str, ...], busy: tuple[str
 
 
 def _register_executor_commands() -> None:
-    """``apply`` and ``reconcile`` (node side, gpushare.mig_manager.mig_exec_cli) join the pure commands above."""
-    from gpushare.mig_manager.mig_exec_cli import apply_command, reconcile_command
+    """``apply``, ``reconcile`` (node side) and ``controller`` (gpushare.mig_manager.mig_exec_cli) join the pure
+    commands above."""
+    from gpushare.mig_manager.mig_exec_cli import apply_command, controller_command, reconcile_command
 
     command.add_command(apply_command)
     command.add_command(reconcile_command)
+    command.add_command(controller_command)
 
 
 _register_executor_commands()

@@ -28,10 +28,12 @@ import subprocess
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Iterable
 from typing import Callable, Protocol
 
 from gpushare.mig_manager.gres_files import rewrite_node_gres
 from gpushare.slurm.client import SlurmClient, SlurmError, parse_scontrol_record
+from gpushare.slurm.jobs import Job
 
 log = logging.getLogger("gpushare.mig")
 _GRES_ITEM_RE = re.compile(r"^(?:gres[:/])?gpu:([A-Za-z0-9_.+-]{1,40}):(\d{1,4})(?:\(.*\))?$")
@@ -88,31 +90,46 @@ def run_command(argv: list[str], timeout_s: float = 120.0) -> None:
         raise SlurmError(f"{shlex.join(argv)}: exit {proc.returncode}: {proc.stderr.strip()[-300:]}")
 
 
-class SlurmNodeActions:
-    """:class:`SlurmActions` on scontrol/squeue and the configuration files.
+def command_runner(commands: list[str]) -> Callable[[str], None]:
+    """A restart callable running ``commands`` (``[mig]`` setting strings) in order, no shell."""
+    argvs = [shlex.split(c) for c in commands if c.strip()]
 
-    ``restart`` is a callable (tests restart their own daemons); :meth:`with_commands` builds one from the
-    ``[mig]`` restart commands, run in that order (slurmctld first, then slurmd, as measured above).
-    ``try_reconfigure`` is ``[mig] reconfigure``: False keeps the restart path on every release.
+    def restart(node: str) -> None:
+        for argv in argvs:
+            run_command(argv)
+    return restart
+
+
+def gpu_jobs_on(jobs: Iterable[Job], node: str, hosts: Callable[[str], set[str]]) -> dict[str, Counter[str]]:
+    """Running (or completing) jobs on ``node`` and the GPU types they hold, from Slurm's structured records.
+
+    Job fields are user-influenced, so only structured fields are used and every GPU request field
+    (--gres, --gpus, --gpus-per-task, --gpus-per-socket) is parsed strictly; a GPU request we cannot
+    read as typed counts as holding any instance ("*"), so its instance is never destroyed. A job
+    spanning several nodes counts for each (``hosts`` expands its node list).
     """
+    out: dict[str, Counter[str]] = {}
+    for job in jobs:
+        if not job.active or node not in hosts(job.nodes):
+            continue
+        held: Counter[str] = Counter()
+        for request in job.gpu_requests:
+            typed = gpu_counts(request)
+            held.update(typed)
+            if "gpu" in request and not typed:  # untyped or unreadable GPU request: any instance
+                held["*"] += 1
+        if held:
+            out[job.job_id] = held
+    return out
 
-    def __init__(self, client: SlurmClient, slurm_conf: Path, gres_conf: Path,
-                 restart: Callable[[str], None], try_reconfigure: bool = True) -> None:
+
+class SlurmNodeQueries:
+    """What the executor asks of Slurm through its commands alone: node status, drain, resume, the jobs on
+    the node. Shared by the file-editing actions below and the node-record actions of controller
+    coordination (gpushare.mig_manager.coordination), which must not touch Slurm's files."""
+
+    def __init__(self, client: SlurmClient) -> None:
         self.client = client
-        self.slurm_conf = Path(slurm_conf)
-        self.gres_conf = Path(gres_conf)
-        self._restart = restart
-        self.try_reconfigure = try_reconfigure
-
-    @classmethod
-    def with_commands(cls, client: SlurmClient, slurm_conf: Path, gres_conf: Path,
-                      commands: list[str], try_reconfigure: bool = True) -> "SlurmNodeActions":
-        argvs = [shlex.split(c) for c in commands if c.strip()]
-
-        def restart(node: str) -> None:
-            for argv in argvs:
-                run_command(argv)
-        return cls(client, slurm_conf, gres_conf, restart, try_reconfigure)
 
     def status(self, node: str) -> NodeStatus:
         out = self.client.run("scontrol", "show", "node", "-o", node)
@@ -133,31 +150,35 @@ class SlurmNodeActions:
         self.client.run("scontrol", "update", f"nodename={node}", "state=resume")
 
     def running_gpu_jobs(self, node: str) -> dict[str, Counter[str]]:
-        """Running (or completing) jobs on ``node`` and the GPU types they hold, from Slurm's structured records.
+        """Running (or completing) jobs on ``node`` and the GPU types they hold (:func:`gpu_jobs_on`)."""
+        return gpu_jobs_on(self.client.jobs(), node, self.hosts)
 
-        Job fields are user-influenced, so only structured fields are used and every GPU request field
-        (--gres, --gpus, --gpus-per-task, --gpus-per-socket) is parsed strictly; a GPU request we cannot
-        read as typed counts as holding any instance ("*"), so its instance is never destroyed. A job
-        spanning several nodes counts for each (its node list is expanded by scontrol).
-        """
-        out: dict[str, Counter[str]] = {}
-        for job in self.client.jobs():
-            if not job.active or node not in self._hosts(job.nodes):
-                continue
-            held: Counter[str] = Counter()
-            for request in job.gpu_requests:
-                typed = gpu_counts(request)
-                held.update(typed)
-                if "gpu" in request and not typed:  # untyped or unreadable GPU request: any instance
-                    held["*"] += 1
-            if held:
-                out[job.job_id] = held
-        return out
-
-    def _hosts(self, nodelist: str) -> set[str]:
+    def hosts(self, nodelist: str) -> set[str]:
         if not nodelist or "[" not in nodelist:
             return {n for n in nodelist.split(",") if n}
         return set(self.client.run("scontrol", "show", "hostnames", nodelist).split())
+
+
+class SlurmNodeActions(SlurmNodeQueries):
+    """:class:`SlurmActions` on scontrol/squeue and the configuration files.
+
+    ``restart`` is a callable (tests restart their own daemons); :meth:`with_commands` builds one from the
+    ``[mig]`` restart commands, run in that order (slurmctld first, then slurmd, as measured above).
+    ``try_reconfigure`` is ``[mig] reconfigure``: False keeps the restart path on every release.
+    """
+
+    def __init__(self, client: SlurmClient, slurm_conf: Path, gres_conf: Path,
+                 restart: Callable[[str], None], try_reconfigure: bool = True) -> None:
+        super().__init__(client)
+        self.slurm_conf = Path(slurm_conf)
+        self.gres_conf = Path(gres_conf)
+        self._restart = restart
+        self.try_reconfigure = try_reconfigure
+
+    @classmethod
+    def with_commands(cls, client: SlurmClient, slurm_conf: Path, gres_conf: Path,
+                      commands: list[str], try_reconfigure: bool = True) -> "SlurmNodeActions":
+        return cls(client, slurm_conf, gres_conf, command_runner(commands), try_reconfigure)
 
     def write_gres(self, node: str, lines: list[str], gres: str) -> bool:
         return rewrite_node_gres(self.slurm_conf, self.gres_conf, node, lines, gres)

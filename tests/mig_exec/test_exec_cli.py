@@ -46,3 +46,9 @@ def test_a_slurm_that_cannot_answer_is_exit_3_with_the_next_step(tmp_path: Path)
     assert result.exit_code == 3 and "reconcile" in result.output
     result = run("apply", "--node", "n1", "--config", toml, "--target", "0=3g.20gb@4,2g.10gb@0")
     assert result.exit_code == 3 and "gpushare mig reconcile" in result.output
+
+
+def test_controller_command_needs_controller_coordination(tmp_path: Path) -> None:
+    toml = str(config(tmp_path))
+    result = run("controller", "--config", toml)
+    assert result.exit_code == 2 and 'coordination = "controller"' in result.output
