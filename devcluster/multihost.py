@@ -26,8 +26,10 @@ Needs root, util-linux (unshare, setpriv) and the packages the single-host clust
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
+import re
 import shlex
 import shutil
 import signal
@@ -44,7 +46,7 @@ from devcluster import chroot, slurm_runtime
 from devcluster.local_cluster import REPO, ClusterError
 from gpushare.atomic import write_text_atomic
 from gpushare.config import Config, parse_config
-from gpushare.gres.gres_conf import gres_conf_lines
+from gpushare.gres.gres_conf import gres_conf_lines, node_gres
 from gpushare.slurm.client import SlurmClient
 from gpushare.slurm.jobs import ENDED_STATES, Job
 from gpushare.slurm_plugins.slurm_config import group_gpus, render_lua, render_slurm_conf
@@ -58,9 +60,15 @@ PRIVATE_DIRS = ("/tmp", "/var/tmp", "/run", "/var/log", "/var/spool", "/var/lib/
 SHARED_DIRS = ("/home",)
 SLURM_CONF = "/etc/slurm/slurm.conf"
 GPUSHARE_CONF = "/etc/slurm/gpushare.toml"
+MIG_CAP_MAJOR = 234  # the simulated nvidia-caps character devices' major number
 SIM_DIR = "/var/lib/gpushare-sim"  # a GPU host's simulated GPUs: device files and the NVML state (private)
 TOOLS = ("sbatch", "scontrol", "squeue", "sinfo", "scancel", "sacct", "sacctmgr", "srun")
 USERS = ("gpushare-alice", "gpushare-bob")  # ordinary users with 0700 homes in the shared /home
+# 22.05 picks up a MIG node's new GRES only through restarts (docs/mig.md), each on its own host: these stop the
+# daemon the pid file names, wait for it to go (a zombie of the harness counts as gone) and start it again
+_STOP = ('p=$(cat {pid}) && kill $p; while [ -d /proc/$p ] && ! grep -q "^State:.*Z" /proc/$p/status; '
+         'do sleep 0.1; done; ')
+RESTART_SLURMCTLD = f"/bin/sh -c '{_STOP.format(pid='/run/slurmctld.pid')}slurmctld -i >/dev/null 2>&1'"
 _SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -256,7 +264,15 @@ class MultiHostCluster:
             f'partition = "{"mig" if h.mig else "gpu"}"\n' + ("mig = true\n" if h.mig else "")
             for h in self.with_role("gpu"))
         agent = (f'\n[agent]\ndevice_backend = "sim:{SIM_DIR}/sim.json"\n' if "[agent]" not in self.toml_extra else "")
-        return f"version = 1\n{self.toml_extra}\n{agent}{groups}"
+        mig = (f'\n[mig]\ncoordination = "controller"\ndevice_dir = "{SIM_DIR}/dev"\ncap_device_major = {MIG_CAP_MAJOR}\n'
+               f"controller_restart_commands = [{json.dumps(RESTART_SLURMCTLD)}]\n"
+               f"node_restart_commands = [{json.dumps(self._restart_slurmd())}]\n"
+               if any(h.mig for h in self.hosts) and "[mig]" not in self.toml_extra else "")
+        return f"version = 1\n{self.toml_extra}\n{agent}{mig}{groups}"
+
+    def _restart_slurmd(self) -> str:
+        server = f"{self.controller.address}:{self.ports.get('ctld', 0)}"
+        return f"/bin/sh -c '{_STOP.format(pid='/run/slurmd.pid')}slurmd --conf-server {server} >/dev/null 2>&1'"
 
     def _write_hosts(self) -> None:
         self.base.mkdir(parents=True, exist_ok=True)
@@ -272,9 +288,12 @@ class MultiHostCluster:
             os.chmod(directory, 0o700)
         key = os.urandom(1024)
         hosts_file = "127.0.0.1 localhost\n" + "".join(f"{h.address} {h.name}\n" for h in self.hosts)
+        self.ports = {"ctld": _free_port(), **{h.name: _free_port() for h in self.slurm_nodes}}
         cfg_text = self.toml_text()
         cfg = self.config()
-        self.ports = {"ctld": _free_port(), **{h.name: _free_port() for h in self.slurm_nodes}}
+        for host in self.with_role("gpu"):  # first: a MIG node's GRES lines come from its GPUs' layout
+            self.path_on(host.name, SIM_DIR).mkdir(parents=True, exist_ok=True)
+            self._make_gpus(host, cfg)
         slurm_conf = self._slurm_conf(cfg)
         for host in self.hosts:
             for directory in PRIVATE_DIRS:
@@ -297,13 +316,16 @@ class MultiHostCluster:
             if host.has("controller"):
                 write_text_atomic(self.path_on(host.name, "/etc/slurm/job_submit.lua"), render_lua(cfg))
                 self.path_on(host.name, "/var/spool/slurmctld").mkdir(parents=True, exist_ok=True)
-            if host.has("gpu"):
-                self._make_gpus(host, cfg)
             self._write_enter(host)
             self._write_tools(host)
 
     def _make_gpus(self, host: Host, cfg: Config) -> None:
+        """The host's simulated GPUs: device files and the NVML state; a MIG host's GPUs in MIG mode, each
+        one 7g instance (the layout a freshly partitioned node has), with their nvidia-caps devices."""
         from gpushare.gres.sim_backend import SimBackend
+        from gpushare.mig_manager.device_ops import create_instance
+        from gpushare.mig_manager.gres_files import ensure_cap_devices
+        from gpushare.mig_manager.journal import Op
 
         sim = self.path_on(host.name, SIM_DIR)
         (sim / "dev").mkdir(parents=True, exist_ok=True)
@@ -313,16 +335,31 @@ class MultiHostCluster:
             if not device.exists():
                 os.mknod(device, 0o666 | 0o020000, os.makedev(195, index))
         scenario = {"version": 1, "name": host.name, "processes": [],
-                    "gpus": [{"model": host.gpu} for _ in range(host.gpus)]}
-        SimBackend.from_scenario(scenario, sim / "sim.json")
+                    "gpus": [{"model": host.gpu, **({"mig_mode": True} if host.mig else {})} for _ in range(host.gpus)]}
+        backend = SimBackend.from_scenario(scenario, sim / "sim.json")
+        if host.mig:
+            whole = next(p.name for p in cfg.gpu(host.gpu).mig_profiles if p.name.startswith("7g."))
+            for index in range(host.gpus):
+                create_instance(backend, Op("create", index, whole, 0))
+            minors = [m for g in self._node_gpus(host) for d in g.mig or () for m in (d.gi_cap_minor, d.ci_cap_minor)]
+            ensure_cap_devices(sim / "dev", minors, MIG_CAP_MAJOR)
         for name in ("sim.json", "sim.json.lock"):
             (sim / name).touch()
             os.chmod(sim / name, 0o666)
 
+    def _node_gpus(self, host: Host) -> list:
+        """A MIG host's GPUs as gres.conf sees them, from its simulated state."""
+        from gpushare.gres.gres_conf import node_gpus
+        from gpushare.gres.sim_backend import SimBackend
+
+        return node_gpus(SimBackend.open(self.path_on(host.name, f"{SIM_DIR}/sim.json")))
+
     def _gres_conf(self, cfg: Config) -> str:
         lines = ["# generated by devcluster.multihost from gpushare's gres.conf generator"]
         for group in cfg.nodes:
-            lines.extend(gres_conf_lines(group_gpus(cfg, group), group.device_dir, node_name=group.names))
+            host = self.host(group.names)
+            gpus = self._node_gpus(host) if host.mig else group_gpus(cfg, group)
+            lines.extend(gres_conf_lines(gpus, group.device_dir, node_name=group.names))
         return "\n".join(lines) + "\n"
 
     def _slurm_conf(self, cfg: Config) -> str:
@@ -352,6 +389,8 @@ class MultiHostCluster:
         for line in generated:
             if line.startswith("NodeName="):
                 name = line.split()[0].split("=", 1)[1]
+                if name in self.ports and self.host(name).mig:  # its current layout, not the whole GPU
+                    line = re.sub(r" Gres=\S+", f" Gres={node_gres(self._node_gpus(self.host(name)))}", line)
                 if name in self.ports:
                     line += f" NodeHostname={name} NodeAddr={self.host(name).address} Port={self.ports[name]}"
                 line += f" CPUs={cpus} RealMemory=4000" if "CPUs=" not in line else ""
@@ -424,6 +463,7 @@ if [ "${{1-}}" != --in-namespace ]; then
   exec unshare --mount --uts --propagation private -- "$0" --in-namespace "$@"
 fi
 shift
+readlink /proc/self/ns/mnt >> {q(str(self.host_dir(host.name) / "namespaces"))} 2>/dev/null || true
 set -e
 root={q(root)}
 user=
@@ -525,6 +565,13 @@ exec {squash}{enter} /bin/sh -c 'cd "$1" && shift && exec "$@"' sh "$cwd" "$@"
             time.sleep(0.2)
 
     def leftover_pids(self) -> list[int]:
+        """Processes in any namespace a host's enter script made: daemons, jobs, and daemons a command
+        restarted on its own (a MIG reshape on 22.05)."""
+        for host in self.hosts:
+            try:
+                self.namespaces.update((self.host_dir(host.name) / "namespaces").read_text().split())
+            except OSError:
+                pass
         found = []
         for entry in os.listdir("/proc"):
             if entry.isdigit():

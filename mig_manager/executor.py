@@ -62,6 +62,7 @@ class Executor:
                  sleep: Callable[[float], None] = time.sleep, hook: Callable[[str], None] | None = None) -> None:
         self.node, self.backend, self.slurm, self.store = node, backend, slurm, store
         self.settings, self.clock, self.sleep = settings, clock, sleep
+        self._restarted_at: float | None = None  # when this run restarted the node's slurmd, if it did
         self.hook = hook or (lambda label: None)
 
     # --- entry points --------------------------------------------------------------------------
@@ -231,6 +232,7 @@ class Executor:
                 return
             self._note(journal, f"reconfigure left {self.node} at {left.state} Gres={left.gres}")
         self._note(journal, f"restarting Slurm daemons for Gres={journal.expected_gres}")
+        self._restarted_at = self.clock()
         self.slurm.restart(self.node)
 
     def _verify(self, journal: Journal) -> None:
@@ -247,7 +249,12 @@ class Executor:
         deadline = self.clock() + timeout_s
         while True:
             status = self.slurm.status(self.node)
-            settled = not (status.flags & {"UNKNOWN", "NOT_RESPONDING"})
+            # After a restart, the node's new slurmd must have registered: until then a restarted slurmctld
+            # shows the configured counts from its files, and jobs it starts on the node get no device
+            # (measured on 22.05: CUDA_VISIBLE_DEVICES empty for jobs placed before the registration).
+            registered = (self._restarted_at is None or status.slurmd_started is None
+                          or status.slurmd_started >= int(self._restarted_at) - 1)
+            settled = not (status.flags & {"UNKNOWN", "NOT_RESPONDING"}) and registered
             if gpu_counts(status.gres) == want and not status.invalid and settled:
                 return None
             if self.clock() >= deadline:

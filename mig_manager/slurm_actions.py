@@ -22,6 +22,7 @@ show the new layout: no daemon restart from the node, no ``ssh`` to the controll
 from __future__ import annotations
 
 import logging
+import datetime
 import re
 import shlex
 import subprocess
@@ -47,6 +48,7 @@ class NodeStatus:
     state: str  # e.g. "IDLE+DRAIN", "MIXED", "IDLE+DRAIN+INVALID_REG"
     reason: str  # without Slurm's " [user@time]" suffix; "" when none
     gres: str  # the node's configured Gres=, e.g. "gpu:3g.20gb:1,gpu:1g.5gb:2"
+    slurmd_started: float | None = None  # SlurmdStartTime: known to slurmctld once that slurmd registered
 
     @property
     def flags(self) -> set[str]:
@@ -59,6 +61,14 @@ class NodeStatus:
     @property
     def invalid(self) -> bool:
         return bool(self.flags & {"INVAL", "INVALID", "INVALID_REG"})
+
+
+def _timestamp(text: str) -> float | None:
+    """Slurm's local ``2026-11-26T09:20:53`` as seconds since the epoch; None for ``None``/``Unknown``."""
+    try:
+        return datetime.datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return None
 
 
 def gpu_counts(gres: str) -> Counter[str]:
@@ -139,7 +149,7 @@ class SlurmNodeQueries:
         reason = re.sub(r"\s*\[[^\]]*@[^\]]*\]\s*$", "", fields.get("Reason", "")).strip()
         gres = fields.get("Gres", "")
         return NodeStatus(fields.get("State", ""), "" if reason == "(null)" else reason,
-                          "" if gres == "(null)" else gres)
+                          "" if gres == "(null)" else gres, _timestamp(fields.get("SlurmdStartTime", "")))
 
     def drain(self, node: str, reason: str) -> None:
         if not _REASON_OK.match(reason):
