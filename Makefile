@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 # Debian's interpreter, not a per-user one (pyenv lives under /root): Slurm jobs and estimation jobs run
 # as ordinary users and must be able to execute the virtualenv's python and gpu-estimate.
 BASE_PYTHON ?= $(shell [ -x /usr/bin/python3 ] && echo /usr/bin/python3 || echo python3)
-DEBS := slurmctld slurmd slurm-client munge lua-socket lua5.1 python3-venv lmod
+DEBS := slurmctld slurmd slurm-client slurmdbd mariadb-server mariadb-client munge lua-socket lua5.1 python3-venv lmod
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # Newer Slurm releases the integration tests also run on (devcluster/chroot.py builds their chroots).
 CHROOT_SLURM ?= 24.11 26.05
