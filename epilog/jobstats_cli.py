@@ -197,8 +197,10 @@ def render(doc: dict[str, Any]) -> str:
     lines = [f"Job {doc['job']} ({doc['user'] or '?'}): {doc['state']}, exit {_fmt(doc['exit_code'])}, "
              f"ran {_fmt(doc['elapsed_s'], ' s', 0)} on {doc['node'] or '?'}{runs}",
              f"  GPU asked: {doc['gres'] or '-'} ({doc['decision'] or 'no gpushare decision'}); "
-             f"share {_fmt(doc['share_gib'], ' GiB')}, estimate {_fmt(doc['est_gib'], ' GiB')} "
-             f"+ margin {_fmt(doc['margin_gib'], ' GiB')}, measured peak {_fmt(doc['peak_gib'], ' GiB', 2)}"]
+             f"share {_fmt(doc['share_gib'], ' GiB')}, "
+             + (f"estimate {_fmt(doc['est_gib'], ' GiB')} + margin {_fmt(doc['margin_gib'], ' GiB')}, "
+                if doc["est_gib"] is not None else "no estimate, ")
+             + f"measured peak {_fmt(doc['peak_gib'], ' GiB', 2)}"]
     for index, gpu in sorted(doc["gpus"].items()):
         lines.append(f"  GPU {index}: peak {_fmt(gpu['peak_gib'], ' GiB', 2)}, SM activity {_fmt(gpu['smact_pct'], ' %')}")
     lines.append(f"  first kernel after {_fmt(doc['ttfk_s'], ' s', 2)} ({doc['ttfk_source'] or '-'}); "

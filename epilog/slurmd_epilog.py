@@ -102,7 +102,7 @@ def _store(client: SlurmClient, job: str, record: dict[str, Any]) -> None:
     except Exception as exc:  # noqa: BLE001 - the node ledger still has the record
         log.warning("job %s: record not stored in the accounting database: %s", job, str(exc)[-200:])
         return
-    log.info("job %s: accounting database: %s (%d reads, %d writes, %.2f s)", job, outcome.result, outcome.reads,
+    log.info("job %s: accounting database: %s (%d reads, %d writes, %.3f s)", job, outcome.result, outcome.reads,
              outcome.writes, time.monotonic() - started)
 
 
