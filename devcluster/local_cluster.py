@@ -97,6 +97,7 @@ class LocalCluster:
     # it adds seconds to a start. ``accounting_users`` get an association in the cluster's account.
     accounting: bool = False
     accounting_users: tuple[str, ...] = ("root",)
+    mail_prog: str = "/bin/true"  # slurm.conf MailProg (tests of gpushare.epilog.mailprog put a wrapper here)
     pids: dict[str, int] = field(default_factory=dict)
     runtime: SlurmRuntime | None = None
     acct: Accounting | None = None
@@ -266,7 +267,7 @@ class LocalCluster:
             "SlurmctldDebug=info\nSlurmdDebug=info",
             "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none",
             "SelectType=select/cons_tres\nSelectTypeParameters=CR_Core_Memory\nDefMemPerCPU=100",
-            "MailProg=/bin/true\nReturnToService=2\nMpiDefault=none",
+            f"MailProg={self.mail_prog}\nReturnToService=2\nMpiDefault=none",
             "SchedulerType=sched/backfill\nSchedulerParameters=sched_interval=1",
             "JobCompType=jobcomp/none",
             *(self.acct.slurm_conf_lines() if self.acct else ["AccountingStorageType=accounting_storage/none"]),

@@ -60,7 +60,9 @@ def cluster(request: pytest.FixtureRequest) -> Any:
             f'log_file = "{base}/log/agent.log"\n')
     SimBackend.from_scenario(helpers.two_gpus(), base / "sim.json")
     made = helpers.AgentCluster(base, bin_dir=BIN_DIR, toml_extra=toml, accounting=True,
-                                accounting_users=("root", owner.pw_name, other.pw_name))
+                                accounting_users=("root", owner.pw_name, other.pw_name),
+                                mail_prog=str(base / "bin" / "mailprog"))
+    write_mail_programs(base, made)
     failed_before = request.session.testsfailed
     try:
         made.start()
@@ -81,6 +83,21 @@ def cluster(request: pytest.FixtureRequest) -> Any:
             shutil.rmtree(base, ignore_errors=True)
 
 
+def write_mail_programs(base: Path, cluster: Any) -> None:
+    """slurm.conf's MailProg: gpushare's wrapper (as docs/agent.md shows it) in front of a mail program that
+    writes each mail to ``base/mail`` (arguments, then the body)."""
+    (base / "bin").mkdir(parents=True, exist_ok=True)
+    (base / "mail").mkdir(exist_ok=True)
+    fake = base / "bin" / "fake-mail"
+    fake.write_text(f"#!/bin/sh\n{{ printf '%s\\n' \"$@\"; cat; }} > '{base}/mail/'$(date +%s%N).txt\n")
+    wrapper = base / "bin" / "mailprog"
+    wrapper.write_text(f"#!/bin/sh\nexport SLURM_CONF='{cluster.conf}' GPUSHARE_CONFIG='{cluster.gpushare_conf}'\n"
+                       f"exec '{sys.executable}' -m gpushare.epilog.mailprog --mail '{fake}' --wait-s 30 \"$@\" "
+                       f"2>>'{base}/log/mailprog.log'\n")
+    for script_path in (fake, wrapper):
+        script_path.chmod(0o755)
+
+
 @pytest.fixture(scope="module")
 def jobs(cluster: Any) -> dict[str, int]:
     """A shared job, an OOM-recovered job and an exclusive job of one user, finished; then the GPU node's
@@ -90,7 +107,8 @@ def jobs(cluster: Any) -> dict[str, int]:
     as_owner = ("--gres=gpu:1", f"--uid={cluster.owner.pw_uid}", f"--gid={cluster.owner.pw_gid}", "-D", str(out),
                 "-o", str(out / "job-%j.out"), "--open-mode=append",
                 f"--export=ALL,GPUSHARE_CONFIG={cluster.gpushare_conf}")
-    ids = {"shared": cluster.client.sbatch(*as_owner, script=script("mem=8G", "--mem-mib 3000 --seconds 3"))[0],
+    mail = ("--mail-type=END", f"--mail-user={cluster.owner.pw_name}")
+    ids = {"shared": cluster.client.sbatch(*as_owner, *mail, script=script("mem=8G", "--mem-mib 3000 --seconds 3"))[0],
            "oom": cluster.client.sbatch(*as_owner, script=script(
                "mem=4G", "--mem-mib 4300 --seconds 3 --oom-first-run"))[0],
            "exclusive": cluster.client.sbatch(*as_owner, script=script(
@@ -166,3 +184,23 @@ def test_simulate_replays_the_databases_own_sacct_json(cluster, jobs, tmp_path):
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert result["summary"]["jobs"] >= 3, result["summary"]
+
+
+def test_the_end_of_job_mail_carries_the_summary(cluster, jobs):
+    """slurmctld (real, of this release) calls MailProg as the job ends, before the Epilogs: the wrapper waits
+    for the stored record and appends the summary to the mail it passes on."""
+    subject = f"Job_id={jobs['shared']} "
+
+    def mail() -> str:
+        for path in sorted((cluster.base / "mail").glob("*.txt")):
+            text = path.read_text()
+            if subject in text:
+                return text
+        return ""
+
+    cluster.wait_for(lambda: bool(mail()), 40, "no end-of-job mail")
+    text = mail()
+    assert text.splitlines()[0] == "-s" and "Ended" in text.splitlines()[1]
+    assert text.splitlines()[2] == cluster.owner.pw_name
+    assert f"Job {jobs['shared']} ({cluster.owner.pw_name}): COMPLETED" in text
+    assert "Advice: this job peaked at 2.93 GiB of its 9 GiB share" in text
