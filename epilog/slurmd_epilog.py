@@ -94,11 +94,12 @@ def close_job(env: Mapping[str, str], cfg: AgentSection, client: SlurmClient | N
 
 def _store(client: SlurmClient, job: str, record: dict[str, Any]) -> None:
     """The run summary into Slurm's accounting database (gpushare.epilog.stored_record); never fatal."""
-    from gpushare.epilog.stored_record import store
+    from gpushare.epilog.stored_record import TIMEOUT_S, store
+    from gpushare.slurm.client import SlurmClient as Client
 
     started = time.monotonic()
-    try:
-        outcome = store(client, job, record)
+    try:  # its own short timeout: an unreachable slurmdbd must not hold the node for the client's default
+        outcome = store(Client(client.conf_path, client.bin_dir, TIMEOUT_S), job, record)
     except Exception as exc:  # noqa: BLE001 - the node ledger still has the record
         log.warning("job %s: record not stored in the accounting database: %s", job, str(exc)[-200:])
         return

@@ -38,6 +38,7 @@ log = logging.getLogger("gpushare.epilog")
 TRIES = 20  # reads of the database while waiting for the job's end to land there
 WAIT_S = 0.25
 WRITES = 3  # merge-write-verify rounds when another writer changes the comment meanwhile
+TIMEOUT_S = 10.0  # per sacct/sacctmgr call: slurmdbd unreachable must not hold the node long
 _FIELDS = "JobIDRaw,State,Start,End,AdminComment"
 _LIVE = ("PENDING", "RUNNING", "REQUEUED", "SUSPENDED", "COMPLETING", "CONFIGURING", "RESIZING")
 
