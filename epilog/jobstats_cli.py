@@ -24,7 +24,7 @@ from gpushare.slurm.client import SlurmClient, SlurmError
 from gpushare.slurm.jobs import check_job_id
 
 VERSION = 1
-_FIELDS = ("JobIDRaw", "User", "State", "ExitCode", "Elapsed", "NodeList", "AllocTRES", "AdminComment")
+_FIELDS = ("JobIDRaw", "JobID", "User", "State", "ExitCode", "Elapsed", "NodeList", "AllocTRES", "AdminComment")
 _TRES = re.compile(r"gres/(gpu|shard)(?::([^=,]+))?=(\d+)")
 GENEROUS = 0.7  # a peak below this fraction of the share means the job asked for too much
 LEARN_FACTOR = 1.5  # gpushare.epilog.learn: the learned floor after an OOM is this times the failed size
@@ -64,7 +64,7 @@ def from_sacct(client: SlurmClient, job: str) -> list[dict[str, str]] | None:
     runs = []
     for line in out.splitlines():
         parts = line.split("|", len(_FIELDS) - 1)  # AdminComment last: a "|" inside it stays there
-        if len(parts) == len(_FIELDS) and parts[0] == job:
+        if len(parts) == len(_FIELDS) and job in (parts[0], parts[1]):  # an array task: 100_4 (JobID) is 104
             runs.append(dict(zip(_FIELDS, parts)))
     return runs
 
@@ -75,7 +75,7 @@ def from_scontrol(client: SlurmClient, job: str) -> list[dict[str, str]]:
     if found is None:
         return []
     text = client.show_job_text(job)
-    return [{"JobIDRaw": job, "User": found.user_name, "State": found.state,
+    return [{"JobIDRaw": found.job_id, "JobID": job, "User": found.user_name, "State": found.state,
              "ExitCode": f"{found.exit_status or 0}:{found.exit_signal or 0}", "Elapsed": text.get("RunTime", ""),
              "NodeList": text.get("NodeList", ""), "AllocTRES": text.get("AllocTRES", ""),
              "AdminComment": found.admin_comment or ""}]
@@ -92,7 +92,7 @@ def summarise(runs: list[dict[str, str]]) -> dict[str, Any]:
     gpus = {str(k): {"peak_gib": v[0], "smact_pct": v[1]} for k, v in (run.get("gpus") or {}).items()
             if isinstance(v, list) and len(v) == 2}
     doc: dict[str, Any] = {
-        "v": VERSION, "job": last.get("JobIDRaw"), "user": last.get("User") or None,
+        "v": VERSION, "job": last.get("JobID") or last.get("JobIDRaw"), "user": last.get("User") or None,
         "state": (last.get("State") or "").split()[0] or None, "runs": len(runs),
         "exit_code": int(exit_code) if exit_code.isdigit() else None,
         "signal": int(signal) if signal.isdigit() else None,

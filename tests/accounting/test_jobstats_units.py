@@ -101,3 +101,16 @@ def test_advice_for_a_recovered_oom_and_for_an_exclusive_job():
     assert whole["advice"] == ("this job peaked at 4.88 GiB of a whole 40 GiB GPU: next time `#GPUSHARE mem=5G` "
                                "lets it share; a 2g.10gb slice would have held it")
     assert "Advice: this job peaked" in jobstats_cli.render(whole)
+
+
+class FakeSacct:
+    """sacct's -P answer for an array task: JobIDRaw 104, JobID 100_4."""
+
+    def run(self, tool: str, *args: str, **_: object) -> str:
+        assert tool == "sacct" and args[args.index("-j") + 1] == "100_4"
+        return "104|100_4|alice|COMPLETED|0:0|00:00:09|n1|gres/shard=3|\n"
+
+
+def test_an_array_task_is_found_by_its_array_name():
+    runs = jobstats_cli.from_sacct(FakeSacct(), "100_4")
+    assert [(r["JobIDRaw"], r["JobID"], r["AllocTRES"]) for r in runs] == [("104", "100_4", "gres/shard=3")]
