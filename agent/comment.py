@@ -23,17 +23,40 @@ log = logging.getLogger("gpushare.agent")
 
 
 def run_summary(record: dict[str, Any]) -> dict[str, Any]:
-    """The compact part of a record that goes into AdminComment (``run`` key of the gpushare record)."""
+    """The compact part of a record that goes into AdminComment (``run`` key of the gpushare record).
+
+    Besides the totals: ``ttfk_src`` (how the first kernel was seen), ``cap_gib`` (the memory cap the job ran
+    under), ``stop`` (the agent stopped or requeued it: backstop or forecast) and ``gpus`` {index: [peak GiB,
+    mean SMACT %]} for at most ``MAX_GPUS`` GPUs, so ``gpushare jobstats`` can advise from Slurm alone."""
     gpus = record.get("gpus") or {}
     energy = [g["energy_j"] for g in gpus.values() if g.get("energy_j") is not None]
     share = [g["share_j"] for g in gpus.values() if g.get("share_j") is not None]
     peaks = [g["peak_bytes"] for g in gpus.values() if g.get("peak_bytes") is not None]
-    summary = {"node": record.get("node"), "ttfk_s": record.get("ttfk_s"),
+    caps = record.get("caps") or {}
+    stopped = record.get("oom") or record.get("forecast")
+    summary = {"node": record.get("node"), "ttfk_s": record.get("ttfk_s"), "ttfk_src": record.get("ttfk_source"),
                "energy_j": round(sum(energy), 1) if energy else None,
                "share_j": round(sum(share), 1) if share else None,
                "peak_gib": round(max(peaks) / 2**30, 2) if peaks else None,
-               "exit": record.get("exit_code"), "caps": (record.get("caps") or {}).get("mode")}
+               "exit": record.get("exit_code"), "caps": caps.get("mode"),
+               "cap_gib": round(caps["mem_limit_mib"] / 1024, 2) if caps.get("mem_limit_mib") else None,
+               "stop": stopped.get("source") if isinstance(stopped, dict) else None,
+               "gpus": _per_gpu(gpus, record.get("series") or {}) or None}
     return {k: v for k, v in summary.items() if v is not None}
+
+
+MAX_GPUS = 8  # per-GPU detail beyond this many GPUs would crowd out the rest of the record
+
+
+def _per_gpu(gpus: dict[str, Any], series: dict[str, Any]) -> dict[str, list[float | None]]:
+    out: dict[str, list[float | None]] = {}
+    for index in sorted(gpus, key=lambda g: int(g) if str(g).isdigit() else 0)[:MAX_GPUS]:
+        peak = gpus[index].get("peak_bytes")
+        samples = [p[3] for p in series.get(index) or [] if isinstance(p, list) and len(p) > 3
+                   and isinstance(p[3], (int, float))]
+        out[str(index)] = [round(peak / 2**30, 2) if isinstance(peak, (int, float)) else None,
+                           round(100.0 * sum(samples) / len(samples), 1) if samples else None]
+    return out
 
 
 def merged_comment(existing: str | None, **fields: Any) -> str | None:

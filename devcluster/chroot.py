@@ -39,14 +39,16 @@ from urllib.parse import urlsplit
 
 #: Slurm release (major.minor) → the Debian suite that ships it.
 SUITES: dict[str, str] = {"24.11": "trixie", "26.05": "sid"}
-#: What the local clusters need: daemons, client tools, munge, Lua 5.1 for job_submit/lua, and Lmod (batch
-#: scripts that `module load` their environment, replayed by asynchronous estimation on the node).
-PACKAGES: tuple[str, ...] = ("slurmctld", "slurmd", "slurm-client", "munge", "lua5.1", "lua-socket", "lmod")
+#: What the local clusters need: daemons (slurmdbd for clusters with accounting, devcluster.accounting), client
+#: tools, munge, Lua 5.1 for job_submit/lua, and Lmod (batch scripts that `module load` their environment,
+#: replayed by asynchronous estimation on the node).
+PACKAGES: tuple[str, ...] = ("slurmctld", "slurmd", "slurm-client", "slurmdbd", "munge", "lua5.1", "lua-socket",
+                             "lmod")
 #: Client tools that get a wrapper on the host (those present in the chroot).
 CLIENT_TOOLS: tuple[str, ...] = ("sbatch", "scontrol", "squeue", "sinfo", "scancel", "srun", "salloc", "sacct",
-                                 "sattach", "sprio", "sshare", "sstat", "sdiag", "strigger", "sbcast", "scrontab")
+                                 "sacctmgr", "sattach", "sprio", "sshare", "sstat", "sdiag", "strigger", "sbcast", "scrontab")
 #: Bumped whenever the build recipe changes, so older cached chroots are rebuilt rather than trusted.
-BUILD_FORMAT = 2
+BUILD_FORMAT = 3
 DEFAULT_CACHE = Path("/var/cache/gpushare/slurm-chroots")
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 STAMP_NAME = ".gpushare-chroot.json"  # at the chroot's top, outside what the chroot sees as /etc

@@ -3,9 +3,11 @@
 It closes the job's record: asks the agent to stop tracking the job (its final first-kernel time,
 attributed energy, peak memory and timeline come back), adds the whole-device energy delta from the
 counters and the exit status Slurm reports while the job is completing, writes the record to the durable
-ledger (``gpushare.epilog.records``) and, where the job still has no foreign admin comment, into its AdminComment
-(``scontrol update`` works while the job is COMPLETING, not after; docs/compatibility.md). Without the agent it
-builds the same record from the store entry the Prolog wrote (no TTFK or share then: nobody watched).
+ledger (``gpushare.epilog.records``) and, where the job still has no foreign admin comment, into its
+AdminComment: through ``scontrol update`` (refused once the job is COMPLETING on 22.05; docs/compatibility.md),
+and into the accounting database's copy through ``sacctmgr`` (``gpushare.epilog.stored_record``), which
+outlives the node. Without the agent it builds the same record from the store entry the Prolog wrote (no TTFK
+or share then: nobody watched).
 
 A failing Epilog drains the node (docs/compatibility.md), so this entry point catches everything and exits 0:
 our own problems are logged, never turned into a drained node.
@@ -16,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -82,9 +85,26 @@ def close_job(env: Mapping[str, str], cfg: AgentSection, client: SlurmClient | N
              {g: v.get("energy_j") for g, v in record["gpus"].items()})
     if cfg.admin_comment == "yes" and slurm_job is not None:
         annotate(client, job.job, record, slurm_job)
+    if cfg.admin_comment == "yes" and client is not None:
+        _store(client, job.job, record)
     store.delete(job.job)
     caps_path(cfg.run_dir, job.job).unlink(missing_ok=True)
     return record
+
+
+def _store(client: SlurmClient, job: str, record: dict[str, Any]) -> None:
+    """The run summary into Slurm's accounting database (gpushare.epilog.stored_record); never fatal."""
+    from gpushare.epilog.stored_record import TIMEOUT_S, store
+    from gpushare.slurm.client import SlurmClient as Client
+
+    started = time.monotonic()
+    try:  # its own short timeout: an unreachable slurmdbd must not hold the node for the client's default
+        outcome = store(Client(client.conf_path, client.bin_dir, TIMEOUT_S), job, record)
+    except Exception as exc:  # noqa: BLE001 - the node ledger still has the record
+        log.warning("job %s: record not stored in the accounting database: %s", job, str(exc)[-200:])
+        return
+    log.info("job %s: accounting database: %s (%d reads, %d writes, %.3f s)", job, outcome.result, outcome.reads,
+             outcome.writes, time.monotonic() - started)
 
 
 def _slurm_job(env: Mapping[str, str], cfg: AgentSection, client: SlurmClient | None,

@@ -20,6 +20,7 @@ SUBCOMMANDS: dict[str, str] = {
     "mig": "gpushare.mig_manager.mig_cli:command",
     "simulate": "gpushare.simulator.cli:command",
     "report": "gpushare.epilog.report_cli:command",
+    "jobstats": "gpushare.epilog.jobstats_cli:command",
     "status": "gpushare.agent.status_cli:command",
     "estimates": "gpushare.slurm_plugins.estimates_cli:command",
 }

@@ -51,6 +51,8 @@ def _check(policy: str, estimator: str, gpu: str) -> None:
 @click.command("simulate")
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False), default=None,
               help=f"trace CSV (Philly arrivals or the rich format, docs/simulator.md); default: DATA_DIR/{TRACE_NAME}")
+@click.option("--sacct", "sacct_path", type=click.Path(dir_okay=False), default=None,
+              help="instead of a trace, your cluster's own history: sacct -X --json (or --parsable2) output")
 @click.option("--nodes", type=click.IntRange(1), default=1, show_default=True)
 @click.option("--gpus-per-node", type=click.IntRange(1), default=3, show_default=True)
 @click.option("--gpu", default="a100-40gb", show_default=True, help=f"GPU model: {', '.join(BUILTIN_GPUS)}")
@@ -86,7 +88,7 @@ def command(trace_path: str | None, nodes: int, gpus_per_node: int, gpu: str, po
             seed: int, interference: str, throughputs: str | None, data_dir_flag: str | None, no_recovery: bool,
             as_json: bool, plot_dir: str | None, caps: bool | None, sweep_jobs: int = 0, seeds: str | None = None,
             workers: int | None = None, progress: bool | None = None, config_file: str | None = None,
-            release: str = "22.05") -> None:
+            release: str = "22.05", sacct_path: str | None = None) -> None:
     """Replay a job trace against simulated GPUs through placement policies (several: comma-separated)."""
     data = data_dir(data_dir_flag)
     policies = [p.strip() for p in policy.lower().split(",") if p.strip()]
@@ -96,7 +98,11 @@ def command(trace_path: str | None, nodes: int, gpus_per_node: int, gpu: str, po
     deployed = _live(config_file, release) if "live" in policies else None
     path = Path(trace_path) if trace_path else data / TRACE_NAME
     try:
-        jobs = hyperparameter_sweep(sweep_jobs, seed_list[0]) if sweep_jobs else read(path, seed=seed_list[0])
+        if sacct_path:
+            path = Path(sacct_path)
+            jobs = _from_sacct(path, seed_list[0])
+        else:
+            jobs = hyperparameter_sweep(sweep_jobs, seed_list[0]) if sweep_jobs else read(path, seed=seed_list[0])
     except TraceError as exc:
         raise click.ClickException(str(exc)) from None
     if len(policies) == 1 and policies[0] in MIG_POLICIES:
@@ -112,6 +118,9 @@ def command(trace_path: str | None, nodes: int, gpus_per_node: int, gpu: str, po
                          **_settings(deployed if name == "live" else None, estimator, caps, no_recovery))
                for name in policies for s in seed_list]
     if len(configs) > 1:
+        if sacct_path:  # the batch workers read trace files; convert the export once with gpushare.simulator.sacct
+            raise click.BadParameter("one policy and one seed with --sacct (or convert it to a trace first)",
+                                     param_hint="--sacct")
         if plot_dir:
             raise click.BadParameter("plots are drawn for one run (one policy, one seed)", param_hint="--plot")
         summaries = batch.run_all(batch.Source(str(path), sweep_jobs), configs, workers, progress)
@@ -127,6 +136,18 @@ def command(trace_path: str | None, nodes: int, gpus_per_node: int, gpu: str, po
         for written in plots.write(sim, Path(plot_dir)):
             if not as_json:
                 click.echo(f"wrote {written}")
+
+
+def _from_sacct(path: Path, seed: int) -> list[Any]:
+    """A sacct export (any release's ``--json`` shape, or ``--parsable2``) as a trace (gpushare.simulator.sacct)."""
+    from gpushare.simulator.sacct import convert
+    from gpushare.simulator.trace import parse
+
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read the sacct export: {exc.strerror}") from exc
+    return parse(convert(text, str(path)), str(path), seed)
 
 
 def _live(config_file: str | None, release: str) -> LiveSetup:

@@ -12,6 +12,11 @@ sha256, 12 hex digits), ``est_job``, ``held_s``, ``script``,
 ``oom`` {n, max, fam, from, to}, ``run`` {node, ttfk_s, energy_j, share_j, peak_gib, exit, caps},
 ``lanes`` {p_gib, e_gib, own} (a ``#GPUSHARE lanes`` job: its persistent/ephemeral split, docs/agent.md).
 A record of a newer major version than this reader knows is treated as not ours (never rewritten).
+
+Quotes: ``sacctmgr modify job ... set AdminComment=`` stores every ``"`` as a backtick (measured on 22.05, 24.11
+and 26.05), so the copy in Slurm's database reads ``gpushare:{`v`:1,...}``. ``render`` therefore writes no
+backtick or single quote of its own (inside strings they are ``\u0060``/``\u0027``) and ``parse`` reads both
+spellings: turning every backtick back into ``"`` is then exact.
 """
 
 from __future__ import annotations
@@ -29,8 +34,11 @@ def parse(admin_comment: str | None) -> dict[str, Any] | None:
     """Our record from an AdminComment; None when absent, not ours, garbled or of an unknown version."""
     if not admin_comment or not admin_comment.startswith(PREFIX):
         return None
+    body = admin_comment[len(PREFIX):]
+    if '"' not in body:  # the database's copy, written by sacctmgr (see above)
+        body = body.replace("`", '"')
     try:
-        record = json.loads(admin_comment[len(PREFIX):])
+        record = json.loads(body)
     except ValueError:
         return None
     if not isinstance(record, dict):
@@ -41,10 +49,15 @@ def parse(admin_comment: str | None) -> dict[str, Any] | None:
     return record
 
 
+def _dumps(record: dict[str, Any]) -> str:
+    text = json.dumps(record, separators=(",", ":"), sort_keys=True)
+    return PREFIX + text.replace("`", "\\u0060").replace("'", "\\u0027")  # only inside strings: JSON has none outside
+
+
 def render(record: dict[str, Any]) -> str | None:
     """``gpushare:{json}`` within ``MAX_CHARS`` (long reasons are trimmed first); None if it cannot fit."""
     record = {"v": VERSION, **record}
-    text = PREFIX + json.dumps(record, separators=(",", ":"), sort_keys=True)
+    text = _dumps(record)
     for key in _TRIM_ORDER:
         if len(text) <= MAX_CHARS:
             break
@@ -52,7 +65,7 @@ def render(record: dict[str, Any]) -> str | None:
             record["why"] = record["why"][:80]
         else:
             record.pop(key, None)
-        text = PREFIX + json.dumps(record, separators=(",", ":"), sort_keys=True)
+        text = _dumps(record)
     return text if len(text) <= MAX_CHARS else None
 
 

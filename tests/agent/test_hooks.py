@@ -113,7 +113,8 @@ def test_admin_comment_keeps_foreign_comments_and_size():
     assert merged_comment("site: do not touch", run=run_summary(record)) is None
     text = merged_comment('gpushare:{"v":1,"decision":"shared","why":"' + "x" * 2000 + '"}', run=run_summary(record))
     assert len(text) <= 900 and json.loads(text[9:])["run"] == {"node": "n1", "ttfk_s": 2.5, "energy_j": 10.0,
-                                                               "share_j": 5.0, "peak_gib": 1.0}
+                                                               "share_j": 5.0, "peak_gib": 1.0,
+                                                               "gpus": {"0": [1.0, None]}}  # no SMACT series
 
 
 def test_api_roundtrip_and_root_only(tmp_path):

@@ -1,0 +1,251 @@
+"""``gpushare jobstats JOBID [--json]``: what a finished job did on its GPU, with one line of advice.
+
+Why from Slurm only: users run it on a login node, which holds none of the GPU node's files. The node Epilog
+stores the job's run summary in the accounting database (gpushare.epilog.stored_record) next to the submit
+decision and any OOM recovery, all in the job's ``gpushare:`` AdminComment; ``sacct`` reads it back. Which
+jobs a user may read is Slurm's decision: with ``PrivateData=jobs`` (slurm.conf and slurmdbd.conf) another
+user's job is simply not found. Without an accounting database the job is read from slurmctld
+(``scontrol``) while it still holds the job (``MinJobAge``).
+
+The ``--json`` document (``v`` 1) is docs/formats.md's "jobstats document".
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+import click
+
+from gpushare.slurm import record as record_format
+from gpushare.slurm.client import SlurmClient, SlurmError
+from gpushare.slurm.jobs import check_job_id
+
+VERSION = 1
+_FIELDS = ("JobIDRaw", "JobID", "User", "State", "ExitCode", "Elapsed", "NodeList", "AllocTRES", "AdminComment")
+_TRES = re.compile(r"gres/(gpu|shard)(?::([^=,]+))?=(\d+)")
+GENEROUS = 0.7  # a peak below this fraction of the share means the job asked for too much
+LEARN_FACTOR = 1.5  # gpushare.epilog.learn: the learned floor after an OOM is this times the failed size
+
+
+class NotFound(click.ClickException):
+    exit_code = 1
+
+
+def _elapsed_s(text: str) -> float | None:
+    match = re.match(r"^(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)(?:\.\d+)?$", text.strip())
+    if not match:
+        return None
+    days, hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
+    return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
+
+
+def _gres(alloc_tres: str) -> dict[str, Any]:
+    """``{"gpu": N, "shard": N, "type": "a100-40gb"}`` from sacct's AllocTRES."""
+    out: dict[str, Any] = {}
+    for kind, gpu_type, count in _TRES.findall(alloc_tres):
+        if gpu_type:
+            out.setdefault("type", gpu_type)
+        else:
+            out[kind] = int(count)
+    return out
+
+
+def from_sacct(client: SlurmClient, job: str) -> list[dict[str, str]] | None:
+    """Every run of ``job`` the caller may read (oldest first); None when there is no accounting database."""
+    try:
+        out = client.run("sacct", "-n", "-P", "-X", "-D", "-j", job, "-o", ",".join(_FIELDS))
+    except SlurmError as exc:
+        if "disabled" in str(exc) or "accounting_storage/none" in str(exc):
+            return None
+        raise
+    runs = []
+    for line in out.splitlines():
+        parts = line.split("|", len(_FIELDS) - 1)  # AdminComment last: a "|" inside it stays there
+        if len(parts) == len(_FIELDS) and job in (parts[0], parts[1]):  # an array task: 100_4 (JobID) is 104
+            runs.append(dict(zip(_FIELDS, parts)))
+    return runs
+
+
+def from_scontrol(client: SlurmClient, job: str) -> list[dict[str, str]]:
+    """The job as slurmctld still holds it (no accounting database)."""
+    found = client.job(job)
+    if found is None:
+        return []
+    text = client.show_job_text(job)
+    return [{"JobIDRaw": found.job_id, "JobID": job, "User": found.user_name, "State": found.state,
+             "ExitCode": f"{found.exit_status or 0}:{found.exit_signal or 0}", "Elapsed": text.get("RunTime", ""),
+             "NodeList": text.get("NodeList", ""), "AllocTRES": text.get("AllocTRES", ""),
+             "AdminComment": found.admin_comment or ""}]
+
+
+def summarise(runs: list[dict[str, str]]) -> dict[str, Any]:
+    """The jobstats document of a job from its runs (the last one is described; pure)."""
+    last = runs[-1]
+    record = record_format.parse(last.get("AdminComment")) or {}
+    found = record.get("run")
+    run: dict[str, Any] = found if isinstance(found, dict) else {}
+    gres = _gres(last.get("AllocTRES", ""))
+    exit_code, _, signal = last.get("ExitCode", "").partition(":")
+    gpus = {str(k): {"peak_gib": v[0], "smact_pct": v[1]} for k, v in (run.get("gpus") or {}).items()
+            if isinstance(v, list) and len(v) == 2}
+    doc: dict[str, Any] = {
+        "v": VERSION, "job": last.get("JobID") or last.get("JobIDRaw"), "user": last.get("User") or None,
+        "state": (last.get("State") or "").split()[0] or None, "runs": len(runs),
+        "exit_code": int(exit_code) if exit_code.isdigit() else None,
+        "signal": int(signal) if signal.isdigit() else None,
+        "elapsed_s": _elapsed_s(last.get("Elapsed", "")), "node": run.get("node") or last.get("NodeList") or None,
+        "gres": _gres_text(gres), "gpu_type": gres.get("type"),
+        "decision": record.get("decision"), "est_gib": record.get("est_gib"), "margin_gib": record.get("margin_gib"),
+        "share_gib": _share_gib(gres, run), "peak_gib": run.get("peak_gib"), "gpus": gpus,
+        "ttfk_s": run.get("ttfk_s"), "ttfk_source": run.get("ttfk_src"),
+        "energy_j": run.get("energy_j"), "energy_share_j": run.get("share_j"),
+        "caps": run.get("caps"), "cap_gib": run.get("cap_gib"), "stopped_by": run.get("stop"),
+        "oom": record.get("oom") if isinstance(record.get("oom"), dict) else None,
+        "recorded": bool(run)}
+    doc["advice"] = advice(doc)
+    return doc
+
+
+def _gres_text(gres: dict[str, Any]) -> str | None:
+    if gres.get("gpu"):
+        return f"gpu:{gres['type']}:{gres['gpu']}" if gres.get("type") else f"gpu:{gres['gpu']}"
+    return f"shard:{gres['shard']}" if gres.get("shard") else None
+
+
+def _share_gib(gres: dict[str, Any], run: dict[str, Any]) -> float | None:
+    """GPU memory the job was given: its shards (1 GiB each), else its whole GPU (by its type), else its cap."""
+    if gres.get("shard") and not gres.get("gpu"):
+        return float(gres["shard"])
+    model = _model(gres.get("type"))
+    if gres.get("gpu") and model is not None:
+        return round(model.total_gib, 2)
+    cap = run.get("cap_gib")
+    return float(cap) if isinstance(cap, (int, float)) else None
+
+
+def _model(name: str | None) -> Any:
+    from gpushare.gpus import BUILTIN_GPUS
+
+    return BUILTIN_GPUS.get(str(name or "").lower())
+
+
+def _mem_directive(peak_gib: float) -> str:
+    """``#GPUSHARE mem=NG`` for a measured peak: rounded up, the margin is gpushare's to add."""
+    return f"#GPUSHARE mem={max(1, math.ceil(peak_gib))}G"
+
+
+def advice(doc: dict[str, Any]) -> str:
+    """One plain-language line on how to ask next time (pure)."""
+    peak, share = doc.get("peak_gib"), doc.get("share_gib")
+    oom = doc.get("oom")
+    if isinstance(oom, dict) and doc.get("runs", 1) > 1:
+        failed = _gib_of(str(oom.get("from") or ""))
+        floor = f": the learned floor is now {failed * LEARN_FACTOR:g} GiB" if failed else ""
+        peak_text = f"; the rerun peaked at {peak:g} GiB" if isinstance(peak, (int, float)) else ""
+        return f"an OOM was recovered{floor}{peak_text}"
+    if isinstance(oom, dict):
+        return "the job ran out of GPU memory and was not recovered: ask for more memory (`#GPUSHARE mem=`)"
+    if doc.get("stopped_by"):
+        return f"gpushare stopped this job ({doc['stopped_by']}): it grew past its share; ask for its real peak"
+    if not isinstance(peak, (int, float)):
+        return ("no GPU measurement is stored for this job (it ran without gpushare's agent, or asked for no GPU)"
+                if not doc.get("recorded") else "no GPU memory was measured: the job may never have used its GPU")
+    if isinstance(share, (int, float)) and share > 0:
+        if doc.get("gpu_type") and doc.get("gres", "").startswith("gpu:"):
+            slice_text = _slice(doc["gpu_type"], peak)
+            if peak < GENEROUS * share:
+                tail = f"; {slice_text}" if slice_text else ""
+                return (f"this job peaked at {peak:g} GiB of a whole {share:g} GiB GPU: next time "
+                        f"`{_mem_directive(peak)}` lets it share{tail}")
+        if peak < GENEROUS * share:
+            return (f"this job peaked at {peak:g} GiB of its {share:g} GiB share: next time "
+                    f"`{_mem_directive(peak)}`")
+        return f"its share fitted: it peaked at {peak:g} GiB of {share:g} GiB"
+    return f"this job peaked at {peak:g} GiB: next time `{_mem_directive(peak)}`"
+
+
+def _gib_of(gres: str) -> float | None:
+    match = re.search(r"shard:(\d+)$", gres)
+    return float(match.group(1)) if match else None
+
+
+def _slice(gpu_type: str, peak_gib: float) -> str:
+    """"a 2g.10gb slice would have held it" when the GPU type has MIG, else ""."""
+    model = _model(gpu_type)
+    if model is None or not model.mig_capable:
+        return ""
+    from gpushare.gpus import GiB
+    from gpushare.mig_manager.profiles import tightest_profile
+
+    profile = tightest_profile(model, int(peak_gib * GiB))
+    return f"a {profile.name} slice would have held it" if profile is not None else ""
+
+
+def _fmt(value: Any, unit: str = "", digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}{unit}"
+    return f"{value}{unit}"
+
+
+def render(doc: dict[str, Any]) -> str:
+    runs = f", {doc['runs']} runs" if doc["runs"] > 1 else ""
+    lines = [f"Job {doc['job']} ({doc['user'] or '?'}): {doc['state']}, exit {_fmt(doc['exit_code'])}, "
+             f"ran {_fmt(doc['elapsed_s'], ' s', 0)} on {doc['node'] or '?'}{runs}",
+             f"  GPU asked: {doc['gres'] or '-'} ({doc['decision'] or 'no gpushare decision'}); "
+             f"share {_fmt(doc['share_gib'], ' GiB')}, "
+             + (f"estimate {_fmt(doc['est_gib'], ' GiB')} + margin {_fmt(doc['margin_gib'], ' GiB')}, "
+                if doc["est_gib"] is not None else "no estimate, ")
+             + f"measured peak {_fmt(doc['peak_gib'], ' GiB', 2)}"]
+    for index, gpu in sorted(doc["gpus"].items()):
+        lines.append(f"  GPU {index}: peak {_fmt(gpu['peak_gib'], ' GiB', 2)}, SM activity {_fmt(gpu['smact_pct'], ' %')}")
+    lines.append(f"  first kernel after {_fmt(doc['ttfk_s'], ' s', 2)} ({doc['ttfk_source'] or '-'}); "
+                 f"energy {_fmt(doc['energy_j'], ' J')} whole GPU, {_fmt(doc['energy_share_j'], ' J')} this job's share; "
+                 f"caps {doc['caps'] or '-'}")
+    if doc["oom"]:
+        oom = doc["oom"]
+        lines.append(f"  OOM: {oom.get('fam') or '?'}, {oom.get('from') or '?'} -> {oom.get('to') or '?'} "
+                     f"(recovery {oom.get('n', '?')} of {oom.get('max', '?')})")
+    lines.append(f"Advice: {doc['advice']}")
+    return "\n".join(lines)
+
+
+@click.command("jobstats")
+@click.argument("job_id")
+@click.option("--json", "as_json", is_flag=True, help="print the versioned JSON document (docs/formats.md)")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
+              help="gpushare.toml for the [slurm] paths (default: $GPUSHARE_CONFIG, else Slurm's defaults)")
+def command(job_id: str, as_json: bool, config_file: str | None) -> None:
+    """What a finished job did on its GPU (from Slurm's records), with advice for the next one."""
+    try:
+        job = check_job_id(job_id)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="JOBID") from None
+    client = _client(config_file)
+    try:
+        runs = from_sacct(client, job)
+        if runs is None:
+            runs = from_scontrol(client, job)
+    except SlurmError as exc:
+        raise click.ClickException(str(exc)[-300:]) from None
+    if not runs:
+        raise NotFound(f"job {job}: not in Slurm's records, or not yours to read")
+    doc = summarise(runs)
+    click.echo(json.dumps(doc, sort_keys=True) if as_json else render(doc))
+
+
+def _client(config_file: str | None) -> SlurmClient:
+    """The [slurm] paths when a gpushare config is readable (a login node may have none: Slurm's defaults)."""
+    from gpushare.config import load_config
+    from gpushare.errors import GpushareError
+
+    try:
+        return SlurmClient.from_config(load_config(config_file))
+    except (GpushareError, OSError, ValueError):
+        if config_file:
+            raise
+        return SlurmClient()
