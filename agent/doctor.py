@@ -121,7 +121,7 @@ def shared_path_checks(cfg: Config) -> list[Check]:
         checks.append(Check("shared", NOTE, f"[agent] records_dir {cfg.agent.records_dir}: with [agent] "
                                             "admin_comment = no, OOM corroboration on the controller reads the GPU "
                                             "nodes' records there (shared), else it finds no measurement"))
-    if any(group.mig for group in cfg.nodes):
+    if any(group.mig for group in cfg.nodes) and cfg.mig.coordination == "node":
         checks.append(Check("shared", NOTE, "[mig] gres_conf (empty: beside [slurm] conf): the MIG executor on a GPU "
                                             "node rewrites the gres.conf slurmctld reads and runs [mig] "
                                             "restart_commands: the controller's Slurm files must be that node's"))
