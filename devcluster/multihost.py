@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from devcluster import chroot, slurm_runtime
+from devcluster.accounting import Accounting
 from devcluster.local_cluster import REPO, ClusterError
 from gpushare.atomic import write_text_atomic
 from gpushare.config import Config, parse_config
@@ -64,6 +65,8 @@ MIG_CAP_MAJOR = 234  # the simulated nvidia-caps character devices' major number
 SIM_DIR = "/var/lib/gpushare-sim"  # a GPU host's simulated GPUs: device files and the NVML state (private)
 TOOLS = ("sbatch", "scontrol", "squeue", "sinfo", "scancel", "sacct", "sacctmgr", "srun")
 USERS = ("gpushare-alice", "gpushare-bob")  # ordinary users with 0700 homes in the shared /home
+CLUSTER_NAME = "gpushare-multihost"
+MUNGE_SOCKET = "/run/munge/munge.socket.2"  # Debian's default: every host's own munged
 # 22.05 picks up a MIG node's new GRES only through restarts (docs/mig.md), each on its own host: these stop the
 # daemon the pid file names, wait for it to go (a zombie of the harness counts as gone) and start it again
 _STOP = ('p=$(cat {pid}) && kill $p; while [ -d /proc/$p ] && ! grep -q "^State:.*Z" /proc/$p/status; '
@@ -132,6 +135,8 @@ class MultiHostCluster:
     namespaces: set[str] = field(default_factory=set)
     ports: dict[str, int] = field(default_factory=dict)
     runtime: slurm_runtime.SlurmRuntime | None = None
+    accounting: bool = False  # slurmdbd on the controller, its MariaDB beside the cluster (HostAccounting)
+    acct: "HostAccounting | None" = None
 
     # --- the description ------------------------------------------------------------------------------------
     def host(self, name: str) -> Host:
@@ -291,6 +296,11 @@ class MultiHostCluster:
         self.ports = {"ctld": _free_port(), **{h.name: _free_port() for h in self.slurm_nodes}}
         cfg_text = self.toml_text()
         cfg = self.config()
+        if self.accounting and self.acct is None:
+            self.acct = HostAccounting(self.base / "accounting", CLUSTER_NAME, Path(MUNGE_SOCKET), self.env(),
+                                       slurm_argv=lambda argv: self.argv(self.controller.name, argv),
+                                       gpu_types=tuple(sorted({h.gpu for h in self.with_role("gpu")})),
+                                       host=self.controller, host_etc=self.path_on(self.controller.name, "/etc/slurm"))
         for host in self.with_role("gpu"):  # first: a MIG node's GRES lines come from its GPUs' layout
             self.path_on(host.name, SIM_DIR).mkdir(parents=True, exist_ok=True)
             self._make_gpus(host, cfg)
@@ -299,7 +309,8 @@ class MultiHostCluster:
             for directory in PRIVATE_DIRS:
                 path = self.path_on(host.name, directory)
                 path.mkdir(parents=True, exist_ok=True)
-                os.chmod(path, 0o1777 if directory in ("/tmp", "/var/tmp") else 0o755)
+                # the simulated GPUs' state is written by jobs, as their users (the device files stay root's)
+                os.chmod(path, 0o1777 if directory in ("/tmp", "/var/tmp") else 0o777 if directory == SIM_DIR else 0o755)
             write_text_atomic(self.host_dir(host.name) / "hosts", hosts_file)
             munge = self.path_on(host.name, "/etc/munge/munge.key")
             munge.write_bytes(key)
@@ -366,7 +377,7 @@ class MultiHostCluster:
         ctl = self.controller
         version = SlurmVersion.parse(self._runtime().release or self.slurm_version)
         lines = [
-            "ClusterName=gpushare-multihost",
+            f"ClusterName={CLUSTER_NAME}",
             f"SlurmctldHost={ctl.name}({ctl.address})",
             f"SlurmctldPort={self.ports['ctld']}",
             "SlurmctldParameters=enable_configless",
@@ -380,7 +391,8 @@ class MultiHostCluster:
             "SelectTypeParameters=CR_Core_Memory\nDefMemPerCPU=100",
             "MailProg=/bin/true\nReturnToService=2\nMpiDefault=none",
             "SchedulerType=sched/backfill\nSchedulerParameters=sched_interval=1",
-            "JobCompType=jobcomp/none\nAccountingStorageType=accounting_storage/none",
+            "JobCompType=jobcomp/none",
+            *(self.acct.slurm_conf_lines() if self.acct else ["AccountingStorageType=accounting_storage/none"]),
             "InactiveLimit=0\nKillWait=5\nMinJobAge=300",
             "SlurmctldTimeout=30\nSlurmdTimeout=60",
         ]
@@ -506,6 +518,10 @@ exec {squash}{enter} /bin/sh -c 'cd "$1" && shift && exec "$@"' sh "$cwd" "$@"
             self.spawn(ctl, "submitd", [f"{self.bin_dir}/gpushare-submitd"])
             self._wait(lambda: self.path_on(ctl, "/run/gpushare/submitd.sock").exists(), 15,
                        "gpushare-submitd did not listen")
+        if self.acct is not None:  # before slurmctld, which registers with it
+            (self.acct.base / "log").mkdir(parents=True, exist_ok=True)
+            self.acct.start(timeout_s)
+            self.acct.register([*USERS, "root"])
         self.spawn(ctl, "slurmctld", ["slurmctld", "-D", "-i"])
         self._wait(self._controller_up, timeout_s, "slurmctld did not answer")
         for host in self.slurm_nodes:
@@ -552,7 +568,11 @@ exec {squash}{enter} /bin/sh -c 'cd "$1" && shift && exec "$@"' sh "$cwd" "$@"
         """Stop the daemons, then every process left in one of the hosts' namespaces (job steps, jobs)."""
         order = sorted(self.pids, key=lambda k: (k.endswith(":munged"), k.endswith(":slurmctld")))
         for key in order:
+            if key.endswith(":munged") and self.acct is not None:
+                self.acct.stop()  # after slurmctld (its last job records), before munge
             self.stop_process(key)
+        if self.acct is not None:
+            self.acct.stop()
         for _ in range(5):
             leftovers = self.leftover_pids()
             if not leftovers:
@@ -626,3 +646,32 @@ exec {squash}{enter} /bin/sh -c 'cd "$1" && shift && exec "$@"' sh "$cwd" "$@"
                     parts.append(f"== {host.name}:{log.relative_to(self.path_on(host.name, '/var/log'))}\n"
                                  + "\n".join(lines))
         return "\n".join(parts)
+
+
+@dataclass
+class HostAccounting(Accounting):
+    """The accounting database of the multi-host cluster: slurmdbd runs on the controller (its files at the
+    controller's own paths), MariaDB beside the cluster on this machine, as a site's database host would
+    be. Everything else is devcluster.accounting's."""
+
+    host: Host | None = None
+    host_etc: Path = Path()  # the controller's /etc/slurm, as the harness reaches it
+
+    @property
+    def dbd_conf(self) -> Path:
+        return self.host_etc / "slurmdbd.conf"
+
+    def slurm_conf_lines(self) -> list[str]:
+        address = self.host.address if self.host else "127.0.0.1"
+        return [line.replace("AccountingStorageHost=127.0.0.1", f"AccountingStorageHost={address}")
+                for line in super().slurm_conf_lines()]
+
+    def write_files(self) -> None:
+        super().write_files()
+        address = self.host.address if self.host else "127.0.0.1"
+        text = self.dbd_conf.read_text()
+        text = re.sub(r"^AuthInfo=.*\n", "", text, flags=re.M)  # the host's own munged, at its default socket
+        text = re.sub(r"^DbdAddr=.*$", f"DbdAddr={address}", text, flags=re.M)
+        text = re.sub(r"^LogFile=.*$", "LogFile=/var/log/slurm/slurmdbd.log", text, flags=re.M)
+        text = re.sub(r"^PidFile=.*$", "PidFile=/run/slurmdbd.pid", text, flags=re.M)
+        self.dbd_conf.write_text(text)

@@ -28,9 +28,9 @@ def multihost(request: pytest.FixtureRequest) -> Iterator[Callable[..., MultiHos
         pytest.skip(f"real Slurm unavailable: {problem}")
     made: list[MultiHostCluster] = []
 
-    def _make(extra: str = "", agents: bool = False) -> MultiHostCluster:
+    def _make(extra: str = "", agents: bool = False, accounting: bool = False) -> MultiHostCluster:
         base = Path(tempfile.mkdtemp(prefix="gpushare-mh-"))  # outside pytest's root-only directory
-        cluster = MultiHostCluster(base, toml_extra=SITE_SETTINGS + extra)
+        cluster = MultiHostCluster(base, toml_extra=SITE_SETTINGS + extra, accounting=accounting)
         made.append(cluster)
         cluster.start()
         if agents:

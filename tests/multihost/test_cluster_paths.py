@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -219,3 +220,28 @@ def test_pending_mig_jobs_reshape_the_configless_node_and_run_on_their_profiles(
     else:  # measured limitation of 22.05 with a configless node (docs/mig.md, Limitations): after the restarts,
         # jobs on the instances past the first gres.conf lines start without CUDA_VISIBLE_DEVICES
         assert blind and len(seen) + len(blind) == 4, (seen, blind)
+
+
+def test_a_jobs_gpu_story_outlives_its_node_in_the_accounting_database(multihost):
+    """slurmdbd on the controller. The node's Epilog on gpu1 stores the job's record with sacctmgr; gpu1's
+    local records and agent state are then wiped; ``gpushare jobstats`` on the login host reads it with sacct
+    alone, for its owner only (PrivateData=jobs)."""
+    cluster = multihost(agents=True, accounting=True)
+    cluster.wait_for(lambda: cluster.agent_up("gpu1"), 20, "agent")
+    python = f"{cluster.bin_dir}/python"
+    script = (f"#!/bin/sh\n#SBATCH --gres=gpu:1\n#SBATCH --output=/tmp/job-%j.out\n#GPUSHARE mem=8G\n"
+              f"{python} {SIMJOB} --mem-mib 3000 --seconds 3\n")
+    job_id = cluster.sbatch("login", ALICE, script)
+    job = cluster.wait_job(job_id, 90)
+    assert job.state == "COMPLETED", (job, cluster.path_on("gpu1", f"/tmp/job-{job_id}.out").read_text())
+    cluster.wait_for(lambda: "peak_gib" in cluster.run("login", ["sacct", "-n", "-X", "-P", "-j", str(job_id),
+                                                                 "-o", "AdminComment"]).stdout, 30, "the stored record")
+    for directory in ("/var/lib/gpushare/records", "/var/lib/gpushare/agent"):
+        shutil.rmtree(cluster.path_on("gpu1", directory), ignore_errors=True)
+    done = cluster.run("login", ["gpushare", "jobstats", "--json", str(job_id)], user=ALICE)
+    stats = json.loads(done.stdout)
+    assert (stats["state"], stats["decision"], stats["share_gib"]) == ("COMPLETED", "shared", 9.0), stats
+    assert stats["peak_gib"] == pytest.approx(3000 / 1024, abs=0.05) and stats["user"] == ALICE
+    assert stats["advice"].startswith("this job peaked at 2.93 GiB of its 9 GiB share"), stats["advice"]
+    other = cluster.run("login", ["gpushare", "jobstats", str(job_id)], user="gpushare-bob", check=False)
+    assert other.returncode == 1 and "not yours to read" in other.stderr, (other.stdout, other.stderr)
