@@ -20,13 +20,13 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from devcluster.processes import stop_group, wait_until
 
 Argv = Callable[[list[str]], list[str]]
 DB_BINARIES = ("mariadbd", "mariadb-install-db", "mariadb")
@@ -163,7 +163,7 @@ class Accounting:
         for name in ("slurmdbd", "mariadbd"):
             pid = self.pids.pop(name, None)
             if pid is not None:
-                _stop(pid)
+                stop_group(pid, term_wait_s=20.0)  # MariaDB flushes its tables
 
     def _dbd_up(self) -> bool:
         done = subprocess.run(self.slurm_argv(["sacctmgr", "-n", "-P", "list", "cluster", "format=cluster"]),
@@ -192,29 +192,7 @@ class Accounting:
             raise AccountingError(f"{what} failed (exit {done.returncode}): {(done.stderr or done.stdout)[-300:]}")
 
     def _wait(self, predicate: Callable[[], bool], timeout_s: float, message: str) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if predicate():
-                return
-            time.sleep(0.2)
-        raise AccountingError(f"{message} within {timeout_s:.0f} s; logs in {self.base / 'log'}")
+        if not wait_until(predicate, timeout_s):
+            raise AccountingError(f"{message} within {timeout_s:.0f} s; logs in {self.base / 'log'}")
 
 
-def _stop(pid: int) -> None:
-    """SIGTERM the process group (MariaDB flushes its tables), SIGKILL after 20 s."""
-    for sig, wait_s in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(pid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            try:
-                if os.waitpid(pid, os.WNOHANG)[0]:
-                    return
-            except ChildProcessError:
-                try:
-                    os.kill(pid, 0)
-                except ProcessLookupError:
-                    return
-            time.sleep(0.05)

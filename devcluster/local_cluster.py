@@ -20,15 +20,16 @@ import json
 import os
 import pwd
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from devcluster import slurm_runtime
+from devcluster.processes import kill_leftovers, stop_group, wait_until
 from devcluster.accounting import Accounting
 from devcluster.slurm_runtime import SlurmRuntime
 from gpushare.atomic import write_text_atomic
@@ -328,25 +329,8 @@ class LocalCluster:
 
     def stop_process(self, name: str) -> None:
         pid = self.pids.pop(name, None)
-        if pid is None:
-            return
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(pid, sig)
-            except ProcessLookupError:
-                break
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
-                try:
-                    if os.waitpid(pid, os.WNOHANG)[0]:
-                        break
-                except ChildProcessError:
-                    if not _alive(pid):
-                        break
-                time.sleep(0.05)
-            else:
-                continue
-            break
+        if pid is not None:
+            stop_group(pid)
 
     def restart_slurm(self, node: str | None = None, timeout_s: float = 30.0) -> None:
         """Restart slurmctld, then the slurmd of ``node`` (every node when None), and wait for answers.
@@ -370,16 +354,7 @@ class LocalCluster:
         if self.acct is not None:
             self.acct.stop()
         self.stop_process("munged")
-        for _ in range(5):  # a killed step may still start its epilog: look again until nothing is left
-            leftovers = self.leftover_pids()
-            if not leftovers:
-                break
-            for pid in leftovers:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.2)
+        kill_leftovers(self.leftover_pids)
 
     def leftover_pids(self) -> list[int]:
         """This cluster's processes that outlive its daemons, except ours: slurmstepd (it clears its
@@ -407,37 +382,45 @@ class LocalCluster:
         return steps + others
 
     def _controller_up(self) -> bool:
-        try:
-            self.client.run("scontrol", "ping")
-            return "UP" in self.client.run("scontrol", "ping")
-        except Exception:  # noqa: BLE001 - polling until it answers
-            return False
+        return controller_up(self.client)
 
     def _nodes_idle(self) -> bool:
-        try:
-            states = self.client.node_states()
-        except Exception:  # noqa: BLE001
-            return False
-        return all(states.get(n, "").rstrip("*") == "idle" for n in self.all_nodes)
+        return nodes_idle(self.client, self.all_nodes)
 
     def _wait(self, predicate, timeout_s: float, message: str) -> None:  # type: ignore[no-untyped-def]
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if predicate():
-                return
-            time.sleep(0.2)
-        raise ClusterError(f"{message} within {timeout_s:.0f} s; logs in {self.base / 'log'}")
+        if not wait_until(predicate, timeout_s):
+            raise ClusterError(f"{message} within {timeout_s:.0f} s; logs in {self.base / 'log'}")
 
     def wait_job(self, job_id: int | str, timeout_s: float = 60.0) -> Job:
-        """Poll until the job is in a final state (flags such as COMPLETING gone); returns its record."""
-        deadline = time.monotonic() + timeout_s
-        job: Job | None = None
-        while time.monotonic() < deadline:
-            job = self.client.job(job_id)
-            if job is not None and job.state in ENDED_STATES and not job.completing:
-                return job
-            time.sleep(0.2)
-        raise ClusterError(f"job {job_id} not finished in {timeout_s:.0f} s (state {job.states if job else None})")
+        return wait_job(self.client, job_id, timeout_s)
+
+
+def wait_job(client: SlurmClient, job_id: int | str, timeout_s: float = 60.0) -> Job:
+    """Poll until the job is in a final state (flags such as COMPLETING gone); returns its record."""
+    deadline = time.monotonic() + timeout_s
+    job: Job | None = None
+    while time.monotonic() < deadline:
+        job = client.job(job_id)
+        if job is not None and job.state in ENDED_STATES and not job.completing:
+            return job
+        time.sleep(0.2)
+    raise ClusterError(f"job {job_id} not finished in {timeout_s:.0f} s (state {job.states if job else None})")
+
+
+def controller_up(client: SlurmClient) -> bool:
+    """slurmctld answers ``scontrol ping`` (polled while a cluster starts)."""
+    try:
+        return "UP" in client.run("scontrol", "ping")
+    except Exception:  # noqa: BLE001 - polling until it answers
+        return False
+
+
+def nodes_idle(client: SlurmClient, names: Iterable[str]) -> bool:
+    try:
+        states = client.node_states()
+    except Exception:  # noqa: BLE001 - polling until it answers
+        return False
+    return all(states.get(n, "").rstrip("*") == "idle" for n in names)
 
 
 def _open_files(pid: int) -> list[str]:
@@ -453,11 +436,3 @@ def _open_files(pid: int) -> list[str]:
         except OSError:
             continue
     return targets
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True

@@ -32,7 +32,6 @@ import pwd
 import re
 import shlex
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -44,12 +43,13 @@ from pathlib import Path
 
 from devcluster import chroot, slurm_runtime
 from devcluster.accounting import Accounting
-from devcluster.local_cluster import REPO, ClusterError
+from devcluster.local_cluster import REPO, ClusterError, controller_up, nodes_idle, wait_job
+from devcluster.processes import kill_leftovers, stop_group, wait_until
 from gpushare.atomic import write_text_atomic
 from gpushare.config import Config, parse_config
 from gpushare.gres.gres_conf import gres_conf_lines, node_gres
 from gpushare.slurm.client import SlurmClient
-from gpushare.slurm.jobs import ENDED_STATES, Job
+from gpushare.slurm.jobs import Job
 from gpushare.slurm_plugins.slurm_config import group_gpus, render_lua, render_slurm_conf
 from gpushare.slurm.version import SlurmVersion
 
@@ -548,21 +548,8 @@ exec {squash}{enter} /bin/sh -c 'cd "$1" && shift && exec "$@"' sh "$cwd" "$@"
 
     def stop_process(self, key: str) -> None:
         pid = self.pids.pop(key, None)
-        if pid is None:
-            return
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(pid, sig)
-            except ProcessLookupError:
-                return
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
-                try:
-                    if os.waitpid(pid, os.WNOHANG)[0]:
-                        return
-                except ChildProcessError:
-                    return
-                time.sleep(0.05)
+        if pid is not None:
+            stop_group(pid)
 
     def stop(self) -> None:
         """Stop the daemons, then every process left in one of the hosts' namespaces (job steps, jobs)."""
@@ -573,16 +560,7 @@ exec {squash}{enter} /bin/sh -c 'cd "$1" && shift && exec "$@"' sh "$cwd" "$@"
             self.stop_process(key)
         if self.acct is not None:
             self.acct.stop()
-        for _ in range(5):
-            leftovers = self.leftover_pids()
-            if not leftovers:
-                break
-            for pid in leftovers:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.2)
+        kill_leftovers(self.leftover_pids)
 
     def leftover_pids(self) -> list[int]:
         """Processes in any namespace a host's enter script made: daemons, jobs, and daemons a command
@@ -603,38 +581,20 @@ exec {squash}{enter} /bin/sh -c 'cd "$1" && shift && exec "$@"' sh "$cwd" "$@"
         return found
 
     def _controller_up(self) -> bool:
-        try:
-            return "UP" in self.client.run("scontrol", "ping")
-        except Exception:  # noqa: BLE001 - polling until it answers
-            return False
+        return controller_up(self.client)
 
     def _nodes_idle(self) -> bool:
-        try:
-            states = self.client.node_states()
-        except Exception:  # noqa: BLE001
-            return False
-        return all(states.get(h.name, "").rstrip("*") == "idle" for h in self.slurm_nodes)
+        return nodes_idle(self.client, [h.name for h in self.slurm_nodes])
 
     def _wait(self, predicate: Callable[[], bool], timeout_s: float, message: str) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if predicate():
-                return
-            time.sleep(0.2)
-        raise ClusterError(f"{message} within {timeout_s:.0f} s; logs under {self.base / 'hosts'}/*/fs/var/log")
+        if not wait_until(predicate, timeout_s):
+            raise ClusterError(f"{message} within {timeout_s:.0f} s; logs under {self.base / 'hosts'}/*/fs/var/log")
 
     def wait_for(self, predicate: Callable[[], bool], timeout_s: float, message: str) -> None:
         self._wait(predicate, timeout_s, message)
 
     def wait_job(self, job_id: int | str, timeout_s: float = 60.0) -> Job:
-        deadline = time.monotonic() + timeout_s
-        job: Job | None = None
-        while time.monotonic() < deadline:
-            job = self.client.job(job_id)
-            if job is not None and job.state in ENDED_STATES and not job.completing:
-                return job
-            time.sleep(0.3)
-        raise ClusterError(f"job {job_id} not finished in {timeout_s:.0f} s (state {job.states if job else None})")
+        return wait_job(self.client, job_id, timeout_s)
 
     def logs(self, tail: int = 25) -> str:
         """The last lines of every log of every host, for a failing test's report."""
