@@ -217,8 +217,8 @@ def test_pending_mig_jobs_reshape_the_configless_node_and_run_on_their_profiles(
         seen.add(index)
     if cluster.slurm_at_least("24.11"):
         assert seen == {0, 1, 2, 3} and not blind, (seen, blind)
-    else:  # measured limitation of 22.05 with a configless node (docs/mig.md, Limitations): after the restarts,
-        # jobs on the instances past the first gres.conf lines start without CUDA_VISIBLE_DEVICES
+    else:  # a 22.05 defect with `shard` in GresTypes (docs/mig.md, Executor limitations): jobs on the instances
+        # past the node's first gres.conf lines start without CUDA_VISIBLE_DEVICES
         assert blind and len(seen) + len(blind) == 4, (seen, blind)
 
 
