@@ -93,6 +93,10 @@ def render_slurm_conf(cfg: Config, hook_dir: str, version: SlurmVersion | None =
         lines.append("# measured with the live stack on the Philly trace (docs/benchmarks.md): LL_SHARED_GRES with "
                      "[agent] thread_policy = \"gimbal-jct\" had the best makespan (-19.5 % vs -17.3 % with the "
                      "defaults, 5-seed means)")
+    if any(group.mig for group in cfg.nodes) and not version.mig_devices_with_shards:
+        lines.append(f"# WARNING: on Slurm {version.release}, MIG jobs past a node's first gres.conf lines start with "
+                     "an empty CUDA_VISIBLE_DEVICES while GresTypes names shard (measured on 22.05, docs/mig.md): "
+                     "keep MIG nodes in a Slurm cluster without shards, or upgrade")
     if cfg.agent.withhold == "feature" and cfg.agent.withhold_node_when == "any":
         lines.append("# [agent] withhold_node_when = \"any\" closed whole nodes for most of the run in every simulated "
                      "table (docs/benchmarks.md); \"all\" cost nothing there")

@@ -75,6 +75,13 @@ class SlurmVersion:
         return self >= _V24_11
 
     @property
+    def mig_devices_with_shards(self) -> bool:
+        """MIG jobs get their devices while ``shard`` is in GresTypes: not on 22.05, where jobs on a node's
+        instances past its first gres.conf lines start with an empty CUDA_VISIBLE_DEVICES (measured,
+        docs/mig.md); 24.11 and 26.05 give every job its device (releases in between, untested, are warned)."""
+        return self >= _V24_11
+
+    @property
     def least_loaded_shared_gres(self) -> bool:
         """``SelectTypeParameters=LL_SHARED_GRES``: shards go to the least-loaded GPU instead of first-fit."""
         return self >= _V24_11

@@ -98,3 +98,18 @@ def test_entry_point_main_returns_the_exit_code(capsys: pytest.CaptureFixture[st
     assert main(["mig", "layouts", "--gpu", "a30-24gb"]) == 0
     assert "5 maximal layouts" in capsys.readouterr().out
     assert main(["mig", "plan", "--gpu", "a100-40gb", "--current", "7g.40gb@0*", "--want", "2g.10gb"]) == 1
+
+
+def test_slurm_config_warns_of_mig_with_shards_on_22_05() -> None:
+    """Slurm 22.05 starts MIG jobs without their device while GresTypes names shard (docs/mig.md)."""
+    from gpushare.config import parse_config
+    from gpushare.slurm.version import SlurmVersion
+    from gpushare.slurm_plugins.slurm_config import render_slurm_conf
+
+    cfg = parse_config({"nodes": [{"names": "g1", "gpu": "a100-40gb"}, {"names": "m1", "gpu": "a100-40gb", "mig": True,
+                                                                        "partition": "mig"}]})
+    old = render_slurm_conf(cfg, "/opt/gpushare/bin", SlurmVersion(22, 5))
+    assert "# WARNING: on Slurm 22.05" in old and "empty CUDA_VISIBLE_DEVICES" in old
+    assert "WARNING" not in render_slurm_conf(cfg, "/opt/gpushare/bin", SlurmVersion(24, 11))
+    plain = parse_config({"nodes": [{"names": "g1", "gpu": "a100-40gb"}]})
+    assert "WARNING" not in render_slurm_conf(plain, "/opt/gpushare/bin", SlurmVersion(22, 5))
