@@ -439,9 +439,29 @@ class MultiHostCluster:
                                                           root=root)
         return self.runtime
 
+    def _installed(self) -> list[str]:
+        """The installation every host runs from (the repository and its virtualenv): the same on every host,
+        like an image-installed system disk, even where it lies below a host's private directory (a clone
+        under /tmp)."""
+        paths = sorted({os.path.realpath(p) for p in (REPO, sys.prefix, self.bin_dir)}, key=len)
+        return [p for n, p in enumerate(paths) if not any(p.startswith(q + "/") for q in paths[:n])]
+
     def _chroot_binds(self) -> list[str]:
-        """What a chroot host sees of this machine: the interpreter, the repository and its virtualenv."""
-        return [p for p in chroot.runtime_binds([REPO, self.bin_dir]) if p != "/tmp"]
+        """What a chroot host sees of this machine: the interpreter and the installation."""
+        system = [p for p in chroot.runtime_binds() if p != "/tmp"]
+        extra = [p for p in self._installed() if not any(p == b or p.startswith(b + "/") for b in system)]
+        return system + extra
+
+    def _exposures(self, fs: Path) -> list[str]:
+        """Binds carrying the installation into a host's private directories (host Slurm): made inside the
+        private source before it is mounted (recursively) over its directory."""
+        q, lines = shlex.quote, []
+        for path in self._installed():
+            for private in PRIVATE_DIRS:
+                if path.startswith(private + "/"):
+                    inside = fs / private.lstrip("/") / os.path.relpath(path, private)
+                    lines.append(f"mkdir -p {q(str(inside))}; mount --bind {q(path)} {q(str(inside))}")
+        return lines
 
     def _write_enter(self, host: Host) -> None:
         q = shlex.quote
@@ -449,7 +469,7 @@ class MultiHostCluster:
         root = str(runtime.root) if runtime.root else ""
         fs = self.host_dir(host.name) / "fs"
         # mkdir: an empty mount point on this machine (or in the chroot) where the directory is missing
-        mounts = [f'mkdir -p "$root"{q(d)}; mount --bind {q(str(fs / d.lstrip("/")))} "$root"{q(d)}'
+        mounts = [f'mkdir -p "$root"{q(d)}; mount --rbind {q(str(fs / d.lstrip("/")))} "$root"{q(d)}'
                   for d in PRIVATE_DIRS]
         mounts += [f'mkdir -p "$root"{q(d)}; mount --bind {q(str(self.base / "shared" / d.lstrip("/")))} "$root"{q(d)}'
                    for d in SHARED_DIRS]
@@ -459,13 +479,14 @@ class MultiHostCluster:
         base = str(self.base.resolve())
         mounts.sort(key=lambda line: not root and any(base.startswith(d + "/") for d in PRIVATE_DIRS
                                                       if line.endswith(f'"$root"{q(d)}')))
-        if root:
+        if root:  # the installation is bound after the private directories, over them where it lies below one
             setup = ['mount -t proc proc "$root/proc"', 'mount --rbind /sys "$root/sys"',
                      'mount --rbind /dev "$root/dev"']
-            setup += [f'mount --rbind {q(p)} "$root"{q(p)}' for p in self._chroot_binds()]
+            mounts += [f'[ -e "$root"{q(p)} ] || mkdir -p "$root"{q(p)}; mount --rbind {q(p)} "$root"{q(p)}'
+                       for p in self._chroot_binds()]
             enter = 'chroot "$root"'
         else:
-            setup, enter = [], ""
+            setup, enter = self._exposures(fs), ""
         # root squash: the controller's root keeps every capability but the two that bypass file permissions
         squash = "setpriv --bounding-set -dac_override,-dac_read_search " if host.has("controller") else ""
         script = f"""#!/bin/sh
