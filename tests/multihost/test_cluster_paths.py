@@ -165,11 +165,13 @@ def test_pending_mig_jobs_reshape_the_configless_node_and_run_on_their_profiles(
     """mig1 has no slurm.conf or gres.conf of its own (configless). The controller alone decides its target
     from the pending jobs and owns the files; mig1 changes its GPU; they meet only in mig1's Slurm record
     ([mig] coordination = "controller", docs/mig.md). The two 1g.5gb jobs wait for each other on mig1's /tmp,
-    so two distinct instances are proven, not lucky."""
+    so two distinct instances are proven, not lucky. One setting differs from what ships, by environment:
+    ``[mig] demand_min_age_s`` (default 300 s, so that no freshly submitted job triggers a reshape) is 0 here,
+    because the jobs were just submitted; the age bound itself is tested in tests/mig_exec/test_demand.py."""
     cluster = multihost()
     apply = ["gpushare", "mig", "apply", "--from-demand", "--node", "mig1", "--json"]
     controller = ["gpushare", "mig", "controller", "--json"]
-    settings = {"GPUSHARE_MIG_DEMAND_MIN_AGE_S": "0", "GPUSHARE_MIG_POLL_S": "0.2"}  # jobs just submitted
+    settings = {"GPUSHARE_MIG_DEMAND_MIN_AGE_S": "0", "GPUSHARE_MIG_POLL_S": "0.2"}  # see the docstring
     first = json.loads(cluster.run("mig1", apply, env=settings).stdout)  # the node reports its layout
     assert first["outcome"] == "nothing", first
     jobs = {}
