@@ -1,7 +1,7 @@
 """Collocation gain in the simulator: CARMA's setting (Philly 60-job trace, 1 node x 3 A100-40GB) and
 a MIGM §5.2-style MIG mix. Prints Markdown tables (append them to docs/benchmarks.md).
 
-    python benchmarks/collocation_gain.py [--seeds 0 1 2 3 4] [--data-dir ../shared/data]
+    python benchmarks/collocation_gain.py [--seeds 0 1 2 3 4] [--data-dir DIR]
 
 Each seed maps the trace's arrivals to a different draw of CARMA's workload table, so the table shows the
 mean over seeds of each metric and of its change against Exclusive *on the same seed*.

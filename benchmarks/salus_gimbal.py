@@ -1,6 +1,6 @@
 """Salus lanes and Gimbal thread caps against exclusive GPUs, MAGM and free-competition collocation.
 
-    python benchmarks/salus_gimbal.py [--seeds 0 1 2] [--sweep-jobs 60] [--data-dir ../shared/data]
+    python benchmarks/salus_gimbal.py [--seeds 0 1 2] [--sweep-jobs 60] [--data-dir DIR]
 
 Two workloads on 1 node x 3 A100-40GB (CARMA's setting): the Philly 60-job trace (arrivals over hours,
 workloads drawn from the table per seed) and a hyper-parameter sweep of small CIFAR models submitted at

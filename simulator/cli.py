@@ -1,7 +1,8 @@
 """``gpushare simulate``: replay a trace through a placement policy and report what it would do.
 
 Reference data (the default Philly trace and Gavel's throughputs) is read from ``--data-dir``, else
-``$GPUSHARE_DATA_DIR``, else ``../shared/data`` next to the source tree, and never copied.
+``$GPUSHARE_DATA_DIR``, else the copies this package ships (``simulator/data/``, with their sources and
+licences in its README).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def data_dir(flag: str | None) -> Path:
         return Path(flag)
     if os.environ.get("GPUSHARE_DATA_DIR"):
         return Path(os.environ["GPUSHARE_DATA_DIR"])
-    return Path(__file__).resolve().parents[1].parent / "shared" / "data"
+    return Path(__file__).resolve().parent / "data"
 
 
 def _check(policy: str, estimator: str, gpu: str) -> None:

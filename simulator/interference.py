@@ -1,7 +1,7 @@
 """Interference: how fast a job runs next to others, from measured pairwise throughputs.
 
 Source: Gavel's ``simulation_throughputs.json`` (Narayanan et al., OSDI'20; github.com/stanford-futuredata/
-gavel, MIT licence), read in place from ``shared/data/`` (or ``--throughputs``), never copied. For a job
+gavel, MIT licence), shipped in ``simulator/data/`` (or ``--throughputs``). For a job
 type A it holds A's solo throughput (key ``"null"``) and, for every other type B, the pair
 ``[A's throughput next to B, B's throughput next to A]``, measured on V100/P100/K80.
 

@@ -2,7 +2,7 @@
 
 Two formats, told apart by the first non-comment line (a header means the rich format):
 
-* **Philly arrivals** (``shared/data/philly_trace_60_tasks.csv``): no header, ``wait_seconds,num_tasks``
+* **Philly arrivals** (``simulator/data/philly_trace_60_tasks.csv``): no header, ``wait_seconds,num_tasks``
   per line, the wait counted from the previous arrival. Jobs get a workload from the table
   (``workload.draw``, seeded), and ``max(num_tasks, the workload's own GPU count)`` GPUs.
 * **Rich CSV**: a header naming columns; ``submit_s`` is required (seconds from the trace start), the

@@ -11,7 +11,6 @@ from gpushare.simulator.cli import command, data_dir
 from gpushare.simulator.mig import run_mix
 
 DATA = data_dir(None)
-needs_data = pytest.mark.skipif(not (DATA / "philly_trace_60_tasks.csv").exists(), reason="shared/data not present")
 
 
 def simulate(*args):
@@ -19,7 +18,6 @@ def simulate(*args):
     return result
 
 
-@needs_data
 def test_same_seed_same_result_other_seed_other_result():
     first = simulate("--policy", "magm", "--estimator", "none", "--seed", "4", "--json")
     again = simulate("--policy", "magm", "--estimator", "none", "--seed", "4", "--json")
@@ -29,7 +27,6 @@ def test_same_seed_same_result_other_seed_other_result():
     assert json.loads(first.output)["summary"] != json.loads(other.output)["summary"]
 
 
-@needs_data
 def test_json_document_and_plots(tmp_path):
     result = simulate("--policy", "lug", "--json", "--plot", str(tmp_path))
     assert result.exit_code == 0, result.output
@@ -109,7 +106,6 @@ def test_cli_mig_policy(tmp_path):
     assert simulate("--trace", str(mix), "--policy", "mig-a", "--gpu", "l40s-48gb").exit_code == 2
 
 
-@needs_data
 def test_several_policies_and_seeds_run_in_processes_in_order():
     result = simulate("--policy", "exclusive,magm", "--seeds", "0-1", "--workers", "2", "--json", "--no-progress")
     assert result.exit_code == 0, result.output

@@ -49,7 +49,6 @@ def test_share_mode_ignores_measurements():
     assert model.speed(("A", 0.6), [("B", 0.6), ("B", 0.3)]) == pytest.approx(0.95 / 1.5)
 
 
-@pytest.mark.skipif(not GAVEL.exists(), reason="shared/data not present")
 def test_real_gavel_table_resnet50_pair():
     model = Interference.load(GAVEL)
     assert model.measured
