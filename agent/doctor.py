@@ -21,7 +21,7 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import click
 
@@ -201,7 +201,12 @@ def compare_host(node: str, address: str, port: int, digest: str, version: str, 
     return report
 
 
-def diagnose(explicit_config: str | None, nodes: dict[str, str] | None, ask_slurm: bool, timeout_s: float) -> Report:
+#: More checks for a kind of host (the controller's, slurm_plugins/controller_doctor.py): (config, forced) → checks.
+HostChecks = Callable[[Config, bool], list[Check]]
+
+
+def diagnose(explicit_config: str | None, nodes: dict[str, str] | None, ask_slurm: bool, timeout_s: float,
+             host_checks: HostChecks | None = None, force_host_checks: bool = False) -> Report:
     """Everything ``gpushare doctor`` prints; ``nodes`` (name → address) replaces the discovered GPU nodes."""
     cfg, config_line, path, digest = local_config(explicit_config)
     version = installed_version()
@@ -209,6 +214,8 @@ def diagnose(explicit_config: str | None, nodes: dict[str, str] | None, ask_slur
     env = environment_check()
     if env:
         report.checks.append(env)
+    if host_checks is not None:
+        report.checks += host_checks(cfg, force_host_checks)
     slurm_nodes = None
     if ask_slurm:
         line, slurm_nodes = slurm_check(cfg)
@@ -239,30 +246,40 @@ def _parse_node(value: str) -> tuple[str, str]:
     return name, address or name
 
 
-@click.command("doctor")
-@click.option("--config", "config_file", envvar="GPUSHARE_CONFIG", help="gpushare.toml to check (default: the one "
-              "every gpushare program here would read).")
-@click.option("--node", "node_args", multiple=True, metavar="NAME[=ADDRESS]",
-              help="Compare this GPU node's agent (repeatable); default: Slurm's GPU nodes and [[nodes]].")
-@click.option("--no-slurm", is_flag=True, help="Do not ask Slurm (a host that is no Slurm client): nodes from "
-              "--node and [[nodes]] only.")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(0.1, 60.0), default=3.0, show_default=True,
-              help="Seconds to wait for each agent.")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object instead of lines.")
-def command(config_file: str | None, node_args: tuple[str, ...], no_slurm: bool, timeout_s: float,
-            as_json: bool) -> int:
-    """Check this host's gpushare setup and compare the GPU nodes' configuration with it.
+def build_command(host_checks: HostChecks | None = None) -> click.Command:
+    """The ``gpushare doctor`` command, with ``host_checks`` for the kinds of host a higher layer knows."""
 
-    Exit status 0 when every check passes and every node holds the same gpushare.toml and release, 1
-    otherwise."""
-    nodes = dict(_parse_node(value) for value in node_args) if node_args else None
-    report = diagnose(config_file, nodes, not no_slurm, timeout_s)
-    if as_json:
-        click.echo(json.dumps(report.as_dict(), indent=2))
-    else:
-        for line in report.lines():
-            click.echo(line)
-    return 0 if report.ok else 1
+    @click.command("doctor")
+    @click.option("--config", "config_file", envvar="GPUSHARE_CONFIG", help="gpushare.toml to check (default: the "
+                  "one every gpushare program here would read).")
+    @click.option("--node", "node_args", multiple=True, metavar="NAME[=ADDRESS]",
+                  help="Compare this GPU node's agent (repeatable); default: Slurm's GPU nodes and [[nodes]].")
+    @click.option("--no-slurm", is_flag=True, help="Do not ask Slurm (a host that is no Slurm client): nodes from "
+                  "--node and [[nodes]] only.")
+    @click.option("--controller", is_flag=True, help="Check the slurmctld path (as SlurmUser) even where this host "
+                  "is no SlurmctldHost of slurm.conf.")
+    @click.option("--timeout", "timeout_s", type=click.FloatRange(0.1, 60.0), default=3.0, show_default=True,
+                  help="Seconds to wait for each agent.")
+    @click.option("--json", "as_json", is_flag=True, help="One JSON object instead of lines.")
+    def command(config_file: str | None, node_args: tuple[str, ...], no_slurm: bool, controller: bool,
+                timeout_s: float, as_json: bool) -> int:
+        """Check this host's gpushare setup and compare the GPU nodes' configuration with it.
+
+        On the slurmctld host, also the controller path as slurmctld's own account. Exit status 0 when every
+        check passes and every node holds the same gpushare.toml and release, 1 otherwise."""
+        nodes = dict(_parse_node(value) for value in node_args) if node_args else None
+        report = diagnose(config_file, nodes, not no_slurm, timeout_s, host_checks, controller)
+        if as_json:
+            click.echo(json.dumps(report.as_dict(), indent=2))
+        else:
+            for line in report.lines():
+                click.echo(line)
+        return 0 if report.ok else 1
+
+    return command
+
+
+command = build_command()
 
 
 __all__ = ["Check", "HostReport", "Report", "command", "compare_host", "diagnose", "fetch_config_info"]

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from devcluster.processes import stop_group, wait_until
+from devcluster.slurm_runtime import SLURM_USER, own_by_slurm
 
 Argv = Callable[[list[str]], list[str]]
 DB_BINARIES = ("mariadbd", "mariadb-install-db", "mariadb")
@@ -106,8 +107,8 @@ class Accounting:
         log = self.base / "log"
         text = "\n".join([
             "AuthType=auth/munge", f"AuthInfo=socket={self.munge_socket}",
-            "DbdHost=localhost", "DbdAddr=127.0.0.1", f"DbdPort={self.dbd_port}", "SlurmUser=root",
-            f"LogFile={log}/slurmdbd.log", f"PidFile={self.base}/run/slurmdbd.pid", "DebugLevel=info",
+            "DbdHost=localhost", "DbdAddr=127.0.0.1", f"DbdPort={self.dbd_port}", f"SlurmUser={SLURM_USER}",
+            f"LogFile={log}/slurmdbd.log", f"PidFile={self.base}/run/slurmdbd/slurmdbd.pid", "DebugLevel=info",
             "StorageType=accounting_storage/mysql", "StorageHost=127.0.0.1", f"StoragePort={self.db_port}",
             f"StorageUser={DB_USER}", f"StoragePass={self.password}", f"StorageLoc={DB_NAME}",
             "PrivateData=jobs"]) + "\n"
@@ -116,6 +117,14 @@ class Accounting:
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
         os.chmod(self.dbd_conf, 0o600)
+        self.own_files()
+
+    def own_files(self) -> None:
+        """slurmdbd runs as SlurmUser: its configuration (0600, which it insists on), log and pid directory
+        are that account's, as the packages lay them out."""
+        own_by_slurm(self.dbd_conf, 0o600, directory=False)
+        own_by_slurm(self.base / "log" / "slurmdbd.log", 0o640, directory=False)
+        own_by_slurm(self.base / "run" / "slurmdbd", 0o755)
 
     # --- processes -----------------------------------------------------------------------------------------
     def start(self, timeout_s: float = 60.0) -> "Accounting":

@@ -5,8 +5,10 @@ with GPUs as character devices (``mknod c 195 N``: Slurm ignores plain files for
 docs/compatibility.md). The slurm.conf GRES lines, gres.conf and job_submit.lua come from the same generators
 admins use (``gpushare slurm-config``), so the tests exercise what gets deployed.
 
-Needs root (mknod, daemons as SlurmUser=root). Daemons are started with ``setsid`` and all standard
-streams redirected, so a CI step piping our output never waits on them.
+Needs root (mknod, starting the daemons). slurmctld (and slurmdbd) run as the unprivileged ``slurm`` account,
+as the distributions' packages run them, with their own state, log and pid directories; slurmd runs as root.
+Daemons are started with ``setsid`` and all standard streams redirected, so a CI step piping our output never
+waits on them.
 
 Which Slurm: ``slurm_version`` (default ``$GPUSHARE_TEST_SLURM``, else the host's 22.05). Newer releases run
 from cached Debian chroots (devcluster.chroot): daemons, hooks and gpushare-submitd run inside, and the
@@ -31,12 +33,14 @@ from pathlib import Path
 from devcluster import slurm_runtime
 from devcluster.processes import kill_leftovers, stop_group, wait_until
 from devcluster.accounting import Accounting
-from devcluster.slurm_runtime import SlurmRuntime
+from devcluster.slurm_runtime import SLURM_USER, SlurmRuntime, own_by_slurm
 from gpushare.atomic import write_text_atomic
 from gpushare.config import Config, parse_config
 from gpushare.slurm.client import SlurmClient
 from gpushare.slurm.jobs import ENDED_STATES, Job
 from gpushare.gres.gres_conf import gres_conf_lines, node_gres
+from gpushare.slurm.conf_file import slurm_user
+from gpushare.slurm_plugins.controller_account import prepare_hook_paths
 from gpushare.slurm_plugins.slurm_config import HOOK_ENTRY_POINTS, group_gpus, render_lua
 
 REPO = Path(__file__).resolve().parents[1]  # bound into chroots: the virtualenv and examples live there
@@ -226,10 +230,23 @@ class LocalCluster:
             (self.base / "state" / f"spool-{node}").mkdir(parents=True, exist_ok=True)
         if self.with_hook:
             write_text_atomic(self.base / "etc" / "job_submit.lua", render_lua(cfg))
+        self._own_controller_paths(cfg)
         key = self.base / "munge" / "munge.key"
         if not key.exists():
             key.write_bytes(os.urandom(1024))
             os.chmod(key, 0o400)
+
+    def _own_controller_paths(self, cfg: Config) -> None:
+        """What slurmctld, running as SlurmUser, writes: its state, log and pid file, as the packages lay
+        them out; and what our controller-side hooks write, prepared as gpushare-submitd prepares it (here
+        too when a test runs without the service)."""
+        own_by_slurm(self.base / "state" / "ctld", 0o755)
+        own_by_slurm(self.base / "run" / "slurmctld", 0o755)
+        own_by_slurm(self.base / "log" / "slurmctld.log", 0o640, directory=False)
+        hooks_log = self.base / "log" / "hooks.log"  # the hook wrappers' stderr, whoever runs them (root,
+        hooks_log.touch()  # SlurmUser, the job's user): a test harness's log, not a site's
+        os.chmod(hooks_log, 0o666)
+        prepare_hook_paths(cfg, slurm_user(self.conf))
 
     def _make_devices(self, cfg: Config) -> None:
         for group in cfg.nodes:
@@ -261,9 +278,9 @@ class LocalCluster:
             f"SlurmctldHost={host}(127.0.0.1)",
             f"SlurmctldPort={self.ports['ctld']}",
             f"AuthType=auth/munge\nCredType=cred/munge\nAuthInfo=socket={base}/munge/munge.sock",
-            "SlurmUser=root\nSlurmdUser=root",
-            f"StateSaveLocation={base}/state\nSlurmdSpoolDir={base}/state/spool-%n",
-            f"SlurmctldPidFile={base}/run/slurmctld.pid\nSlurmdPidFile={base}/run/slurmd-%n.pid",
+            f"SlurmUser={SLURM_USER}\nSlurmdUser=root",
+            f"StateSaveLocation={base}/state/ctld\nSlurmdSpoolDir={base}/state/spool-%n",
+            f"SlurmctldPidFile={base}/run/slurmctld/slurmctld.pid\nSlurmdPidFile={base}/run/slurmd-%n.pid",
             f"SlurmctldLogFile={base}/log/slurmctld.log\nSlurmdLogFile={base}/log/slurmd-%n.log",
             "SlurmctldDebug=info\nSlurmdDebug=info",
             "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none",

@@ -45,6 +45,7 @@ from devcluster import chroot, slurm_runtime
 from devcluster.accounting import Accounting
 from devcluster.local_cluster import REPO, ClusterError, controller_up, nodes_idle, wait_job
 from devcluster.processes import kill_leftovers, stop_group, wait_until
+from devcluster.slurm_runtime import SLURM_USER, own_by_slurm
 from gpushare.atomic import write_text_atomic
 from gpushare.config import Config, parse_config
 from gpushare.gres.gres_conf import gres_conf_lines, node_gres
@@ -71,7 +72,7 @@ MUNGE_SOCKET = "/run/munge/munge.socket.2"  # Debian's default: every host's own
 # daemon the pid file names, wait for it to go (a zombie of the harness counts as gone) and start it again
 _STOP = ('p=$(cat {pid}) && kill $p; while [ -d /proc/$p ] && ! grep -q "^State:.*Z" /proc/$p/status; '
          'do sleep 0.1; done; ')
-RESTART_SLURMCTLD = f"/bin/sh -c '{_STOP.format(pid='/run/slurmctld.pid')}slurmctld -i >/dev/null 2>&1'"
+RESTART_SLURMCTLD = f"/bin/sh -c '{_STOP.format(pid='/run/slurmctld/slurmctld.pid')}slurmctld -i >/dev/null 2>&1'"
 _SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -324,9 +325,10 @@ class MultiHostCluster:
                 write_text_atomic(self.path_on(host.name, "/etc/slurm/gres.conf"), self._gres_conf(cfg))
                 if self.slurm_at_least("23.02"):
                     write_text_atomic(self.path_on(host.name, "/etc/slurm/cgroup.conf"), "CgroupPlugin=disabled\n")
-            if host.has("controller"):
+            if host.has("controller"):  # slurmctld runs as SlurmUser: its directories, as the packages lay them out
                 write_text_atomic(self.path_on(host.name, "/etc/slurm/job_submit.lua"), render_lua(cfg))
-                self.path_on(host.name, "/var/spool/slurmctld").mkdir(parents=True, exist_ok=True)
+                for directory in ("/var/spool/slurmctld", "/run/slurmctld", "/var/log/slurm"):
+                    own_by_slurm(self.path_on(host.name, directory), 0o755)
             self._write_enter(host)
             self._write_tools(host)
 
@@ -382,9 +384,9 @@ class MultiHostCluster:
             f"SlurmctldPort={self.ports['ctld']}",
             "SlurmctldParameters=enable_configless",
             "AuthType=auth/munge\nCredType=cred/munge",
-            "SlurmUser=root\nSlurmdUser=root",
+            f"SlurmUser={SLURM_USER}\nSlurmdUser=root",
             "StateSaveLocation=/var/spool/slurmctld\nSlurmdSpoolDir=/var/spool/slurmd",
-            "SlurmctldPidFile=/run/slurmctld.pid\nSlurmdPidFile=/run/slurmd.pid",
+            "SlurmctldPidFile=/run/slurmctld/slurmctld.pid\nSlurmdPidFile=/run/slurmd.pid",
             "SlurmctldLogFile=/var/log/slurm/slurmctld.log\nSlurmdLogFile=/var/log/slurm/slurmd.log",
             "SlurmctldDebug=info\nSlurmdDebug=info",
             "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none",
@@ -654,5 +656,13 @@ class HostAccounting(Accounting):
         text = re.sub(r"^AuthInfo=.*\n", "", text, flags=re.M)  # the host's own munged, at its default socket
         text = re.sub(r"^DbdAddr=.*$", f"DbdAddr={address}", text, flags=re.M)
         text = re.sub(r"^LogFile=.*$", "LogFile=/var/log/slurm/slurmdbd.log", text, flags=re.M)
-        text = re.sub(r"^PidFile=.*$", "PidFile=/run/slurmdbd.pid", text, flags=re.M)
+        text = re.sub(r"^PidFile=.*$", "PidFile=/run/slurmdbd/slurmdbd.pid", text, flags=re.M)
         self.dbd_conf.write_text(text)
+
+    def own_files(self) -> None:
+        if self.host is None:
+            return super().own_files()
+        own_by_slurm(self.dbd_conf, 0o600, directory=False)
+        root = self.host_etc.parents[1]  # the controller's /, as the harness reaches it
+        own_by_slurm(root / "var/log/slurm/slurmdbd.log", 0o640, directory=False)
+        own_by_slurm(root / "run/slurmdbd", 0o755)

@@ -10,6 +10,7 @@ harness: on the host it runs commands as they are; for a chroot version it prefi
 from __future__ import annotations
 
 import os
+import pwd
 import re
 import shutil
 import subprocess
@@ -65,13 +66,43 @@ def host_release() -> str:
     return match.group(1) if match else ""
 
 
+#: The account slurmctld and slurmdbd run as in every test cluster, as Debian's and RHEL's packages have it
+#: (SlurmdUser stays root, as sites run it); its state, spool, log and pid directories are its own.
+SLURM_USER = "slurm"
+
+
+def slurm_account() -> "pwd.struct_passwd":
+    """SLURM_USER, created the way Debian's slurm packages do (uid/gid 64030) where the host lacks it."""
+    try:
+        return pwd.getpwnam(SLURM_USER)
+    except KeyError:
+        subprocess.run(["groupadd", "--system", "--gid", "64030", SLURM_USER], check=False, capture_output=True)
+        subprocess.run(["useradd", "--system", "--uid", "64030", "--gid", SLURM_USER, "--no-create-home",
+                        "--home-dir", "/nonexistent", "--shell", "/usr/sbin/nologin", SLURM_USER],
+                       check=True, capture_output=True)
+        return pwd.getpwnam(SLURM_USER)
+
+
+def own_by_slurm(path: Path, mode: int, directory: bool = True) -> Path:
+    """``path`` (a directory, or an empty file) created if missing, owned by SLURM_USER with ``mode``."""
+    account = slurm_account()
+    if directory:
+        path.mkdir(parents=True, exist_ok=True)
+    elif not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+    os.chown(path, account.pw_uid, account.pw_gid)
+    os.chmod(path, mode)
+    return path
+
+
 def missing_requirements(version: str | None = None) -> str | None:
     """Why a local cluster of ``version`` (default: the requested one) cannot run here, or None."""
     version = version or requested_version()
     if version not in VERSIONS:
         return f"unknown Slurm version {version!r} in {ENV_VAR} (use one of {', '.join(VERSIONS)})"
     if os.geteuid() != 0:
-        return "needs root (mknod for GPU device files, Slurm daemons as SlurmUser=root)"
+        return "needs root (mknod for GPU device files, Slurm daemons started as root drop to SlurmUser)"
     if version == HOST:
         missing = [b for b in HOST_BINARIES if not shutil.which(b, path=_HOST_PATH)]
         if missing:

@@ -16,7 +16,7 @@ import click
 SUBCOMMANDS: dict[str, str] = {
     "slurm-config": "gpushare.slurm_plugins.slurm_config:command",
     "config": "gpushare.config_cli:command",
-    "doctor": "gpushare.agent.doctor:command",
+    "doctor": "gpushare.slurm_plugins.controller_doctor:command",
     "mig": "gpushare.mig_manager.mig_cli:command",
     "simulate": "gpushare.simulator.cli:command",
     "report": "gpushare.epilog.report_cli:command",

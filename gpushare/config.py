@@ -101,7 +101,9 @@ class SubmitSection:
     socket: str = _opt("/run/gpushare/submitd.sock", None, "unix socket the Lua shim connects to")
     peer_uids: list = _opt([], lambda v: None if all(not isinstance(u, bool) and str(u).isdigit() for u in v)
                            else "expects uids (non-negative integers)",
-                           "uids besides root and the service's own that may connect (SlurmUser if different)")
+                           "uids besides root, the service's own and slurm.conf's SlurmUser that may connect")
+    socket_group: str = _opt("", None, "group that may connect to the socket; empty: the primary group of "
+                                       "slurm.conf's SlurmUser (slurmctld's own account)")
     timeout_ms: int = _opt(250, _between(5, 1000),
                            "shim deadline; past it the job is accepted unchanged (at most 1 s: slurmctld holds its "
                            "job write lock meanwhile)")

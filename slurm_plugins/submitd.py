@@ -24,6 +24,7 @@ import click
 
 from gpushare.logs import setup_logging
 from gpushare.config import Config, ConfigError, load_config
+from gpushare.slurm_plugins.controller_account import controller_account, prepare_hook_paths, socket_gid
 from gpushare.slurm_plugins.decision import Decision, SubmitRequest, decide
 from gpushare.slurm_plugins.directives import parse_directives
 from gpushare.slurm_plugins.estimate_source import EstimateUnavailable, find_estimate
@@ -111,8 +112,11 @@ class SubmitServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         self.max_request_bytes = cfg.submit.max_script_bytes * 6 + 65536  # \u00XX escapes: 6 bytes a byte
         self._lock = threading.Lock()
         self.estimation: Supervisor | None = None  # the async-estimation process, when enabled
-        # who may ask: root, this service's own user (SlurmUser when co-located), and [submit] peer_uids
-        self.peer_uids = {0, os.geteuid(), *(int(u) for u in cfg.submit.peer_uids)}
+        # who may ask: root, this service's own user, slurmctld's (SlurmUser), and [submit] peer_uids
+        account = controller_account(cfg)
+        self.peer_uids = {0, os.geteuid(), *(int(u) for u in cfg.submit.peer_uids),
+                          *((account.uid,) if account else ())}
+        prepare_hook_paths(cfg, account)
         path = Path(socket_path)
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.is_socket():
@@ -122,7 +126,10 @@ class SubmitServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
             super().__init__(str(path), _Handler)
         finally:
             os.umask(old_umask)
-        os.chmod(path, 0o660)  # slurmctld's user (owner) and group only
+        gid = socket_gid(cfg, account)
+        if gid is not None and os.geteuid() == 0:
+            os.chown(path, -1, gid)  # slurmctld's group: the shim connects as SlurmUser, not as root
+        os.chmod(path, 0o660)  # this service's user (owner) and slurmctld's group only
 
     def process_request(self, request: socket.socket, client_address: object) -> None:  # type: ignore[override]
         if not self._slots.acquire(blocking=False):
