@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -36,6 +37,20 @@ echo "job $SLURM_JOB_ID on $(hostname): CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVIC
 
 def banner(text: str) -> None:
     print(f"\n\033[1m== {text}\033[0m" if sys.stdout.isatty() else f"\n== {text}", flush=True)
+
+
+def failure(returncode: int, stdout: str, stderr: str) -> str:
+    """Why a command failed, in one paragraph, even when it printed nothing: a status above 128 is the
+    shell's way of saying a signal ended it (SIGKILL from the kernel's OOM killer is the usual one)."""
+    status = f"exit {returncode}"
+    code = 256 - returncode if returncode > 128 + 64 else returncode - 128 if returncode > 128 else -returncode
+    if code > 0:
+        try:
+            status += f" ({signal.Signals(code).name}: killed; out of memory or a time limit?)"
+        except ValueError:
+            pass
+    tail = (stderr.strip() or stdout.strip())[-1000:]
+    return f"{status}; {tail}" if tail else f"{status}; it printed nothing"
 
 
 def show_job(cluster: MultiHostCluster, job_id: int) -> None:
@@ -74,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         print(done.stderr.strip())
         print(done.stdout.strip())
         if done.returncode != 0:
-            print(f"demo: gpu-estimate failed: {done.stderr.strip()[-1000:]}", file=sys.stderr)
+            print(f"demo: gpu-estimate failed: {failure(done.returncode, done.stdout, done.stderr)}", file=sys.stderr)
             return done.returncode
         show_job(cluster, int(re.findall(r"Submitted batch job (\d+)", done.stdout + done.stderr)[-1]))
 

@@ -33,7 +33,7 @@ from pathlib import Path
 from devcluster import slurm_runtime
 from devcluster.processes import kill_leftovers, stop_group, wait_until
 from devcluster.accounting import Accounting
-from devcluster.slurm_runtime import SLURM_USER, SlurmRuntime, own_by_slurm
+from devcluster.slurm_runtime import SLURM_USER, SlurmRuntime, own_by_slurm, traversable_below_tmp
 from gpushare.atomic import write_text_atomic
 from gpushare.config import Config, parse_config
 from gpushare.slurm.client import SlurmClient
@@ -240,6 +240,7 @@ class LocalCluster:
         """What slurmctld, running as SlurmUser, writes: its state, log and pid file, as the packages lay
         them out; and what our controller-side hooks write, prepared as gpushare-submitd prepares it (here
         too when a test runs without the service)."""
+        traversable_below_tmp(self.base)
         own_by_slurm(self.base / "state" / "ctld", 0o755)
         own_by_slurm(self.base / "run" / "slurmctld", 0o755)
         own_by_slurm(self.base / "log" / "slurmctld.log", 0o640, directory=False)

@@ -96,6 +96,17 @@ def own_by_slurm(path: Path, mode: int, directory: bool = True) -> Path:
     return path
 
 
+def traversable_below_tmp(path: Path) -> None:
+    """Let SLURM_USER reach ``path``: a cluster made in pytest's 0700 /tmp/pytest-of-root/... is out of its
+    reach. Adds search permission only (o+x, never read), and only to folders under /tmp."""
+    for folder in [path, *path.parents]:
+        if folder == Path("/tmp") or Path("/tmp") not in folder.parents:
+            continue
+        mode = folder.stat().st_mode
+        if not mode & 0o001:
+            os.chmod(folder, (mode & 0o7777) | 0o011)
+
+
 def missing_requirements(version: str | None = None) -> str | None:
     """Why a local cluster of ``version`` (default: the requested one) cannot run here, or None."""
     version = version or requested_version()

@@ -246,7 +246,12 @@ def as_job_user(path: str, uid: int | None, gid: int | None, work: Callable[[], 
     if "\0" in path or not os.path.isabs(path):
         raise TailError(f"{path[:100]!r}: not an absolute path")
     if os.geteuid() != 0 or uid == 0:
-        return work()
+        try:
+            return work()
+        except TailError:
+            raise
+        except OSError as exc:  # as ourselves (an unprivileged SlurmUser): e.g. not ours to write
+            raise TailError(f"{path}: {exc.strerror or exc}") from exc
     if uid is None or uid < 0:
         raise TailError(f"{path}: job owner unknown; not accessed as root")
     read_end, write_end = os.pipe()

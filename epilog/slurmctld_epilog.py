@@ -26,7 +26,8 @@ from gpushare.epilog.corroborate import collateral_evidence, corroborate
 from gpushare.epilog.executor import execute, finish, resume_unfinished, spawn_finisher
 from gpushare.epilog.ledger import FINAL_STATES, Ledger
 from gpushare.epilog import task_epilog
-from gpushare.epilog.oom_detect import OomVerdict, TailError, append_note, classify, compile_patterns, read_tail
+from gpushare.epilog.oom_detect import OomVerdict, append_note, classify, compile_patterns, read_tail
+from gpushare.slurm_plugins.protocol import ask
 from gpushare.epilog.learn import learn_from_oom
 from gpushare.epilog.recovery import RECOVERABLE_STATES, Action, JobFacts, decide, whole_gpu_shards
 from gpushare.config import Config, load_config
@@ -254,11 +255,19 @@ def _entry(job: JobFacts, verdict: OomVerdict, action: Action) -> dict[str, Any]
 
 
 def _tell_user(job: JobFacts, message: str, cfg: Config) -> None:
+    """The note into the job's log as its user: here when we are root, else through gpushare-submitd, the
+    controller's root service (slurm_plugins/job_notes.py), since SlurmUser cannot write the user's files."""
     if not message or not job.log_paths:
         return
     try:
-        append_note(job.log_paths[0], message, job.uid, job.gid, cfg.oom.read_timeout_s)
-    except TailError as exc:
+        if os.geteuid() == 0:
+            append_note(job.log_paths[0], message, job.uid, job.gid, cfg.oom.read_timeout_s)
+            return
+        reply = ask(cfg.submit.socket, {"op": "note", "job_id": job.job_id, "message": message},
+                    timeout_s=cfg.oom.read_timeout_s)
+        if reply.get("user_msg") != "written":
+            log.info("job %s: note not added to the job log: %s", job.job_id, reply.get("user_msg", "no answer"))
+    except OSError as exc:  # TailError included; a note is never worth failing the hook
         log.info("job %s: could not add a note to the job log: %s", job.job_id, exc)
 
 

@@ -24,11 +24,13 @@ import click
 
 from gpushare.logs import setup_logging
 from gpushare.config import Config, ConfigError, load_config
+from gpushare.errors import GpushareError
 from gpushare.slurm_plugins.controller_account import controller_account, prepare_hook_paths, socket_gid
 from gpushare.slurm_plugins.decision import Decision, SubmitRequest, decide
 from gpushare.slurm_plugins.directives import parse_directives
 from gpushare.slurm_plugins.estimate_source import EstimateUnavailable, find_estimate
 from gpushare.slurm_plugins.estimation_process import Supervisor
+from gpushare.slurm_plugins.job_notes import write_note
 from gpushare.slurm_plugins.protocol import ProtocolError, decode_request, encode_reply
 
 log = logging.getLogger("gpushare.submitd")
@@ -164,6 +166,14 @@ class SubmitServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         try:
             op, request, fields = decode_request(line.rstrip(b"\n"))
             job = str(fields.get("name") or "")[:64] + f" uid={request.user_id}"
+            if op == "note":  # EpilogSlurmctld, as SlurmUser, asks for a line in a job's log (job_notes.py)
+                job = f"note for job {str(fields.get('job_id'))[:12]}"
+                try:
+                    outcome = write_note(self.cfg, fields)
+                except (OSError, GpushareError) as exc:
+                    outcome = f"not written: {exc}"[:200]
+                    log.warning("%s: %s", job, outcome)
+                return Decision(action="accept", user_message=outcome), job
             if op != "submit":
                 return Decision(action="accept"), job
             return handle_submit(self.cfg, request, fields.get("work_dir")), job

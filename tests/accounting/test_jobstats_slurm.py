@@ -22,6 +22,7 @@ import pytest
 
 from devcluster import accounting
 from devcluster.local_cluster import ensure_login_user, missing_requirements
+from devcluster.slurm_runtime import own_by_slurm
 from gpushare.gres.sim_backend import SimBackend
 from gpushare.slurm import record as record_format
 
@@ -85,9 +86,11 @@ def cluster(request: pytest.FixtureRequest) -> Any:
 
 def write_mail_programs(base: Path, cluster: Any) -> None:
     """slurm.conf's MailProg: gpushare's wrapper (as docs/agent.md shows it) in front of a mail program that
-    writes each mail to ``base/mail`` (arguments, then the body)."""
+    writes each mail to ``base/mail`` (arguments, then the body). slurmctld runs MailProg as SlurmUser, so the
+    mail folder and the wrapper's log are that account's."""
     (base / "bin").mkdir(parents=True, exist_ok=True)
-    (base / "mail").mkdir(exist_ok=True)
+    own_by_slurm(base / "mail", 0o755)
+    own_by_slurm(base / "log" / "mailprog.log", 0o644, directory=False)
     fake = base / "bin" / "fake-mail"
     fake.write_text(f"#!/bin/sh\n{{ printf '%s\\n' \"$@\"; cat; }} > '{base}/mail/'$(date +%s%N).txt\n")
     wrapper = base / "bin" / "mailprog"
@@ -113,8 +116,8 @@ def jobs(cluster: Any) -> dict[str, int]:
                "mem=4G", "--mem-mib 4300 --seconds 3 --oom-first-run"))[0],
            "exclusive": cluster.client.sbatch(*as_owner, script=script(
                "mode=exclusive", "--mem-mib 5000 --seconds 3 --smact 0.6"))[0]}
-    for name, job in ids.items():
-        cluster.wait_for(lambda: _done(cluster, job), 150, f"the {name} job {job} did not finish")
+    for name, job in ids.items():  # the OOM job's first run also ends with a stored summary: wait for its rerun
+        cluster.wait_for(lambda: _done(cluster, job, rerun=name == "oom"), 150, f"the {name} job {job} did not finish")
     cluster.stop_agent()
     cfg = cluster.agent_cfg()
     for directory in (cfg.records_dir, cfg.state_dir):
@@ -123,14 +126,17 @@ def jobs(cluster: Any) -> dict[str, int]:
     shutil.rmtree(out, ignore_errors=True)
 
 
-def _done(cluster: Any, job: int) -> bool:
-    """Finished in the database with a stored run summary (the OOM job: its rerun)."""
+def _done(cluster: Any, job: int, rerun: bool = False) -> bool:
+    """Finished in the database with a stored run summary; with ``rerun``, the run after an OOM recovery
+    (COMPLETED, the record holding the recovery), not the failed first one."""
     found = subprocess.run(cluster.argv(["sacct", "-n", "-P", "-X", "-j", str(job), "-o", "State,AdminComment"]),
                            capture_output=True, text=True, env=cluster.env).stdout.strip().splitlines()
     if not found:
         return False
     state, _, comment = found[-1].partition("|")
     record = record_format.parse(comment) or {}
+    if rerun and (state.split()[0] != "COMPLETED" or "oom" not in record):
+        return False
     return state.split()[0] in ("COMPLETED", "FAILED") and "run" in record and "exit" in record["run"]
 
 

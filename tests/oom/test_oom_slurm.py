@@ -29,10 +29,10 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow,
 @pytest.fixture
 def cluster(make_cluster: Callable[..., LocalCluster], tmp_path: Path) -> LocalCluster:
     """A fresh cluster from the shared harness (tests/conftest.py) with our [oom] settings; no submit
-    hook, so the jobs keep exactly the shard requests they ask for."""
+    hook, so the jobs keep exactly the shard requests they ask for. gpushare-submitd runs, as it does on
+    every controller: EpilogSlurmctld (SlurmUser) asks it to write the user's note into the job's log."""
     os.chmod(tmp_path, 0o755)
-    return trust_log_messages(make_cluster(gpu="a100-40gb", toml_extra=oom_settings(tmp_path), with_hook=False,
-                                           with_submitd=False))
+    return trust_log_messages(make_cluster(gpu="a100-40gb", toml_extra=oom_settings(tmp_path), with_hook=False))
 
 
 def submit(cluster: LocalCluster, need: int, fail_other: bool = False, gres: str = "shard:4",
