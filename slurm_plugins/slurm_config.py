@@ -30,9 +30,12 @@ HOOK_ENTRY_POINTS = {
 }
 
 
-def render_lua(cfg: Config) -> str:
-    """The job_submit.lua shim with this site's socket, deadline and script limit filled in."""
-    template = resources.files("gpushare.slurm_plugins").joinpath("job_submit.lua").read_text(encoding="utf-8")
+LUA_MODULE = "gpushare_submit"
+
+
+def render_lua_module(cfg: Config) -> str:
+    """gpushare_submit.lua: the module with this site's socket, deadline and script limit filled in."""
+    template = resources.files("gpushare.slurm_plugins").joinpath(f"{LUA_MODULE}.lua").read_text(encoding="utf-8")
     socket_path = cfg.submit.socket
     if any(c in socket_path for c in '"\\\n'):
         raise ConfigError(f"{cfg.source}: [submit].socket: quotes, backslashes and newlines are not allowed")
@@ -42,6 +45,28 @@ def render_lua(cfg: Config) -> str:
             .replace("@SHARED_FEATURE@", shared_feature(cfg))
             .replace("@BREAKER_TIMEOUTS@", str(cfg.submit.breaker_timeouts))
             .replace("@BREAKER_OPEN_S@", str(int(cfg.submit.breaker_open_s))))
+
+
+def site_lua_lines(module_dir: str) -> list[str]:
+    """The two lines a site's own job_submit.lua needs: load the module, and call it from slurm_job_submit.
+
+    Why two lines and not a file of ours: a site's job_submit.lua holds its own rules (accounts, limits,
+    partitions); replacing it loses them, so the module goes beside it and the site decides where ours runs."""
+    if any(c in module_dir for c in '"\\\n?;'):
+        raise ConfigError(f"{module_dir}: quotes, backslashes, newlines, '?' and ';' cannot go into a Lua package.path")
+    return [f'package.path = "{module_dir}/?.lua;" .. package.path; local gpushare = require("{LUA_MODULE}")',
+            "local rc = gpushare.job_submit(job_desc, part_list, submit_uid); if rc ~= slurm.SUCCESS then return rc end"]
+
+
+def render_lua(cfg: Config, module_dir: str | None = None) -> str:
+    """A job_submit.lua for a site without one: loads the module from ``module_dir``, or, when None, carries
+    it inline (one self-contained file, as the test clusters install it)."""
+    template = resources.files("gpushare.slurm_plugins").joinpath("job_submit.lua").read_text(encoding="utf-8")
+    if module_dir is None:
+        loader = "local gpushare = (function()\n" + render_lua_module(cfg) + "end)()"
+    else:
+        loader = site_lua_lines(module_dir)[0]
+    return template.replace("@LOADER@", loader)
 
 
 def shared_feature(cfg: Config) -> str:
@@ -173,12 +198,31 @@ def mig_standby_line(cfg: Config, partition: str, groups: list[NodeGroup]) -> st
             f"CPUs={cpus or 1024} RealMemory={memory or 4194304}")
 
 
+def install_lua(cfg: Config, directory: Path) -> None:
+    """Write the module (ours, replaced on every install); write job_submit.lua only where none exists.
+
+    A site's existing job_submit.lua is never replaced: it gets the two lines to add instead."""
+    module = directory / f"{LUA_MODULE}.lua"
+    write_text_atomic(module, render_lua_module(cfg))
+    click.echo(f"### wrote {module}")
+    target = directory / "job_submit.lua"
+    if target.exists():
+        click.echo(f"### kept {target} (the site's own); add these two lines to it, the first at the top, the "
+                   "second inside its slurm_job_submit, then touch it so slurmctld reloads it:")
+        for line in site_lua_lines(str(directory.resolve())):
+            click.echo(line)
+        return
+    write_text_atomic(target, render_lua(cfg, str(directory.resolve())))
+    click.echo(f"### wrote {target}")
+
+
 @click.command()
 @click.option("--config", "config_path", envvar="GPUSHARE_CONFIG", help="gpushare.toml to read.")
 @click.option("--hook-dir", default=os.path.dirname(sys.executable), show_default=True,
               help="Where the gpushare-* entry points are installed.")
 @click.option("--install-lua", "lua_dir", type=click.Path(file_okay=False),
-              help="Write job_submit.lua into this directory (next to slurm.conf).")
+              help=f"Write {LUA_MODULE}.lua into this directory (next to slurm.conf), and job_submit.lua when "
+                   "the directory has none.")
 @click.option("--slurm-version", default="installed", show_default=True,
               help="Slurm release to write for (22.05, 24.11, 26.05, ...); 'installed' asks sinfo --version.")
 def command(config_path: str | None, hook_dir: str, lua_dir: str | None, slurm_version: str) -> None:
@@ -197,8 +241,11 @@ def command(config_path: str | None, hook_dir: str, lua_dir: str | None, slurm_v
             click.echo("### cgroup.conf (only on nodes without a mounted cgroup file system, e.g. containers)")
             click.echo("CgroupPlugin=disabled")
         if lua_dir:
-            target = Path(lua_dir) / "job_submit.lua"
-            write_text_atomic(target, render_lua(cfg))
-            click.echo(f"### wrote {target}")
+            install_lua(cfg, Path(lua_dir))
+        else:
+            click.echo(f"### job_submit.lua: write {LUA_MODULE}.lua with --install-lua DIR, then add to the site's "
+                       "job_submit.lua (first line at the top, second inside slurm_job_submit)")
+            for line in site_lua_lines("DIR"):
+                click.echo(line)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None

@@ -23,8 +23,24 @@ def test_prints_lines_and_installs_lua(tmp_path, capsys):
     assert "NodeName=gpu[01-04] Gres=gpu:a100-80gb:4,shard:320" in out
     assert "NodeName=gpu[05-06] Gres=gpu:h100-80gb:8,shard:632" in out
     assert "NodeName=gpu[01-04] Name=shard Count=80 File=/dev/nvidia3" in out
-    lua = (tmp_path / "job_submit.lua").read_text()
-    assert '"/run/gpushare/submitd.sock"' in lua and "DEADLINE_S = 0.250" in lua and "@" not in lua
+    module = (tmp_path / "gpushare_submit.lua").read_text()
+    assert '"/run/gpushare/submitd.sock"' in module and "DEADLINE_S = 0.250" in module and "@" not in module
+    lua = (tmp_path / "job_submit.lua").read_text()  # none was there: a loader of the module is written
+    assert f'package.path = "{tmp_path.resolve()}/?.lua;"' in lua and 'require("gpushare_submit")' in lua
+    assert "@" not in lua
+
+
+def test_install_keeps_the_sites_job_submit_lua(tmp_path, capsys):
+    site = tmp_path / "job_submit.lua"
+    site.write_text("-- the site's own rules\nfunction slurm_job_submit() return slurm.SUCCESS end\n")
+    before = site.read_bytes()
+    assert gpushare_main(["slurm-config", "--config", str(EXAMPLE), "--install-lua", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert site.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == [
+        "gpushare_submit.lua", "job_submit.lua"]  # no backup or stray files either: nothing was replaced
+    assert f"### kept {site}" in out
+    assert f'package.path = "{tmp_path.resolve()}/?.lua;" .. package.path; local gpushare = require(' in out
+    assert "gpushare.job_submit(job_desc, part_list, submit_uid)" in out
 
 
 def test_rendered_lua_compiles(tmp_path):
@@ -32,7 +48,7 @@ def test_rendered_lua_compiles(tmp_path):
     if not luac:
         pytest.skip("luac5.1 not installed (apt-get install lua5.1)")
     assert gpushare_main(["slurm-config", "--config", str(EXAMPLE), "--install-lua", str(tmp_path)]) == 0
-    subprocess.run([luac, "-p", str(tmp_path / "job_submit.lua")], check=True)
+    subprocess.run([luac, "-p", str(tmp_path / "job_submit.lua"), str(tmp_path / "gpushare_submit.lua")], check=True)
 
 
 def test_config_without_nodes_is_a_clear_error(tmp_path, capsys):
