@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import signal
 import sys
@@ -91,9 +92,12 @@ def command(ctx: click.Context, gpus: tuple[str, ...], iterations: int | None, m
         script_args = tuple(submission.script_args)
 
     try:
-        cfg = load_config(config_path)
+        # a missing gpushare.toml is the administrator's concern, not the researcher's: debug log only
+        cfg = load_config(config_path, warn=False)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from exc
+    if cfg.missing_line():
+        logging.getLogger("gpushare.config").debug("%s", cfg.missing_line())
     est = cfg.estimator
     targets = list(gpus) or [str(g) for g in est.gpus]
     try:
