@@ -23,6 +23,7 @@ from gpushare.estimator_cli.fake_capture import FakeRecorder
 from gpushare.estimator_cli.lazy_dynamo import lazy_dynamo
 from gpushare.estimator_cli.phases import PhaseTracker, StopCapture
 from gpushare.estimator_cli.repeat_passes import RepeatPasses
+from gpushare.estimator_cli.thread_modes import modes_follow_threads
 from gpushare.estimator_cli.torch_patches import gpu_path_patches
 
 
@@ -89,7 +90,7 @@ def capture_fake(run: ScriptRun) -> Capture:
         tracker.install()
         repeats.install()
         try:
-            with presenter, recorder:
+            with presenter, recorder, modes_follow_threads():
                 stopped = _run_script(run, tracker)
         finally:
             recorder.recording = False
@@ -121,7 +122,7 @@ def capture_profile(run: ScriptRun, trace_dir: str) -> Capture:
         prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True,
                                       record_shapes=False, with_stack=False)
         try:
-            with prof, presenter:
+            with prof, presenter, modes_follow_threads():
                 try:
                     stopped = _run_script(run, tracker)
                 finally:

@@ -77,7 +77,7 @@ class AutocastEmulator:
             if self.cache:
                 self.cache.clear()  # autocast exit frees the cached weight casts
             return args, kwargs
-        if func in _LOWER:
+        if func in _LOWER or func in SDPA_FUNCS:
             dtype = torch.get_autocast_dtype("cuda")
             dtype = self._fp16_as if dtype == torch.float16 else dtype
         elif func in _FP32:
@@ -85,7 +85,7 @@ class AutocastEmulator:
         else:
             return args, kwargs
         args = tuple(self._cast(a, dtype) for a in args)
-        if func in _LOWER:  # linear's bias and friends come as keywords too
+        if func in _LOWER or func in SDPA_FUNCS:  # linear's bias, SDPA's attn_mask come as keywords too
             kwargs = {k: self._cast(v, dtype) for k, v in kwargs.items()}
         return args, kwargs
 
@@ -130,6 +130,13 @@ def ensure_sdpa_meta() -> None:
             library.impl(name, kernel, "Meta")
 
 
+def _autocast_input(value: Any, dtype: torch.dtype) -> Any:
+    """What CUDA autocast's lower-precision cast makes of one input (float64 and non-float left alone)."""
+    if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dtype not in (dtype, torch.float64):
+        return value.to(dtype)
+    return value
+
+
 def route_sdpa(sm_major: int, args: tuple, kwargs: dict) -> Any:
     """Call the SDPA kernel CUDA would pick, so saved tensors match the GPU's (O(seq), not O(seq²))."""
     ensure_sdpa_meta()
@@ -140,8 +147,14 @@ def route_sdpa(sm_major: int, args: tuple, kwargs: dict) -> Any:
     mask, dropout = bound.get("attn_mask"), bound.get("dropout_p", 0.0)
     causal, scale = bound.get("is_causal", False), bound.get("scale")
     if torch.is_autocast_enabled("cuda"):
+        # CUDA autocast casts every floating input of SDPA (lower_precision_fp list), a float mask included;
+        # the fallback below gets the cast arguments too, or Llama-style attention (q, k float32 after the
+        # rotary embedding, v half) fails with a dtype mismatch
         dtype = torch.get_autocast_dtype("cuda")
-        q, k, v = (t.to(dtype) if t.is_floating_point() and t.dtype != dtype else t for t in (q, k, v))
+        q, k, v = (_autocast_input(t, dtype) for t in (q, k, v))
+        mask = _autocast_input(mask, dtype)
+        bound.update(query=q, key=k, value=v, attn_mask=mask)
+        args, kwargs = (), bound
     head = q.shape[-1]
     same_heads = q.dim() == 4 and k.shape[-1] == head and v.shape[-1] == head and not bound.get("enable_gqa")
     if (same_heads and sm_major >= 8 and q.dtype in (torch.float16, torch.bfloat16) and mask is None
