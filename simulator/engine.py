@@ -45,7 +45,7 @@ from gpushare.simulator.device import CONTEXT_GIB, SimCluster, SimGpu, noise_bou
 from gpushare.simulator.interference import Interference
 from gpushare.simulator.live import LiveSetup
 from gpushare.simulator.trace import JobSpec
-from gpushare.simulator.workload import UTIL_CLASSES
+from gpushare.simulator.workload import UTIL_PROFILES
 
 
 GROW_AFTER = 0.2  # fraction of its solo run time after which an offender outgrows its share
@@ -64,6 +64,7 @@ class SimConfig:
     window_s: float = risk.WINDOW_SAMPLES * risk.SAMPLE_PERIOD_S
     throughputs: Path | None = None
     interference: str = "gavel"  # or "share" (gpushare.simulator.interference)
+    util: str = "classes"  # solo utilisation per class: a key of workload.UTIL_PROFILES ("carma-fit": calibrated)
     # None: memory reaches its peak at the first kernel (the model the published tables use). False/True:
     # a job that outgrew its share first runs within it and grows past it later (GROW_AFTER of its work),
     # without / with per-job caps (framework caps, MPS limit, the agent's backstop)
@@ -220,6 +221,7 @@ class Simulation:
         self._energy_start: list[float] | None = None
         self.policy = make_policy(config.policy, **config.policy_options())
         self.interference = interference or Interference.load(config.throughputs, config.interference)
+        self.util = UTIL_PROFILES[config.util]  # class -> solo (SMACT, SMOCC, DRAMA)
         self.ttfk = risk.TtfkTable(config.window_s)
         total = self.gpus[0].shards_total
         self.jobs: dict[str, JobRun] = {}
@@ -403,7 +405,7 @@ class Simulation:
         if not chosen:
             return False
         exclusive = job.recovered or job.whole or not self.policy.collocates
-        util = UTIL_CLASSES[job.spec.util]
+        util = self.util[job.spec.util]
         for index in chosen:
             gpu = self.gpus[index]
             shards = gpu.shards_total if exclusive else job.shards
@@ -499,7 +501,7 @@ class Simulation:
                     touched[resident.job_id] = job
         self.cluster.changed.clear()
         for job in touched.values():
-            me = (job.spec.gavel, UTIL_CLASSES[job.spec.util][0])
+            me = (job.spec.gavel, self.util[job.spec.util][0])
             speeds = []
             for index in job.gpus:
                 others = [(self.jobs[r.job_id].spec.gavel, r.util[0])

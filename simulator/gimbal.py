@@ -28,7 +28,6 @@ from gpushare.agent import gimbal as gb
 from gpushare.simulator.engine import SimConfig, Simulation
 from gpushare.simulator.interference import Interference
 from gpushare.simulator.trace import JobSpec
-from gpushare.simulator.workload import UTIL_CLASSES
 
 RECONFIG_S = 3.6  # Gimbal §7.4: mean overhead of one thread-limit switch with its CUDA context pool
 WINDOW_S = 60.0  # Gimbal §5.2: runtime information for one search step is collected for at most 60 s
@@ -60,7 +59,7 @@ class GimbalSimulation(Simulation):
     def features(self, job_id: str) -> gb.GimbalJob:
         """What Gimbal knows of a job here: true remaining work and its utilisation class's solo SMACT."""
         job = self.jobs[job_id]
-        return gb.GimbalJob(job_id, remaining_s=self.remaining(job), demand=UTIL_CLASSES[job.spec.util][0],
+        return gb.GimbalJob(job_id, remaining_s=self.remaining(job), demand=self.util[job.spec.util][0],
                             world_size=job.spec.gpus)
 
     def pair_extra(self, a: gb.GimbalJob, b: gb.GimbalJob) -> float:

@@ -26,7 +26,6 @@ from gpushare.simulator.interference import OVERHEAD, Interference
 from gpushare.simulator.memory_split import Splitter, split
 from gpushare.simulator.policies import JobRequest
 from gpushare.simulator.trace import JobSpec
-from gpushare.simulator.workload import UTIL_CLASSES
 
 EXECUTION_OVERHEAD = 0.95  # Salus Fig. 14: per-iteration time within 10 % of TensorFlow for most CNNs
 ITERATION_S = 0.5  # Salus §3.2.2: iterations take "tens of milliseconds to a few seconds"
@@ -71,7 +70,7 @@ class SalusSimulation(Simulation):
         if not chosen:
             return False
         self.admitted_seq[job.spec.job_id] = len(self.admitted_seq)
-        util = UTIL_CLASSES[job.spec.util]
+        util = self.util[job.spec.util]
         for index in chosen:
             after = lp.admit(self.lanes[index], entry, self.reuse_first)
             assert after is not None, "find_lane said it fits"
@@ -144,13 +143,13 @@ class SalusSimulation(Simulation):
         if not others:
             return 1.0
         spec = self.jobs[job_id].spec
-        smact = UTIL_CLASSES[spec.util][0]
-        load = smact + sum(share * UTIL_CLASSES[self.jobs[o].spec.util][0] for o, share in others)
+        smact = self.util[spec.util][0]
+        load = smact + sum(share * self.util[self.jobs[o].spec.util][0] for o, share in others)
         compute = OVERHEAD * min(1.0, 1.0 / load)
         if self.interference.mode == "share":
             return compute
         extra = sum(share * self.interference.extra(spec.gavel, smact, self.jobs[o].spec.gavel,
-                                                    UTIL_CLASSES[self.jobs[o].spec.util][0]) for o, share in others)
+                                                    self.util[self.jobs[o].spec.util][0]) for o, share in others)
         return min(compute, OVERHEAD / (1.0 + extra))
 
     def _note_holder(self, index: int, lane_id: int, lane_shares: dict[str, float]) -> None:
