@@ -67,6 +67,10 @@ def _one_of(*choices: str) -> typing.Callable[[Any], str | None]:
     return lambda v: None if v in choices else f"must be one of {', '.join(choices)}"
 
 
+def _names(v: Any) -> str | None:
+    return None if all(isinstance(n, str) and n and "," not in n for n in v) else "expects names (strings, no commas)"
+
+
 def _positive(v: Any) -> str | None:
     return None if v > 0 else "must be positive"
 
@@ -92,6 +96,13 @@ class PolicySection:
                                  "runs (the default when [estimation] partition is set)")
     recover_default_gib: float = _opt(8.0, _between(0.5, 4096.0),
                                       "shared size for jobs without estimate when without_estimate=recover")
+    mode: str = _opt("enforce", _one_of("enforce", "observe", "off"),
+                     "enforce: decisions apply; observe: computed and recorded as what would have happened, none "
+                     "applied (a pilot); off: jobs pass untouched (reloadable with SIGHUP)")
+    partitions: list = _opt([], _names, "partitions where GPU jobs may be shared; empty: every partition of the "
+                                        "[[nodes]] groups (only those, whose nodes have shards, are ever in scope)")
+    accounts: list = _opt([], _names, "accounts whose jobs may be shared; empty: every account")
+    qos: list = _opt([], _names, "QOS whose jobs may be shared; empty: every QOS")
 
 
 @dataclass

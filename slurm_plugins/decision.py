@@ -39,6 +39,9 @@ class SubmitRequest:
     het_offset: int | None = None  # set for components of heterogeneous jobs
     script: str = ""
     partition: str | None = None  # the job's --partition list as given; None: the default partition
+    default_partition: str | None = None  # the default partition's name, when the shim could tell it
+    account: str | None = None  # --account as given; None: the user's default account
+    qos: str | None = None  # --qos as given; None: the default QOS
 
 
 @dataclass(frozen=True)
@@ -283,13 +286,23 @@ def _size_shared(request: SubmitRequest, per_node: list[GresItem], gpu: GresItem
         record["lanes"] = lane_field
     if estimate.detail:
         record["detail"] = estimate.detail[:120]
-    message = (f"gpushare: estimated {base['est_gib']} GiB ({estimate.source}) + {base['margin_gib']} GiB margin "
-               f"-> shared GPU request shard:{shards} (1 shard = 1 GiB)")
+    message = shared_message(_gib(estimate.total_bytes), _gib(int(margin)), estimate.source, shards, cfg)
     if lane_field is not None:
         message += (f"; lanes: persistent {lane_field['p_gib']} GiB + ephemeral {lane_field['e_gib']} GiB"
                     + (" (no split known: a lane of its own)" if lane_field.get("own")
                        else f", charged 1/{LANE_SHARE} of its ephemeral memory"))
     return Decision(action="modify", tres_per_node=new_value, record=record, user_message=message)
+
+
+def shared_message(est_gib: float, margin_gib: float, source: str, shards: int, cfg: Config) -> str:
+    """What sbatch prints for a shared job, in one sentence a researcher can act on: that the GPU is
+    shared (possibly with other users), the memory cap, what happens above it, how to keep a whole GPU."""
+    above = ("it stops with a CUDA out-of-memory error and gpushare requeues it once on a whole GPU"
+             if cfg.oom.max_retries > 0 else "it stops with a CUDA out-of-memory error")
+    return (f"gpushare: this job now shares a GPU, possibly with other users' jobs: its GPU memory is capped at "
+            f"{round(est_gib + margin_gib, 1)} GiB (estimated {est_gib} GiB from {source} + {margin_gib} GiB margin; "
+            f"request shard:{shards}, 1 shard = 1 GiB); above the cap {above}; to keep a whole GPU, add "
+            "'#GPUSHARE mode=exclusive' to the script")
 
 
 def _keep(request: SubmitRequest, decision: str, why: str, estimate: Estimate | None = None) -> Decision:

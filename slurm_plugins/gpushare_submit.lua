@@ -148,7 +148,23 @@ local function add_shared_feature(job_desc)
 	end
 end
 
-local function submit(job_desc, submit_uid)
+-- The default partition's name, for a job that names none: sharing is scoped per partition
+-- ([policy] partitions) and a job sent to the default one must be judged by it. part_list holds the
+-- partitions the user may use, each with flag_default; nil when none is marked (the service then decides).
+local function default_partition(job_desc, part_list)
+	if job_desc.partition ~= nil or type(part_list) ~= "table" then
+		return nil
+	end
+	for _, part in pairs(part_list) do
+		local flag = part.flag_default
+		if flag ~= nil and flag ~= 0 and flag ~= false then
+			return part.name
+		end
+	end
+	return nil
+end
+
+local function submit(job_desc, part_list, submit_uid)
 	if not (mentions_gpu(job_desc.tres_per_node) or mentions_gpu(job_desc.tres_per_job)
 		or mentions_gpu(job_desc.tres_per_task)) then
 		return slurm.SUCCESS
@@ -166,6 +182,9 @@ local function submit(job_desc, submit_uid)
 		'"tres_per_task":' .. json_string(job_desc.tres_per_task),
 		'"min_nodes":' .. json_number(job_desc.min_nodes),
 		'"partition":' .. json_string(job_desc.partition),
+		'"default_partition":' .. json_string(default_partition(job_desc, part_list)),
+		'"account":' .. json_string(job_desc.account),
+		'"qos":' .. json_string(job_desc.qos),
 		'"array_inx":' .. json_string(job_desc.array_inx),
 		'"het_job_offset":' .. json_number(job_desc.het_job_offset),
 		'"work_dir":' .. json_string(job_desc.work_dir),
@@ -205,7 +224,7 @@ end
 -- The entry point a site's slurm_job_submit calls. Never raises: a Lua error here is logged and the job
 -- accepted unchanged, so the site's own rules around this call keep running.
 function M.job_submit(job_desc, part_list, submit_uid)
-	local ok, result = pcall(submit, job_desc, submit_uid)
+	local ok, result = pcall(submit, job_desc, part_list, submit_uid)
 	if not ok then
 		slurm.log_error("gpushare: hook error, job accepted unchanged: %s", tostring(result))
 		return slurm.SUCCESS

@@ -72,6 +72,9 @@ def decode_request(line: bytes) -> tuple[str, SubmitRequest, dict[str, Any]]:
         het_offset=het,
         script=fields.get("script") or "",
         partition=str(fields.get("partition") or "")[:1024] or None,
+        default_partition=str(fields.get("default_partition") or "")[:256] or None,
+        account=str(fields.get("account") or "")[:256] or None,
+        qos=str(fields.get("qos") or "")[:256] or None,
     )
     return str(fields.get("op", "submit")), request, fields
 

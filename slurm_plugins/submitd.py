@@ -32,6 +32,7 @@ from gpushare.slurm_plugins.estimate_source import EstimateUnavailable, find_est
 from gpushare.slurm_plugins.estimation_process import Supervisor
 from gpushare.slurm_plugins.job_notes import write_note
 from gpushare.slurm_plugins.protocol import ProtocolError, decode_request, encode_reply
+from gpushare.slurm_plugins.scope import observed, out_of_scope, outside
 
 log = logging.getLogger("gpushare.submitd")
 
@@ -41,7 +42,10 @@ def cluster_gpu_names(cfg: Config) -> list[str]:
 
 
 def handle_submit(cfg: Config, request: SubmitRequest, work_dir: str | None) -> Decision:
-    """Directives → estimate → decision. Problems with a named estimate count as bad directives."""
+    """Directives → estimate → decision, then scope and mode (slurm_plugins/scope.py). Problems with a named
+    estimate count as bad directives. ``[policy] mode = "off"``: nothing is read, every job passes untouched."""
+    if cfg.policy.mode == "off":
+        return Decision(action="accept")
     directives = parse_directives(request.script, cfg.submit.max_script_bytes)
     estimate = None
     if not directives.problems:
@@ -51,6 +55,12 @@ def handle_submit(cfg: Config, request: SubmitRequest, work_dir: str | None) -> 
         except EstimateUnavailable as exc:
             directives.problems.append((directives.lines.get("estimate", 0), str(exc)))
     decision = decide(request, directives, estimate, cfg)
+    if decision.record or decision.action != "accept":  # a GPU job: is it ours to change here?
+        why = out_of_scope(request, cfg)
+        if why:
+            decision = outside(request, why)
+    if cfg.policy.mode == "observe":
+        decision = observed(decision)
     if decision.record:  # the controller's configuration, for the node's Prolog to compare with its own
         decision.record["cfg"] = cfg.sha256[:12]
     return decision
