@@ -161,6 +161,29 @@ def render_slurm_conf(cfg: Config, hook_dir: str, version: SlurmVersion | None =
 MIG_STANDBY_PREFIX = "gpushare-mig-standby-"
 
 
+def render_billing_lines(cfg: Config) -> str:
+    """slurm.conf lines so a shared job is counted like the GPU fraction it holds.
+
+    Why: a rewritten job asks for ``gres/shard``, not ``gres/gpu``. Without these lines accounting does not
+    track shards, fair share and billing charge a shared job nothing for its GPU, and GPU-hour reports miss it.
+    A shard bills 1/shards of its GPU (shards = the GPU's GiB), so ``billing`` (fair share, ``sshare``,
+    ``billing=`` QOS limits) counts a shard:10 job on a 40 GiB GPU as a quarter GPU. A partition mixing GPU
+    models gets the largest GPU's count: a shard there never bills more than its share of any GPU."""
+    lines = ["# accounting and billing: track shards beside GPUs, and bill a shard its fraction of a GPU "
+             "(docs/deployment.md, Billing and limits)",
+             "AccountingStorageTRES=gres/gpu,gres/shard"]
+    shards: dict[str, set[int]] = {}
+    for group in cfg.nodes:
+        if not group.mig:
+            shards.setdefault(group.partition, set()).add(cfg.gpu(group.gpu).shards)
+    for name, counts in shards.items():
+        per_gpu = max(counts)
+        lines.append(f"# PartitionName={name}: add TRESBillingWeights=\"CPU=1.0,Mem=0.25G,GRES/gpu=1.0,"
+                     f"GRES/shard={1 / per_gpu:.6g}\" (1 shard = 1/{per_gpu} GPU; keep the site's CPU and Mem "
+                     "weights, scale GRES/gpu and GRES/shard together)")
+    return "\n".join(lines) + "\n"
+
+
 def _target_version(text: str) -> SlurmVersion:
     if text != "installed":
         try:
@@ -235,6 +258,7 @@ def command(config_path: str | None, hook_dir: str, lua_dir: str | None, slurm_v
         slurm_conf, gres_conf = render_slurm_conf(cfg, hook_dir, version), render_gres_conf(cfg)  # errors first
         click.echo("### slurm.conf")
         click.echo(slurm_conf, nl=False)
+        click.echo(render_billing_lines(cfg), nl=False)
         click.echo("### gres.conf")
         click.echo(gres_conf, nl=False)
         if version.cgroup_disabled:

@@ -23,6 +23,9 @@ def test_prints_lines_and_installs_lua(tmp_path, capsys):
     assert "NodeName=gpu[01-04] Gres=gpu:a100-80gb:4,shard:320" in out
     assert "NodeName=gpu[05-06] Gres=gpu:h100-80gb:8,shard:632" in out
     assert "NodeName=gpu[01-04] Name=shard Count=80 File=/dev/nvidia3" in out
+    assert "AccountingStorageTRES=gres/gpu,gres/shard" in out
+    # one shard bills 1/80 of an A100-80GB: shard:20 is a quarter GPU in fair share and billing= limits
+    assert 'TRESBillingWeights="CPU=1.0,Mem=0.25G,GRES/gpu=1.0,GRES/shard=0.0125"' in out
     module = (tmp_path / "gpushare_submit.lua").read_text()
     assert '"/run/gpushare/submitd.sock"' in module and "DEADLINE_S = 0.250" in module and "@" not in module
     lua = (tmp_path / "job_submit.lua").read_text()  # none was there: a loader of the module is written
