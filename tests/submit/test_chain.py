@@ -1,0 +1,86 @@
+"""One hook slot, two programs: the site's and ours, run as real processes through the wrappers
+`gpushare slurm-config --install-chains` writes. The site's status and output are kept; ours fails open."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from gpushare.cli import main as gpushare_main
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "etc" / "gpushare.toml"
+
+
+def _program(path: Path, body: str) -> str:
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+    return str(path)
+
+
+def _install(tmp_path: Path, conf: str, capsys) -> tuple[str, Path]:  # type: ignore[no-untyped-def]
+    (tmp_path / "slurm.conf").write_text(conf)
+    hooks, chains = tmp_path / "hooks", tmp_path / "chains"
+    hooks.mkdir()
+    chains.mkdir()
+    assert gpushare_main(["slurm-config", "--config", str(EXAMPLE), "--hook-dir", str(hooks), "--slurm-version",
+                          "22.05", "--slurm-conf", str(tmp_path / "slurm.conf"), "--install-chains", str(chains)]) == 0
+    return capsys.readouterr().out, hooks
+
+
+def _run(wrapper: Path, *args: str, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([str(wrapper), *args], input=stdin, capture_output=True, timeout=60)
+
+
+def test_site_and_ours_both_run_and_the_sites_status_wins(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    site = _program(tmp_path / "site-taskprolog", 'echo "export SITE_VAR=1"; echo "site args: $*"; '
+                    'cat > "$0.stdin"; exit 3\n')
+    out, hooks = _install(tmp_path, f"ClusterName=t\nTaskProlog={site}\nEpilogSlurmctld=/nonexistent/site-epilog\n",
+                          capsys)
+    wrapper = tmp_path / "chains" / "gpushare-chain-TaskProlog"
+    assert f"TaskProlog={wrapper}" in out and f"runs TaskProlog={site}" in out
+    assert "TaskEpilog=" + str(hooks / "gpushare-task-epilog") in out  # the site has none there: ours alone
+    _program(hooks / "gpushare-task-prolog", 'echo "export OURS_VAR=2"; cat > "$0.stdin"; exit 1\n')
+
+    done = _run(wrapper, "a b", "c", stdin=b"body\n")
+    assert done.returncode == 3  # the site's status, although ours failed too
+    assert done.stdout.decode().splitlines() == ["export SITE_VAR=1", "site args: a b c", "export OURS_VAR=2"]
+    assert b"exited 1; the hook's status stays the site's (3)" in done.stderr
+    assert Path(site + ".stdin").read_bytes() == b"body\n" == (hooks / "gpushare-task-prolog.stdin").read_bytes()
+
+    # the site's program that cannot start: 127 as a shell says, and ours still runs (OOM recovery must)
+    epilog = tmp_path / "chains" / "gpushare-chain-EpilogSlurmctld"
+    _program(hooks / "gpushare-epilog-slurmctld", 'echo ours-ran > "$0.ran"\n')
+    done = _run(epilog)
+    assert done.returncode == 127 and (hooks / "gpushare-epilog-slurmctld.ran").read_text() == "ours-ran\n"
+
+
+def test_ours_missing_or_hung_never_changes_the_hook(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    site = _program(tmp_path / "site-epilog", "exit 0\n")
+    _, hooks = _install(tmp_path, f"TaskEpilog={site}\nEpilog={site}\n", capsys)
+    done = _run(tmp_path / "chains" / "gpushare-chain-TaskEpilog")  # ours not installed in hooks/
+    assert done.returncode == 0 and b"could not start" in done.stderr
+    _program(hooks / "gpushare-epilog", "sleep 30\n")
+    started = time.monotonic()  # a hung ours is killed with its children, which would hold stdout open
+    chain = subprocess.run([sys.executable, "-m", "gpushare.slurm_plugins.chain", "--site", site,
+                            "--ours", str(hooks / "gpushare-epilog"), "--ours-timeout", "0.5"],
+                           capture_output=True, timeout=30)
+    assert chain.returncode == 0 and b"killed after 0.5 s" in chain.stderr
+    assert time.monotonic() - started < 10
+
+
+def test_a_sites_mail_program_is_wrapped_not_replaced(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    mail = _program(tmp_path / "site-mail", 'echo "$@" > "$0.args"; cat >> "$0.args"\n')
+    out, _ = _install(tmp_path, f"MailProg={mail}\n", capsys)
+    wrapper = tmp_path / "chains" / "gpushare-chain-MailProg"
+    assert f"MailProg={wrapper}" in out
+    done = _run(wrapper, "-s", "Slurm Job_id=7 Name=x Began, Queued time 00:00:01", "alice")
+    assert done.returncode == 0  # a job that began: no summary to wait for; the site's mail goes out as is
+    assert Path(mail + ".args").read_text().startswith("-s Slurm Job_id=7 Name=x Began")
+
+
+def test_no_site_programs_no_wrappers(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    out, hooks = _install(tmp_path, "ClusterName=t\nMailProg=/bin/true\nTaskProlog=/opt/gpushare/bin/gpushare-task-prolog\n",
+                          capsys)
+    assert list((tmp_path / "chains").iterdir()) == [] and f"TaskProlog={hooks}/gpushare-task-prolog" in out
