@@ -192,24 +192,46 @@ def _fmt(value: Any, unit: str = "", digits: int = 1) -> str:
     return f"{value}{unit}"
 
 
+def _kwh(joules: Any) -> str:
+    return f"{joules / 3.6e6:.3g} kWh" if isinstance(joules, (int, float)) else "-"
+
+
+def _gpu_words(doc: dict[str, Any]) -> str:
+    """What the job had: a share of a GPU (possibly beside other users' jobs) or a whole one, and how much of
+    it the job used, in GiB and per cent: the words a researcher sizes the next request with."""
+    share, peak, decision = doc.get("share_gib"), doc.get("peak_gib"), doc.get("decision")
+    shared = decision == "shared" or (doc.get("gres") or "").startswith("shard")
+    had = (f"a {_fmt(share, ' GiB')} share of a GPU (other jobs, possibly other users', could use the rest)"
+           if shared else f"a whole GPU ({_fmt(share, ' GiB')})" if share is not None
+           else f"{doc.get('gres') or 'no GPU'}")
+    if doc.get("est_gib") is not None:
+        had += f", sized from an estimate of {_fmt(doc['est_gib'], ' GiB')} + {_fmt(doc['margin_gib'], ' GiB')} margin"
+    if isinstance(peak, (int, float)):
+        used = f"used at most {peak:.2f} GiB"
+        if isinstance(share, (int, float)) and share > 0:
+            used += f" ({100 * peak / share:.0f} % of it)"
+    elif doc.get("state") in ("RUNNING", "PENDING", "REQUEUED", "SUSPENDED"):
+        used = "measurements are stored when the job ends"
+    else:
+        used = "no GPU memory measured"
+    return f"  GPU: {had}; {used}"
+
+
 def render(doc: dict[str, Any]) -> str:
     runs = f", {doc['runs']} runs" if doc["runs"] > 1 else ""
+    verb = "running for" if doc.get("state") == "RUNNING" else "ran"
     lines = [f"Job {doc['job']} ({doc['user'] or '?'}): {doc['state']}, exit {_fmt(doc['exit_code'])}, "
-             f"ran {_fmt(doc['elapsed_s'], ' s', 0)} on {doc['node'] or '?'}{runs}",
-             f"  GPU asked: {doc['gres'] or '-'} ({doc['decision'] or 'no gpushare decision'}); "
-             f"share {_fmt(doc['share_gib'], ' GiB')}, "
-             + (f"estimate {_fmt(doc['est_gib'], ' GiB')} + margin {_fmt(doc['margin_gib'], ' GiB')}, "
-                if doc["est_gib"] is not None else "no estimate, ")
-             + f"measured peak {_fmt(doc['peak_gib'], ' GiB', 2)}"]
+             f"{verb} {_fmt(doc['elapsed_s'], ' s', 0)} on {doc['node'] or '?'}{runs}", _gpu_words(doc)]
     for index, gpu in sorted(doc["gpus"].items()):
-        lines.append(f"  GPU {index}: peak {_fmt(gpu['peak_gib'], ' GiB', 2)}, SM activity {_fmt(gpu['smact_pct'], ' %')}")
-    lines.append(f"  first kernel after {_fmt(doc['ttfk_s'], ' s', 2)} ({doc['ttfk_source'] or '-'}); "
-                 f"energy {_fmt(doc['energy_j'], ' J')} whole GPU, {_fmt(doc['energy_share_j'], ' J')} this job's share; "
-                 f"caps {doc['caps'] or '-'}")
+        lines.append(f"  GPU {index}: peak {_fmt(gpu['peak_gib'], ' GiB', 2)}, computing "
+                     f"{_fmt(gpu['smact_pct'], ' %')} of the time")
+    if doc.get("recorded"):
+        lines.append(f"  first GPU work {_fmt(doc['ttfk_s'], ' s', 1)} after start; energy {_kwh(doc['energy_share_j'])} "
+                     f"this job's part, {_kwh(doc['energy_j'])} the whole GPU; caps {doc['caps'] or '-'}")
     if doc["oom"]:
         oom = doc["oom"]
-        lines.append(f"  OOM: {oom.get('fam') or '?'}, {oom.get('from') or '?'} -> {oom.get('to') or '?'} "
-                     f"(recovery {oom.get('n', '?')} of {oom.get('max', '?')})")
+        lines.append(f"  ran out of GPU memory ({oom.get('fam') or '?'}): requeued from {oom.get('from') or '?'} "
+                     f"to {oom.get('to') or '?'} (recovery {oom.get('n', '?')} of {oom.get('max', '?')})")
     lines.append(f"Advice: {doc['advice']}")
     return "\n".join(lines)
 
@@ -220,7 +242,7 @@ def render(doc: dict[str, Any]) -> str:
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
               help="gpushare.toml for the [slurm] paths (default: $GPUSHARE_CONFIG, else Slurm's defaults)")
 def command(job_id: str, as_json: bool, config_file: str | None) -> None:
-    """What a finished job did on its GPU (from Slurm's records), with advice for the next one."""
+    """What a job did on its GPU (from Slurm's records; a running job's so far), with advice for the next one."""
     try:
         job = check_job_id(job_id)
     except ValueError as exc:

@@ -114,3 +114,21 @@ class FakeSacct:
 def test_an_array_task_is_found_by_its_array_name():
     runs = jobstats_cli.from_sacct(FakeSacct(), "100_4")
     assert [(r["JobIDRaw"], r["JobID"], r["AllocTRES"]) for r in runs] == [("104", "100_4", "gres/shard=3")]
+
+
+def test_render_speaks_shares_percent_and_kwh() -> None:
+    doc = jobstats_cli.summarise([{
+        "JobID": "9", "User": "alice", "State": "COMPLETED", "ExitCode": "0:0", "Elapsed": "00:10:00",
+        "NodeList": "n1", "AllocTRES": "cpu=1,gres/shard=14",
+        "AdminComment": comment(decision="shared", est_gib=12.0, margin_gib=1.2,
+                                run={"node": "n1", "peak_gib": 7.0, "energy_j": 720000.0, "share_j": 360000.0,
+                                     "ttfk_s": 2.0})}])
+    text = jobstats_cli.render(doc)
+    assert "a 14.0 GiB share of a GPU (other jobs, possibly other users', could use the rest)" in text
+    assert "used at most 7.00 GiB (50 % of it)" in text
+    assert "energy 0.1 kWh this job's part, 0.2 kWh the whole GPU" in text
+    running = jobstats_cli.summarise([{"JobID": "10", "User": "alice", "State": "RUNNING", "ExitCode": "0:0",
+                                       "Elapsed": "00:01:00", "NodeList": "n1", "AllocTRES": "gres/shard=14",
+                                       "AdminComment": comment(decision="shared")}])
+    text = jobstats_cli.render(running)
+    assert "RUNNING" in text and "running for 60 s" in text and "measurements are stored when the job ends" in text
