@@ -73,6 +73,7 @@ class Accounting:
     env: Mapping[str, str]  # SLURM_CONF points at base/etc/slurm.conf: slurmdbd finds slurmdbd.conf beside it
     slurm_argv: Argv = _same
     db_argv: Argv = _same
+    dbd_argv: Argv | None = None  # how slurmdbd is started, when not as slurm_argv (e.g. as SlurmUser itself)
     db_port: int = field(default_factory=_free_port)
     dbd_port: int = field(default_factory=_free_port)
     password: str = field(default_factory=lambda: secrets.token_hex(12))
@@ -148,7 +149,7 @@ class Accounting:
         self._sql(f"CREATE USER IF NOT EXISTS '{DB_USER}'@'127.0.0.1' IDENTIFIED BY '{self.password}';"
                   f"ALTER USER '{DB_USER}'@'127.0.0.1' IDENTIFIED BY '{self.password}';"
                   f"GRANT ALL ON {DB_NAME}.* TO '{DB_USER}'@'127.0.0.1';")
-        self._spawn("slurmdbd", self.slurm_argv(["slurmdbd", "-D"]))
+        self._spawn("slurmdbd", (self.dbd_argv or self.slurm_argv)(["slurmdbd", "-D"]))
         self._wait(self._dbd_up, timeout_s, "slurmdbd did not answer")
         self.sacctmgr("add", "cluster", self.cluster_name)
         self.sacctmgr("add", "account", ACCOUNT, f"cluster={self.cluster_name}", "description=gpushare tests",

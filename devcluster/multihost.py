@@ -300,6 +300,9 @@ class MultiHostCluster:
         if self.accounting and self.acct is None:
             self.acct = HostAccounting(self.base / "accounting", CLUSTER_NAME, Path(MUNGE_SOCKET), self.env(),
                                        slurm_argv=lambda argv: self.argv(self.controller.name, argv),
+                                       # as SlurmUser from the start (the upstream unit's User=slurm): the
+                                       # controller's root has no CAP_DAC_OVERRIDE for slurm's 0600 slurmdbd.conf
+                                       dbd_argv=lambda argv: self.argv(self.controller.name, argv, SLURM_USER),
                                        gpu_types=tuple(sorted({h.gpu for h in self.with_role("gpu")})),
                                        host=self.controller, host_etc=self.path_on(self.controller.name, "/etc/slurm"))
         for host in self.with_role("gpu"):  # first: a MIG node's GRES lines come from its GPUs' layout
@@ -327,8 +330,11 @@ class MultiHostCluster:
                     write_text_atomic(self.path_on(host.name, "/etc/slurm/cgroup.conf"), "CgroupPlugin=disabled\n")
             if host.has("controller"):  # slurmctld runs as SlurmUser: its directories, as the packages lay them out
                 write_text_atomic(self.path_on(host.name, "/etc/slurm/job_submit.lua"), render_lua(cfg))
-                for directory in ("/var/spool/slurmctld", "/run/slurmctld", "/var/log/slurm"):
+                for directory in ("/var/spool/slurmctld", "/var/log/slurm"):
                     own_by_slurm(self.path_on(host.name, directory), 0o755)
+                # slurmctld writes its pid file as root before it becomes SlurmUser (then hands it over); the
+                # controller's root here has no CAP_DAC_OVERRIDE (root squash), so the folder stays root's
+                self.path_on(host.name, "/run/slurmctld").mkdir(parents=True, exist_ok=True)
             self._write_enter(host)
             self._write_tools(host)
 
