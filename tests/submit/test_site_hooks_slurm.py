@@ -1,0 +1,66 @@
+"""Beside the site's own hooks, on a real Slurm: a site job_submit.lua with its own rule that loads our module
+with the two printed lines, and a site TaskProlog chained with ours by the wrapper slurm-config writes."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from devcluster.local_cluster import LocalCluster
+from gpushare.slurm.client import SlurmError
+from gpushare.slurm.gres_request import plain_gres
+from gpushare.slurm_plugins.slurm_config import install_chains, render_lua_module, site_lua_lines
+
+pytestmark = pytest.mark.slurm
+
+SITE_LUA = """-- the site's own job_submit.lua
+{load}
+function slurm_job_submit(job_desc, part_list, submit_uid)
+  if job_desc.name == "forbidden" then
+    slurm.log_user("site policy: no job may be called forbidden")
+    return slurm.ERROR
+  end
+  job_desc.comment = "site-rule-ran"
+  {call}
+  return slurm.SUCCESS
+end
+function slurm_job_modify(job_desc, job_rec, part_list, modify_uid) return slurm.SUCCESS end
+return slurm.SUCCESS
+"""
+
+
+def test_site_job_submit_and_task_prolog_run_beside_ours(make_cluster, tmp_path: Path) -> None:
+    cluster: LocalCluster = make_cluster()
+    etc, bin_dir = cluster.base / "etc", cluster.base / "bin"
+    (etc / "gpushare_submit.lua").write_text(render_lua_module(cluster.config()))
+    load, call = site_lua_lines(str(etc))
+    time.sleep(1.1)  # slurmctld reloads job_submit.lua when its mtime (seconds) is newer than the last load
+    (etc / "job_submit.lua").write_text(SITE_LUA.format(load=load, call=call))
+
+    site = bin_dir / "site-taskprolog"
+    site.write_text("#!/bin/sh\necho export SITE_TASKPROLOG=ran\n")
+    site.chmod(0o755)
+    chains = install_chains({"TaskProlog": str(site)}, str(bin_dir), bin_dir)
+    conf = cluster.conf.read_text()
+    conf = "\n".join(f"TaskProlog={chains['TaskProlog']}" if line.startswith("TaskProlog=") else line
+                     for line in conf.splitlines()) + "\n"
+    cluster.conf.write_text(conf)
+    cluster.client.run("scontrol", "reconfigure")
+    time.sleep(2)
+
+    os.chmod(tmp_path, 0o755)
+    job_id, _ = cluster.client.sbatch("-D", str(tmp_path), "-o", str(tmp_path / "job-%j.out"), "--gres=gpu:1",
+                                      "-J", "train", script="#!/bin/bash\n#GPUSHARE mem=4G\n"
+                                      "echo SITE_TASKPROLOG=$SITE_TASKPROLOG\n")
+    record = cluster.wait_job(job_id)
+    assert record.state == "COMPLETED"
+    assert plain_gres(record.tres_per_node).startswith("shard:")  # ours, from inside the site's function
+    assert cluster.client.show_job_text(job_id).get("Comment") == "site-rule-ran"  # the site's rule too
+    assert "SITE_TASKPROLOG=ran" in (tmp_path / f"job-{job_id}.out").read_text()  # the site's TaskProlog
+
+    with pytest.raises(SlurmError) as refused:  # the site's rejection still stands
+        cluster.client.sbatch("-D", str(tmp_path), "--gres=gpu:1", "-J", "forbidden", script="#!/bin/bash\ntrue\n")
+    assert "site policy" in str(refused.value)
