@@ -128,6 +128,10 @@ class SubmitSection:
                                         "largest estimate JSON a directive may point to")
     cache_dir: str = _opt("/var/lib/gpushare/estimates", None, "estimate cache shared with gpu-estimate")
     log_file: str = _opt("", None, "service log; empty: standard error")
+    metrics_port: int = _opt(0, _between(0, 65535), "Prometheus port of gpushare-submitd (decisions, fail-opens, "
+                                                     "held jobs); 0: off")
+    metrics_address: str = _opt("127.0.0.1", lambda v: None if _is_ip(v) else "must be an IP address (0.0.0.0: all)",
+                                "address the submit service's metrics listen on")
 
 
 @dataclass

@@ -33,6 +33,8 @@ from gpushare.slurm_plugins.estimation_process import Supervisor
 from gpushare.slurm_plugins.job_notes import write_note
 from gpushare.slurm_plugins.protocol import ProtocolError, decode_request, encode_reply
 from gpushare.slurm_plugins.scope import observed, out_of_scope, outside
+from gpushare.slurm_plugins.submit_metrics import SubmitMetrics
+from gpushare.slurm_plugins.submit_metrics import start as start_metrics
 
 log = logging.getLogger("gpushare.submitd")
 
@@ -82,6 +84,8 @@ class _Handler(socketserver.StreamRequestHandler):
         except (OSError, socket.timeout):
             return
         decision, job = server.decide_line(line)
+        if server.metrics is not None:
+            server.metrics.decided(decision, server.cfg.policy.mode)
         try:
             self.wfile.write(encode_reply(decision))
         except OSError:
@@ -115,6 +119,7 @@ class SubmitServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
 
     daemon_threads = True
     allow_reuse_address = True
+    metrics: SubmitMetrics | None = None  # [submit] metrics_port (slurm_plugins/submit_metrics.py)
     request_queue_size = 256  # beyond the backlog an AF_UNIX connect fails at once (EAGAIN), not waits
 
     def __init__(self, socket_path: str, cfg: Config, max_workers: int = MAX_WORKERS) -> None:
@@ -189,13 +194,18 @@ class SubmitServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
             return handle_submit(self.cfg, request, fields.get("work_dir")), job
         except ProtocolError as exc:
             log.error("bad request, job accepted unchanged: %s", exc)
+            if self.metrics is not None:
+                self.metrics.failed_open("bad-request")
         except Exception:  # noqa: BLE001 - fail open: our bug must never block a user's job
             log.exception("decision failed, job accepted unchanged")
+            if self.metrics is not None:
+                self.metrics.failed_open("error")
         return Decision(action="accept"), job
 
 
 def serve(socket_path: str, cfg: Config, config_path: str | None) -> int:
     server = SubmitServer(socket_path, cfg)
+    server.metrics, metrics_server = start_metrics(cfg)
 
     def _start_estimation_if_needed(current: Config) -> None:
         # held jobs need the process that releases them; once started it stays (jobs held before a
@@ -226,6 +236,8 @@ def serve(socket_path: str, cfg: Config, config_path: str | None) -> int:
     finally:
         if server.estimation is not None:
             server.estimation.stop()
+        if metrics_server is not None:
+            metrics_server.shutdown()
         server.server_close()
         try:
             os.unlink(socket_path)

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 from gpushare.config import parse_config
@@ -92,7 +93,11 @@ def _wait_for(log: Path, text: str, count: int = 1) -> None:
 
 def test_mode_switches_on_reload_and_a_bad_mode_keeps_the_last_good(tmp_path: Path) -> None:
     config, log, sock = tmp_path / "gpushare.toml", tmp_path / "submitd.log", tmp_path / "submitd.sock"
-    body = (f'version = 1\n[submit]\ncache_dir = "{tmp_path}/cache"\n[oom]\nledger_dir = "{tmp_path}/ledger"\n'
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    body = (f'version = 1\n[submit]\ncache_dir = "{tmp_path}/cache"\nmetrics_port = {port}\n'
+            f'[oom]\nledger_dir = "{tmp_path}/ledger"\n'
             '[[nodes]]\nnames = "g[1-2]"\ngpu = "a100-40gb"\npartition = "gpu"\n')
 
     def write(mode: str) -> None:
@@ -131,6 +136,11 @@ def test_mode_switches_on_reload_and_a_bad_mode_keeps_the_last_good(tmp_path: Pa
         os.kill(proc.pid, signal.SIGHUP)
         _wait_for(log, "configuration reloaded", 2)
         assert _ask(sock, "gpu") == {"action": "accept"}
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            metrics = response.read().decode()
+        assert 'gpushare_submit_decisions_total{decision="shared",mode="enforce"} 1.0' in metrics
+        assert 'gpushare_submit_decisions_total{decision="out-of-scope",mode="enforce"} 1.0' in metrics
+        assert 'gpushare_submit_decisions_total{decision="shared",mode="observe"} 2.0' in metrics
     finally:
         proc.terminate()
         proc.wait(10)
