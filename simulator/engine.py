@@ -500,12 +500,16 @@ class Simulation:
                 if resident.active and job.state == "running":
                     touched[resident.job_id] = job
         self.cluster.changed.clear()
+        active: dict[int, list[tuple[str, tuple[str | None, float]]]] = {}  # per GPU, built once per update
         for job in touched.values():
             me = (job.spec.gavel, self.util[job.spec.util][0])
             speeds = []
             for index in job.gpus:
-                others = [(self.jobs[r.job_id].spec.gavel, r.util[0])
-                          for r in self.gpus[index].residents.values() if r.active and r.job_id != job.spec.job_id]
+                here = active.get(index)
+                if here is None:
+                    here = active[index] = [(r.job_id, (self.jobs[r.job_id].spec.gavel, r.util[0]))
+                                            for r in self.gpus[index].residents.values() if r.active]
+                others = [who for job_id, who in here if job_id != job.spec.job_id]
                 speeds.append(self.interference.speed(me, others))
             self.set_rate(job, min(speeds))
 

@@ -289,6 +289,9 @@ class LivePlacement(Policy):
                  thread_policy: str = "fixed") -> None:
         self.least_loaded, self.withhold, self.withhold_when = least_loaded, withhold, withhold_when
         self.needs_telemetry = withhold == "feature"
+        # without withholding the rank reads only what the GPU holds (its index, its shards): the driver may
+        # keep the GPUs sorted and walk them only as far as the answer needs, as for FF/BF/MAGM
+        self.static_key = withhold != "feature"
         gimbal = thread_policy.startswith("gimbal-")
         self.engine = "gimbal" if gimbal else "placement"
         self.objective = thread_policy.removeprefix("gimbal-") if gimbal else None
