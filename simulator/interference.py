@@ -97,7 +97,7 @@ class Interference:
             return OVERHEAD * min(1.0, 1.0 / (job[1] + sum(o[1] for o in others)))
         a, a_smact = job
         cache = self._cache  # the hot path of a large run: cached extras read without a call each
-        extras = [cache.get((a, a_smact, b, b_smact)) for b, b_smact in others]
-        if None in extras:
-            extras = [self.extra(a, a_smact, b, b_smact) for b, b_smact in others]
+        found = [cache.get((a, a_smact, b, b_smact)) for b, b_smact in others]
+        extras: list[float] = ([self.extra(a, a_smact, b, b_smact) for b, b_smact in others] if None in found
+                               else found)  # type: ignore[assignment]  # no None left
         return OVERHEAD / (1.0 + sum(extras))  # the same sum, in the same order, as one extra() per co-runner
