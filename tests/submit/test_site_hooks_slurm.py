@@ -4,6 +4,7 @@ with the two printed lines, and a site TaskProlog chained with ours by the wrapp
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 from devcluster.local_cluster import LocalCluster
 from gpushare.slurm.client import SlurmError
 from gpushare.slurm.gres_request import plain_gres
+from gpushare.slurm_plugins.decision import parse_record
 from gpushare.slurm_plugins.slurm_config import install_chains, render_lua_module, site_lua_lines
 
 pytestmark = pytest.mark.slurm
@@ -64,3 +66,36 @@ def test_site_job_submit_and_task_prolog_run_beside_ours(make_cluster, tmp_path:
     with pytest.raises(SlurmError) as refused:  # the site's rejection still stands
         cluster.client.sbatch("-D", str(tmp_path), "--gres=gpu:1", "-J", "forbidden", script="#!/bin/bash\ntrue\n")
     assert "site policy" in str(refused.value)
+
+
+def test_scope_sees_the_default_partition_and_observe_changes_nothing(make_cluster, tmp_path: Path) -> None:
+    """The shim names the default partition from part_list (flag_default) for a job that gives none; a
+    reload to observe mode records what enforce would do and leaves the job's request alone."""
+    cluster: LocalCluster = make_cluster(toml_extra='[policy]\npartitions = ["elsewhere"]\n')
+    os.chmod(tmp_path, 0o755)
+
+    def submit() -> int:
+        job_id, _ = cluster.client.sbatch("-D", str(tmp_path), "-o", str(tmp_path / "job-%j.out"), "--gres=gpu:1",
+                                          script="#!/bin/bash\n#GPUSHARE mem=4G\ntrue\n")
+        return job_id
+
+    record = cluster.wait_job(submit())
+    assert record.state == "COMPLETED" and plain_gres(record.tres_per_node) == "gpu:1"
+    found = parse_record(record.admin_comment)
+    assert found and found["decision"] == "out-of-scope"
+    assert found["why"].startswith("partition gpu is not in [policy] partitions")  # the default one, by name
+
+    text = cluster.gpushare_conf.read_text().replace('partitions = ["elsewhere"]', 'mode = "observe"')
+    cluster.gpushare_conf.write_text(text)
+    log = cluster.base / "log" / "submitd.log"
+    reloads = log.read_text().count("configuration reloaded")
+    os.kill(cluster.pids["submitd"], signal.SIGHUP)
+    deadline = time.monotonic() + 15
+    while log.read_text().count("configuration reloaded") == reloads:
+        assert time.monotonic() < deadline, log.read_text()[-1000:]
+        time.sleep(0.1)
+    record = cluster.wait_job(submit())
+    assert record.state == "COMPLETED" and plain_gres(record.tres_per_node) == "gpu:1"
+    found = parse_record(record.admin_comment)
+    assert found and found["decision"] == "observe" and found["would"] == "shared"
+    assert plain_gres(found["new"]).startswith("shard:")
