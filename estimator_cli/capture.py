@@ -20,6 +20,8 @@ from gpushare.estimator_cli.cuda_api import PresentedGpu, presented_cuda
 from gpushare.estimator_cli.device_mode import CudaPresenter
 from gpushare.estimator_cli.events import Capture, Phase
 from gpushare.estimator_cli.fake_capture import FakeRecorder
+from gpushare.estimator_cli.fake_distributed import fake_process_group
+from gpushare.estimator_cli.launch_line import WORLD_SIZE_VAR
 from gpushare.estimator_cli.lazy_dynamo import lazy_dynamo
 from gpushare.estimator_cli.phases import PhaseTracker, StopCapture
 from gpushare.estimator_cli.repeat_passes import RepeatPasses
@@ -80,13 +82,14 @@ def capture_fake(run: ScriptRun) -> Capture:
     recorder = FakeRecorder(lambda: (tracker.phase, tracker.iteration, tracker.module))
     tracker = PhaseTracker(recorder, run.steps, run.on_step)
     presenter = CudaPresenter("meta", run.gpu.major)
+    presenter.backward_under_mode = bool(os.environ.get(WORLD_SIZE_VAR))
     repeats = RepeatPasses(recorder, presenter.autocast.cache,
                            reads=lambda: sum(presenter.values.concrete_reads.values()),
                            has_value=lambda t: presenter.values.get(t) is not None)
     torch.__future__.set_swap_module_params_on_conversion(True)  # keep Parameter identity across .to()
     with _script_environment(run), presented_cuda(run.gpu, lambda: recorder.live, lambda: recorder.peak), \
             gpu_path_patches("meta", fake=True), lazy_dynamo(), \
-            recompute_under(presenter):
+            recompute_under(presenter), fake_process_group():
         tracker.install()
         repeats.install()
         try:
@@ -112,12 +115,13 @@ def capture_profile(run: ScriptRun, trace_dir: str) -> Capture:
     recorder = ProfileRecorder()
     tracker = PhaseTracker(recorder, run.steps, run.on_step)
     presenter = CudaPresenter("cpu", run.gpu.major, on_gpu_tensor=recorder.tag)
+    presenter.backward_under_mode = bool(os.environ.get(WORLD_SIZE_VAR))
     torch.__future__.set_swap_module_params_on_conversion(True)
     trace_path = os.path.join(trace_dir, "trace.json")
     stopped = False
     with _script_environment(run), presented_cuda(run.gpu, lambda: 0, lambda: 0), \
             gpu_path_patches("cpu", fake=False), lazy_dynamo(), \
-            recompute_under(presenter):
+            recompute_under(presenter), fake_process_group():
         tracker.install()
         prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True,
                                       record_shapes=False, with_stack=False)

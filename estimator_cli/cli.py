@@ -108,6 +108,19 @@ def command(ctx: click.Context, gpus: tuple[str, ...], iterations: int | None, m
         limit_bytes = parse_size(max_cpu_memory or est.max_cpu_memory)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
+    launch = None
+    from gpushare.estimator_cli.launch_line import LaunchLineError, is_launcher, parse, rank_zero_env
+
+    if is_launcher(script):  # torchrun/accelerate launch/srun/python ... as the batch script has it
+        try:
+            launch = parse([script, *script_args])
+        except LaunchLineError as exc:
+            click.echo(f"gpu-estimate: {exc}", err=True)
+            return EXIT_USAGE
+        script, script_args = launch.script, tuple(launch.args)
+        if not launch.launcher.startswith("python"):
+            # rank 0 of the launcher's world, in this process and the capture child (and the cache key)
+            os.environ.update(rank_zero_env(launch))
     try:
         script_bytes = Path(script).read_bytes()
     except OSError as exc:

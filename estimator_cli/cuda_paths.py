@@ -193,3 +193,26 @@ def run_composite(mode: Any, func: Callable[..., Any], args: tuple, kwargs: dict
             return func(*args, **kwargs)
     finally:
         F.has_torch_function = saved  # type: ignore[attr-defined]
+
+
+def run_backward(mode: Any, args: tuple, kwargs: dict) -> Any:
+    """``Tensor.backward`` with ``mode`` active inside it, from ``mode``'s own handler.
+
+    Why: FSDP2 gathers parameters in a pre-backward hook (``torch.empty(..., device="cuda")`` from Python,
+    run by the autograd engine); a handler runs with its mode popped, so without this those requests reached
+    the CPU build's missing CUDA backend. The mode is pushed as it is (its ``__enter__`` installs hooks once)
+    and ``torch.autograd``'s own torch-function check answered "no" for the call, as in ``run_composite``."""
+    import torch.autograd as autograd
+
+    names = ("gradient", "retain_graph", "create_graph", "inputs")
+    bound = dict(zip(names, args[1:]))
+    bound.update(kwargs)
+    saved = autograd.has_torch_function  # type: ignore[attr-defined]
+    autograd.has_torch_function = lambda *_: False  # type: ignore[attr-defined]
+    torch._C._push_on_torch_function_stack(mode)
+    try:
+        return torch.autograd.backward(args[0], bound.get("gradient"), bound.get("retain_graph"),
+                                       bound.get("create_graph", False), inputs=bound.get("inputs"))
+    finally:
+        torch._C._pop_torch_function_stack()
+        autograd.has_torch_function = saved  # type: ignore[attr-defined]

@@ -103,6 +103,9 @@ class CudaPresenter(TorchFunctionMode):
         self._hook: Any = None
         self._module_moves = 0  # inside Module._apply (model.cpu(), model.to(...)): see _read
         self._saved_apply: Any = None
+        # backward's Python hooks see the presenter (FSDP2's gathers): only for a launcher's world, which
+        # needs it, so single-process estimates keep their established event sequences
+        self.backward_under_mode = False
 
     def __enter__(self) -> "CudaPresenter":
         if self.fake:
@@ -295,6 +298,8 @@ class CudaPresenter(TorchFunctionMode):
             return out
         if func is _T.to or func is _T.cuda:
             return self._move(func, args, kwargs)
+        if func is _T.backward and self.backward_under_mode:
+            return cuda_paths.run_backward(self, args, kwargs)
         if func is _T.pin_memory:
             return args[0]
         if func is _T.is_pinned:

@@ -26,6 +26,19 @@ from gpushare.estimator_cli.events import DEFAULT_KIND, Alloc, ConvGeometry, Kin
 from gpushare.estimator_cli.meta_cache import MetaCache
 
 
+_BASE_DISPATCH = getattr(torch.Tensor.__torch_dispatch__, "__func__", torch.Tensor.__torch_dispatch__)
+
+
+def _has_own_dispatch(cls: Any) -> bool:
+    """A wrapper subclass such as DTensor (not the FakeTensor that compiled regions trace with)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if issubclass(cls, FakeTensor):
+        return False
+    method = getattr(cls, "__torch_dispatch__", None)
+    return method is not None and getattr(method, "__func__", method) is not _BASE_DISPATCH
+
+
 class FakeRecorder(TorchDispatchMode):
     """Records meta-storage allocations and frees; attributes them via ``context()``."""
 
@@ -114,6 +127,9 @@ class FakeRecorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
+        if any(_has_own_dispatch(t) for t in types):
+            # a tensor subclass (FSDP2's DTensor) decides first; its ops on plain tensors come back here
+            return NotImplemented
         out = self.cache.call(func, args, kwargs, lambda: func(*args, **kwargs))
         self._track(out, func.__name__, geometries_for(func.__name__, args) if self.recording else None)
         return out

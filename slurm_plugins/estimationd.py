@@ -261,7 +261,8 @@ class EstimationService:
             options += f" --python {shell_word(command.interpreter)}"
             if not environment.lines and "/" not in command.interpreter:
                 options += " --own-python-if-unusable"  # nothing set up: a bare `python` may be any system one
-        training = " ".join(shlex.quote(a) for a in (command.script, *command.args))
+        # a launcher line (torchrun, srun, accelerate launch) goes through whole: one rank of its world
+        training = " ".join(shlex.quote(a) for a in (*command.launcher, command.script, *command.args))
         # The user's PYTHONPATH (a module's PyTorch) is for the capture child, not for gpu-estimate itself.
         run = (f'rc=0\nGPUSHARE_CHILD_PYTHONPATH="${{PYTHONPATH-}}" env -u PYTHONPATH {options} {training} '
                '> "$gpushare_out/result.json" 2> "$gpushare_out/stderr.txt" || rc=$?')

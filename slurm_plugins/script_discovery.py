@@ -75,6 +75,10 @@ class TrainingCommand:
     # use, resolved in the replayed environment (slurm_plugins/environment_replay.py); "" for a directive
     # whose script no line runs.
     interpreter: str = field(default="", compare=False)
+    # A multi-process launcher's words before the script (torchrun --nproc_per_node=8, srun -n 4 python,
+    # accelerate launch --num_processes 4), variables expanded: gpu-estimate reads the world size from them
+    # and estimates one rank of that world; () for a single-process line.
+    launcher: tuple[str, ...] = field(default=(), compare=False)
     environment: Environment | None = field(default=None, compare=False)  # lines to replay before it
 
 
@@ -196,6 +200,20 @@ def _parse_command(line: _Line, variables: dict[str, str]) -> TrainingCommand | 
     words = list(line.words)
     while words and (re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", words[0]) or words[0] in _PREFIX_WORDS):
         words.pop(0)
+    found = _parse_words(line, words, variables)
+    if isinstance(found, TrainingCommand) and words and (words[0] == "srun" or found.how in ("torchrun", "accelerate")):
+        head = words[:len(words) - 1 - len(found.args)]
+        budget = [MAX_COMMAND_BYTES]
+        try:
+            launcher = tuple(_expand(word, variables, budget)[0] for word in head)
+        except _TooLong:
+            launcher = ()
+        if launcher and not any("$" in word for word in launcher):
+            found = replace(found, launcher=launcher)
+    return found
+
+
+def _parse_words(line: _Line, words: list[str], variables: dict[str, str]) -> TrainingCommand | NotFound | None:
     if words and words[0] == "srun":
         words = _skip_options(words[1:], _SRUN_FLAGS)
     if not words:

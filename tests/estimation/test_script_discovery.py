@@ -127,3 +127,19 @@ def test_hostile_text_never_raises():
 def test_describe_is_one_short_line():
     text = describe(TrainingCommand("train.py", ("--x",) * 200, "torchrun", 4))
     assert "\n" not in text and text.endswith("(torchrun, line 4)") and len(text) < 160
+
+
+@pytest.mark.parametrize("body, launcher", [
+    ("N=4\nsrun -n $N python -u train.py --bs 8", ("srun", "-n", "4", "python", "-u")),
+    ("torchrun --standalone --nnodes=1 --nproc-per-node 8 train.py", ("torchrun", "--standalone", "--nnodes=1",
+                                                                      "--nproc-per-node", "8")),
+    ("python -m torch.distributed.run --nproc_per_node=2 train.py", ("python", "-m", "torch.distributed.run",
+                                                                    "--nproc_per_node=2")),
+    ("accelerate launch --num_processes 2 train.py a", ("accelerate", "launch", "--num_processes", "2")),
+    ("python train.py --x", ()),
+])
+def test_launcher_words_go_with_the_command(body, launcher):
+    """gpu-estimate reads the world size from the launcher line, so the estimation job passes it through."""
+    found = find_training_command("#!/bin/bash\n" + body + "\n")
+    assert isinstance(found, TrainingCommand) and found.script == "train.py"
+    assert found.launcher == launcher

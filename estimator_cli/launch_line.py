@@ -1,0 +1,184 @@
+"""Read a launcher line as a batch script has it: ``torchrun --nproc_per_node=8 train.py ...``.
+
+Why: multi-GPU jobs start their script through a launcher (torchrun, ``python -m torch.distributed.run``,
+``accelerate launch``, ``srun``), which sets ``RANK``/``LOCAL_RANK``/``WORLD_SIZE`` and starts one process
+per GPU. gpu-estimate runs one process: it takes the script and its arguments out of the line, the world
+size from the launcher's options, and presents rank 0 of that world (estimator_cli/fake_distributed.py
+makes ``init_process_group`` a fake process group of that size). Every rank of a data-parallel job holds
+the same memory, so rank 0's peak is the per-GPU peak. Torch-free: the CLI parses before importing torch.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+LAUNCHERS = ("torchrun", "accelerate", "srun", "python", "python3")
+
+# Options of each launcher that take no value (everything else starting with "-" takes one, unless "=" joins it).
+_TORCHRUN_FLAGS = {"--standalone", "--no-python", "--no_python", "-m", "--module", "--run-path", "--run_path",
+                   "--use-env", "--use_env", "--virtual-local-rank", "--virtual_local_rank"}
+_ACCELERATE_FLAGS = {"--multi_gpu", "--multi-gpu", "--cpu", "--use_fsdp", "--use-fsdp", "--use_deepspeed",
+                     "--use-deepspeed", "--use_megatron_lm", "--use-megatron-lm", "-m", "--module", "--no_python",
+                     "--no-python", "--debug", "-q", "--quiet", "--tpu", "--use_xpu", "--same_network",
+                     "--enable_cpu_affinity", "--rdzv_conf"}
+_SRUN_FLAGS = {"-l", "--label", "-u", "--unbuffered", "-v", "--verbose", "-Q", "--quiet", "-K", "--kill-on-bad-exit",
+               "-E", "--preserve-env", "-O", "--overcommit", "-s", "--oversubscribe", "-X", "--disable-status",
+               "-Z", "--no-allocate", "-H", "--hold", "--exclusive", "--pty", "--mpi=none", "--exact",
+               "--overlap", "--wait-all-nodes"}
+_PYTHON_FLAGS = {"-u", "-O", "-OO", "-B", "-s", "-S", "-E", "-I", "-b", "-bb", "-q", "-d", "-v", "-P", "-R"}
+_PYTHON_VALUED = {"-X", "-W"}
+
+
+class LaunchLineError(ValueError):
+    """The line names a launcher but cannot be read (a one-line message for the user)."""
+
+
+@dataclass
+class LaunchLine:
+    script: str
+    args: list[str]
+    world_size: int = 1
+    local_world_size: int = 1
+    launcher: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def is_launcher(script: str) -> bool:
+    """SCRIPT names a launcher rather than a file of Python (``torchrun``, ``/venv/bin/torchrun``, ...)."""
+    name = os.path.basename(script)
+    return (name in LAUNCHERS or name.startswith("python3.")) and not script.endswith(".py")
+
+
+def _split(tokens: list[str], flags: set[str], what: str) -> tuple[dict[str, str], list[str]]:
+    """Options before the first positional argument (name -> value, '' for flags) and the rest."""
+    options: dict[str, str] = {}
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        if token == "--":
+            return options, tokens[i + 1:]
+        if not token.startswith("-") or token == "-":
+            return options, tokens[i:]
+        if "=" in token and token.startswith("--"):
+            name, value = token.split("=", 1)
+            options[name] = value
+        elif token in flags:
+            options[token] = ""
+        elif not token.startswith("--") and len(token) > 2:  # -n4
+            options[token[:2]] = token[2:]
+        else:
+            if i + 1 >= len(tokens):
+                raise LaunchLineError(f"{what}: option {token} has no value")
+            options[token] = tokens[i + 1]
+            i += 1
+        i += 1
+    raise LaunchLineError(f"{what}: no training script on the line")
+
+
+def _count(value: str, what: str, option: str) -> int:
+    head = value.split(":")[0]  # torchrun --nnodes=1:4 (elastic): the minimum
+    if head.isdigit() and int(head) > 0:
+        return int(head)
+    if value in ("gpu", "auto"):
+        return int(os.environ.get("SLURM_GPUS_ON_NODE", "1").split("(")[0] or 1)
+    raise LaunchLineError(f"{what}: {option} {value!r} is not a count of processes")
+
+
+def _option(options: dict[str, str], *names: str) -> str | None:
+    for name in names:
+        if name in options:
+            return options[name]
+    return None
+
+
+def _torchrun(tokens: list[str], launcher: str) -> LaunchLine:
+    options, rest = _split(tokens, _TORCHRUN_FLAGS, launcher)
+    per_node = _count(_option(options, "--nproc_per_node", "--nproc-per-node") or "1", launcher, "--nproc-per-node")
+    nodes = _count(_option(options, "--nnodes") or "1", launcher, "--nnodes")
+    if "-m" in options or "--module" in options or "--no-python" in options or "--no_python" in options:
+        raise LaunchLineError(f"{launcher}: only a script file can be estimated (-m/--no-python given)")
+    return LaunchLine(rest[0], rest[1:], per_node * nodes, per_node, launcher)
+
+
+def _accelerate(tokens: list[str]) -> LaunchLine:
+    if not tokens or tokens[0] != "launch":
+        raise LaunchLineError("accelerate: only 'accelerate launch SCRIPT ...' starts a training script")
+    options, rest = _split(tokens[1:], _ACCELERATE_FLAGS, "accelerate launch")
+    if "-m" in options or "--module" in options or "--no_python" in options or "--no-python" in options:
+        raise LaunchLineError("accelerate launch: only a script file can be estimated (-m/--no_python given)")
+    world = _count(_option(options, "--num_processes", "--num-processes") or "1", "accelerate launch",
+                   "--num_processes")
+    machines = _count(_option(options, "--num_machines", "--num-machines") or "1", "accelerate launch",
+                      "--num_machines")
+    line = LaunchLine(rest[0], rest[1:], world, max(1, world // machines), "accelerate launch")
+    if "--mixed_precision" in options or "--mixed-precision" in options:  # accelerate passes it on this way
+        line.env["ACCELERATE_MIXED_PRECISION"] = _option(options, "--mixed_precision", "--mixed-precision") or "no"
+    return line
+
+
+def _python(tokens: list[str], launcher: str) -> LaunchLine:
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        if token == "-m":
+            module = tokens[i + 1] if i + 1 < len(tokens) else ""
+            if module in ("torch.distributed.run", "torch.distributed.launch"):
+                return _torchrun(tokens[i + 2:], f"{launcher} -m {module}")
+            if module == "accelerate.commands.launch":
+                return _accelerate(["launch", *tokens[i + 2:]])
+            raise LaunchLineError(f"{launcher} -m {module}: only a script file can be estimated")
+        if token in _PYTHON_VALUED:
+            i += 2
+            continue
+        if token in _PYTHON_FLAGS or (token.startswith("-X") or token.startswith("-W")):
+            i += 1
+            continue
+        if token.startswith("-"):
+            raise LaunchLineError(f"{launcher}: option {token} is not understood")
+        return LaunchLine(token, tokens[i + 1:], 1, 1, launcher)
+    raise LaunchLineError(f"{launcher}: no training script on the line")
+
+
+def _srun(tokens: list[str]) -> LaunchLine:
+    options, rest = _split(tokens, _SRUN_FLAGS, "srun")
+    tasks = _count(_option(options, "-n", "--ntasks") or os.environ.get("SLURM_NTASKS", "1"), "srun", "--ntasks")
+    inner = parse(rest)
+    if inner.launcher in ("python", "python3") or inner.launcher.startswith("python3.") or not inner.launcher:
+        # one process per task: srun is the launcher, Slurm's variables say the rank
+        nodes = _count(_option(options, "-N", "--nodes") or "1", "srun", "--nodes")
+        per_node = max(1, tasks // nodes)
+        inner.world_size, inner.local_world_size, inner.launcher = tasks, per_node, "srun"
+        inner.env.update(SLURM_PROCID="0", SLURM_LOCALID="0", SLURM_NTASKS=str(tasks),
+                         SLURM_NTASKS_PER_NODE=str(per_node), SLURM_NODEID="0")
+    return inner
+
+
+def parse(tokens: list[str]) -> LaunchLine:
+    """The script, its arguments and the world size of a launcher line (``tokens[0]`` the launcher); a line
+    that starts with a script file is that script in a world of one."""
+    if not tokens:
+        raise LaunchLineError("empty launcher line")
+    head = os.path.basename(tokens[0])
+    if not is_launcher(tokens[0]):
+        return LaunchLine(tokens[0], tokens[1:])
+    if head == "torchrun":
+        return _torchrun(tokens[1:], "torchrun")
+    if head == "accelerate":
+        return _accelerate(tokens[1:])
+    if head == "srun":
+        return _srun(tokens[1:])
+    return _python(tokens[1:], head)
+
+
+def rank_zero_env(line: LaunchLine) -> dict[str, str]:
+    """The variables a launcher gives rank 0 of the job (and gpu-estimate's own world-size marker)."""
+    env = {"RANK": "0", "LOCAL_RANK": "0", "GROUP_RANK": "0", "NODE_RANK": "0",
+           "WORLD_SIZE": str(line.world_size), "LOCAL_WORLD_SIZE": str(line.local_world_size),
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", WORLD_SIZE_VAR: str(line.world_size)}
+    env.update(line.env)
+    return env
+
+
+# read by the capture child (estimator_cli/fake_distributed.py): init_process_group becomes a fake group
+WORLD_SIZE_VAR = "GPUSHARE_ESTIMATE_WORLD_SIZE"
