@@ -222,6 +222,7 @@ class Simulation:
         self.policy = make_policy(config.policy, **config.policy_options())
         self.interference = interference or Interference.load(config.throughputs, config.interference)
         self.util = UTIL_PROFILES[config.util]  # class -> solo (SMACT, SMOCC, DRAMA)
+        self._active_ids: dict[int, tuple[str, ...]] = {}  # per GPU: its loading processes at the last rate update
         self.ttfk = risk.TtfkTable(config.window_s)
         total = self.gpus[0].shards_total
         self.jobs: dict[str, JobRun] = {}
@@ -494,13 +495,19 @@ class Simulation:
     def _update_rates(self) -> None:
         """New rates for the running jobs on GPUs whose processes changed (the others' are unchanged)."""
         touched: dict[str, JobRun] = {}
-        for index in sorted(self.cluster.changed):
-            for resident in self.gpus[index].residents.values():
-                job = self.jobs[resident.job_id]
-                if resident.active and job.state == "running":
-                    touched[resident.job_id] = job
-        self.cluster.changed.clear()
         active: dict[int, list[tuple[str, tuple[str | None, float]]]] = {}  # per GPU, built once per update
+        for index in sorted(self.cluster.changed):
+            here = active[index] = [(r.job_id, (self.jobs[r.job_id].spec.gavel, r.util[0]))
+                                    for r in self.gpus[index].residents.values() if r.active]
+            ids = tuple(job_id for job_id, _ in here)
+            if self._active_ids.get(index) == ids:
+                continue  # a launch (not yet loading) or memory growth: every speed here is what it was
+            self._active_ids[index] = ids
+            for job_id in ids:
+                job = self.jobs[job_id]
+                if job.state == "running":
+                    touched[job_id] = job
+        self.cluster.changed.clear()
         for job in touched.values():
             me = (job.spec.gavel, self.util[job.spec.util][0])
             speeds = []
