@@ -512,11 +512,11 @@ class Simulation:
             me = (job.spec.gavel, self.util[job.spec.util][0])
             speeds = []
             for index in job.gpus:
-                here = active.get(index)
-                if here is None:
-                    here = active[index] = [(r.job_id, (self.jobs[r.job_id].spec.gavel, r.util[0]))
-                                            for r in self.gpus[index].residents.values() if r.active]
-                others = [who for job_id, who in here if job_id != job.spec.job_id]
+                found = active.get(index)
+                if found is None:
+                    found = active[index] = [(r.job_id, (self.jobs[r.job_id].spec.gavel, r.util[0]))
+                                             for r in self.gpus[index].residents.values() if r.active]
+                others = [who for job_id, who in found if job_id != job.spec.job_id]
                 speeds.append(self.interference.speed(me, others))
             self.set_rate(job, min(speeds))
 
