@@ -95,6 +95,16 @@ def chain_wrapper(key: str, site: str, hook_dir: str) -> str:
             f"exec {python} -m gpushare.slurm_plugins.chain --site {shlex.quote(site)} --ours {ours} -- \"$@\"\n")
 
 
+def _uses_slurmdbd(conf_path: str) -> bool:
+    """Does the site's slurm.conf store jobs in slurmdbd (where GRES accounting and billing work)?"""
+    from gpushare.slurm.conf_file import SlurmConfError, read_keys
+
+    try:
+        return "slurmdbd" in read_keys(conf_path).get("accountingstoragetype", "")
+    except (SlurmConfError, OSError):
+        return False
+
+
 def install_chains(site: dict[str, str], hook_dir: str, directory: Path) -> dict[str, str]:
     """Write one wrapper per slot the site already uses; slurm.conf key -> the wrapper's path."""
     written = {}
@@ -215,26 +225,32 @@ def render_slurm_conf(cfg: Config, hook_dir: str, version: SlurmVersion | None =
 MIG_STANDBY_PREFIX = "gpushare-mig-standby-"
 
 
-def render_billing_lines(cfg: Config) -> str:
+def render_billing_lines(cfg: Config, with_slurmdbd: bool) -> str:
     """slurm.conf lines so a shared job is counted like the GPU fraction it holds.
 
     Why: a rewritten job asks for ``gres/shard``, not ``gres/gpu``. Without these lines accounting does not
     track shards, fair share and billing charge a shared job nothing for its GPU, and GPU-hour reports miss it.
-    A shard bills 1/shards of its GPU (shards = the GPU's GiB), so ``billing`` (fair share, ``sshare``,
-    ``billing=`` QOS limits) counts a shard:10 job on a 40 GiB GPU as a quarter GPU. A partition mixing GPU
-    models gets the largest GPU's count: a shard there never bills more than its share of any GPU."""
-    lines = ["# accounting and billing: track shards beside GPUs, and bill a shard its fraction of a GPU "
-             "(docs/deployment.md, Billing and limits)",
-             "AccountingStorageTRES=gres/gpu,gres/shard"]
+    Weights per GiB: a GPU bills its shard count (its GiB), a shard 1. Slurm's ``billing`` is a whole number
+    (measured on 22.05: GRES/shard=0.025 made shard:20 bill nothing for its half GPU), so a fraction such as
+    1/40 per shard would be rounded away. Both lines need slurmdbd: without it slurmctld refuses to start
+    with a GRES in AccountingStorageTRES or TRESBillingWeights (measured on 22.05), so they are printed
+    commented out there."""
+    off = "" if with_slurmdbd else "# "
+    lines = ["# accounting and billing: track shards beside GPUs, and bill a shard its part of a GPU "
+             "(docs/deployment.md, Billing and limits)"]
+    if not with_slurmdbd:
+        lines.append("# (commented out: they need AccountingStorageType=accounting_storage/slurmdbd; without it "
+                     "slurmctld refuses to start with them)")
+    lines.append(f"{off}AccountingStorageTRES=gres/gpu,gres/shard")
     shards: dict[str, set[int]] = {}
     for group in cfg.nodes:
         if not group.mig:
             shards.setdefault(group.partition, set()).add(cfg.gpu(group.gpu).shards)
     for name, counts in shards.items():
         per_gpu = max(counts)
-        lines.append(f"# PartitionName={name}: add TRESBillingWeights=\"CPU=1.0,Mem=0.25G,GRES/gpu=1.0,"
-                     f"GRES/shard={1 / per_gpu:.6g}\" (1 shard = 1/{per_gpu} GPU; keep the site's CPU and Mem "
-                     "weights, scale GRES/gpu and GRES/shard together)")
+        lines.append(f"# PartitionName={name}: add TRESBillingWeights=\"CPU=<c>,Mem=<m>,GRES/gpu={per_gpu},"
+                     f"GRES/shard=1\" (a GPU bills its {per_gpu} GiB, a shard 1 GiB; multiply the site's CPU and "
+                     "Mem weights by the factor its GRES/gpu weight grew by, to keep their ratio)")
     return "\n".join(lines) + "\n"
 
 
@@ -326,7 +342,7 @@ def command(config_path: str | None, hook_dir: str, lua_dir: str | None, slurm_c
                        + ("chained with ours (the site's status and output kept)" if chain_dir
                           else "pass --install-chains DIR to run it and ours from one wrapper"))
         click.echo(slurm_conf, nl=False)
-        click.echo(render_billing_lines(cfg), nl=False)
+        click.echo(render_billing_lines(cfg, _uses_slurmdbd(slurm_conf_path)), nl=False)
         click.echo("### gres.conf")
         click.echo(gres_conf, nl=False)
         if version.cgroup_disabled:

@@ -15,7 +15,7 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "etc" / "gpushare.toml"
 
 def test_prints_lines_and_installs_lua(tmp_path, capsys):
     assert gpushare_main(["slurm-config", "--config", str(EXAMPLE), "--hook-dir", "/opt/gs/bin",
-                          "--install-lua", str(tmp_path)]) == 0
+                          "--slurm-conf", str(tmp_path / "absent.conf"), "--install-lua", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "GresTypes=gpu,shard" in out and "JobSubmitPlugins=lua" in out
     assert "Prolog=/opt/gs/bin/gpushare-prolog" in out and "EpilogSlurmctld=/opt/gs/bin/gpushare-epilog-slurmctld" in out
@@ -23,14 +23,23 @@ def test_prints_lines_and_installs_lua(tmp_path, capsys):
     assert "NodeName=gpu[01-04] Gres=gpu:a100-80gb:4,shard:320" in out
     assert "NodeName=gpu[05-06] Gres=gpu:h100-80gb:8,shard:632" in out
     assert "NodeName=gpu[01-04] Name=shard Count=80 File=/dev/nvidia3" in out
-    assert "AccountingStorageTRES=gres/gpu,gres/shard" in out
-    # one shard bills 1/80 of an A100-80GB: shard:20 is a quarter GPU in fair share and billing= limits
-    assert 'TRESBillingWeights="CPU=1.0,Mem=0.25G,GRES/gpu=1.0,GRES/shard=0.0125"' in out
+    # no slurmdbd in the site's slurm.conf: slurmctld would refuse to start with GRES accounting, so commented
+    assert "\n# AccountingStorageTRES=gres/gpu,gres/shard\n" in out
+    # a GPU bills its GiB, a shard one: shard:20 on an A100-80GB bills a quarter of the GPU
+    assert 'TRESBillingWeights="CPU=<c>,Mem=<m>,GRES/gpu=80,GRES/shard=1"' in out
+
     module = (tmp_path / "gpushare_submit.lua").read_text()
     assert '"/run/gpushare/submitd.sock"' in module and "DEADLINE_S = 0.250" in module and "@" not in module
     lua = (tmp_path / "job_submit.lua").read_text()  # none was there: a loader of the module is written
     assert f'package.path = "{tmp_path.resolve()}/?.lua;"' in lua and 'require("gpushare_submit")' in lua
     assert "@" not in lua
+
+
+def test_accounting_lines_are_active_with_slurmdbd(tmp_path, capsys):
+    (tmp_path / "slurm.conf").write_text("AccountingStorageType=accounting_storage/slurmdbd\n")
+    assert gpushare_main(["slurm-config", "--config", str(EXAMPLE), "--slurm-version", "22.05",
+                          "--slurm-conf", str(tmp_path / "slurm.conf")]) == 0
+    assert "\nAccountingStorageTRES=gres/gpu,gres/shard\n" in capsys.readouterr().out
 
 
 def test_install_keeps_the_sites_job_submit_lua(tmp_path, capsys):
