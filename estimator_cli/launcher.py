@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -151,6 +152,26 @@ def _read(path: str) -> str:
         return ""
 
 
+_FAKE_FIRST = "fake mode had stopped first: "
+# "Could not run 'flash_attn::_flash_attn_forward' with arguments from the 'Meta' backend": a custom
+# operator (not aten's) registered for the GPU only
+# operator (not aten's) registered for the GPU only; or the meta-tensor refusal of such an operator
+_GPU_ONLY_RES = (
+    re.compile(r"Could not run '([A-Za-z0-9_]+)::([A-Za-z0-9_.]+)' with arguments from the '(?:Meta|CUDA|CPU)'"),
+    re.compile(r"^([A-Za-z0-9_]+)::([A-Za-z0-9_.]+): attempted to run this operator with Meta tensors, but there "
+               r"was no fake impl or Meta kernel"),
+)
+
+
+def gpu_only_kernel(message: str) -> str | None:
+    """The custom GPU operator a capture failure names (flash_attn, xformers, bitsandbytes, ...), if any."""
+    for pattern in _GPU_ONLY_RES:
+        match = pattern.search(message)
+        if match is not None and match.group(1) not in ("aten", "prims"):
+            return f"{match.group(1)}::{match.group(2)}"
+    return None
+
+
 def run_capture(script: str, args: list[str], mode: str, steps: int, gpu: PresentedGpu, limits: Limits,
                 on_progress: Callable[[str], None] | None = None, batch_divisor: int = 1) -> CaptureOutcome:
     """Capture in ``mode`` ("fake", "profile" or "auto": fake, then profile when fake cannot go on).
@@ -161,19 +182,33 @@ def run_capture(script: str, args: list[str], mode: str, steps: int, gpu: Presen
     attempts: list[dict[str, Any]] = []
     fallback: str | None = None
     for attempt in order:
-        result, output, process, note = _run_child(attempt, script, args, steps, gpu, limits, deadline, on_progress,
-                                                   batch_divisor)
+        try:
+            result, output, process, note = _run_child(attempt, script, args, steps, gpu, limits, deadline,
+                                                       on_progress, batch_divisor)
+        except CaptureFailed as exc:  # a time-out or a killed child after fake mode gave up: say why it did
+            if fallback:
+                exc.args = (f"{exc}; {_FAKE_FIRST}{fallback}",)
+                exc.fallback_reason = exc.fallback_reason or fallback
+            raise
         outputs.append(output)
         status, error = result["status"], result.get("error") or {}
+        where = f" at {error['where']}" if error.get("where") else ""
+        also = f"; {_FAKE_FIRST}{fallback}" if fallback else ""
         attempts.append({"mode": attempt, "status": status, "error": error.get("message")})
         if status == "ok":
             return CaptureOutcome(Capture.from_json(result["capture"]), attempt, fallback, "".join(outputs), attempts,
                                   process, note, list(result.get("local_modules") or []), result.get("batch"),
                                   result.get("torch_version"))
         if status == "limit":
-            raise CaptureFailed("limit", f"the script ran out of memory in {attempt} mode ({error.get('message')}); "
-                                "raise --max-cpu-memory", error.get("traceback", ""), "".join(outputs),
+            raise CaptureFailed("limit", f"the script ran out of memory in {attempt} mode{where} "
+                                f"({error.get('message')}); raise --max-cpu-memory{also}", error.get("traceback", ""),
+                                "".join(outputs),
                                 attempt, fallback, result.get("batch"))
+        kernel = gpu_only_kernel(error.get("message", "")) if status != "ok" else None
+        if kernel:  # profile mode runs on the CPU, which has no such kernel either: no fallback, no time-out
+            raise CaptureFailed("unsupported", f"{error.get('where') or script}: {kernel} is a GPU-only kernel "
+                                "with no fake (meta) implementation; gpu-estimate cannot run it on a CPU",
+                                error.get("traceback", ""), "".join(outputs))
         retry = mode == "auto" and attempt == "fake" and status in ("data_dependent", "fake_error")
         if retry:
             message = error.get("message", "").split(". ")[0]  # first sentence: torch's are long
@@ -182,6 +217,6 @@ def run_capture(script: str, args: list[str], mode: str, steps: int, gpu: Presen
         if status == "data_dependent":
             raise CaptureFailed("unsupported", f"fake mode cannot estimate this script: {error.get('message')} "
                                 "(use --mode auto or --mode profile)", error.get("traceback", ""), "".join(outputs))
-        raise CaptureFailed("script_error", f"the script failed in {attempt} mode: {error.get('type')}: "
-                            f"{error.get('message')}", error.get("traceback", ""), "".join(outputs))
+        raise CaptureFailed("script_error", f"the script failed in {attempt} mode{where}: {error.get('type')}: "
+                            f"{error.get('message')}{also}", error.get("traceback", ""), "".join(outputs))
     raise CaptureFailed("internal", "no capture mode produced an estimate")

@@ -27,13 +27,27 @@ TRACEBACK_TAIL_LINES = 20
 _OWN_DIRS = (os.path.dirname(os.path.abspath(__file__)), os.path.dirname(os.path.abspath(runpy.__file__)))
 
 
-def _traceback_tail(exc: BaseException) -> str:
-    """The script's frames (not ours, torch's or runpy's) and the exception, last lines only."""
+def _script_frames(exc: BaseException) -> list[traceback.FrameSummary]:
+    """The frames of the script and its libraries (not ours, torch's or runpy's), outermost first."""
     import torch
 
     hidden = _OWN_DIRS + (os.path.dirname(os.path.abspath(torch.__file__)),)
-    frames = [f for f in traceback.extract_tb(exc.__traceback__)
-              if not os.path.abspath(f.filename).startswith(hidden) and not f.filename.startswith("<frozen")]
+    return [f for f in traceback.extract_tb(exc.__traceback__)
+            if not os.path.abspath(f.filename).startswith(hidden) and not f.filename.startswith("<frozen")]
+
+
+def _where(exc: BaseException, script: str) -> str:
+    """``file:line`` of the failing line in the script itself (else the innermost frame shown): the one place
+    a researcher looks first for a wrong path or an unsupported call."""
+    frames = _script_frames(exc)
+    own = [f for f in frames if os.path.abspath(f.filename) == os.path.abspath(script)]
+    chosen = own or frames
+    return f"{chosen[-1].filename}:{chosen[-1].lineno}" if chosen else ""
+
+
+def _traceback_tail(exc: BaseException) -> str:
+    """The script's frames (not ours, torch's or runpy's) and the exception, last lines only."""
+    frames = _script_frames(exc)
     lines = "".join(traceback.format_list(frames) + traceback.format_exception_only(exc)).rstrip().splitlines()
     return "\n".join(lines[-TRACEBACK_TAIL_LINES:])
 
@@ -50,9 +64,11 @@ def first_cause(exc: BaseException) -> BaseException:
         exc = inner
 
 
-def _error(exc: BaseException) -> dict[str, Any]:
+def _error(exc: BaseException, script: str = "") -> dict[str, Any]:
     cause = first_cause(exc)
     error = {"type": type(cause).__name__, "message": str(cause)[:2000], "traceback": _traceback_tail(cause)}
+    if script:  # the first cause's traceback may hold only the frames below its handler
+        error["where"] = _where(cause, script) or _where(exc, script)
     if cause is not exc:
         error["then"] = f"{type(exc).__name__}: {str(exc)[:500]}"
         error["traceback"] += f"\n(while handling it, then: {type(exc).__name__}: {str(exc)[:300]})"
@@ -168,25 +184,25 @@ def main(argv: list[str] | None = None) -> int:
 
             result["framework_modules"] = framework_modules(loaded_before)
         except DataDependent as exc:
-            result.update(status="data_dependent", error=_error(exc))
+            result.update(status="data_dependent", error=_error(exc, opts.script))
         except MemoryError as exc:
-            result.update(status="limit", error=_error(exc))
+            result.update(status="limit", error=_error(exc, opts.script))
         except SystemExit as exc:
             result.update(status="script_error", error={"type": "SystemExit", "message":
                           f"the script exited with status {exc.code}", "traceback": ""})
         except (ImportError, OSError, SyntaxError) as exc:
-            result.update(status="script_error", error=_error(exc))
+            result.update(status="script_error", error=_error(exc, opts.script))
         except Exception as exc:  # the script's own failure, or fake mode's: the parent decides
             if isinstance(first_cause(exc), DataDependent):
-                result.update(status="data_dependent", error=_error(exc))
+                result.update(status="data_dependent", error=_error(exc, opts.script))
             elif _out_of_memory(first_cause(exc)) or _out_of_memory(exc):
-                result.update(status="limit", error=_error(exc))
+                result.update(status="limit", error=_error(exc, opts.script))
             elif opts.mode == "fake" and _needs_values(exc):
-                result.update(status="data_dependent", error=_error(exc))
+                result.update(status="data_dependent", error=_error(exc, opts.script))
             else:
-                result.update(status="fake_error" if opts.mode == "fake" else "script_error", error=_error(exc))
+                result.update(status="fake_error" if opts.mode == "fake" else "script_error", error=_error(exc, opts.script))
     except BaseException as exc:  # noqa: BLE001 - anything else is still reported, never lost
-        result.update(status="script_error", error=_error(exc))
+        result.update(status="script_error", error=_error(exc, opts.script))
     if knob is not None:
         result["batch"] = knob.to_json()
     torch_module = sys.modules.get("torch")  # the versions the capture really ran with (--python: the user's)

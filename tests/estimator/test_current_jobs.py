@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpushare.estimator_cli.cli import EXIT_OK
+from gpushare.estimator_cli.cli import EXIT_OK, EXIT_SCRIPT, EXIT_UNSUPPORTED
 from estimator_run import estimate
 
 THREADS_AND_SDPA = """
@@ -75,3 +75,43 @@ def test_no_configuration_warning_for_researchers(capsys, tmp_path, monkeypatch)
     code, _, err = estimate(capsys, tmp_path, "import torch\nx = torch.ones(4, device='cuda')\n")
     assert code == EXIT_OK, err
     assert "gpushare.toml" not in err and "built-in defaults" not in err
+
+
+def test_missing_path_fails_fast_with_file_and_line(capsys, tmp_path):
+    code, _, err = estimate(capsys, tmp_path, """
+        import torch
+        model = torch.nn.Linear(4, 4).cuda()
+        state = torch.load("/nonexistent/checkpoint.pt")
+    """)
+    assert code == EXIT_SCRIPT
+    first = err.splitlines()[0]
+    assert "train.py:4" in first and "FileNotFoundError" in first and "/nonexistent/checkpoint.pt" in first
+
+
+def test_gpu_only_kernel_fails_in_one_line_without_fallback(capsys, tmp_path):
+    """A custom operator with only a CUDA kernel: profile mode on the CPU cannot run it either, so no
+    fallback (which could only end in its error or a time-out)."""
+    code, _, err = estimate(capsys, tmp_path, """
+        import torch
+        lib = torch.library.Library("fancykernels", "DEF")
+        lib.define("fused_attn(Tensor q) -> Tensor")
+        lib.impl("fused_attn", lambda q: q.clone(), "CUDA")
+        x = torch.randn(2, 8, device="cuda", requires_grad=True)
+        y = torch.ops.fancykernels.fused_attn(x)
+    """, "--mode", "auto")
+    assert code == EXIT_UNSUPPORTED
+    first = err.splitlines()[0]
+    assert "train.py:7" in first and "fancykernels::fused_attn is a GPU-only kernel" in first
+
+
+def test_profile_failure_after_fallback_names_the_fake_mode_cause(capsys, tmp_path):
+    code, _, err = estimate(capsys, tmp_path, """
+        import torch
+        x = torch.randn(4096, 4096, device="cuda")
+        n = int(x.abs().sum())  # sizes the next allocation: fake mode cannot go on
+        y = torch.empty(n, device="cuda")
+        raise RuntimeError("Found no NVIDIA driver on your system")
+    """, "--mode", "auto")
+    assert code == EXIT_SCRIPT
+    first = err.splitlines()[0]
+    assert "profile mode at" in first and "fake mode had stopped first: DataDependent" in first and "train.py:4" in first
