@@ -9,6 +9,8 @@ Pure: request, decision and config in, a Decision out.
 
 from __future__ import annotations
 
+from typing import Any
+
 from gpushare.config import Config
 from gpushare.slurm_plugins.decision import RECORD_VERSION, Decision, SubmitRequest
 
@@ -60,7 +62,7 @@ def observed(decision: Decision) -> Decision:
     request it would have asked for. No message to the researcher: a pilot changes nothing they see."""
     if decision.action == "accept" and not decision.record:
         return decision  # not a GPU job
-    record = dict(decision.record) if decision.record else {"v": RECORD_VERSION}
+    record: dict[str, Any] = dict(decision.record) if decision.record else {"v": RECORD_VERSION}
     record["would"] = "reject" if decision.action == "reject" else record.get("decision", "accept")
     record["decision"] = "observe"
     if decision.action == "reject":
