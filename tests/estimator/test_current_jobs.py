@@ -115,3 +115,32 @@ def test_profile_failure_after_fallback_names_the_fake_mode_cause(capsys, tmp_pa
     assert code == EXIT_SCRIPT
     first = err.splitlines()[0]
     assert "profile mode at" in first and "fake mode had stopped first: DataDependent" in first and "train.py:4" in first
+
+
+def test_from_pretrained_llama_with_gqa_autocast_and_checkpointing(capsys, tmp_path):
+    """A Llama-style causal LM (grouped-query attention, rotary embeddings) loaded with from_pretrained from
+    a tiny model generated here (no download), trained under bf16 autocast with gradient checkpointing."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                                      num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=256)
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "tiny")
+    code, doc, err = estimate(capsys, tmp_path, """
+        import sys, torch
+        from transformers import AutoModelForCausalLM
+        model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32).cuda()
+        model.gradient_checkpointing_enable()
+        model.train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        for step in range(3):
+            ids = torch.randint(0, 1000, (2, 64), device="cuda")
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            print(step, loss.item())
+    """, "--mode", "fake", script_args=(str(tmp_path / "tiny"),))
+    assert code == EXIT_OK, err
+    parameters = sum(p.numel() for p in transformers.LlamaForCausalLM(config).parameters())
+    # weights, gradients and AdamW's two states in float32
+    assert doc["targets"][0]["peak_allocated_bytes"] >= 16 * parameters
