@@ -18,6 +18,8 @@ from __future__ import annotations
 import logging
 import math
 import queue
+import random
+import subprocess
 import sys
 from collections import deque
 import threading
@@ -48,6 +50,11 @@ MAX_WARMING_S = 600.0  # CARMA's lesson: a job that never reaches its GPU must n
 def _merged(fields: dict[str, Any]) -> Callable[[dict[str, Any]], dict[str, Any]]:
     """A store update that sets ``fields`` on the entry (bound now, not when the loop variable moves on)."""
     return lambda entry: {**entry, **fields}
+
+
+SPOOL = "pending-records"  # run summaries waiting for the accounting database (gpushare.epilog.stored_record)
+DELIVER_S = 2.0  # the spool's delivery round (agent._deliverer) while the database takes records
+DELIVER_MAX_S = 30.0  # its longest pause while the database is away
 
 
 class Agent:
@@ -526,6 +533,8 @@ class Agent:
     def run(self, stop: threading.Event) -> None:
         if self.slurm is not None:
             threading.Thread(target=self._annotator, args=(stop,), name="gpushare-annotate", daemon=True).start()
+        if self.slurm is not None and self.cfg.admin_comment == "yes":
+            threading.Thread(target=self._deliverer, args=(stop,), name="gpushare-deliver", daemon=True).start()
         threading.Thread(target=self._followup_loop, args=(stop,), name="gpushare-guard", daemon=True).start()
         period = self.cfg.sample_period_s
         next_at = time.monotonic()
@@ -548,6 +557,31 @@ class Agent:
                 self.followup_pending(block_s=1.0)
             except Exception:  # noqa: BLE001
                 log.exception("guard follow-up failed")
+
+    def _deliverer(self, stop: threading.Event) -> None:
+        """Run summaries the Epilog spooled while the accounting database was away, delivered once it is back:
+        every DELIVER_S while some wait, backing off (jittered, at most DELIVER_MAX_S) while the database still
+        refuses them. The delivery itself is the Epilog layer's (``python -m gpushare.epilog.stored_record``,
+        one short process per round, only while the spool holds something)."""
+        directory, delay = Path(self.cfg.state_dir) / SPOOL, DELIVER_S
+        while not stop.wait(delay * random.uniform(0.8, 1.2)):
+            try:
+                if not any(directory.glob("*.json")):
+                    delay = DELIVER_S
+                    continue
+                argv = [sys.executable, "-m", "gpushare.epilog.stored_record", "--state-dir", str(self.cfg.state_dir)]
+                if self.slurm.conf_path:
+                    argv += ["--slurm-conf", str(self.slurm.conf_path)]
+                if self.slurm.bin_dir:
+                    argv += ["--bin-dir", str(self.slurm.bin_dir)]
+                done = subprocess.run(argv, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+                if done.stderr.strip():
+                    log.info("spooled records: %s", done.stderr.strip()[-300:])
+                delivered = done.returncode == 0  # 0: nothing left; 3: some still pending
+            except Exception:  # noqa: BLE001 - the next round tries again
+                log.exception("spooled record delivery failed")
+                delivered = False
+            delay = DELIVER_S if delivered else min(DELIVER_MAX_S, delay * 2)
 
     def _annotator(self, stop: threading.Event) -> None:
         while not stop.is_set():

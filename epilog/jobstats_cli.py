@@ -104,9 +104,17 @@ def summarise(runs: list[dict[str, str]]) -> dict[str, Any]:
         "energy_j": run.get("energy_j"), "energy_share_j": run.get("share_j"),
         "caps": run.get("caps"), "cap_gib": run.get("cap_gib"), "stopped_by": run.get("stop"),
         "oom": record.get("oom") if isinstance(record.get("oom"), dict) else None,
-        "recorded": bool(run)}
+        "recorded": bool(run),
+        # the agent's summary written while the job ran, with no final one yet: the node's Epilog spooled that
+        # (the database was away as the job ended) and delivers it when it can (docs/reliability.md)
+        "partial": bool(run) and "fin" not in run and "exit" not in run and _ended(last.get("State"))}
     doc["advice"] = advice(doc)
     return doc
+
+
+def _ended(state: str | None) -> bool:
+    return (state or "").split(" ")[0] not in ("", "PENDING", "RUNNING", "REQUEUED", "SUSPENDED", "COMPLETING",
+                                                 "CONFIGURING", "RESIZING")
 
 
 def _gres_text(gres: dict[str, Any]) -> str | None:
@@ -148,6 +156,10 @@ def advice(doc: dict[str, Any]) -> str:
         return f"an OOM was recovered{floor}{peak_text}"
     if isinstance(oom, dict):
         return "the job ran out of GPU memory and was not recovered: ask for more memory (`#GPUSHARE mem=`)"
+    if doc.get("partial") and not isinstance(peak, (int, float)):
+        node = f" {doc['node']}" if doc.get("node") else ""
+        return ("only the partial record written while the job ran is stored: its full record (peak, energy, exit) "
+                f"is pending delivery from the node{node} to the accounting database; ask again shortly")
     if doc.get("stopped_by"):
         return f"gpushare stopped this job ({doc['stopped_by']}): it grew past its share; ask for its real peak"
     if not isinstance(peak, (int, float)):

@@ -86,25 +86,46 @@ def close_job(env: Mapping[str, str], cfg: AgentSection, client: SlurmClient | N
     if cfg.admin_comment == "yes" and slurm_job is not None:
         annotate(client, job.job, record, slurm_job)
     if cfg.admin_comment == "yes" and client is not None:
-        _store(client, job.job, record)
+        _store(client, job.job, record, cfg.state_dir)
     store.delete(job.job)
     caps_path(cfg.run_dir, job.job).unlink(missing_ok=True)
     return record
 
 
-def _store(client: SlurmClient, job: str, record: dict[str, Any]) -> None:
-    """The run summary into Slurm's accounting database (gpushare.epilog.stored_record); never fatal."""
-    from gpushare.epilog.stored_record import TIMEOUT_S, store
-    from gpushare.slurm.client import SlurmClient as Client
+def _store(client: SlurmClient, job: str, record: dict[str, Any], state_dir: str) -> None:
+    """The run summary into Slurm's accounting database (gpushare.epilog.stored_record); never fatal. Within
+    a few seconds or not at all: a summary the database does not take now is spooled on this node and
+    delivered by the agent's loop or the next Epilog; when this one is stored, older spooled ones follow."""
+    from gpushare.epilog.stored_record import (BUDGET_S, with_timeout, deliver, final_summary, permanent,
+                                               spool, spool_dir, store_summary)
 
     started = time.monotonic()
+    summary, ended_at = final_summary(record), float(record.get("end") or time.time())
     try:  # its own short timeout: an unreachable slurmdbd must not hold the node for the client's default
-        outcome = store(Client(client.conf_path, client.bin_dir, TIMEOUT_S), job, record)
-    except Exception as exc:  # noqa: BLE001 - the node ledger still has the record
-        log.warning("job %s: record not stored in the accounting database: %s", job, str(exc)[-200:])
+        outcome = store_summary(with_timeout(client, BUDGET_S), job, summary, ended_at)
+        result = outcome.result
+    except Exception as exc:  # noqa: BLE001 - the spool and the node ledger still have the record
+        outcome, result = None, str(exc)[-200:]
+    if outcome is not None and permanent(outcome):
+        log.info("job %s: accounting database: %s (%d reads, %d writes, %.3f s)", job, result, outcome.reads,
+                 outcome.writes, time.monotonic() - started)
+    else:
+        try:
+            path = spool(spool_dir(state_dir), job, summary, ended_at)
+            log.warning("job %s: record not stored in the accounting database yet (%s); spooled as %s for "
+                        "delivery when it is reachable", job, result, path)
+        except OSError as exc:
+            log.error("job %s: record not stored in the accounting database (%s) and not spooled (%s); the node "
+                      "ledger keeps it", job, result, exc)
         return
-    log.info("job %s: accounting database: %s (%d reads, %d writes, %.3f s)", job, outcome.result, outcome.reads,
-             outcome.writes, time.monotonic() - started)
+    try:
+        left = BUDGET_S + 2.0 - (time.monotonic() - started)
+        if left > 0.5:
+            delivered, waiting = deliver(with_timeout(client, left), spool_dir(state_dir), budget_s=left)
+            if delivered or waiting:
+                log.info("spooled records: %d delivered, %d still pending", delivered, waiting)
+    except Exception as exc:  # noqa: BLE001 - the agent's loop delivers them later
+        log.warning("spooled records not delivered (%s)", str(exc)[-200:])
 
 
 def _slurm_job(env: Mapping[str, str], cfg: AgentSection, client: SlurmClient | None,

@@ -9,7 +9,8 @@ writer's keys, never overwrites a comment that is not ours, and keeps the text w
 Format (``v`` 1): ``decision`` (shared|exclusive|estimating|explicit|…), ``old``/``new`` (tres_per_node),
 ``est_gib``, ``margin_gib``, ``src``, ``why``, ``detail``, ``array``, ``cfg`` (the controller's gpushare.toml
 sha256, 12 hex digits), ``est_job``, ``held_s``, ``script``,
-``oom`` {n, max, fam, from, to}, ``run`` {node, ttfk_s, energy_j, share_j, peak_gib, exit, caps},
+``oom`` {n, max, fam, from, to}, ``run`` {node, ttfk_s, energy_j, share_j, peak_gib, exit, caps, ``fin``: 1 in
+the node Epilog's final summary},
 ``lanes`` {p_gib, e_gib, own} (a ``#GPUSHARE lanes`` job: its persistent/ephemeral split, docs/agent.md).
 A record of a newer major version than this reader knows is treated as not ours (never rewritten).
 

@@ -47,7 +47,7 @@ def test_store_waits_for_the_end_then_merges_into_the_stored_comment():
     stored = record_format.parse(db.rows[-1][4])
     assert "`" in db.rows[-1][4] and stored["decision"] == "shared" and stored["est_gib"] == 8.0
     assert stored["run"] == {"node": "n1", "ttfk_s": 1.5, "ttfk_src": "kernel", "energy_j": 100.0, "share_j": 50.0,
-                             "peak_gib": 3.0, "exit": 0, "caps": "mps", "cap_gib": 9.0, "gpus": {"0": [3.0, 40.0]}}
+                             "peak_gib": 3.0, "exit": 0, "caps": "mps", "cap_gib": 9.0, "gpus": {"0": [3.0, 40.0]}, "fin": 1}
 
 
 @pytest.mark.parametrize("db, result", [
