@@ -79,6 +79,7 @@ class Accounting:
     password: str = field(default_factory=lambda: secrets.token_hex(12))
     gpu_types: tuple[str, ...] = ()  # typed GPU GRES to account (AllocTRES then names the model: jobstats' MIG advice)
     pids: dict[str, int] = field(default_factory=dict)
+    argvs: dict[str, list[str]] = field(default_factory=dict)  # how each daemon was started (pause/resume)
 
     @property
     def dir(self) -> Path:
@@ -175,6 +176,20 @@ class Accounting:
             if pid is not None:
                 stop_group(pid, term_wait_s=20.0)  # MariaDB flushes its tables
 
+    def pause(self, name: str) -> None:
+        """Stop one daemon (``slurmdbd`` or ``mariadbd``) as a crash or an outage would leave it: fault tests."""
+        pid = self.pids.pop(name, None)
+        if pid is not None:
+            stop_group(pid, term_wait_s=20.0)
+
+    def resume(self, name: str, timeout_s: float = 60.0) -> None:
+        """Start a paused daemon again, as it was started, and wait until it answers."""
+        self._spawn(name, self.argvs[name])
+        if name == "mariadbd":
+            self._wait(lambda: self._sql("SELECT 1", check=False) == 0, timeout_s, "MariaDB did not answer")
+        else:
+            self._wait(self._dbd_up, timeout_s, "slurmdbd did not answer")
+
     def _dbd_up(self) -> bool:
         done = subprocess.run(self.slurm_argv(["sacctmgr", "-n", "-P", "list", "cluster", "format=cluster"]),
                               capture_output=True, text=True, env=dict(self.env), stdin=subprocess.DEVNULL,
@@ -194,7 +209,7 @@ class Accounting:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 env=dict(self.env), start_new_session=True, close_fds=True)
         log.close()
-        self.pids[name] = proc.pid
+        self.pids[name], self.argvs[name] = proc.pid, argv
 
     def _run(self, argv: list[str], what: str, timeout_s: float) -> None:
         done = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=timeout_s)
