@@ -96,11 +96,12 @@ def test_slurm_config_with_withholding(tmp_path, capsys):
     assert "NodeName=g[1-2] Gres=gpu:a100-40gb:2,shard:80 Features=gpushare_open State=UNKNOWN" in out
     assert "NodeName=gpushare-standby-gpu State=FUTURE Features=gpushare_open Gres=gpu:a100-40gb:2,shard:80" in out
     assert "PartitionName=gpu Nodes=g[1-2],gpushare-standby-gpu State=UP" in out
-    lua = (tmp_path / "job_submit.lua").read_text()
+    lua = (tmp_path / "gpushare_submit.lua").read_text()  # the module job_submit.lua loads
     assert 'local SHARED_FEATURE = "gpushare_open"' in lua
     luac = shutil.which("luac5.1")
     if luac:
-        subprocess.run([luac, "-p", str(tmp_path / "job_submit.lua")], check=True)
+        subprocess.run([luac, "-p", str(tmp_path / "job_submit.lua"), str(tmp_path / "gpushare_submit.lua")],
+                       check=True)
 
 
 def test_metrics_served_on_localhost(tmp_path, clock):
@@ -168,15 +169,16 @@ def test_lua_adds_the_feature_only_to_simple_constraints(tmp_path, current, expe
     lua = shutil.which("lua5.1")
     if not lua:
         pytest.skip("lua5.1 not installed")
-    from gpushare.slurm_plugins.slurm_config import render_lua
+    from gpushare.slurm_plugins.slurm_config import render_lua_module
 
     cfg = parse_config({"agent": {"withhold": "feature"}})
-    script = tmp_path / "job_submit.lua"  # the rendered shim, plus a handle on its local function
-    head, _, tail = render_lua(cfg).rpartition("\nreturn slurm.SUCCESS")
-    script.write_text(head + "\nfunction test_add(j) add_shared_feature(j) end\nreturn slurm.SUCCESS" + tail)
+    script = tmp_path / "gpushare_submit.lua"  # the rendered module, plus a handle on its local function
+    head, _, tail = render_lua_module(cfg).rpartition("\nreturn M")
+    script.write_text(head + "\nM.test_add = add_shared_feature\nreturn M" + tail)
     value = "nil" if current is None else json.dumps(current)
     driver = ("slurm = {SUCCESS = 0, log_info = function() end, log_error = function() end}\n"
-              f'dofile("{script}")\nlocal job = {{features = {value}}}\ntest_add(job)\nio.write(job.features or "")\n')
+              f'local M = dofile("{script}")\nlocal job = {{features = {value}}}\nM.test_add(job)\n'
+              'io.write(job.features or "")\n')
     out = subprocess.run([lua, "-"], input=driver, capture_output=True, text=True, check=True)
     assert out.stdout == expected
 
