@@ -118,16 +118,18 @@ def test_profile_failure_after_fallback_names_the_fake_mode_cause(capsys, tmp_pa
 
 
 def test_from_pretrained_llama_with_gqa_autocast_and_checkpointing(capsys, tmp_path):
-    """A Llama-style causal LM (grouped-query attention, rotary embeddings) loaded with from_pretrained from
-    a tiny model generated here (no download), trained under bf16 autocast with gradient checkpointing."""
+    """A Llama-style causal LM (grouped-query attention, rotary embeddings) loaded with
+    ``from_pretrained(device_map="cuda")`` from a tiny model generated here (no download), trained under bf16
+    autocast with gradient checkpointing."""
     transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")  # device_map needs it; transformers 5 then loads in a thread pool
     config = transformers.LlamaConfig(vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                                       num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=256)
     transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "tiny")
     code, doc, err = estimate(capsys, tmp_path, """
         import sys, torch
         from transformers import AutoModelForCausalLM
-        model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32).cuda()
+        model = AutoModelForCausalLM.from_pretrained(sys.argv[1], device_map="cuda", dtype=torch.float32)
         model.gradient_checkpointing_enable()
         model.train()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
