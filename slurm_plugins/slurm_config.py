@@ -74,9 +74,29 @@ def site_hooks(conf_path: str) -> dict[str, str]:
     found = {}
     for key in CHAINED_KEYS:
         value = keys.get(key.lower(), "").strip()
+        if os.path.basename(value).startswith("gpushare-chain-"):
+            value = _chained_site(value)  # our wrapper from an earlier run: the site's program is inside
         if value and "gpushare" not in value and not (key == "MailProg" and value == "/bin/true"):
             found[key] = value
     return found
+
+
+def _chained_site(wrapper: str) -> str:
+    """The site's program named in a chain wrapper written earlier (so a second run keeps it); '' if none."""
+    try:
+        text = Path(wrapper).read_text(errors="replace")
+    except OSError:
+        return ""
+    for line in text.splitlines():
+        if line.startswith("exec "):
+            try:
+                words = shlex.split(line)
+            except ValueError:
+                return ""
+            for flag in ("--site", "--mail"):
+                if flag in words[:-1]:
+                    return words[words.index(flag) + 1]
+    return ""
 
 
 def chain_wrapper(key: str, site: str, hook_dir: str) -> str:

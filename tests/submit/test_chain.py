@@ -84,3 +84,16 @@ def test_no_site_programs_no_wrappers(tmp_path: Path, capsys) -> None:  # type: 
     out, hooks = _install(tmp_path, "ClusterName=t\nMailProg=/bin/true\nTaskProlog=/opt/gpushare/bin/gpushare-task-prolog\n",
                           capsys)
     assert list((tmp_path / "chains").iterdir()) == [] and f"TaskProlog={hooks}/gpushare-task-prolog" in out
+
+
+def test_a_second_run_keeps_the_sites_program_found_in_its_wrapper(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    site = _program(tmp_path / "site-prolog", "exit 0\n")
+    _install(tmp_path, f"TaskProlog={site}\n", capsys)
+    wrapper = tmp_path / "chains" / "gpushare-chain-TaskProlog"
+    (tmp_path / "slurm.conf").write_text(f"TaskProlog={wrapper}\n")  # as the admin pasted it
+    assert gpushare_main(["slurm-config", "--config", str(EXAMPLE), "--hook-dir", str(tmp_path / "hooks"),
+                          "--slurm-version", "22.05", "--slurm-conf", str(tmp_path / "slurm.conf"),
+                          "--install-chains", str(tmp_path / "chains")]) == 0
+    out = capsys.readouterr().out
+    assert f"TaskProlog={wrapper}" in out and f"runs TaskProlog={site}" in out
+    assert f"--site {site} " in wrapper.read_text()
