@@ -14,6 +14,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from gpushare.slurm import record as record_format
+from gpushare.slurm.admin_comment import merge_write
 
 if TYPE_CHECKING:
     from gpushare.slurm.client import SlurmClient
@@ -75,22 +76,15 @@ def annotate(client: SlurmClient, job: str, record: dict[str, Any], slurm_job: J
 
 
 def annotate_fields(client: SlurmClient, job: str, slurm_job: Job | None = None, **fields: Any) -> bool:
-    """Merge ``fields`` into the job's gpushare AdminComment record; True when Slurm took it."""
+    """Merge ``fields`` into the job's gpushare AdminComment record; True when Slurm took it.
+
+    ``slurm_job`` is no longer read for the comment: a copy read earlier may miss a note written since
+    (gpushare/slurm/admin_comment.py reads the comment fresh, merges and verifies)."""
     try:
-        slurm_job = slurm_job if slurm_job is not None else client.job(job)
-    except Exception as exc:  # noqa: BLE001 - Slurm unreachable: the ledger still gets the record
-        log.warning("job %s: Slurm record unavailable (%s); AdminComment not updated", job, exc)
-        return False
-    if slurm_job is None:
-        return False
-    existing = slurm_job.admin_comment or None
-    text = merged_comment(existing, **fields)
-    if text is None:
-        log.info("job %s: AdminComment holds a foreign comment or would overflow; left unchanged", job)
-        return False
-    try:
-        client.update_job(job, admincomment=text)
-    except Exception as exc:  # noqa: BLE001 - a finished job refuses updates (22.05)
+        taken = merge_write(client, job, lambda existing: merged_comment(existing, **fields))
+    except Exception as exc:  # noqa: BLE001 - unreachable, or a finished job refuses updates (22.05)
         log.info("job %s: AdminComment not updated (%s); the record is in the ledger", job, str(exc)[-60:])
         return False
-    return True
+    if not taken:
+        log.info("job %s: AdminComment holds a foreign comment or would overflow; left unchanged", job)
+    return taken

@@ -29,6 +29,7 @@ from typing import Any, Callable
 
 from gpushare.epilog.ledger import Ledger
 from gpushare.epilog.recovery import merge_oom_comment
+from gpushare.slurm.admin_comment import merge_write
 from gpushare.slurm.client import JobGone, SlurmClient, SlurmError, check_job_id
 from gpushare.slurm.gres_request import plain_gres
 from gpushare.slurm.jobs import ENDED_STATES
@@ -97,13 +98,9 @@ def current_comment(client: SlurmClient, job_id: str) -> str | None:
 def apply_comment(client: SlurmClient, job_id: str, oom: dict[str, Any]) -> bool:
     """Merge our ``oom`` entry into the job's record; a refusal or a foreign comment is only logged."""
     try:
-        existing = current_comment(client, job_id)
-        text = merge_oom_comment(existing, oom)
-        if text is None:
+        if not merge_write(client, job_id, lambda existing: merge_oom_comment(existing, oom)):
             log.info("job %s: AdminComment is not ours or would overflow; left unchanged", job_id)
             return False
-        if text != existing:
-            client.update_job(job_id, admincomment=text)
         return True
     except (SlurmError, OSError, ValueError) as exc:
         log.error("job %s: AdminComment not updated: %s", job_id, exc)

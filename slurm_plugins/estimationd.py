@@ -37,7 +37,8 @@ from gpushare.slurm_plugins.estimation_plan import (ESTIMATION_JOB_PREFIX, Actio
 from gpushare.slurm_plugins.environment_replay import (Environment, Unreproducible, find_environment, replay_script,
                                                      shell_word)
 from gpushare.slurm_plugins.script_discovery import NotFound, TrainingCommand, find_training_command
-from gpushare.slurm import record as record_format
+from gpushare.slurm import fields, record as record_format
+from gpushare.slurm.admin_comment import merge_fields, merge_write
 from gpushare.slurm.gres_request import plain_gres
 from gpushare.slurm.jobs import Job
 from gpushare.slurm.client import SlurmClient, SlurmError
@@ -50,9 +51,15 @@ _EXIT_REASONS = {2: "gpu-estimate usage error", 3: "the training script failed u
 _VERSION_RE = re.compile(r"^[0-9A-Za-z.+_-]{1,40}$")
 
 
-OUTPUT_DIR = "/tmp"  # an estimation job's output stays on its CPU node: every host has a /tmp of its own
-OUTPUT_PREFIX = "gpushare-estimate-"
-_OUTPUT_RE = re.compile(r"^/tmp/gpushare-estimate-(\d{1,12}-\d{1,12})\.out$")
+# The estimation job's Slurm output is discarded: its result travels in its Comment, its files live in the
+# wrapper's own ``mktemp -d``. A path in a shared /tmp could be made first by another user's job on the node
+# (a symlink, a FIFO that hangs the job, a world-writable file).
+OUTPUT = "/dev/null"
+# Which held job an estimation job was submitted for, written by root into its AdminComment right after
+# sbatch: users can rename their jobs and set their Comments, never their AdminComment. What adoption and
+# the decoy defence go by (estimation_plan.EstimationJob.made_for).
+IDENTITY_KEY = "est_for"
+_SPOOL_NAME_RE = re.compile(r"[0-9]{1,12}-[0-9]{1,12}", re.ASCII)
 
 
 def cluster_gpu_names(cfg: Config) -> list[str]:
@@ -69,6 +76,7 @@ class EstimationService:
         self.clock = clock
         self._scripts: dict[int, tuple[str, TrainingCommand | Any]] = {}  # job id -> (key, command)
         self._ticks = 0
+        self.skipped_rows = 0  # squeue rows skipped because a field did not parse (fields.Skipped)
 
     # --- reading Slurm ----------------------------------------------------------------------------
     def snapshot(self, discover: bool = True) -> tuple[list[HeldJob], dict[int, EstimationJob], tuple[HeldJob, ...]]:
@@ -78,12 +86,23 @@ class EstimationService:
         held: list[HeldJob] = []
         started: list[HeldJob] = []
         estimations: dict[int, EstimationJob] = {}
+        skipped = fields.Skipped(log)
         for job in jobs:
-            if not job.job_id.isdigit() or job.user_id is None or job.group_id is None:
-                continue
-            name = job.name
-            if name.startswith(ESTIMATION_JOB_PREFIX) and name[len(ESTIMATION_JOB_PREFIX):].isdigit():
-                estimations[int(job.job_id)] = self._estimation(job, int(name[len(ESTIMATION_JOB_PREFIX):]))
+            try:
+                if fields.job_id(job.job_id) is None:
+                    skipped.skip(job.job_id, "job id")
+                    continue
+                if job.user_id is None or job.group_id is None:
+                    continue
+                if job.name.startswith(ESTIMATION_JOB_PREFIX):
+                    for_job = fields.suffix_number(job.name, ESTIMATION_JOB_PREFIX)
+                    if for_job is None:
+                        skipped.skip(job.job_id, "estimation job name")
+                    else:
+                        estimations[int(job.job_id)] = self._estimation(job, for_job)
+                    continue
+            except (ValueError, TypeError, OverflowError) as exc:  # never one row's trouble for the round
+                skipped.skip(job.job_id, f"a field ({exc})")
                 continue
             record = parse_record(job.admin_comment)
             if not record or record.get("decision") != "estimating":
@@ -93,6 +112,7 @@ class EstimationService:
                             HeldJob(int(job.job_id), job.user_id, job.group_id, job.submit_time or 0.0, record))
             elif job.state in ("RUNNING", "CONFIGURING"):  # released by hand: close the record
                 started.append(HeldJob(int(job.job_id), job.user_id, job.group_id, job.submit_time or 0.0, record))
+        self.skipped_rows += skipped.count
         alive = {j.job_id for j in held}
         self._scripts = {k: v for k, v in self._scripts.items() if k in alive}
         return held, estimations, tuple(started)
@@ -123,13 +143,14 @@ class EstimationService:
     def _estimation(self, job: Job, for_job: int) -> EstimationJob:
         # Still completing counts as active on every release (22.05 says COMPLETING, 24.11+ COMPLETED+COMPLETING)
         job_id, uid, state = int(job.job_id), int(job.user_id or 0), "COMPLETING" if job.completing else job.state
-        match = _OUTPUT_RE.match(os.path.normpath(job.std_out)) if job.std_out else None
+        identity = (record_format.parse(job.admin_comment) or {}).get(IDENTITY_KEY)
+        spool_name = identity if isinstance(identity, str) and _SPOOL_NAME_RE.fullmatch(identity) else ""
         outcome: Estimate | str | None = None
         interpreter = None
-        if match and state in ("COMPLETED", "FAILED", "TIMEOUT", "OUT_OF_MEMORY"):
+        if spool_name and state in ("COMPLETED", "FAILED", "TIMEOUT", "OUT_OF_MEMORY"):
             outcome, interpreter = self._outcome(job_id, state, job.comment, for_job)
-        return EstimationJob(job_id, uid, state, for_job, outcome, bool(match), interpreter=interpreter,
-                             spool_name=match.group(1) if match else "")
+        return EstimationJob(job_id, uid, state, for_job, outcome, bool(spool_name), interpreter=interpreter,
+                             spool_name=spool_name)
 
     def _outcome(self, job_id: int, state: str, comment: str,
                  for_job: int = 0) -> tuple[Estimate | str | None, str | None]:
@@ -201,14 +222,13 @@ class EstimationService:
     def _attach(self, job_id: int, est_job: int, record: dict[str, Any]) -> None:
         if record.get("decision") != "estimating":
             return
-        self.client.update_job(job_id, admincomment=_comment(dict(record, est_job=est_job)))
+        merge_write(self.client, job_id, merge_fields(est_job=est_job))
 
     def release(self, action: Release) -> None:
-        fields: dict[str, str] = {"admincomment": _comment(action.record)}
-        if action.tres_per_node:
-            fields["gres"] = plain_gres(action.tres_per_node)
         try:
-            self.client.update_job(action.job_id, **fields)
+            if action.tres_per_node:
+                self.client.update_job(action.job_id, gres=plain_gres(action.tres_per_node))
+            merge_write(self.client, action.job_id, merge_fields(**action.record))
         except SlurmError as exc:  # e.g. it started meanwhile: still never leave it held
             log.warning("job %s: update failed (%s); releasing it as it is", action.job_id, exc)
         if action.outcome != "user":
@@ -228,15 +248,19 @@ class EstimationService:
         command = job.command
         assert isinstance(command, TrainingCommand)
         est = self.cfg.estimation
-        output = f"{OUTPUT_DIR}/{OUTPUT_PREFIX}{job.spool_name}.out"  # the CPU node's own /tmp
         minutes = max(1, math.ceil(est.time_limit_s / 60))
         job_id, _ = self.client.sbatch(
             f"--uid={job.user_id}", f"--gid={job.group_id}", f"--partition={est.partition}",
             f"--job-name={ESTIMATION_JOB_PREFIX}{job.job_id}", f"--cpus-per-task={est.cpus}",
             f"--mem={max(1, parse_size(est.memory) // MiB)}M", f"--time={minutes}", "--export=NONE",
-            f"--chdir={job.work_dir or '/'}", f"--output={output}",
+            f"--chdir={job.work_dir or '/'}", f"--output={OUTPUT}",
             f"--comment=gpushare: GPU memory estimate for job {job.job_id}",
             script=self.wrapper(job, command))
+        try:
+            merge_write(self.client, job_id, merge_fields(**{IDENTITY_KEY: job.spool_name}))
+        except SlurmError:  # unmarked it would never be adopted nor trusted: gone, and the job falls back
+            self.client.run("scancel", str(job_id), check=False)
+            raise
         log.info("job %s: estimation job %s submitted as uid %s", job.job_id, job_id, job.user_id)
         return job_id
 
@@ -300,10 +324,6 @@ def _interpreter_of(document: Any) -> str | None:
         return None
     versions = [v if isinstance(v, str) and _VERSION_RE.match(v) else "?" for v in (version, torch)]
     return f"{path} (Python {versions[0]}, PyTorch {versions[1]})"
-
-
-def _comment(record: dict[str, Any]) -> str:
-    return record_format.render(record) or ""
 
 
 def start_thread(cfg: Config, stop: threading.Event) -> tuple[EstimationService, threading.Thread]:

@@ -20,6 +20,7 @@ class FakeClient:
     def __init__(self, jobs: list[dict] | None = None) -> None:
         self.listing = jobs or []
         self.calls: list[tuple] = []
+        self.comments: dict[int, str] = {}
 
     def jobs(self) -> list[Job]:
         return [job_from_json(j) for j in self.listing]
@@ -34,6 +35,13 @@ class FakeClient:
 
     def update_job(self, job_id, **fields) -> None:
         self.calls.append(("update", job_id, fields))
+        if "admincomment" in fields:
+            self.comments[int(job_id)] = fields["admincomment"]
+
+    def job(self, job_id) -> Job:
+        """Slurm's current record: the listing's, with the AdminComment last written."""
+        found = next((j for j in self.listing if j["job_id"] == int(job_id)), {"job_id": int(job_id)})
+        return job_from_json(dict(found, admin_comment=self.comments.get(int(job_id), found.get("admin_comment", ""))))
 
 
 def service(tmp_path: Path, jobs: list[dict] | None = None, now: float = 1000.0) -> EstimationService:
@@ -48,11 +56,12 @@ def test_submit_runs_as_the_user_with_limits_and_its_output_on_the_node(tmp_path
     job = HeldJob(5, os.getuid(), os.getgid(), 990.0, {"decision": "estimating"}, "/home/ana/run", "k",
                   TrainingCommand("train.py", ("--bs", "4 8"), "python", 2))
     assert svc.submit(job) == 77
-    call = svc.client.calls[-1]  # type: ignore[attr-defined]
+    call, mark = svc.client.calls[-2:]  # type: ignore[attr-defined]
     args, script = call[1:-1], call[-1]
+    assert mark[:2] == ("update", 77) and json.loads(mark[2]["admincomment"][9:])["est_for"] == "5-990"
     assert f"--uid={os.getuid()}" in args and "--partition=cpu" in args and "--export=NONE" in args
     assert "--job-name=gpushare-estimate-5" in args and "--mem=2048M" in args and "--chdir=/home/ana/run" in args
-    assert "--output=/tmp/gpushare-estimate-5-990.out" in args  # the CPU node's own disk: nothing shared
+    assert "--output=/dev/null" in args  # no guessable path in a shared /tmp: the result is in its Comment
     assert not (tmp_path / "spool").exists()  # root makes nothing for the job on the controller
     assert "/opt/est/gpu-estimate --json --no-progress" in script
     assert "--gpu a100-40gb" in script and "train.py --bs '4 8'" in script
@@ -68,14 +77,15 @@ def test_tick_discovers_holds_and_attaches(tmp_path):
     calls = svc.client.calls  # type: ignore[attr-defined]
     assert calls[0][:3] == ("scontrol", "write", "batch_script")
     assert calls[1][0] == "sbatch"
-    update = calls[2]
+    assert calls[2][:2] == ("update", 77)  # root marks its estimation job (est_for) before anything else
+    update = calls[3]
     assert update[:2] == ("update", 5) and json.loads(update[2]["admincomment"][9:])["est_job"] == 77
 
 
 def estimation_job(job_id: int, state: str, comment: str, uid: int | None = None,
-                   output: str = "/tmp/gpushare-estimate-5-990.out") -> dict:
+                   mark: str = 'gpushare:{"v":1,"est_for":"5-990"}') -> dict:
     return {"job_id": job_id, "user_id": os.getuid() if uid is None else uid, "job_state": state,
-            "standard_output": output, "comment": comment}
+            "standard_output": "/dev/null", "admin_comment": mark, "comment": comment}
 
 
 def test_results_are_read_from_the_estimation_jobs_comment_and_checked(tmp_path):
@@ -94,7 +104,7 @@ def test_results_are_read_from_the_estimation_jobs_comment_and_checked(tmp_path)
         assert isinstance(outcome, str) and "no usable result" in outcome, forged
     missing = svc._estimation(job_from_json(estimation_job(77, "COMPLETED", "gpushare: GPU memory estimate")), 5)
     assert "no result reached the controller" in missing.outcome
-    outside = svc._estimation(job_from_json(estimation_job(79, "COMPLETED", good, output="/home/ana/x.out")), 5)
+    outside = svc._estimation(job_from_json(estimation_job(79, "COMPLETED", good, mark="")), 5)
     assert not outside.ours and outside.outcome is None
     failed = svc._estimation(job_from_json(estimation_job(77, "FAILED", render({"v": 1, "exit": 3}))), 5)
     assert failed.outcome == "estimation job 77: the training script failed under gpu-estimate"

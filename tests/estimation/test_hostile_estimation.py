@@ -1,8 +1,12 @@
-"""A forged asynchronous estimate, replayed on a real local Slurm (issue 22, attack 1).
+"""Hostile users against asynchronous estimation, replayed on a real local Slurm.
 
-Another user submits a held decoy that writes a tiny ``result.json``, renames it
-``gpushare-estimate-<victim id>`` with ``scontrol update name=`` while the victim's job waits for its
-estimation, and releases it. The victim must be sized by its own estimation job only.
+- A forged estimate: another user submits a held decoy that writes a tiny ``result.json``, renames it
+  ``gpushare-estimate-<victim id>`` with ``scontrol update name=`` while the victim's job waits for its
+  estimation, and releases it. The victim must be sized by its own estimation job only.
+- A poisoned row: a held job of the attacker's own named ``gpushare-estimate-²`` (a Unicode digit that
+  ``str.isdigit`` accepts and ``int`` rejects) must not stop estimation for everyone, nor the watchdog.
+- A squatted output: FIFOs made first at the estimation job's once-predictable output names in /tmp must
+  not hang or fail the victim's estimation.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import pytest
 from devcluster.local_cluster import LOGIN_TEST_USER, LocalCluster, ensure_login_user, missing_requirements
 from gpushare.slurm.gres_request import plain_gres
 from gpushare.slurm_plugins.decision import parse_record
+from gpushare.slurm_plugins.estimationd import EstimationService
 
 pytestmark = [pytest.mark.slurm, pytest.mark.hostile]
 ATTACKER = "gpushare-attacker"
@@ -94,3 +99,53 @@ def test_a_decoy_renamed_as_the_victims_estimation_does_not_size_it(est_cluster,
     assert final["est_job"] != decoy and (own is None or own.user_id == user.pw_uid), final
     assert final["src"] == "async" and int(plain_gres(final["new"]).split(":")[1]) >= 20, final
     subprocess.run(["scancel", str(victim)], env=est_cluster.env, check=False)
+
+
+def victim_job(cluster: LocalCluster, work: Path, user: pwd.struct_passwd, peak_gib: int) -> int:
+    (work / "train.py").write_text(f"# FAKE_PEAK_GIB={peak_gib}\n")
+    os.chown(work / "train.py", user.pw_uid, user.pw_gid)
+    return int(as_user(cluster, LOGIN_TEST_USER, "sbatch", "--parsable", "--gres=gpu:1", "-D", str(work),
+                       "-o", "/dev/null", script="#!/bin/sh\npython train.py\n"))
+
+
+def wait_estimated(cluster: LocalCluster, job_id: int, timeout_s: float = 60) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while (final := record_of(cluster, job_id)).get("decision") == "estimating":
+        assert time.monotonic() < deadline, f"job {job_id} still held: {final}"
+        time.sleep(0.3)
+    return final
+
+
+def test_a_job_named_with_a_unicode_digit_does_not_stop_estimation(est_cluster, est_root, user, attacker):
+    poison = int(as_user(est_cluster, ATTACKER, "sbatch", "--parsable", "--hold", "-p", "cpu", "--mem=10",
+                         "-D", "/tmp", "-o", "/dev/null", script="#!/bin/sh\ntrue\n").split(";")[0])
+    try:
+        as_user(est_cluster, ATTACKER, "scontrol", "update", f"jobid={poison}", "name=gpushare-estimate-\u00b2")
+        service = EstimationService(est_cluster.config(), est_cluster.client)
+        service.snapshot(discover=False)  # what the watchdog (--release-overdue) reads: the row is skipped
+        assert service.skipped_rows >= 1
+        victim = victim_job(est_cluster, owned_dir(est_root / "poison-victim", user), user, 7)
+        final = wait_estimated(est_cluster, victim)
+        assert final["src"] == "async" and int(plain_gres(final["new"]).split(":")[1]) >= 7, final
+        subprocess.run(["scancel", str(victim)], env=est_cluster.env, check=False)
+    finally:
+        subprocess.run(["scancel", str(poison)], env=est_cluster.env, check=False)
+
+
+def test_fifos_at_the_old_predictable_output_names_do_not_hang_the_estimation(est_cluster, est_root, user,
+                                                                               attacker):
+    work = owned_dir(est_root / "fifo-victim", user)
+    started = int(time.time())
+    victim = victim_job(est_cluster, work, user, 9)
+    # the attacker's job on the CPU node gets there first: the service polls, sbatch and the start take longer
+    fifos = [Path(f"/tmp/gpushare-estimate-{victim}-{started + d}.out") for d in (-1, 0, 1, 2)]
+    for fifo in fifos:
+        os.mkfifo(fifo, 0o666)
+        os.chown(fifo, attacker.pw_uid, attacker.pw_gid)
+    try:
+        final = wait_estimated(est_cluster, victim)
+        assert final["src"] == "async" and int(plain_gres(final["new"]).split(":")[1]) >= 9, final
+        subprocess.run(["scancel", str(victim)], env=est_cluster.env, check=False)
+    finally:
+        for fifo in fifos:
+            fifo.unlink(missing_ok=True)
