@@ -21,11 +21,13 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpushare.errors import GpushareError
+
 MAX_INCLUDE_DEPTH = 8  # Slurm itself nests includes; a loop must end in an error, not a recursion crash
 _INCLUDE = re.compile(r"^\s*include\s+(.+?)\s*$", re.IGNORECASE)
 
 
-class SlurmConfError(ValueError):
+class SlurmConfError(GpushareError, ValueError):
     """slurm.conf could not be read; the message names the file."""
 
 
