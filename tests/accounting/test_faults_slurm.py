@@ -109,7 +109,7 @@ def _check_jobstats(cluster: Any, ids: dict[str, int]) -> None:
         doc = json.loads(done.stdout)
         assert doc["state"] == "COMPLETED" and doc["decision"] == "shared", doc  # the submit shim's key kept
         assert doc["peak_gib"] is not None and doc["energy_j"] is not None and doc["exit_code"] == 0, doc
-        assert not doc["partial"] and "never used its GPU" not in doc["advice"], doc
+        assert not doc["partial"] and "never have used its GPU" not in doc["advice"], doc
         if name == "oom":
             assert doc["runs"] == 2 and doc["oom"]["n"] == 1, doc  # OOM recovery's key kept too
 

@@ -9,6 +9,7 @@ import os
 import stat
 import time
 from pathlib import Path
+from typing import Any
 
 from gpushare.epilog import stored_record
 from gpushare.slurm import record as record_format
@@ -40,7 +41,7 @@ def test_a_refused_sacct_is_retried_within_the_budget():
     db = Database(down=3)
     outcome = stored_record.store_summary(db, "7", SUMMARY, 2_000_000_000.0, wait_s=0.01)
     assert outcome.stored and outcome.reads == 5
-    stored = record_format.parse(db.comment)
+    stored = record_format.parse(db.comment) or {}
     assert stored["run"] == SUMMARY and stored["est_job"] == "12" and stored["decision"] == "shared"
 
 
@@ -62,7 +63,7 @@ def test_spooled_records_wait_root_only_then_are_delivered_once(tmp_path: Path):
     db.down = 0
     assert stored_record.deliver(db, spool) == (1, 0) and not path.exists()
     assert stored_record.deliver(db, spool) == (0, 0) and db.writes == 1
-    stored = record_format.parse(db.comment)
+    stored = record_format.parse(db.comment) or {}
     assert stored["run"] == SUMMARY and stored["est_job"] == "12" and stored["decision"] == "shared"
 
 
@@ -73,3 +74,22 @@ def test_a_garbled_spool_file_is_set_aside_not_retried(tmp_path: Path):
     db = Database()
     assert stored_record.deliver(db, spool) == (1, 0)  # the good one still goes
     assert (spool / "7-1.bad").exists() and not (spool / "7-1.json").exists()
+
+
+def _doc(run: dict[str, Any], state: str = "COMPLETED") -> dict[str, Any]:
+    from gpushare.epilog import jobstats_cli
+
+    text = (record_format.render({"decision": "shared", "run": run}) or "").replace('"', "`")
+    return jobstats_cli.summarise([{"JobIDRaw": "7", "User": "alice", "State": state, "ExitCode": "0:0",
+                                    "Elapsed": "00:01:05", "NodeList": "n1",
+                                    "AllocTRES": "billing=1,cpu=1,gres/shard=9,mem=100M,node=1", "AdminComment": text}])
+
+
+def test_jobstats_calls_the_agents_partial_record_pending_not_an_unused_gpu():
+    partial = _doc({"node": "n1", "ttfk_s": 1.5})  # what the agent wrote while the job ran: no peak, no exit
+    assert partial["partial"] and "pending delivery from the node n1" in partial["advice"]
+    assert "never have used its GPU" not in partial["advice"]
+    running = _doc({"node": "n1", "ttfk_s": 1.5}, state="RUNNING")
+    assert not running["partial"]
+    final = _doc({"node": "n1", "fin": 1})  # the node's final summary with nothing measured: that advice stands
+    assert not final["partial"] and "never have used its GPU" in final["advice"]
