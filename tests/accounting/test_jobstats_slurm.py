@@ -170,7 +170,7 @@ def test_the_owner_reads_each_jobs_summary_and_advice_from_slurm_alone(cluster, 
     text = subprocess.run(cluster.user_argv(cluster.owner.pw_name, [f"{BIN_DIR}/gpushare", "jobstats",
                                                                     str(jobs["shared"])]),
                           capture_output=True, text=True, env=cluster.env, timeout=60).stdout
-    assert "measured peak 2.93 GiB" in text and "Advice: this job peaked at 2.93 GiB" in text
+    assert "used at most 2.93 GiB (33 % of it)" in text and "Advice: this job peaked at 2.93 GiB" in text
 
 
 def test_another_user_cannot_read_them(cluster, jobs):
