@@ -10,7 +10,7 @@ PY := $(VENV)/bin/python
 BASE_PYTHON ?= $(shell [ -x /usr/bin/python3 ] && echo /usr/bin/python3 || echo python3)
 # prometheus: the tests' real Prometheus server (devcluster/prometheus.py) scrapes the node agents;
 # slurmdbd and MariaDB: the tests' accounting database (devcluster/accounting.py).
-DEBS := slurmctld slurmd slurm-client slurmdbd mariadb-server mariadb-client munge lua-socket lua5.1 lua5.3 lua5.4 python3-venv lmod prometheus
+DEBS := slurmctld slurmd slurm-client slurmdbd mariadb-server mariadb-client munge lua-socket lua5.1 lua5.3 lua5.4 python3-venv lmod prometheus gcc libc6-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # Newer Slurm releases the integration tests also run on (devcluster/chroot.py builds their chroots).
 CHROOT_SLURM ?= 24.11 26.05
@@ -18,7 +18,14 @@ SLURM ?=
 
 .PHONY: setup system-packages demo lint check test slurm-chroots python-envs bench clean
 
-setup: system-packages $(VENV)/.installed
+HARDCAP_LIB := build/hardcap/libgpushare-hardcap.so
+setup: system-packages $(VENV)/.installed $(HARDCAP_LIB)
+
+# The hard memory cap shim (gres/hardcap/, docs/isolation.md), built with the system compiler (gcc, libc6-dev in
+# DEBS); the TaskProlog preloads it into shared jobs where [agent] hardcap selects it.
+$(HARDCAP_LIB): gres/hardcap/hardcap.c
+	@mkdir -p $(dir $@)
+	gcc -O2 -Wall -fPIC -shared -o $@ $< -ldl -lpthread
 
 # The packages' maintainer scripts start no service meanwhile (policy-rc.d answers 101 while we install, where
 # the machine has none of its own): the tests start their own daemons, and prometheus's postinst would otherwise

@@ -1,0 +1,421 @@
+/* gpushare hard cap shim: caps a shared job's device memory at its share for every process of the job.
+ *
+ * Loaded with LD_PRELOAD by the TaskProlog into shared jobs. It catches the three ways a program reaches
+ * the CUDA driver: the exported cu* symbols (preload order), dlsym on libcuda (wrapped dlsym), and
+ * cuGetProcAddress/_v2 (wrapped). In each case the wrapper is handed back only when the driver's own
+ * answer is exactly a function we wrap (pointer comparison), so versions and flags we do not know pass.
+ *
+ * The job comes from the kernel's record (/proc/self/cgroup, the job_<id> component slurmstepd creates),
+ * never from SLURM_JOB_ID. The budget comes from a root-owned limits file written by the Prolog:
+ *   <dir>/job_<id>/gpu<ordinal>        "limit_bytes context_bytes\n" (root-owned, not group/world-writable)
+ * and the job's shared usage lives in <dir>/job_<id>/gpu<ordinal>.state (mmap'd, one atomic counter for
+ * all processes, per-process slots so a dead process's charge is swept; registration and sweeps under
+ * flock, which the kernel releases when a holder dies). Anything wrong: one line on stderr, shim passive.
+ *
+ * Charged: cuMemAlloc_v2, cuMemAllocPitch_v2, cuMemAllocAsync (requested size), device-located
+ * cuMemCreate, and a fixed context charge per process. Not charged: managed, host and imported memory.
+ * cuMemGetInfo_v2 reports the slice (never an error of its own). See docs/isolation.md for what escapes. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* The few driver types we need, declared ourselves (checked against cuda.h in tests when available). */
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef void *CUstream;
+typedef unsigned long long CUmemGenericAllocationHandle;
+typedef struct {
+    int type;              /* CUmemAllocationType */
+    int requestedHandleTypes;
+    struct { int type; int id; } location;  /* CUmemLocation: type 1 = device */
+    void *win32HandleMetaData;
+    struct { unsigned char compressionType, gpuDirectRDMACapable; unsigned short usage; unsigned char reserved[4]; } allocFlags;
+} CUmemAllocationProp;
+
+#define CUDA_SUCCESS 0
+#define CUDA_ERROR_OUT_OF_MEMORY 2
+#define CUDA_ERROR_NOT_FOUND 500
+#define CU_MEM_LOCATION_TYPE_DEVICE 1
+#define MAX_DEV 16
+#define SLOTS 256
+#define MAGIC 0x67707368636170ULL /* "gpshcap" */
+
+#ifndef HARDCAP_DIR
+#define HARDCAP_DIR "/run/gpushare/hardcap"
+#endif
+
+struct slot { int32_t pid; int32_t pad; int64_t charged; };
+struct state { uint64_t magic; int64_t used; struct slot slots[SLOTS]; };
+
+struct dev {
+    int tried, active;
+    int64_t limit, ctx_charge;
+    struct state *st;
+    struct slot *mine;
+    int fd;
+};
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static struct dev devs[MAX_DEV];
+static int logged;
+static char job[32];
+static int job_tried;
+
+/* ---- real functions ---- */
+typedef void *(*dlsym_t)(void *, const char *);
+static dlsym_t real_dlsym_fn;
+static void *cuda_handle;
+
+static dlsym_t real_dlsym(void) {
+    if (!real_dlsym_fn) {
+        real_dlsym_fn = (dlsym_t)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
+        if (!real_dlsym_fn) real_dlsym_fn = (dlsym_t)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+    }
+    return real_dlsym_fn;
+}
+
+static void *real(const char *name) {
+    if (!cuda_handle) cuda_handle = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+    if (!cuda_handle) cuda_handle = dlopen("libcuda.so.1", RTLD_LAZY);
+    if (!cuda_handle) return NULL;
+    return real_dlsym()(cuda_handle, name);
+}
+
+#define REAL(T, name) static __typeof__(T) r_##name; if (!r_##name) r_##name = (T)real(#name); if (!r_##name) return CUDA_ERROR_NOT_FOUND
+
+static void say(const char *why) {
+    if (__atomic_exchange_n(&logged, 1, __ATOMIC_SEQ_CST)) return;
+    fprintf(stderr, "gpushare-hardcap: %s; not capping this process\n", why);
+}
+
+static const char *dir(void) {
+#ifdef HARDCAP_TESTING
+    const char *d = getenv("GPUSHARE_HARDCAP_DIR");
+    if (d && *d) return d;
+#endif
+    return HARDCAP_DIR;
+}
+
+static const char *cgroup_file(void) {
+#ifdef HARDCAP_TESTING
+    const char *c = getenv("GPUSHARE_HARDCAP_CGROUP");
+    if (c && *c) return c;
+#endif
+    return "/proc/self/cgroup";
+}
+
+/* job_<digits> from the cgroup path; empty when the process is in no Slurm job cgroup. */
+static void find_job(void) {
+    if (job_tried) return;
+    job_tried = 1;
+    char buf[8192];
+    int fd = open(cgroup_file(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return;
+    buf[n] = 0;
+    for (char *p = buf; (p = strstr(p, "/job_")); p++) {
+        char *q = p + 5;
+        size_t k = 0;
+        while (q[k] >= '0' && q[k] <= '9' && k < sizeof job - 1) k++;
+        if (k && (q[k] == '/' || q[k] == '\n' || q[k] == 0)) { memcpy(job, q, k); job[k] = 0; return; }
+    }
+}
+
+static int alive(int32_t pid) { return pid > 0 && (kill(pid, 0) == 0 || errno != ESRCH); }
+
+/* Under flock: give charges of dead processes back, then take a slot for this process. */
+static struct slot *do_register(struct dev *d) {
+    struct state *st = d->st;
+    struct slot *free_slot = NULL;
+    int32_t me = getpid();
+    for (int i = 0; i < SLOTS; i++) {
+        struct slot *s = &st->slots[i];
+        int32_t pid = __atomic_load_n(&s->pid, __ATOMIC_SEQ_CST);
+        if (pid && pid != me && !alive(pid)) {
+            int64_t c = __atomic_exchange_n(&s->charged, 0, __ATOMIC_SEQ_CST);
+            __atomic_fetch_sub(&st->used, c, __ATOMIC_SEQ_CST);
+            __atomic_store_n(&s->pid, 0, __ATOMIC_SEQ_CST);
+            pid = 0;
+        }
+        if (pid == me) return s;
+        if (!pid && !free_slot) free_slot = s;
+    }
+    if (free_slot) { free_slot->charged = 0; __atomic_store_n(&free_slot->pid, me, __ATOMIC_SEQ_CST); }
+    return free_slot;
+}
+
+static int charge(struct dev *d, int64_t n);
+
+/* Set up the budget of device `ordinal` once per process; returns NULL when not capping. */
+static struct dev *device(int ordinal) {
+    if (ordinal < 0 || ordinal >= MAX_DEV) return NULL;
+    struct dev *d = &devs[ordinal];
+    if (d->tried) return d->active ? d : NULL;
+    pthread_mutex_lock(&mu);
+    if (d->tried) { pthread_mutex_unlock(&mu); return d->active ? d : NULL; }
+    d->tried = 1;
+    find_job();
+    if (!job[0]) { pthread_mutex_unlock(&mu); return NULL; } /* not in a Slurm job: nothing to cap */
+    char path[512], st_path[520];
+    snprintf(path, sizeof path, "%s/job_%s/gpu%d", dir(), job, ordinal);
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    struct stat sb;
+    char buf[128];
+    long long lim = 0, ctx = 0;
+    ssize_t n;
+    if (fd < 0) {
+        if (errno != ENOENT) { snprintf(buf, sizeof buf, "cannot open limits file (%s)", strerror(errno)); say(buf); }
+        goto out;
+    }
+    if (fstat(fd, &sb) || !S_ISREG(sb.st_mode) || sb.st_uid != 0 || (sb.st_mode & 022)) {
+        close(fd); say("limits file not a root-owned regular file writable only by root"); goto out;
+    }
+    n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) { say("limits file empty"); goto out; }
+    buf[n] = 0;
+    if (sscanf(buf, "%lld %lld", &lim, &ctx) < 1 || lim <= 0 || ctx < 0) { say("limits file malformed (want: limit_bytes [context_bytes])"); goto out; }
+    snprintf(st_path, sizeof st_path, "%s.state", path);
+    fd = open(st_path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) { say("cannot open the job's usage file"); goto out; }
+    if (flock(fd, LOCK_EX)) { close(fd); say("cannot lock the job's usage file"); goto out; }
+    if (fstat(fd, &sb) || (sb.st_size < (off_t)sizeof(struct state) && ftruncate(fd, sizeof(struct state)))) {
+        flock(fd, LOCK_UN); close(fd); say("cannot size the job's usage file"); goto out;
+    }
+    d->st = mmap(NULL, sizeof(struct state), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (d->st == MAP_FAILED) { d->st = NULL; flock(fd, LOCK_UN); close(fd); say("cannot map the job's usage file"); goto out; }
+    if (d->st->magic != MAGIC) { memset(d->st, 0, sizeof *d->st); d->st->magic = MAGIC; }
+    d->mine = do_register(d);
+    flock(fd, LOCK_UN);
+    if (!d->mine) { munmap(d->st, sizeof *d->st); close(fd); say("more processes than usage slots"); goto out; }
+    d->fd = fd;
+    d->limit = lim;
+    d->ctx_charge = ctx;
+    d->active = 1;
+    if (ctx && charge(d, ctx)) { /* the context alone does not fit: allocations will fail, as they would */ }
+out:
+    pthread_mutex_unlock(&mu);
+    return d->active ? d : NULL;
+}
+
+/* Reserve n bytes of the job's budget; nonzero when it would exceed the limit. */
+static int charge(struct dev *d, int64_t n) {
+    int64_t cur = __atomic_load_n(&d->st->used, __ATOMIC_SEQ_CST);
+    do {
+        if (cur + n > d->limit) return 1;
+    } while (!__atomic_compare_exchange_n(&d->st->used, &cur, cur + n, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST));
+    __atomic_fetch_add(&d->mine->charged, n, __ATOMIC_SEQ_CST);
+    return 0;
+}
+
+static void uncharge(struct dev *d, int64_t n) {
+    __atomic_fetch_sub(&d->mine->charged, n, __ATOMIC_SEQ_CST);
+    __atomic_fetch_sub(&d->st->used, n, __ATOMIC_SEQ_CST);
+}
+
+/* ---- pointer -> (device, size) table for frees ---- */
+#define TAB (1 << 14)
+struct ent { unsigned long long key; int64_t size; int dev; };
+static struct ent tab[TAB];
+static pthread_mutex_t tabmu = PTHREAD_MUTEX_INITIALIZER;
+
+static void remember(unsigned long long key, int64_t size, int dev) {
+    pthread_mutex_lock(&tabmu);
+    unsigned h = (unsigned)((key >> 9) * 2654435761u) & (TAB - 1);
+    for (int i = 0; i < TAB; i++, h = (h + 1) & (TAB - 1))
+        if (!tab[h].key || tab[h].key == ~0ULL) { tab[h].key = key; tab[h].size = size; tab[h].dev = dev; break; }
+    pthread_mutex_unlock(&tabmu);
+}
+
+static int forget(unsigned long long key, int64_t *size, int *dev) {
+    int found = 0;
+    pthread_mutex_lock(&tabmu);
+    unsigned h = (unsigned)((key >> 9) * 2654435761u) & (TAB - 1);
+    for (int i = 0; i < TAB && tab[h].key; i++, h = (h + 1) & (TAB - 1))
+        if (tab[h].key == key) { *size = tab[h].size; *dev = tab[h].dev; tab[h].key = ~0ULL; found = 1; break; }
+    pthread_mutex_unlock(&tabmu);
+    return found;
+}
+
+static void after_fork_child(void) {
+    /* A child is a new process of the job: its own slot, its own context charge, no inherited pointers. */
+    for (int i = 0; i < MAX_DEV; i++) {
+        if (devs[i].st) munmap(devs[i].st, sizeof(struct state));
+        if (devs[i].active) close(devs[i].fd);
+        memset(&devs[i], 0, sizeof devs[i]);
+    }
+    memset(tab, 0, sizeof tab);
+    pthread_mutex_init(&mu, NULL);
+    pthread_mutex_init(&tabmu, NULL);
+}
+
+__attribute__((constructor)) static void init(void) { pthread_atfork(NULL, NULL, after_fork_child); }
+
+static struct dev *current(int *ordinal) {
+    typedef CUresult (*f_t)(CUdevice *);
+    static f_t f;
+    if (!f) f = (f_t)real("cuCtxGetDevice");
+    CUdevice dv = 0;
+    if (!f || f(&dv) != CUDA_SUCCESS) dv = 0;
+    *ordinal = dv;
+    return device(dv);
+}
+
+/* ---- wrappers ---- */
+CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes) {
+    REAL(CUresult (*)(CUdeviceptr *, size_t), cuMemAlloc_v2);
+    int o;
+    struct dev *d = current(&o);
+    if (!d) return r_cuMemAlloc_v2(dptr, bytes);
+    if (charge(d, (int64_t)bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = r_cuMemAlloc_v2(dptr, bytes);
+    if (r != CUDA_SUCCESS) uncharge(d, (int64_t)bytes);
+    else remember(*dptr, (int64_t)bytes, o);
+    return r;
+}
+
+CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w, size_t h, unsigned elem) {
+    REAL(CUresult (*)(CUdeviceptr *, size_t *, size_t, size_t, unsigned), cuMemAllocPitch_v2);
+    int o;
+    struct dev *d = current(&o);
+    if (!d) return r_cuMemAllocPitch_v2(dptr, pitch, w, h, elem);
+    int64_t est = (int64_t)((w + 511) & ~(size_t)511) * (int64_t)h; /* pitch is known only afterwards */
+    if (charge(d, est)) return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = r_cuMemAllocPitch_v2(dptr, pitch, w, h, elem);
+    if (r != CUDA_SUCCESS) { uncharge(d, est); return r; }
+    int64_t real_size = (int64_t)*pitch * (int64_t)h;
+    if (real_size > est) {
+        if (charge(d, real_size - est)) {
+            typedef CUresult (*fr_t)(CUdeviceptr);
+            fr_t fr = (fr_t)real("cuMemFree_v2");
+            if (fr) fr(*dptr);
+            uncharge(d, est);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    } else if (real_size < est) uncharge(d, est - real_size);
+    remember(*dptr, real_size, o);
+    return r;
+}
+
+CUresult cuMemFree_v2(CUdeviceptr p) {
+    REAL(CUresult (*)(CUdeviceptr), cuMemFree_v2);
+    CUresult r = r_cuMemFree_v2(p);
+    int64_t sz; int o;
+    if (r == CUDA_SUCCESS && p && forget(p, &sz, &o) && devs[o].active) uncharge(&devs[o], sz);
+    return r;
+}
+
+CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytes, CUstream s) {
+    REAL(CUresult (*)(CUdeviceptr *, size_t, CUstream), cuMemAllocAsync);
+    int o;
+    struct dev *d = current(&o);
+    if (!d) return r_cuMemAllocAsync(dptr, bytes, s);
+    if (charge(d, (int64_t)bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = r_cuMemAllocAsync(dptr, bytes, s);
+    if (r != CUDA_SUCCESS) uncharge(d, (int64_t)bytes);
+    else remember(*dptr, (int64_t)bytes, o);
+    return r;
+}
+
+CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) {
+    REAL(CUresult (*)(CUdeviceptr, CUstream), cuMemFreeAsync);
+    CUresult r = r_cuMemFreeAsync(p, s);
+    int64_t sz; int o;
+    if (r == CUDA_SUCCESS && p && forget(p, &sz, &o) && devs[o].active) uncharge(&devs[o], sz);
+    return r;
+}
+
+CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t bytes, const CUmemAllocationProp *prop, unsigned long long flags) {
+    REAL(CUresult (*)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long), cuMemCreate);
+    if (!prop || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE) return r_cuMemCreate(h, bytes, prop, flags);
+    int o = prop->location.id;
+    struct dev *d = device(o);
+    if (!d) return r_cuMemCreate(h, bytes, prop, flags);
+    if (charge(d, (int64_t)bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = r_cuMemCreate(h, bytes, prop, flags);
+    if (r != CUDA_SUCCESS) uncharge(d, (int64_t)bytes);
+    else remember(*h, (int64_t)bytes, o);
+    return r;
+}
+
+CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
+    REAL(CUresult (*)(CUmemGenericAllocationHandle), cuMemRelease);
+    CUresult r = r_cuMemRelease(h);
+    int64_t sz; int o;
+    if (r == CUDA_SUCCESS && forget(h, &sz, &o) && devs[o].active) uncharge(&devs[o], sz);
+    return r;
+}
+
+CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total_b) {
+    REAL(CUresult (*)(size_t *, size_t *), cuMemGetInfo_v2);
+    CUresult r = r_cuMemGetInfo_v2(free_b, total_b);
+    int o;
+    struct dev *d;
+    if (r != CUDA_SUCCESS || !(d = current(&o))) return r;
+    int64_t used = __atomic_load_n(&d->st->used, __ATOMIC_SEQ_CST);
+    int64_t left = d->limit - used;
+    if (left < 0) left = 0;
+    if (free_b && (int64_t)*free_b > left) *free_b = (size_t)left;
+    if (total_b && (int64_t)*total_b > d->limit) *total_b = (size_t)d->limit;
+    return r;
+}
+
+/* ---- the two indirect ways in ---- */
+struct wrap { const char *name; void *fn; void *real; };
+CUresult cuGetProcAddress(const char *, void **, int, unsigned long long);
+CUresult cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *);
+static struct wrap wraps[] = {
+    {"cuMemAlloc_v2", (void *)cuMemAlloc_v2, 0}, {"cuMemAllocPitch_v2", (void *)cuMemAllocPitch_v2, 0},
+    {"cuMemFree_v2", (void *)cuMemFree_v2, 0}, {"cuMemAllocAsync", (void *)cuMemAllocAsync, 0},
+    {"cuMemFreeAsync", (void *)cuMemFreeAsync, 0}, {"cuMemCreate", (void *)cuMemCreate, 0},
+    {"cuMemRelease", (void *)cuMemRelease, 0}, {"cuMemGetInfo_v2", (void *)cuMemGetInfo_v2, 0},
+    {"cuGetProcAddress", (void *)cuGetProcAddress, 0}, {"cuGetProcAddress_v2", (void *)cuGetProcAddress_v2, 0},
+};
+#define NWRAPS (sizeof wraps / sizeof wraps[0])
+
+/* The wrapper when p is exactly the driver's own entry point of a function we wrap, else p itself. */
+static void *swap(void *p) {
+    if (!p) return p;
+    for (size_t i = 0; i < NWRAPS; i++) {
+        if (!wraps[i].real) wraps[i].real = real(wraps[i].name);
+        if (wraps[i].real == p) return wraps[i].fn;
+    }
+    return p;
+}
+
+CUresult cuGetProcAddress(const char *sym, void **pfn, int ver, unsigned long long flags) {
+    REAL(CUresult (*)(const char *, void **, int, unsigned long long), cuGetProcAddress);
+    CUresult r = r_cuGetProcAddress(sym, pfn, ver, flags);
+    if (r == CUDA_SUCCESS && pfn) *pfn = swap(*pfn);
+    return r;
+}
+
+CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver, unsigned long long flags, int *status) {
+    REAL(CUresult (*)(const char *, void **, int, unsigned long long, int *), cuGetProcAddress_v2);
+    CUresult r = r_cuGetProcAddress_v2(sym, pfn, ver, flags, status);
+    if (r == CUDA_SUCCESS && pfn) *pfn = swap(*pfn);
+    return r;
+}
+
+void *dlsym(void *handle, const char *name) {
+    dlsym_t rd = real_dlsym();
+    if (!rd) return NULL;
+    
+    void *p = rd(handle, name);
+    if (!p || name[0] != 'c' || name[1] != 'u') return p;
+    return swap(p);
+}

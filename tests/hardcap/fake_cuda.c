@@ -1,0 +1,94 @@
+/* A stand-in libcuda.so.1 for the hard cap tests: its device memory is a shared file of FAKE_CUDA_TOTAL
+ * bytes (FAKE_CUDA_MEM), so every process of a test sees the same device and the fake itself runs out. */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+typedef int CUresult;
+struct devmem { int64_t total, used; };
+static struct devmem *mem;
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static struct { unsigned long long p; long long n; } live[4096];
+static unsigned long long next_ptr;
+
+static struct devmem *device(void) {
+    if (mem) return mem;
+    const char *path = getenv("FAKE_CUDA_MEM");
+    int fd = open(path ? path : "/dev/null", O_RDWR | O_CREAT, 0666);
+    if (fd < 0 || ftruncate(fd, sizeof *mem)) return NULL;
+    mem = mmap(NULL, sizeof *mem, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (mem == MAP_FAILED) { mem = NULL; return NULL; }
+    if (!mem->total) mem->total = atoll(getenv("FAKE_CUDA_TOTAL") ? getenv("FAKE_CUDA_TOTAL") : "1073741824");
+    return mem;
+}
+
+CUresult cuInit(unsigned flags) { (void)flags; return device() ? 0 : 100; }
+CUresult cuCtxGetDevice(int *d) { *d = 0; return 0; }
+
+CUresult cuMemAlloc_v2(unsigned long long *dptr, size_t n) {
+    struct devmem *m = device();
+    if (!m) return 3;
+    int64_t cur = __atomic_load_n(&m->used, __ATOMIC_SEQ_CST);
+    do { if (cur + (int64_t)n > m->total) return 2; }
+    while (!__atomic_compare_exchange_n(&m->used, &cur, cur + n, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST));
+    const char *slp = getenv("FAKE_CUDA_ALLOC_SLEEP_MS");
+    if (slp) usleep(atoi(slp) * 1000);
+    pthread_mutex_lock(&mu);
+    if (!next_ptr) next_ptr = ((unsigned long long)getpid() << 32) | 0x1000;
+    *dptr = next_ptr;
+    next_ptr += (n + 0xfff) & ~0xfffULL;
+    if (next_ptr == *dptr) next_ptr += 0x1000;
+    for (int i = 0; i < 4096; i++) if (!live[i].p) { live[i].p = *dptr; live[i].n = n; break; }
+    pthread_mutex_unlock(&mu);
+    return 0;
+}
+
+CUresult cuMemAllocPitch_v2(unsigned long long *dptr, size_t *pitch, size_t w, size_t h, unsigned e) {
+    (void)e;
+    *pitch = (w + 511) & ~(size_t)511;
+    return cuMemAlloc_v2(dptr, *pitch * h);
+}
+
+CUresult cuMemFree_v2(unsigned long long p) {
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < 4096; i++) if (live[i].p == p) {
+        __atomic_fetch_sub(&mem->used, live[i].n, __ATOMIC_SEQ_CST);
+        live[i].p = 0; pthread_mutex_unlock(&mu); return 0;
+    }
+    pthread_mutex_unlock(&mu);
+    return 1;
+}
+
+CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total_b) {
+    struct devmem *m = device();
+    if (!m) return 3;
+    *total_b = m->total;
+    *free_b = m->total - __atomic_load_n(&m->used, __ATOMIC_SEQ_CST);
+    return 0;
+}
+
+static const struct { const char *name; void *fn; } table[] = {
+    {"cuMemAlloc", (void *)cuMemAlloc_v2}, {"cuMemAllocPitch", (void *)cuMemAllocPitch_v2},
+    {"cuMemFree", (void *)cuMemFree_v2}, {"cuMemGetInfo", (void *)cuMemGetInfo_v2},
+    {"cuInit", (void *)cuInit}, {"cuCtxGetDevice", (void *)cuCtxGetDevice},
+};
+
+/* Like the driver: base names, the _v2 entry point for a new enough cudaVersion. */
+CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver, unsigned long long flags, int *status) {
+    (void)ver; (void)flags;
+    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
+        if (!strcmp(sym, table[i].name)) { *pfn = table[i].fn; if (status) *status = 0; return 0; }
+    *pfn = NULL;
+    if (status) *status = 1;
+    return 500;
+}
+
+CUresult cuGetProcAddress(const char *sym, void **pfn, int ver, unsigned long long flags) {
+    return cuGetProcAddress_v2(sym, pfn, ver, flags, NULL);
+}
