@@ -259,10 +259,15 @@ class Ledger:
                      os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
+            start = os.lseek(fd, 0, os.SEEK_END)
             view = memoryview(line)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
+            try:
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            except OSError:  # a full disk: take back a torn line so the next one starts clean
+                os.ftruncate(fd, start)
+                raise
         finally:
             os.close(fd)
 
@@ -271,4 +276,12 @@ class Ledger:
             text = (self.dir / "history.jsonl").read_text(encoding="utf-8")
         except FileNotFoundError:
             return []
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
+        found = []
+        for line in text.splitlines():
+            try:  # a line torn by a crash mid-write is skipped, never read as an event
+                event = json.loads(line) if line.strip() else None
+            except ValueError:
+                continue
+            if isinstance(event, dict):
+                found.append(event)
+        return found

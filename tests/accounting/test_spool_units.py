@@ -93,3 +93,35 @@ def test_jobstats_calls_the_agents_partial_record_pending_not_an_unused_gpu():
     assert not running["partial"]
     final = _doc({"node": "n1", "fin": 1})  # the node's final summary with nothing measured: that advice stands
     assert not final["partial"] and "never have used its GPU" in final["advice"]
+
+
+def test_a_torn_history_line_is_skipped_and_a_full_disk_takes_its_line_back(tmp_path: Path):
+    import errno
+    import subprocess
+
+    import pytest
+
+    from gpushare.epilog.ledger import Ledger
+
+    ledger = Ledger(tmp_path)
+    ledger.ensure()
+    ledger.append_history({"job": "1", "event": "record"})
+    with open(tmp_path / "history.jsonl", "a") as handle:
+        handle.write('{"job": "2", "ev')  # a crash mid-write
+    assert [h["job"] for h in ledger.history()] == ["1"]
+    if os.geteuid() != 0:
+        pytest.skip("a full filesystem needs root (tmpfs)")
+    full = tmp_path / "full"
+    full.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8k", "tmpfs", str(full)]).returncode != 0:
+        pytest.skip("tmpfs cannot be mounted here")
+    try:
+        small = Ledger(full)
+        small.ensure()
+        small.append_history({"job": "1", "event": "record"})
+        with pytest.raises(OSError) as raised:
+            small.append_history({"job": "2", "event": "record", "pad": "x" * 16384})
+        assert raised.value.errno == errno.ENOSPC
+        assert (full / "history.jsonl").read_text().count("\n") == 1 and [h["job"] for h in small.history()] == ["1"]
+    finally:
+        subprocess.run(["umount", "-l", str(full)])
