@@ -6,15 +6,21 @@ AdminComment. A writer that merged into a copy read earlier once overwrote a not
 before it. So every write here starts from the comment as Slurm has it now (never a caller's snapshot),
 merges only its own keys (gpushare/slurm/record.py keeps everyone else's), and after writing reads the
 comment back: if a concurrent writer replaced it and our keys are gone, it merges again over theirs.
-Within one process writes are serialized; across hosts the re-read narrows the window to one
-read-write-read round trip per attempt.
+Writers on one host (agent, Epilog, recovery; the estimation service on the controller) are serialized by
+a lock file in a directory only their user can write (``LOCK_DIR``, made 0700 on first use; a directory
+anyone else could write is not used); across hosts the read-back narrows a race to one round trip per
+attempt, and the controller writes held jobs while the node writers write running ones.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
+import os
 import threading
 import time
+from collections.abc import Iterator
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +32,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("gpushare.slurm.admin_comment")
 ATTEMPTS = 4
 _LOCK = threading.Lock()  # the agent writes from several threads: one read-merge-write at a time
+LOCK_DIR = "/run/gpushare"
+LOCK_WAIT_S = 5.0  # a writer stuck longer than this is not waited for (fail open: the read-back remains)
 
 Merge = Callable[[str | None], str | None]
 
@@ -42,7 +50,7 @@ def merge_write(client: SlurmClient, job_id: str | int, merge: Merge, attempts: 
     ``merge(existing)`` returns the new comment, or None when the comment is someone else's or would
     overflow (left alone, False). It must be idempotent (merging into its own result changes nothing):
     that is how the read-back tells whether our keys survived. Slurm errors propagate to the caller."""
-    with _LOCK:
+    with _LOCK, _host_lock():
         for attempt in range(attempts):
             job = client.job(job_id)
             if job is None:
@@ -62,3 +70,32 @@ def merge_write(client: SlurmClient, job_id: str | int, merge: Merge, attempts: 
             sleep(0.05 * (attempt + 1))
     log.warning("job %s: AdminComment kept changing; our keys may be missing", job_id)
     return False
+
+
+@contextlib.contextmanager
+def _host_lock(directory: str = LOCK_DIR) -> Iterator[None]:
+    """Serialize read-merge-write with the other writers on this host; without a private lock dir, no lock."""
+    fd = -1
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        info = os.stat(directory, follow_symlinks=False)
+        if info.st_uid == os.geteuid() and not info.st_mode & 0o022:
+            fd = os.open(os.path.join(directory, "admin-comment.lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        log.debug("no AdminComment lock in %s: %s", directory, exc)
+    try:
+        if fd >= 0:
+            deadline = time.monotonic() + LOCK_WAIT_S
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        log.warning("AdminComment lock busy for %.0f s; writing without it", LOCK_WAIT_S)
+                        break
+                    time.sleep(0.01)
+        yield
+    finally:
+        if fd >= 0:
+            os.close(fd)
