@@ -248,6 +248,10 @@ class AgentSection:
     framework_caps: str = _opt("yes", _one_of("yes", "no"),
                                "time-sliced shared jobs also get PYTORCH_CUDA_ALLOC_CONF per_process_memory_fraction "
                                "and JAX's XLA_PYTHON_CLIENT_MEM_FRACTION, merged with the user's own settings")
+    hardcap: str = _opt("off", _one_of("off", "shim", "driver", "auto"),
+                        "hard per-job device memory cap for every CUDA program of a shared job (docs/isolation.md): "
+                        "off; shim (the preloaded gres/hardcap library); driver (per-cgroup driver limits); auto "
+                        "(driver where offered, else the shim). Shipped off: the Prolog/TaskProlog path is not wired yet")
     backstop: str = _opt("stop", _one_of("stop", "record", "none"),
                          "a shared job over its cap + tolerance past the grace period: stop it, only record it, "
                          "or nothing")
