@@ -16,7 +16,8 @@ jobs are all gone is cancelled.
 Whose estimate counts: only the estimation job root submitted for the held job. Its id is written into the
 held job's root-only record when root submits it; the one exception, an estimation job submitted just
 before the service was killed and not yet recorded, is adopted only when it belongs to the held job's user
-and writes into the spool directory root made for that very job (``<held id>-<submit time>``). The job
+and carries the mark root writes into its AdminComment for that very job (``est_for: <held id>-<submit
+time>``; estimationd.submit). The job
 name (``gpushare-estimate-<id>``) only says which jobs to look at: any user can give any of their jobs that
 name with ``scontrol update name=``, so it is never evidence (docs/security.md).
 """
@@ -55,7 +56,7 @@ class HeldJob:
 
     @property
     def spool_name(self) -> str:
-        """The name of the spool directory root creates for this job's estimation (estimationd.submit)."""
+        """The mark root writes into this job's estimation job's AdminComment (estimationd.submit)."""
         return f"{self.job_id}-{int(self.submit_time)}"
 
     @property
@@ -73,13 +74,13 @@ class EstimationJob:
     state: str
     for_job: int  # the held job its name claims it serves (a hint: users can rename their jobs)
     outcome: Estimate | str | None = None  # the estimate, or why there is none
-    ours: bool = True  # its output lies in our spool directory (a user may name a job like ours)
-    spool_name: str = ""  # the spool directory its output goes to (``<held id>-<submit time>``)
+    ours: bool = True  # root marked it in its AdminComment (a user may name a job like ours, not mark it)
+    spool_name: str = ""  # root's mark: ``<held id>-<submit time>`` of the job it was submitted for
     interpreter: str | None = None  # "PATH (Python X, PyTorch Y)" the capture ran under, from its result
 
     def made_for(self, job: HeldJob) -> bool:
-        """Whether this is the estimation job root submitted for ``job``: its user's, writing into the
-        directory root made for that job. What a user cannot forge by renaming a job of their own."""
+        """Whether this is the estimation job root submitted for ``job``: its user's, carrying root's mark
+        for that job. What a user cannot forge by renaming a job of their own."""
         return self.ours and self.user_id == job.user_id and self.spool_name == job.spool_name
 
 
@@ -258,7 +259,7 @@ def _async_fields(job: HeldJob, now: float) -> dict[str, Any]:
 def finish(job: HeldJob, est: EstimationJob, now: float, cfg: Config) -> Release:
     """The estimation ended: size the job from its estimate, or fall back with the reason.
 
-    The id came from the job's root-written record; its owner and output are checked again all the same
+    The id came from the job's root-written record; its owner and root's mark are checked again all the same
     (defence in depth): only the held job's own user's estimate, from our spool, sizes it."""
     if not est.ours or est.user_id != job.user_id:
         return fallback(job, f"estimation job {est.job_id} is not this job's (uid {est.user_id})", now, cfg)
