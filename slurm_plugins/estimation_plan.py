@@ -260,7 +260,7 @@ def finish(job: HeldJob, est: EstimationJob, now: float, cfg: Config) -> Release
     """The estimation ended: size the job from its estimate, or fall back with the reason.
 
     The id came from the job's root-written record; its owner and root's mark are checked again all the same
-    (defence in depth): only the held job's own user's estimate, from our spool, sizes it."""
+    (defence in depth): only the held job's own user's estimate, carrying root's mark, sizes it."""
     if not est.ours or est.user_id != job.user_id:
         return fallback(job, f"estimation job {est.job_id} is not this job's (uid {est.user_id})", now, cfg)
     if not isinstance(est.outcome, Estimate):

@@ -12,7 +12,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-_ITEM_RE = re.compile(r"^(gres[:/])?([A-Za-z][\w.-]{0,63})(?::([\w.+-]{1,64}))?(?::(\d{1,9}))?$")
+_ITEM_RE = re.compile(r"^(gres[:/])?([A-Za-z][\w.-]{0,63})(?::([\w.+-]{1,64}))?(?::(\d{1,9}))?$",
+                      re.ASCII)  # ASCII only: '²' passes str.isdigit and fails int()
 
 
 @dataclass(frozen=True)

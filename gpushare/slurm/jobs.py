@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-_JOB_ID_RE = re.compile(r"^\d{1,10}(_\d{1,10})?$")
+_JOB_ID_RE = re.compile(r"^[0-9]{1,10}(_[0-9]{1,10})?$", re.ASCII)  # never Unicode digits
 # "Key=Value" pairs of `scontrol show job -o`.
 _PAIR_RE = re.compile(r"(?:^|\s)([A-Z][A-Za-z0-9_:/]*)=")
 
@@ -147,7 +147,7 @@ def number(value: Any) -> int | float | None:
         if not value.get("set", True) or value.get("infinite"):
             return None
         return number(value.get("number"))
-    if isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip()):
+    if isinstance(value, str) and re.fullmatch(r"-?[0-9]+", value.strip(), re.ASCII):
         return int(value)
     return None
 

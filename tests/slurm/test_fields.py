@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from gpushare.slurm import fields
 from gpushare.slurm.admin_comment import merge_fields, merge_write
+from gpushare.slurm.gres_request import parse_gres
 from gpushare.slurm.jobs import Job
 from gpushare.slurm import record
 
@@ -37,6 +38,17 @@ def test_array_ids_and_partitions_never_raise(text):
     assert fields.partition(text) in (None, text)
     assert fields.array_job_id("123_[1-5%2]") == 123 and fields.array_job_id("7_4") == 7
     assert fields.array_job_id("7_*") == 7 and fields.array_job_id("٧_4") is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(["gpu:", "gres:gpu:", "shard:", "gpu:a100:"]), hostile_text)
+def test_gres_requests_parse_or_say_what_is_wrong(head, tail):
+    try:
+        items = parse_gres(head + tail)
+    except ValueError as exc:  # one clear refusal, never another exception
+        assert "GRES" in str(exc) or "invalid" in str(exc)
+        return
+    assert all(item.count >= 0 and (item.type is None or item.type.isascii()) for item in items)
 
 
 def test_skipped_rows_are_counted_and_logged_once(caplog):
