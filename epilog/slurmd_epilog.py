@@ -80,9 +80,13 @@ def close_job(env: Mapping[str, str], cfg: AgentSection, client: SlurmClient | N
     record["exit_signal"] = slurm_job.exit_signal if slurm_job else None
     state = slurm_job.state if slurm_job else ""
     record["state"] = state if state.replace("_", "").isalpha() else None
-    RecordLedger(cfg.records_dir).put(record)
-    log.info("job %s: record written (ttfk %s s, energy %s)", job.job, record["ttfk_s"],
-             {g: v.get("energy_j") for g, v in record["gpus"].items()})
+    try:  # a full or broken records disk must not keep the record from Slurm's copies below
+        RecordLedger(cfg.records_dir).put(record)
+        log.info("job %s: record written (ttfk %s s, energy %s)", job.job, record["ttfk_s"],
+                 {g: v.get("energy_j") for g, v in record["gpus"].items()})
+    except OSError as exc:  # the atomic write left no partial file behind (gpushare.atomic)
+        log.error("job %s: record not written to the node ledger %s (%s); the AdminComment and the accounting "
+                  "database still get it", job.job, cfg.records_dir, exc.strerror or exc)
     if cfg.admin_comment == "yes" and slurm_job is not None:
         annotate(client, job.job, record, slurm_job)
     if cfg.admin_comment == "yes" and client is not None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import tempfile
 import time
@@ -137,3 +138,41 @@ def test_mariadb_down_as_jobs_end_loses_no_record(cluster):
     for job in ids.values():
         _delivered_once(cluster, job)
     assert converged < 60, converged
+
+
+def test_a_full_records_disk_fails_open_and_recovers(cluster):
+    """The node's records directory on a full filesystem (a 64 KiB tmpfs, filled): the Epilog still ends the
+    job cleanly and its record still reaches the database; the failed write leaves no file behind; once space
+    returns the next job's record is in the node ledger again."""
+    from gpushare.epilog.records import RecordLedger
+
+    records = Path(cluster.agent_cfg().records_dir)
+    records.mkdir(parents=True, exist_ok=True)
+    before = set(records.rglob("*"))
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0755", "tmpfs", str(records)], check=True)
+    out = Path(tempfile.mkdtemp(prefix="gpushare-faults-out-"))
+    out.chmod(0o777)
+    try:
+        filler = records / "filler"
+        fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            while os.write(fd, b"\0" * 4096):
+                pass
+        except OSError:  # ENOSPC: the filesystem is full
+            pass
+        finally:
+            os.close(fd)
+        full = _submit(cluster, out, "--mem-mib 2000 --seconds 2")
+        cluster.wait_for(lambda: _stored(cluster, full), 120, f"job {full}'s record not in the database")
+        assert _final(cluster, full)
+        assert [p for p in records.rglob("*") if p.is_file() and p.stat().st_size] == [filler]  # nothing torn
+        log = (cluster.base / "log" / "agent.log").read_text(errors="replace")
+        assert log.count(f"job {full}: record not written to the node ledger") == 1
+        assert "drain" not in cluster.client.run("sinfo", "-h", "-o", "%T").lower()
+        filler.unlink()  # space returns
+        later = _submit(cluster, out, "--mem-mib 1000 --seconds 2")
+        cluster.wait_for(lambda: _stored(cluster, later), 120, f"job {later}'s record not in the database")
+        cluster.wait_for(lambda: bool(RecordLedger(records).get(str(later))), 10, "no ledger record after space returned")
+    finally:
+        subprocess.run(["umount", "-l", str(records)], check=False)
+    assert set(records.rglob("*")) == before
