@@ -258,8 +258,9 @@ class SimCluster:
         t = self.clock()
         procs = list(self._procs[gpu].values())
         act = tl.activity(procs, gpu, t)
-        point = (t, self.used_bytes(gpu), float(act["smact"]), float(act["smocc"]), float(act["drama"]),
-                 float(tl.power_at(self._power[gpu], procs, t)))
+        power = self._power[gpu]  # tl.power_at's formula on the activity just aggregated (not aggregated twice)
+        watts = power["idle_power_w"] + (power["max_power_w"] - power["idle_power_w"]) * act["smact"]
+        point = (t, self.used_bytes(gpu), float(act["smact"]), float(act["smocc"]), float(act["drama"]), float(watts))
         sim_gpu = self.gpus[gpu]
         sim_gpu.version += 1
         if sim_gpu.history and sim_gpu.history[-1][0] == t:
