@@ -1,0 +1,43 @@
+"""The hard cap shim over the real CUDA driver: skipped where no GPU answers cuInit (CI has none).
+
+A 2 GiB share with a 300 MiB context charge: 256 MiB blocks stop at 1536 MiB with CUDA_ERROR_OUT_OF_MEMORY
+and cuMemGetInfo reports the slice, whether the program reached the driver by dlsym or cuGetProcAddress_v2;
+the same program without the shim gets all 16 GiB it asks for."""
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.hardcap
+
+HERE = Path(__file__).parent
+
+
+def _gpu() -> bool:
+    try:
+        return ctypes.CDLL("libcuda.so.1").cuInit(0) == 0
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not shutil.which("gcc") or os.geteuid() != 0 or not _gpu(), reason="needs gcc, root and a GPU")
+@pytest.mark.parametrize("way", ["dlsym", "procaddr"])
+def test_real_driver_is_capped_at_the_share(tmp_path: Path, way: str) -> None:
+    subprocess.run(["gcc", "-O2", "-DHARDCAP_TESTING", "-fPIC", "-shared", "-o", str(tmp_path / "shim.so"),
+                    str(HERE.parents[1] / "gres/hardcap/hardcap.c"), "-ldl", "-lpthread"], check=True)
+    subprocess.run(["gcc", "-O2", "-o", str(tmp_path / "real"), str(HERE / "real_driver.c"), "-ldl"], check=True)
+    (tmp_path / "lim/job_9").mkdir(parents=True)
+    (tmp_path / "lim/job_9/gpu0").write_text(f"{2048 << 20} {300 << 20}\n")
+    os.chmod(tmp_path / "lim/job_9/gpu0", 0o644)
+    (tmp_path / "cg").write_text("0::/system.slice/slurmstepd.scope/job_9/step_0\n")
+    env = dict(os.environ, GPUSHARE_HARDCAP_DIR=str(tmp_path / "lim"), GPUSHARE_HARDCAP_CGROUP=str(tmp_path / "cg"))
+    plain = subprocess.run([str(tmp_path / "real"), way], env=env, capture_output=True, text=True, timeout=120).stdout
+    assert f"{way} allocated 16384 MiB result 0" in plain
+    capped = subprocess.run([str(tmp_path / "real"), way], env=dict(env, LD_PRELOAD=str(tmp_path / "shim.so")),
+                            capture_output=True, text=True, timeout=120).stdout
+    assert f"{way} allocated 1536 MiB result 2" in capped and "total 2048 MiB info 0" in capped
