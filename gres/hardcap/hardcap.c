@@ -81,17 +81,23 @@ static void *cuda_handle;
 static dlsym_t real_dlsym(void) {
     if (!real_dlsym_fn) {
         real_dlsym_fn = (dlsym_t)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
-        if (!real_dlsym_fn) real_dlsym_fn = (dlsym_t)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+        if (!real_dlsym_fn) real_dlsym_fn = (dlsym_t)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5"); /* x86_64 */
+        if (!real_dlsym_fn) real_dlsym_fn = (dlsym_t)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.17");  /* aarch64 */
     }
     return real_dlsym_fn;
 }
 
-static void *real(const char *name) {
+/* The driver's own entry point. `load`: open the driver if the process has not (a wrapper was called, so
+ * the program wants it); without it (dlsym of some cu* name) only a driver already loaded is asked, so a
+ * process that never uses the driver never loads it on our account. */
+static void *real_from(const char *name, int load) {
     if (!cuda_handle) cuda_handle = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
-    if (!cuda_handle) cuda_handle = dlopen("libcuda.so.1", RTLD_LAZY);
+    if (!cuda_handle && load) cuda_handle = dlopen("libcuda.so.1", RTLD_LAZY);
     if (!cuda_handle) return NULL;
     return real_dlsym()(cuda_handle, name);
 }
+
+static void *real(const char *name) { return real_from(name, 1); }
 
 #define REAL(T, name) static __typeof__(T) r_##name; if (!r_##name) r_##name = (T)real(#name); if (!r_##name) return CUDA_ERROR_NOT_FOUND
 
@@ -391,7 +397,7 @@ static struct wrap wraps[] = {
 static void *swap(void *p) {
     if (!p) return p;
     for (size_t i = 0; i < NWRAPS; i++) {
-        if (!wraps[i].real) wraps[i].real = real(wraps[i].name);
+        if (!wraps[i].real) wraps[i].real = real_from(wraps[i].name, 0);
         if (wraps[i].real == p) return wraps[i].fn;
     }
     return p;

@@ -186,3 +186,11 @@ def test_bad_limits_file_leaves_the_shim_passive_with_one_line(built: Path, env:
     assert parse(out.stdout)["allocated"] == 500000
     lines = [ln for ln in out.stderr.splitlines() if ln.startswith("gpushare-hardcap:")]
     assert len(lines) == 1 and "not capping" in lines[0], out.stderr
+
+
+def test_shim_never_loads_the_driver_into_a_process_that_does_not(built: Path, env: dict[str, str]) -> None:
+    script = ("import ctypes\n"
+              "try:\n    ctypes.CDLL(None).cuMemAlloc_v2\nexcept AttributeError:\n    pass\n"
+              "print('libcuda' in open('/proc/self/maps').read())\n")
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=30)
+    assert out.stdout.strip() == "False", out.stderr
