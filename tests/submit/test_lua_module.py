@@ -12,7 +12,7 @@ import pytest
 
 from gpushare.config import parse_config
 from gpushare.slurm_plugins.slurm_config import render_lua_module, site_lua_lines
-from tests.submit.test_lua_versions import LUA_VERSIONS, lua_interpreter, service  # noqa: F401 (fixture)
+from tests.submit.test_lua_versions import SLURM_PRELUDE, LUA_VERSIONS, lua_interpreter, service  # noqa: F401 (fixture)
 
 SITE = """-- a site's job_submit.lua: its own account rule around ours
 {load}
@@ -26,20 +26,10 @@ function slurm_job_modify(job_desc, job_rec, part_list, modify_uid) return slurm
 return slurm.SUCCESS
 """
 
-DRIVER = r"""
-local logs = {}
-local function logger(level)
-  return function(fmt, ...) table.insert(logs, level .. ": " .. string.format(fmt, ...)) end
-end
-slurm = {SUCCESS = 0, FAILURE = -1, ERROR = -1, log_error = logger("error"), log_info = logger("info"),
-  log_verbose = logger("verbose"), log_debug = logger("debug"), log_user = logger("user")}
-assert(dofile(arg[1]) == slurm.SUCCESS)
+DRIVER = SLURM_PRELUDE + r"""
 local function run(label, fields)
   logs = {}
-  local store = {}
-  for k, v in pairs(fields) do store[k] = v end
-  local job = setmetatable({}, {__index = function(_, k) return store[k] end,
-                                __newindex = function(_, k, v) store[k] = v end})
+  local job, store = descriptor(fields)
   local rc = slurm_job_submit(job, {}, 1000.0)
   print(label .. "|" .. tostring(rc) .. "|" .. tostring(store.tres_per_node) .. "|" .. tostring(store.account)
         .. "|" .. table.concat(logs, " ; "))

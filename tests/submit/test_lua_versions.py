@@ -25,8 +25,10 @@ from gpushare.slurm_plugins.slurm_config import render_lua
 
 LUA_VERSIONS = ("5.1", "5.3", "5.4")
 
-DRIVER = r"""
-local logs = {}
+#: What job_submit/lua gives a script: the ``slurm`` table (logs collected in ``logs``), then the script run
+#: once (it must return slurm.SUCCESS), and ``descriptor(fields)``: a job descriptor behind metamethods.
+SLURM_PRELUDE = r"""
+logs = {}
 local function logger(level)
   return function(fmt, ...) table.insert(logs, level .. ": " .. string.format(fmt, ...)) end
 end
@@ -36,13 +38,15 @@ slurm = {SUCCESS = 0, FAILURE = -1, ERROR = -1, log_error = logger("error"), log
 local loaded = dofile(arg[1])
 assert(loaded == slurm.SUCCESS, "the script must return slurm.SUCCESS")
 
--- the plugin's job descriptor: reads and writes go through metamethods
-local function descriptor(fields)
+function descriptor(fields)
   local store = {}
   for k, v in pairs(fields) do store[k] = v end
   return setmetatable({}, {__index = function(_, k) return store[k] end,
                            __newindex = function(_, k, v) store[k] = v end}), store
 end
+"""
+
+DRIVER = SLURM_PRELUDE + r"""
 
 local function run(label, fields, uid)
   logs = {}
