@@ -117,7 +117,7 @@ def _store(client: SlurmClient, job: str, record: dict[str, Any], state_dir: str
         try:
             path = spool(spool_dir(state_dir), job, summary, ended_at)
             log.warning("job %s: record not stored in the accounting database yet (%s); spooled as %s for "
-                        "delivery when it is reachable", job, result, path)
+                        "delivery when it is reachable (%.3f s)", job, result, path, time.monotonic() - started)
         except OSError as exc:
             log.error("job %s: record not stored in the accounting database (%s) and not spooled (%s); the node "
                       "ledger keeps it", job, result, exc)
