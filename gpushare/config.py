@@ -251,7 +251,11 @@ class AgentSection:
     hardcap: str = _opt("off", _one_of("off", "shim", "driver", "auto"),
                         "hard per-job device memory cap for every CUDA program of a shared job (docs/isolation.md): "
                         "off; shim (the preloaded gres/hardcap library); driver (per-cgroup driver limits); auto "
-                        "(driver where offered, else the shim). Shipped off: the Prolog/TaskProlog path is not wired yet")
+                        "(driver where offered, else the shim). Shipped off: not yet proven under real Slurm")
+    hardcap_library: str = _opt("/usr/local/lib/gpushare/libgpushare-hardcap.so",
+                                lambda v: None if str(v).startswith("/") else "must be an absolute path",
+                                "the hard cap shim the TaskProlog preloads (make setup builds build/hardcap/"
+                                "libgpushare-hardcap.so: copy it here on every GPU node)")
     backstop: str = _opt("stop", _one_of("stop", "record", "none"),
                          "a shared job over its cap + tolerance past the grace period: stop it, only record it, "
                          "or nothing")

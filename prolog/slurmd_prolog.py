@@ -75,6 +75,11 @@ def register(env: Mapping[str, str], cfg: AgentSection, client: SlurmClient | No
     except Exception as exc:  # noqa: BLE001 - agent down or refusing: register locally
         log.warning("job %s: agent unavailable (%s); registering from the Prolog", job.job, exc)
         exports = _register_locally(facts, cfg, backend)
+    if cfg.hardcap != "off":
+        from gpushare.prolog.hardcap import apply
+
+        if apply(job.job, job.uid, len(job.gpus), exports, cfg.hardcap):
+            exports["GPUSHARE_HARDCAP"] = "1"  # read (not exported) by the TaskProlog: preload the shim
     write_caps(cfg.run_dir, job.job, exports)
     log.info("job %s registered on GPUs %s: %s", job.job, job.gpus, exports.get("GPUSHARE_CAPS_MODE"))
     return exports

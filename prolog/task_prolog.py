@@ -12,6 +12,9 @@ caps, merged here because only this hook sees the user's environment: ``PYTORCH_
 JAX's ``XLA_PYTHON_CLIENT_MEM_FRACTION`` / ``XLA_PYTHON_CLIENT_PREALLOCATE=false``
 (``gpushare.agent.framework_caps``).
 
+A job the Prolog wrote hard cap limits for (``GPUSHARE_HARDCAP=1``, ``[agent] hardcap``;
+``gpushare.prolog.hardcap``) gets ``LD_PRELOAD`` with the shim first and the user's own entries after it.
+
 A lane job (``GPUSHARE_LANES=1``, docs/agent.md *Lanes*) gets ``PYTHONPATH`` with the package's
 ``lane_site`` directory first and the user's own entries after it (merged, never replaced).
 """
@@ -30,7 +33,7 @@ _JOB_RE = re.compile(r"^\d{1,10}$")
 _PATH_RE = re.compile(r"^[A-Za-z0-9_./:+@-]{1,4096}$")  # PYTHONPATH: paths may be longer than other values
 
 
-def exports(env: Mapping[str, str], run_dir: str) -> list[str]:
+def exports(env: Mapping[str, str], run_dir: str, hardcap_library: str = "") -> list[str]:
     """The ``export`` lines for this task's job (empty when it has no caps file)."""
     from gpushare.agent.caps import EXPORTABLE
     from gpushare.prolog.slurmd_prolog import CAPS_VERSION, caps_path
@@ -53,6 +56,10 @@ def exports(env: Mapping[str, str], run_dir: str) -> list[str]:
         lines += framework_lines(env, values.get("GPUSHARE_MEMORY_FRACTION"))
     if values.get("GPUSHARE_LANES") == "1":
         lines += lane_lines(env)
+    if values.get("GPUSHARE_HARDCAP") == "1" and hardcap_library:
+        from gpushare.prolog.hardcap import preload_line
+
+        lines += preload_line(env, hardcap_library)
     return lines
 
 
@@ -99,7 +106,8 @@ def main(argv: list[str] | None = None, out: TextIO = sys.stdout) -> int:
     try:
         from gpushare.config import load_config
 
-        lines = exports(os.environ, load_config().agent.run_dir)
+        agent = load_config().agent
+        lines = exports(os.environ, agent.run_dir, agent.hardcap_library)
         if lines:
             out.write("\n".join(lines) + "\n")
             out.flush()
