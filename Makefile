@@ -23,7 +23,7 @@ setup: system-packages $(VENV)/.installed $(HARDCAP_LIB)
 
 # The hard memory cap shim (gres/hardcap/, docs/isolation.md), built with the system compiler (gcc, libc6-dev in
 # DEBS); the TaskProlog preloads it into shared jobs where [agent] hardcap selects it.
-$(HARDCAP_LIB): gres/hardcap/hardcap.c
+$(HARDCAP_LIB): gres/hardcap/hardcap.c gres/hardcap/cuda_types.h
 	@mkdir -p $(dir $@)
 	gcc -O2 -Wall -fPIC -shared -o $@ $< -ldl -lpthread
 

@@ -30,24 +30,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* The few driver types we need, declared ourselves (checked against cuda.h in tests when available). */
-typedef int CUresult;
-typedef int CUdevice;
-typedef unsigned long long CUdeviceptr;
-typedef void *CUstream;
-typedef unsigned long long CUmemGenericAllocationHandle;
-typedef struct {
-    int type;              /* CUmemAllocationType */
-    int requestedHandleTypes;
-    struct { int type; int id; } location;  /* CUmemLocation: type 1 = device */
-    void *win32HandleMetaData;
-    struct { unsigned char compressionType, gpuDirectRDMACapable; unsigned short usage; unsigned char reserved[4]; } allocFlags;
-} CUmemAllocationProp;
+#include "cuda_types.h"
 
-#define CUDA_SUCCESS 0
-#define CUDA_ERROR_OUT_OF_MEMORY 2
-#define CUDA_ERROR_NOT_FOUND 500
-#define CU_MEM_LOCATION_TYPE_DEVICE 1
 #define MAX_DEV 16
 #define SLOTS 256
 #define MAGIC 0x67707368636170ULL /* "gpshcap" */
