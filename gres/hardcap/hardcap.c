@@ -329,6 +329,28 @@ CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) {
     return r;
 }
 
+/* The per-thread-default-stream entry points (what cuGetProcAddress hands a program built with
+ * --default-stream per-thread): charged the same way. */
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUstream s) {
+    REAL(CUresult (*)(CUdeviceptr *, size_t, CUstream), cuMemAllocAsync_ptsz);
+    int o;
+    struct dev *d = current(&o);
+    if (!d) return r_cuMemAllocAsync_ptsz(dptr, bytes, s);
+    if (charge(d, (int64_t)bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = r_cuMemAllocAsync_ptsz(dptr, bytes, s);
+    if (r != CUDA_SUCCESS) uncharge(d, (int64_t)bytes);
+    else remember(*dptr, (int64_t)bytes, o);
+    return r;
+}
+
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) {
+    REAL(CUresult (*)(CUdeviceptr, CUstream), cuMemFreeAsync_ptsz);
+    CUresult r = r_cuMemFreeAsync_ptsz(p, s);
+    int64_t sz; int o;
+    if (r == CUDA_SUCCESS && p && forget(p, &sz, &o) && devs[o].active) uncharge(&devs[o], sz);
+    return r;
+}
+
 CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t bytes, const CUmemAllocationProp *prop, unsigned long long flags) {
     REAL(CUresult (*)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long), cuMemCreate);
     if (!prop || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE) return r_cuMemCreate(h, bytes, prop, flags);
@@ -372,6 +394,7 @@ static struct wrap wraps[] = {
     {"cuMemAlloc_v2", (void *)cuMemAlloc_v2, 0}, {"cuMemAllocPitch_v2", (void *)cuMemAllocPitch_v2, 0},
     {"cuMemFree_v2", (void *)cuMemFree_v2, 0}, {"cuMemAllocAsync", (void *)cuMemAllocAsync, 0},
     {"cuMemFreeAsync", (void *)cuMemFreeAsync, 0}, {"cuMemCreate", (void *)cuMemCreate, 0},
+    {"cuMemAllocAsync_ptsz", (void *)cuMemAllocAsync_ptsz, 0}, {"cuMemFreeAsync_ptsz", (void *)cuMemFreeAsync_ptsz, 0},
     {"cuMemRelease", (void *)cuMemRelease, 0}, {"cuMemGetInfo_v2", (void *)cuMemGetInfo_v2, 0},
     {"cuGetProcAddress", (void *)cuGetProcAddress, 0}, {"cuGetProcAddress_v2", (void *)cuGetProcAddress_v2, 0},
 };

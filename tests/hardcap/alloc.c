@@ -25,6 +25,26 @@ int main(int argc, char **argv) {
     alloc = cuMemAlloc_v2;
     info = cuMemGetInfo_v2;
 #endif
+    if (!strncmp(argv[1], "async", 5)) {  /* async: cuMemAllocAsync; async_ptsz: its per-thread-stream entry */
+        void *h = dlopen("libcuda.so.1", RTLD_NOW);
+        gpa_t gpa = h ? (gpa_t)dlsym(h, "cuGetProcAddress_v2") : NULL;
+        int st;
+        int (*aa)(unsigned long long *, size_t, void *) = NULL;
+        if (!gpa || gpa("cuMemAllocAsync", (void **)&aa, 12000, strcmp(argv[1], "async") ? 2 : 0, &st) ||
+            gpa("cuMemGetInfo", (void **)&info, 12000, 0, &st))
+            return 66;
+        long long total = 0;
+        int r = 0;
+        for (long i = 0; i < count; i++) {
+            unsigned long long p;
+            if ((r = aa(&p, chunk, NULL))) break;
+            total += chunk;
+        }
+        size_t f = 0, t = 0;
+        int ri = info(&f, &t);
+        printf("allocated %lld result %d free %zu total %zu info %d\n", total, r, f, t, ri);
+        return 0;
+    }
     if (!strcmp(argv[1], "dlopen") || !strcmp(argv[1], "procaddr")) {
         void *h = dlopen("libcuda.so.1", RTLD_NOW);
         if (!h) { fprintf(stderr, "no driver\n"); return 65; }

@@ -31,7 +31,9 @@ static struct devmem *device(void) {
 CUresult cuInit(unsigned flags) { (void)flags; return device() ? 0 : 100; }
 CUresult cuCtxGetDevice(int *d) { *d = 0; return 0; }
 
-CUresult cuMemAlloc_v2(unsigned long long *dptr, size_t n) {
+/* Internal calls go to these static functions, never to an exported name a preloaded shim interposes
+ * (the real driver binds its internal calls the same way). */
+static CUresult fake_alloc(unsigned long long *dptr, size_t n) {
     struct devmem *m = device();
     if (!m) return 3;
     int64_t cur = __atomic_load_n(&m->used, __ATOMIC_SEQ_CST);
@@ -49,13 +51,15 @@ CUresult cuMemAlloc_v2(unsigned long long *dptr, size_t n) {
     return 0;
 }
 
+CUresult cuMemAlloc_v2(unsigned long long *dptr, size_t n) { return fake_alloc(dptr, n); }
+
 CUresult cuMemAllocPitch_v2(unsigned long long *dptr, size_t *pitch, size_t w, size_t h, unsigned e) {
     (void)e;
     *pitch = (w + 511) & ~(size_t)511;
-    return cuMemAlloc_v2(dptr, *pitch * h);
+    return fake_alloc(dptr, *pitch * h);
 }
 
-CUresult cuMemFree_v2(unsigned long long p) {
+static CUresult fake_free(unsigned long long p) {
     pthread_mutex_lock(&mu);
     for (int i = 0; i < 4096; i++) if (live[i].p == p) {
         __atomic_fetch_sub(&mem->used, live[i].n, __ATOMIC_SEQ_CST);
@@ -64,6 +68,12 @@ CUresult cuMemFree_v2(unsigned long long p) {
     pthread_mutex_unlock(&mu);
     return 1;
 }
+
+CUresult cuMemFree_v2(unsigned long long p) { return fake_free(p); }
+CUresult cuMemAllocAsync(unsigned long long *dptr, size_t n, void *stream) { (void)stream; return fake_alloc(dptr, n); }
+CUresult cuMemAllocAsync_ptsz(unsigned long long *dptr, size_t n, void *stream) { (void)stream; return fake_alloc(dptr, n); }
+CUresult cuMemFreeAsync(unsigned long long p, void *stream) { (void)stream; return fake_free(p); }
+CUresult cuMemFreeAsync_ptsz(unsigned long long p, void *stream) { (void)stream; return fake_free(p); }
 
 CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total_b) {
     struct devmem *m = device();
@@ -77,11 +87,16 @@ static const struct { const char *name; void *fn; } table[] = {
     {"cuMemAlloc", (void *)cuMemAlloc_v2}, {"cuMemAllocPitch", (void *)cuMemAllocPitch_v2},
     {"cuMemFree", (void *)cuMemFree_v2}, {"cuMemGetInfo", (void *)cuMemGetInfo_v2},
     {"cuInit", (void *)cuInit}, {"cuCtxGetDevice", (void *)cuCtxGetDevice},
+    {"cuMemAllocAsync", (void *)cuMemAllocAsync}, {"cuMemFreeAsync", (void *)cuMemFreeAsync},
 };
 
 /* Like the driver: base names, the _v2 entry point for a new enough cudaVersion. */
 CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver, unsigned long long flags, int *status) {
-    (void)ver; (void)flags;
+    (void)ver;
+    if (flags & 2) { /* CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM */
+        if (!strcmp(sym, "cuMemAllocAsync")) { *pfn = (void *)cuMemAllocAsync_ptsz; return 0; }
+        if (!strcmp(sym, "cuMemFreeAsync")) { *pfn = (void *)cuMemFreeAsync_ptsz; return 0; }
+    }
     for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
         if (!strcmp(sym, table[i].name)) { *pfn = table[i].fn; if (status) *status = 0; return 0; }
     *pfn = NULL;

@@ -76,7 +76,7 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="limits files must be 
 
 
 @needs_root
-@pytest.mark.parametrize("way", ["linked", "dlopen", "procaddr"])
+@pytest.mark.parametrize("way", ["linked", "dlopen", "procaddr", "async", "async_ptsz"])
 def test_every_way_to_the_driver_is_capped_at_the_share(built: Path, env: dict[str, str], way: str) -> None:
     got = parse(run_alloc(built, env, way, 10000, 100).stdout)
     assert got["allocated"] == 90000 and got["result"] == 2  # 100000 less the context charge: OUT_OF_MEMORY
