@@ -56,6 +56,7 @@ TIMEOUT_S = 10.0  # per sacct/sacctmgr call: slurmdbd unreachable must not hold 
 BUDGET_S = 5.0  # the whole store in the Epilog, retries included; what is not stored by then is spooled
 MAX_WAIT_S = 1.0  # the longest pause between two tries (jittered backoff from WAIT_S)
 SPOOL = "pending-records"  # under the agent's state_dir
+DELIVER_BUDGET_S = 30.0  # one delivery round run by the agent (main)
 SPOOL_MAX_BYTES = 64 * 1024
 _PERMANENT = ("no accounting database", "the newest run in the database is a later one",
               "the stored AdminComment is not ours")
@@ -283,7 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bin-dir")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    delivered, waiting = deliver(Client(args.slurm_conf, args.bin_dir, TIMEOUT_S), spool_dir(args.state_dir))
+    # off the Epilog's path: a longer budget than an Epilog's, so a backlog drains in few rounds
+    delivered, waiting = deliver(Client(args.slurm_conf, args.bin_dir, TIMEOUT_S), spool_dir(args.state_dir),
+                                 budget_s=DELIVER_BUDGET_S)
     if delivered or waiting:
         log.info("%d delivered, %d still pending", delivered, waiting)
     return 3 if waiting else 0
