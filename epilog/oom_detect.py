@@ -236,6 +236,56 @@ def append_note(path: str, text: str, uid: int | None, gid: int | None, timeout_
     as_job_user(path, uid, gid, write, 0, timeout_s)
 
 
+def kept_name(path: str, restarts: int) -> str:
+    """Where run ``restarts`` (0 = the first) of a requeued job keeps its log: beside it, never replaced."""
+    return f"{path}.oom-run{restarts}"
+
+
+def keep_log(path: str, restarts: int, uid: int | None, gid: int | None, timeout_s: float = 10.0) -> str:
+    """Move the job's log aside before its requeue, as the job's user, and return the new name.
+
+    Why: slurmstepd truncates the output file when a requeued job starts again (unless the job or the site
+    chose append), so the failed run's output and our note about it would be gone. A hard link then an unlink,
+    never a rename: ``link`` refuses an existing target (nothing of the user's is replaced) and does not
+    follow a symbolic link at ``path``; a file that is no regular file is left alone."""
+    target = kept_name(path, restarts)
+
+    def move() -> bytes:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            raise TailError(f"{path}: not a regular file")
+        os.link(path, target, follow_symlinks=False)
+        os.unlink(path)
+        return b""
+
+    as_job_user(path, uid, gid, move, 0, timeout_s)
+    return target
+
+
+def restore_log(path: str, restarts: int, uid: int | None, gid: int | None, timeout_s: float = 10.0) -> None:
+    """Undo :func:`keep_log` when the requeue did not happen (the job will not start again)."""
+    kept = kept_name(path, restarts)
+
+    def back() -> bytes:
+        os.link(kept, path, follow_symlinks=False)
+        os.unlink(kept)
+        return b""
+
+    as_job_user(kept, uid, gid, back, 0, timeout_s)
+
+
+def move_logs(paths: Iterable[str], step: str, restarts: int, uid: int | None, gid: int | None,
+              timeout_s: float = 10.0) -> int:
+    """:func:`keep_log` (``step`` "keep") or :func:`restore_log` each of a job's logs; how many moved. A log
+    that does not exist (never written, /dev/null, or another step's) is skipped; any other failure raises."""
+    moved = 0
+    for path in paths:
+        if not os.path.lexists(path if step == "keep" else kept_name(path, restarts)):
+            continue
+        (keep_log if step == "keep" else restore_log)(path, restarts, uid, gid, timeout_s)
+        moved += 1
+    return moved
+
+
 def as_job_user(path: str, uid: int | None, gid: int | None, work: Callable[[], bytes], max_bytes: int,
                 timeout_s: float) -> bytes:
     """Run ``work`` (file access on a job-supplied path) with the job owner's credentials.

@@ -26,7 +26,8 @@ from gpushare.epilog.corroborate import collateral_evidence, corroborate
 from gpushare.epilog.executor import execute, finish, resume_unfinished, spawn_finisher
 from gpushare.epilog.ledger import FINAL_STATES, Ledger
 from gpushare.epilog import task_epilog
-from gpushare.epilog.oom_detect import OomVerdict, append_note, classify, compile_patterns, read_tail
+from gpushare.epilog.oom_detect import (OomVerdict, append_note, classify, compile_patterns, kept_name, move_logs,
+                                       read_tail)
 from gpushare.slurm_plugins.protocol import ask
 from gpushare.epilog.learn import learn_from_oom
 from gpushare.epilog.recovery import RECOVERABLE_STATES, Action, JobFacts, decide, whole_gpu_shards
@@ -195,8 +196,12 @@ def _handle_heavy(job_id: str, env: Mapping[str, str], client: SlurmClient, cfg:
             log.warning("job %s: %s; matched: %s", job.job_id, action.reason, verdict.message)
             if resume_later is not None:  # if this run dies part-way, a detached process finishes it
                 resume_later(RESUME_DELAY_S)
+            kept = _logs(job, cfg, "keep")  # before the rerun can start: it would truncate them
             outcome = execute(entry, client, ledger, finish_later)
-            _tell_user(job, action.user_message if outcome.startswith("requeue") else "", cfg)
+            if outcome.startswith("requeue"):
+                _tell_user(job, action.user_message, cfg, run=job.restarts if kept else None)
+            elif kept:
+                _logs(job, cfg, "restore")
             return outcome
         if entry.get("state") in FINAL_STATES:
             return f"already handled: {entry.get('state')}"
@@ -254,21 +259,41 @@ def _entry(job: JobFacts, verdict: OomVerdict, action: Action) -> dict[str, Any]
             "steps": []}
 
 
-def _tell_user(job: JobFacts, message: str, cfg: Config) -> None:
-    """The note into the job's log as its user: here when we are root, else through gpushare-submitd, the
-    controller's root service (slurm_plugins/job_notes.py), since SlurmUser cannot write the user's files."""
+def _tell_user(job: JobFacts, message: str, cfg: Config, run: int | None = None) -> None:
+    """The note into the job's log (``run``: the log kept aside for that run) as the job's user: here when we
+    are root, else through gpushare-submitd, the controller's root service (slurm_plugins/job_notes.py),
+    since SlurmUser cannot write the user's files."""
     if not message or not job.log_paths:
         return
     try:
         if os.geteuid() == 0:
-            append_note(job.log_paths[0], message, job.uid, job.gid, cfg.oom.read_timeout_s)
+            path = job.log_paths[0] if run is None else kept_name(job.log_paths[0], run)
+            append_note(path, message, job.uid, job.gid, cfg.oom.read_timeout_s)
             return
-        reply = ask(cfg.submit.socket, {"op": "note", "job_id": job.job_id, "message": message},
-                    timeout_s=cfg.oom.read_timeout_s)
+        request = {"op": "note", "job_id": job.job_id, "message": message, **({} if run is None else {"run": run})}
+        reply = ask(cfg.submit.socket, request, timeout_s=cfg.oom.read_timeout_s)
         if reply.get("user_msg") != "written":
             log.info("job %s: note not added to the job log: %s", job.job_id, reply.get("user_msg", "no answer"))
     except OSError as exc:  # TailError included; a note is never worth failing the hook
         log.info("job %s: could not add a note to the job log: %s", job.job_id, exc)
+
+
+def _logs(job: JobFacts, cfg: Config, step: str) -> bool:
+    """Move the job's logs aside before its requeue (``keep``) or back (``restore``); True when done.
+    Best effort: a log that cannot be moved is only truncated by the rerun, as without us."""
+    if not job.log_paths:
+        return False
+    try:
+        if os.geteuid() == 0:
+            return move_logs(job.log_paths, step, job.restarts, job.uid, job.gid, cfg.oom.read_timeout_s) > 0
+        reply = ask(cfg.submit.socket, {"op": "note", "job_id": job.job_id, "run": job.restarts, "step": step},
+                    timeout_s=cfg.oom.read_timeout_s)
+        if reply.get("user_msg") in ("kept", "restored"):
+            return True
+        log.info("job %s: logs not moved (%s): %s", job.job_id, step, reply.get("user_msg", "no answer"))
+    except OSError as exc:
+        log.info("job %s: logs not moved (%s): %s", job.job_id, step, exc)
+    return False
 
 
 def _client(cfg: Config) -> SlurmClient:

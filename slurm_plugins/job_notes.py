@@ -5,8 +5,10 @@ file of the job's user, yet the user must read in their own log that the job was
 after a GPU out-of-memory, or why it stays failed. gpushare-submitd runs as root on the same host and
 already answers slurmctld's account on its socket: the hook asks it (``op = "note"``), and it appends the
 line as the job's user (never as root: gpushare.epilog.oom_detect.append_note forks and drops to the
-owner), to the log Slurm's own record names. The request carries only the job id and the text; the owner
-and the path come from Slurm, so even a trusted caller cannot point the write elsewhere.
+owner), to the log Slurm's own record names. Before an OOM requeue it also moves the failed run's logs
+aside (``<log>.oom-run<N>``), which slurmstepd would otherwise truncate when the job starts again. The
+request carries only the job id, a restart count and the text; the owner and the paths come from Slurm, so
+even a trusted caller cannot point the write elsewhere.
 """
 
 from __future__ import annotations
@@ -15,26 +17,42 @@ import re
 from typing import Any
 
 from gpushare.config import Config
-from gpushare.epilog.oom_detect import append_note
+from gpushare.epilog.oom_detect import append_note, kept_name, move_logs
 from gpushare.slurm.client import SlurmClient
 from gpushare.slurm.jobs import log_paths
 from gpushare.slurm_plugins.protocol import ProtocolError
 
 _JOB_ID = re.compile(r"[0-9]{1,10}", re.ASCII)
+_RUN = re.compile(r"[0-9]{1,4}", re.ASCII)
 MAX_NOTE_CHARS = 1000
 
 
 def write_note(cfg: Config, fields: dict[str, Any]) -> str:
-    """Append the request's note to its job's log; the outcome in a few words (``written``, or why not)."""
+    """Carry out one note request; the outcome in a few words (``written``, ``kept``, or why not).
+
+    ``step`` (absent: append ``message``) ``keep`` moves the job's logs aside for run ``run`` before its
+    requeue (slurmstepd truncates them when it starts again), ``restore`` undoes that when the requeue did not
+    happen; with ``run`` a message goes to that run's kept log."""
     job_id = str(fields.get("job_id") or "")
     if not _JOB_ID.fullmatch(job_id):
         raise ProtocolError(f"note: job_id {job_id[:20]!r} is not a job id")
+    run_text = str(fields.get("run", ""))
+    if run_text and not _RUN.fullmatch(run_text):
+        raise ProtocolError(f"note: run {run_text[:20]!r} is not a restart count")
+    step = str(fields.get("step") or "append")
+    if step not in ("append", "keep", "restore") or (step != "append" and not run_text):
+        raise ProtocolError(f"note: step {step[:20]!r} (with run) is not one of append, keep, restore")
     message = str(fields.get("message") or "")[:MAX_NOTE_CHARS]
-    if not message:
+    if step == "append" and not message:
         raise ProtocolError("note: empty message")
     job = SlurmClient.from_config(cfg, timeout_s=5.0).require_job(job_id)
     paths = log_paths(job)
     if not paths:
         return "not written: the job has no log file"
-    append_note(paths[0], message, job.user_id, job.group_id, cfg.oom.read_timeout_s)
+    timeout_s = cfg.oom.read_timeout_s
+    if step in ("keep", "restore"):
+        moved = move_logs(paths, step, int(run_text), job.user_id, job.group_id, timeout_s)
+        return ("kept" if step == "keep" else "restored") if moved else "not moved: no log file exists"
+    target = kept_name(paths[0], int(run_text)) if run_text else paths[0]
+    append_note(target, message, job.user_id, job.group_id, timeout_s)
     return "written"

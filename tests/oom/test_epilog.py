@@ -51,7 +51,9 @@ def test_oom_job_is_requeued_on_all_shards_then_boosted(setup) -> None:  # type:
                                               for p in learned)  # 4 GiB failed -> 6 GiB
     assert fake.fields["TresPerNode"] == "gres:shard:40"
     assert '"to":"gres:shard:40"' in fake.fields["AdminComment"]
-    assert "requeued with shard:4 -> shard:40" in err.read_text()  # the user is told, in their own log
+    # the user is told, in the failed run's own log, which is moved aside before the rerun can truncate it
+    kept = err.with_name(err.name + ".oom-run0")
+    assert "requeued with shard:4 -> shard:40" in kept.read_text() and not err.exists()
     # the node Epilog rewrites the comment from a copy it read before our update (a real race, measured)
     fake.fields["AdminComment"] = 'gpushare:{"run":{"ttfk_s":1.5},"v":1}'
     fake.complete()  # slurmctld finishes completion; the detached finisher then runs
@@ -80,7 +82,8 @@ def test_second_epilog_run_never_requeues_again(setup) -> None:  # type: ignore[
 def test_oom_again_after_recovery_stays_failed(setup) -> None:  # type: ignore[no-untyped-def]
     cfg, fake, err = setup
     run(cfg, fake)
-    fake.fields.update(JobState="COMPLETING", Restarts="1", ExitCode="1:0")  # the re-run OOMs too
+    err.write_text(OOM_TEXT)  # the re-run writes a fresh log (the first run's was moved aside) and OOMs too
+    fake.fields.update(JobState="COMPLETING", Restarts="1", ExitCode="1:0")
     outcome = run(cfg, fake)
     assert outcome.startswith("stay_failed: GPU out of memory again after 1 recovery retry")
     assert len([c for c in fake.calls if c[0] == "requeuehold"]) == 1
