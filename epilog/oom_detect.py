@@ -241,49 +241,61 @@ def kept_name(path: str, restarts: int) -> str:
     return f"{path}.oom-run{restarts}"
 
 
-def keep_log(path: str, restarts: int, uid: int | None, gid: int | None, timeout_s: float = 10.0) -> str:
-    """Move the job's log aside before its requeue, as the job's user, and return the new name.
+#: How much of a failed run's log is kept (its end: where the error is); a training log can be gigabytes.
+KEEP_MAX_BYTES = 64 << 20
 
-    Why: slurmstepd truncates the output file when a requeued job starts again (unless the job or the site
-    chose append), so the failed run's output and our note about it would be gone. A hard link then an unlink,
-    never a rename: ``link`` refuses an existing target (nothing of the user's is replaced) and does not
-    follow a symbolic link at ``path``; a file that is no regular file is left alone."""
+
+def keep_log(path: str, restarts: int, uid: int | None, gid: int | None, timeout_s: float = 10.0) -> str:
+    """Copy the end of the job's log aside before its requeue, as the job's user; return the copy's name.
+
+    Why: unless the job or the site chose append, slurmstepd truncates the output file when a requeued job
+    starts again (measured: tests/oom/test_oom_slurm.py), and the failed run's output, with its error, would
+    be gone. A copy, not a move: a job that asked for append keeps one whole log, and nothing changes for it.
+    The copy is created with O_EXCL and O_NOFOLLOW (nothing of the user's is replaced, no link followed),
+    the source read with O_NOFOLLOW; a source that is no regular file is left alone."""
     target = kept_name(path, restarts)
 
-    def move() -> bytes:
-        if not stat.S_ISREG(os.lstat(path).st_mode):
-            raise TailError(f"{path}: not a regular file")
-        os.link(path, target, follow_symlinks=False)
-        os.unlink(path)
+    def copy() -> bytes:
+        src = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+        try:
+            info = os.fstat(src)
+            if not stat.S_ISREG(info.st_mode):
+                raise TailError(f"{path}: not a regular file")
+            dst = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                skipped = max(0, info.st_size - KEEP_MAX_BYTES)
+                if skipped:
+                    os.write(dst, f"[gpushare: the first {skipped} bytes of {path} are not kept]\n".encode())
+                    os.lseek(src, skipped, os.SEEK_SET)
+                while chunk := os.read(src, 1 << 20):
+                    os.write(dst, chunk)
+            finally:
+                os.close(dst)
+        finally:
+            os.close(src)
         return b""
 
-    as_job_user(path, uid, gid, move, 0, timeout_s)
+    as_job_user(path, uid, gid, copy, 0, timeout_s)
     return target
 
 
 def restore_log(path: str, restarts: int, uid: int | None, gid: int | None, timeout_s: float = 10.0) -> None:
-    """Undo :func:`keep_log` when the requeue did not happen (the job will not start again)."""
+    """Undo :func:`keep_log` when the requeue did not happen (the log itself was never touched)."""
     kept = kept_name(path, restarts)
-
-    def back() -> bytes:
-        os.link(kept, path, follow_symlinks=False)
-        os.unlink(kept)
-        return b""
-
-    as_job_user(kept, uid, gid, back, 0, timeout_s)
+    as_job_user(kept, uid, gid, lambda: os.unlink(kept) or b"", 0, timeout_s)
 
 
-def move_logs(paths: Iterable[str], step: str, restarts: int, uid: int | None, gid: int | None,
+def keep_logs(paths: Iterable[str], step: str, restarts: int, uid: int | None, gid: int | None,
               timeout_s: float = 10.0) -> int:
-    """:func:`keep_log` (``step`` "keep") or :func:`restore_log` each of a job's logs; how many moved. A log
-    that does not exist (never written, /dev/null, or another step's) is skipped; any other failure raises."""
-    moved = 0
+    """:func:`keep_log` (``step`` "keep") or :func:`restore_log` each of a job's logs; how many were handled.
+    A log that does not exist (never written, /dev/null, or another step's) is skipped; other failures raise."""
+    handled = 0
     for path in paths:
         if not os.path.lexists(path if step == "keep" else kept_name(path, restarts)):
             continue
         (keep_log if step == "keep" else restore_log)(path, restarts, uid, gid, timeout_s)
-        moved += 1
-    return moved
+        handled += 1
+    return handled
 
 
 def as_job_user(path: str, uid: int | None, gid: int | None, work: Callable[[], bytes], max_bytes: int,

@@ -26,7 +26,7 @@ from gpushare.epilog.corroborate import collateral_evidence, corroborate
 from gpushare.epilog.executor import execute, finish, resume_unfinished, spawn_finisher
 from gpushare.epilog.ledger import FINAL_STATES, Ledger
 from gpushare.epilog import task_epilog
-from gpushare.epilog.oom_detect import (OomVerdict, append_note, classify, compile_patterns, kept_name, move_logs,
+from gpushare.epilog.oom_detect import (OomVerdict, append_note, classify, compile_patterns, kept_name, keep_logs,
                                        read_tail)
 from gpushare.slurm_plugins.protocol import ask
 from gpushare.epilog.learn import learn_from_oom
@@ -260,15 +260,15 @@ def _entry(job: JobFacts, verdict: OomVerdict, action: Action) -> dict[str, Any]
 
 
 def _tell_user(job: JobFacts, message: str, cfg: Config, run: int | None = None) -> None:
-    """The note into the job's log (``run``: the log kept aside for that run) as the job's user: here when we
-    are root, else through gpushare-submitd, the controller's root service (slurm_plugins/job_notes.py),
+    """The note into the job's log (and, with ``run``, into that run's kept copy) as the job's user: here when
+    we are root, else through gpushare-submitd, the controller's root service (slurm_plugins/job_notes.py),
     since SlurmUser cannot write the user's files."""
     if not message or not job.log_paths:
         return
     try:
-        if os.geteuid() == 0:
-            path = job.log_paths[0] if run is None else kept_name(job.log_paths[0], run)
-            append_note(path, message, job.uid, job.gid, cfg.oom.read_timeout_s)
+        if os.geteuid() == 0:  # the log itself, and the failed run's copy when one was kept
+            for path in [job.log_paths[0]] + ([] if run is None else [kept_name(job.log_paths[0], run)]):
+                append_note(path, message, job.uid, job.gid, cfg.oom.read_timeout_s)
             return
         request = {"op": "note", "job_id": job.job_id, "message": message, **({} if run is None else {"run": run})}
         reply = ask(cfg.submit.socket, request, timeout_s=cfg.oom.read_timeout_s)
@@ -279,20 +279,21 @@ def _tell_user(job: JobFacts, message: str, cfg: Config, run: int | None = None)
 
 
 def _logs(job: JobFacts, cfg: Config, step: str) -> bool:
-    """Move the job's logs aside before its requeue (``keep``) or back (``restore``); True when done.
-    Best effort: a log that cannot be moved is only truncated by the rerun, as without us."""
+    """Copy the end of the job's logs aside before its requeue (``keep``), or drop the copies when it did
+    not happen (``restore``); True when done. Best effort: without a copy the rerun truncates the log, as
+    without us."""
     if not job.log_paths:
         return False
     try:
         if os.geteuid() == 0:
-            return move_logs(job.log_paths, step, job.restarts, job.uid, job.gid, cfg.oom.read_timeout_s) > 0
+            return keep_logs(job.log_paths, step, job.restarts, job.uid, job.gid, cfg.oom.read_timeout_s) > 0
         reply = ask(cfg.submit.socket, {"op": "note", "job_id": job.job_id, "run": job.restarts, "step": step},
                     timeout_s=cfg.oom.read_timeout_s)
         if reply.get("user_msg") in ("kept", "restored"):
             return True
-        log.info("job %s: logs not moved (%s): %s", job.job_id, step, reply.get("user_msg", "no answer"))
+        log.info("job %s: logs not kept (%s): %s", job.job_id, step, reply.get("user_msg", "no answer"))
     except OSError as exc:
-        log.info("job %s: logs not moved (%s): %s", job.job_id, step, exc)
+        log.info("job %s: logs not kept (%s): %s", job.job_id, step, exc)
     return False
 
 

@@ -5,8 +5,8 @@ file of the job's user, yet the user must read in their own log that the job was
 after a GPU out-of-memory, or why it stays failed. gpushare-submitd runs as root on the same host and
 already answers slurmctld's account on its socket: the hook asks it (``op = "note"``), and it appends the
 line as the job's user (never as root: gpushare.epilog.oom_detect.append_note forks and drops to the
-owner), to the log Slurm's own record names. Before an OOM requeue it also moves the failed run's logs
-aside (``<log>.oom-run<N>``), which slurmstepd would otherwise truncate when the job starts again. The
+owner), to the log Slurm's own record names. Before an OOM requeue it also copies the end of the failed
+run's logs aside (``<log>.oom-run<N>``), which slurmstepd would otherwise truncate when the job starts again. The
 request carries only the job id, a restart count and the text; the owner and the paths come from Slurm, so
 even a trusted caller cannot point the write elsewhere.
 """
@@ -17,7 +17,7 @@ import re
 from typing import Any
 
 from gpushare.config import Config
-from gpushare.epilog.oom_detect import append_note, kept_name, move_logs
+from gpushare.epilog.oom_detect import append_note, kept_name, keep_logs
 from gpushare.slurm.client import SlurmClient
 from gpushare.slurm.jobs import log_paths
 from gpushare.slurm_plugins.protocol import ProtocolError
@@ -30,9 +30,9 @@ MAX_NOTE_CHARS = 1000
 def write_note(cfg: Config, fields: dict[str, Any]) -> str:
     """Carry out one note request; the outcome in a few words (``written``, ``kept``, or why not).
 
-    ``step`` (absent: append ``message``) ``keep`` moves the job's logs aside for run ``run`` before its
-    requeue (slurmstepd truncates them when it starts again), ``restore`` undoes that when the requeue did not
-    happen; with ``run`` a message goes to that run's kept log."""
+    ``step`` (absent: append ``message``) ``keep`` copies the job's logs aside for run ``run`` before its
+    requeue (slurmstepd truncates them when it starts again), ``restore`` drops the copies when the requeue
+    did not happen; with ``run`` a message also goes to that run's kept copy."""
     job_id = str(fields.get("job_id") or "")
     if not _JOB_ID.fullmatch(job_id):
         raise ProtocolError(f"note: job_id {job_id[:20]!r} is not a job id")
@@ -51,8 +51,8 @@ def write_note(cfg: Config, fields: dict[str, Any]) -> str:
         return "not written: the job has no log file"
     timeout_s = cfg.oom.read_timeout_s
     if step in ("keep", "restore"):
-        moved = move_logs(paths, step, int(run_text), job.user_id, job.group_id, timeout_s)
-        return ("kept" if step == "keep" else "restored") if moved else "not moved: no log file exists"
-    target = kept_name(paths[0], int(run_text)) if run_text else paths[0]
-    append_note(target, message, job.user_id, job.group_id, timeout_s)
+        handled = keep_logs(paths, step, int(run_text), job.user_id, job.group_id, timeout_s)
+        return ("kept" if step == "keep" else "restored") if handled else "not kept: no log file exists"
+    for target in [paths[0]] + ([kept_name(paths[0], int(run_text))] if run_text else []):
+        append_note(target, message, job.user_id, job.group_id, timeout_s)
     return "written"

@@ -51,9 +51,10 @@ def test_oom_job_is_requeued_on_all_shards_then_boosted(setup) -> None:  # type:
                                               for p in learned)  # 4 GiB failed -> 6 GiB
     assert fake.fields["TresPerNode"] == "gres:shard:40"
     assert '"to":"gres:shard:40"' in fake.fields["AdminComment"]
-    # the user is told, in the failed run's own log, which is moved aside before the rerun can truncate it
+    # the user is told in their own log, and in the copy of its end kept before the rerun can truncate it
     kept = err.with_name(err.name + ".oom-run0")
-    assert "requeued with shard:4 -> shard:40" in kept.read_text() and not err.exists()
+    assert "requeued with shard:4 -> shard:40" in err.read_text()
+    assert kept.read_text().startswith(OOM_TEXT) and "requeued with shard:4 -> shard:40" in kept.read_text()
     # the node Epilog rewrites the comment from a copy it read before our update (a real race, measured)
     fake.fields["AdminComment"] = 'gpushare:{"run":{"ttfk_s":1.5},"v":1}'
     fake.complete()  # slurmctld finishes completion; the detached finisher then runs
@@ -82,7 +83,7 @@ def test_second_epilog_run_never_requeues_again(setup) -> None:  # type: ignore[
 def test_oom_again_after_recovery_stays_failed(setup) -> None:  # type: ignore[no-untyped-def]
     cfg, fake, err = setup
     run(cfg, fake)
-    err.write_text(OOM_TEXT)  # the re-run writes a fresh log (the first run's was moved aside) and OOMs too
+    err.write_text(OOM_TEXT)  # the re-run truncates the log (the first run's end was kept) and OOMs too
     fake.fields.update(JobState="COMPLETING", Restarts="1", ExitCode="1:0")
     outcome = run(cfg, fake)
     assert outcome.startswith("stay_failed: GPU out of memory again after 1 recovery retry")
@@ -136,6 +137,7 @@ def test_refused_requeue_leaves_the_job_failed_and_the_entry_closed(setup) -> No
     entry = Ledger(cfg.oom.ledger_dir).get("1", 0)
     assert entry["state"] == "stay_failed" and Ledger(cfg.oom.ledger_dir).unfinished(min_age_s=0) == []
     assert "requeued" not in err.read_text()  # the user is not told of a requeue that did not happen
+    assert not err.with_name(err.name + ".oom-run0").exists()  # nor left a copy of a log that stays whole
     assert Ledger(cfg.oom.ledger_dir).retries_used("1") == 0
 
 
