@@ -112,13 +112,11 @@ def agent_cluster(tmp_path_factory: pytest.TempPathFactory,
     outside: list[Path] = []
 
     def _make(window_samples: int = 4, period_s: float = 0.25, extra: str = "", start_agent: bool = True,
-              scenario: dict[str, Any] | None = None, withhold: str = "feature",
-              other_users: bool = False) -> AgentCluster:
-        if other_users:  # outside pytest's base directory, which pytest keeps (and resets to) root-only
-            base = Path(tempfile.mkdtemp(prefix="gpushare-agent-"))
-            outside.append(base)
-        else:
-            base = tmp_path_factory.mktemp("agent")
+              scenario: dict[str, Any] | None = None, withhold: str = "feature") -> AgentCluster:
+        # outside pytest's base directory, which pytest keeps (and resets to) root-only: ordinary users and
+        # slurmctld, which runs as slurm, must reach the cluster's files
+        base = Path(tempfile.mkdtemp(prefix="gpushare-agent-", dir="/tmp"))
+        outside.append(base)
         os.chmod(base, 0o755)
         toml = (f'[agent]\nstate_dir = "{base}/agent-state"\nrecords_dir = "{base}/records"\n'
                 f'run_dir = "{base}/run-agent"\ndevice_backend = "sim:{base}/sim.json"\nwithhold = "{withhold}"\n'

@@ -19,6 +19,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -110,7 +111,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReq
         pytest.skip(f"real Slurm unavailable: {problem}")
     if not shutil.which("prometheus"):
         pytest.skip("no prometheus binary (Debian package prometheus; make setup installs it)")
-    base = tmp_path_factory.mktemp("prom")
+    base = Path(tempfile.mkdtemp(prefix="gpushare-prom-", dir="/tmp"))  # slurmctld (as slurm) must reach it
     os.chmod(base, 0o755)
     toml = (f'[agent]\nstate_dir = "{base}/agent-state"\nrecords_dir = "{base}/records"\nrun_dir = "{base}/run-agent"\n'
             f'withhold = "none"\nwindow_samples = 4\nsample_period_s = 0.25\nflush_every_s = 1.0\n')
@@ -125,6 +126,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReq
         if request.session.testsfailed > failed_before:
             for log in sorted((base / "log").glob("*")):
                 sys.stderr.write(f"== {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-25:]) + "\n")
+        else:
+            shutil.rmtree(base, ignore_errors=True)
 
 
 def panel_queries(dashboard: dict[str, Any]) -> list[tuple[str, str]]:

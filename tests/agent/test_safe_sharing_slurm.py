@@ -58,7 +58,7 @@ def out_dir():
 
 def open_to_other_users(cluster) -> None:
     """Let a second user's job reach the test cluster's files (the cluster lives outside pytest's
-    root-only base directory: ``agent_cluster(other_users=True)``): the config and caps (read), the
+    root-only base directory, as every agent_cluster is): the config and caps (read), the
     simulated GPU state (its process registers itself there) and the hooks' log."""
     os.chmod(cluster.base, 0o777)  # the simulated state is replaced atomically (temp file + rename)
     for name in ("sim.json", "sim.json.lock"):
@@ -81,7 +81,7 @@ def torch_accepts(value: str) -> None:
 def test_two_users_jobs_on_one_gpu_get_framework_caps(agent_cluster, out_dir, monkeypatch):
     pytest.importorskip("torch")
     other = ensure_login_user()  # with a login shell: 26.05 holds a --uid job whose login environment fails
-    cluster = agent_cluster(withhold="none", extra='collocation = "fraction"', other_users=True)
+    cluster = agent_cluster(withhold="none", extra='collocation = "fraction"')
     open_to_other_users(cluster)
     # the users' own allocator settings, in the submitting environment (--export=ALL carries them)
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:256,roundup_power2_divisions:[256:1,>:4]")
@@ -217,7 +217,7 @@ def test_another_users_forged_job_id_and_a_dropped_job_id_are_stopped_as_their_o
     ``env -u SLURM_JOB_ID`` process with 20 GiB on a 5 GiB cap: stopped all the same."""
     other = ensure_login_user()
     cluster = agent_cluster(withhold="none", extra='backstop_grace_s = 1.0\nbackstop_tolerance_mib = 256\n'
-                                                  'forecast_action = "none"', other_users=True)
+                                                  'forecast_action = "none"')
     open_to_other_users(cluster)
     as_other = ("--gres=gpu:1", "--no-requeue", f"--uid={other.pw_uid}", f"--gid={other.pw_gid}")
     victim = submit(cluster, out_dir, script("4G", "--mem-mib 3000 --seconds 12"), "--gres=gpu:1")

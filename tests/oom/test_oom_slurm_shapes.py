@@ -8,7 +8,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Callable
 
@@ -37,7 +39,7 @@ class MigCluster(LocalCluster):
 
 
 def test_mig_job_moves_to_the_next_larger_slice(tmp_path_factory: pytest.TempPathFactory) -> None:
-    base = tmp_path_factory.mktemp("oom-mig")
+    base = Path(tempfile.mkdtemp(prefix="gpushare-oom-mig-", dir="/tmp"))  # slurmctld (as slurm) must reach it
     os.chmod(base, 0o755)
     mig = MigCluster(base=base, gpu="a100-80gb", toml_extra=oom_settings(base), with_hook=False,
                      with_submitd=False)
@@ -56,6 +58,7 @@ def test_mig_job_moves_to_the_next_larger_slice(tmp_path_factory: pytest.TempPat
         assert "restart=1" in (base / f"mig-{job_id}.out").read_text()
     finally:
         mig.stop()
+    shutil.rmtree(base, ignore_errors=True)  # kept, with its logs, when the test failed
 
 
 def test_end_to_end_from_submission_sized_share_to_exclusive_rerun(
