@@ -282,7 +282,12 @@ def keep_log(path: str, restarts: int, uid: int | None, gid: int | None, timeout
 def restore_log(path: str, restarts: int, uid: int | None, gid: int | None, timeout_s: float = 10.0) -> None:
     """Undo :func:`keep_log` when the requeue did not happen (the log itself was never touched)."""
     kept = kept_name(path, restarts)
-    as_job_user(kept, uid, gid, lambda: os.unlink(kept) or b"", 0, timeout_s)
+
+    def drop() -> bytes:
+        os.unlink(kept)
+        return b""
+
+    as_job_user(kept, uid, gid, drop, 0, timeout_s)
 
 
 def keep_logs(paths: Iterable[str], step: str, restarts: int, uid: int | None, gid: int | None,

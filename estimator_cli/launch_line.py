@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from gpushare.errors import GpushareError
+
 LAUNCHERS = ("torchrun", "accelerate", "srun", "python", "python3")
 
 # Options of each launcher that take no value (everything else starting with "-" takes one, unless "=" joins it).
@@ -30,7 +32,7 @@ _PYTHON_FLAGS = {"-u", "-O", "-OO", "-B", "-s", "-S", "-E", "-I", "-b", "-bb", "
 _PYTHON_VALUED = {"-X", "-W"}
 
 
-class LaunchLineError(ValueError):
+class LaunchLineError(GpushareError, ValueError):
     """The line names a launcher but cannot be read (a one-line message for the user)."""
 
 
