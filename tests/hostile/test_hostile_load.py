@@ -18,6 +18,7 @@ from typing import Callable
 import pytest
 
 from devcluster.local_cluster import LocalCluster, missing_requirements
+from devcluster.slurm_runtime import SLURM_USER, slurm_account
 from gpushare.atomic import write_json_atomic
 from gpushare.epilog.ledger import Ledger
 
@@ -105,7 +106,7 @@ def test_failure_storm_of_a_cpu_array_costs_no_slurm_query(make_cluster: Callabl
     1,000 takes ~14 minutes (run with GPUSHARE_STORM_TASKS=1000, docs/benchmarks.md); what is measured
     (per hook run: no query, no file) does not depend on the count."""
     cluster = make_cluster(gpu="a100-40gb", cpu_nodes=("c1",), with_hook=False, with_submitd=False)
-    ctld_pid = int((cluster.base / "run" / "slurmctld.pid").read_text())
+    ctld_pid = int((cluster.base / "run" / "slurmctld" / "slurmctld.pid").read_text())
     before = bench.rss_kib(ctld_pid, "VmRSS")
     started = time.monotonic()
     job_id, _ = cluster.client.sbatch("-p", "cpu", f"--array=0-{TASKS - 1}", "--mem=10", "-o", "/dev/null",
@@ -139,18 +140,21 @@ def test_an_interrupted_recovery_on_an_idle_cluster_is_finished_by_resume(
     job_id, _ = cluster.client.sbatch("--gres=shard:4", "-o", "/dev/null", script="#!/bin/sh\nexit 3\n")
     cluster.wait_job(job_id)
     cluster.client.requeue_hold(job_id)
-    ledger = Ledger(cluster.config().oom.ledger_dir)
-    ledger.ensure()
+    ledger = Ledger(cluster.config().oom.ledger_dir)  # SlurmUser's, as gpushare-submitd prepares it
     write_json_atomic(ledger.dir / f"{job_id}.0.json", {
         "v": 1, "job": str(job_id), "restarts": 0, "action": "requeue", "state": "decided", "reason": "test",
         "new_gres": "shard:40", "nice": 0, "oom": None, "steps": ["requeuehold"], "created": 0, "updated": 0})
     (ledger.dir / f"{job_id}.0.open").touch()
+    slurm = slurm_account()
+    for path in ledger.dir.iterdir():  # as EpilogSlurmctld, which runs as SlurmUser, would have left them
+        os.chown(path, slurm.pw_uid, slurm.pw_gid)
     cluster.stop_process("slurmctld")
     cluster._spawn("slurmctld", ["slurmctld", "-D", "-i", "-f", str(cluster.conf)])
     cluster._wait(cluster._controller_up, 60, "slurmctld did not come back")
     assert cluster.client.require_job(job_id).priority == 0  # still held after the restart
     hook = os.path.join(os.path.dirname(sys.executable), "gpushare-epilog-slurmctld")
-    subprocess.run([hook, "--resume"], env=cluster.env, check=True, timeout=120)  # what the timer runs
+    # what the timer runs, as its unit does: as SlurmUser (etc/systemd/gpushare-oom-resume.service)
+    subprocess.run(cluster.user_argv(SLURM_USER, [hook, "--resume"]), env=cluster.env, check=True, timeout=120)
     job = cluster.client.require_job(job_id)
     assert job.priority != 0 and ledger.get(str(job_id), 0)["state"] in ("requeued", "done")
     subprocess.run(["scancel", str(job_id)], env=cluster.env, check=False)
