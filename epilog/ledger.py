@@ -71,7 +71,8 @@ class Ledger:
         if not stat.S_ISDIR(info.st_mode):
             raise LedgerError(f"{self.dir}: not a directory (symlinks are refused)")
         if os.geteuid() == 0 and info.st_uid != 0:
-            raise LedgerError(f"{self.dir}: owned by uid {info.st_uid}, not root; fix with chown root")
+            raise LedgerError(f"{self.dir}: owned by uid {info.st_uid}, not root: run this as that account "
+                              "(SlurmUser, which runs EpilogSlurmctld and gpushare-oom-resume), not as root")
 
     # --- entries ----------------------------------------------------------------------------------
     def _path(self, key: str, suffix: str) -> Path:
