@@ -28,20 +28,10 @@ from devcluster.local_cluster import missing_requirements
 from gpushare.gres.sim_backend import SimBackend
 from gpushare.slurm import record as record_format
 
+from accounting_overhead import _agent_helpers  # the benchmarks' one loader of the agent test cluster
+
 SCRIPT = "#!/bin/sh\n#GPUSHARE mem=2G\nsleep 1\n"
 _SPOOLED = re.compile(r"job (\d+): record not stored in the accounting database yet .*?reachable \(([\d.]+) s\)", re.S)
-
-
-def _agent_helpers():  # type: ignore[no-untyped-def]
-    """tests/agent/conftest.py (AgentCluster, two_gpus), loaded under its own name."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("gpushare_agent_test_helpers",
-                                                  Path(__file__).parents[1] / "tests" / "agent" / "conftest.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _final(cluster, job: str) -> bool:  # type: ignore[no-untyped-def]
