@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Literal, Protocol, TypeAlias, runtime_checkabl
 from gpushare.gres.na import NaType
 
 if TYPE_CHECKING:
+    from gpushare.gres.memlimits import MemoryLimit
     from gpushare.gres.mps import MpsControl
 
 # Explicit aliases: mypy sees ``NaType`` only through the installed ``gpushare.gres`` name, which it cannot
@@ -199,5 +200,12 @@ class GpuBackend(Protocol):
 
     # MPS daemons (real binary, or recorded in the simulated state)
     def mps(self, run_dir: str) -> "MpsControl": ...
+
+    # per-cgroup device memory limits (NVIDIA r615+, gpushare.gres.memlimits): GpuError FUNCTION_NOT_FOUND when
+    # the driver has none, NOT_SUPPORTED when its accounting is off or the GPU is in MIG mode, NOT_FOUND for a
+    # cgroup that does not exist; ``cgroup`` is the cgroup's absolute sysfs path
+    def set_memory_limit(self, index: int, cgroup: str, hard_bytes: int, soft_bytes: int = 0) -> None: ...
+    def clear_memory_limit(self, index: int, cgroup: str) -> None: ...
+    def memory_limit(self, index: int, cgroup: str) -> "MemoryLimit": ...
 
     def close(self) -> None: ...

@@ -23,6 +23,7 @@ from gpushare.gpus import BUILTIN_GPUS, GpuModel, MiB
 from gpushare.gres.device import (ComputeInstance, GiProfile, GpuInfo, GpuInstance, MemoryInfo, MigDevice, Placement,
                          ProcessInfo, ProcessUtil, Utilization, ci_cap_minor, gi_cap_minor)
 from gpushare.gres.errors import GpuError, NvmlCode
+from gpushare.gres.memlimits import GET_FN, LIMIT_MAX, SET_FN, GetLimits, MemoryLimit, SetLimits, check_limits, nvml_call
 from gpushare.gres.mps import DaemonMps
 from gpushare.gres.na import NA, NaType
 from gpushare.gres.nvml_query import RAISE, Nvml
@@ -293,6 +294,20 @@ class NvmlBackend:
     # -- MPS / lifecycle ---------------------------------------------------------------------------
     def mps(self, run_dir: str) -> DaemonMps:
         return DaemonMps(run_dir)
+
+    # -- per-cgroup memory limits (ctypes: gpushare.gres.memlimits) ------------------------------------
+    def set_memory_limit(self, index: int, cgroup: str, hard_bytes: int, soft_bytes: int = 0) -> None:
+        check_limits(cgroup, hard_bytes, soft_bytes)
+        nvml_call(self.nvml.lib, self._h(index), SET_FN, SetLimits(cgroup.encode(), soft_bytes, hard_bytes))
+
+    def clear_memory_limit(self, index: int, cgroup: str) -> None:
+        self.set_memory_limit(index, cgroup, LIMIT_MAX, 0)
+
+    def memory_limit(self, index: int, cgroup: str) -> MemoryLimit:
+        got = GetLimits(cgroup.encode(), 0, 0, 0)
+        nvml_call(self.nvml.lib, self._h(index), GET_FN, got)
+        hard = int(got.hardLimit)
+        return MemoryLimit(cgroup, int(got.softLimit), None if hard == LIMIT_MAX else hard, int(got.currentUsed))
 
     def close(self) -> None:
         self.nvml.shutdown()

@@ -24,7 +24,9 @@ from gpushare.gpus import BUILTIN_GPUS, GpuModel, MiB
 from gpushare.gres import sim_mig, sim_timeline as tl
 from gpushare.gres.device import (ComputeInstance, GiProfile, GpuInfo, GpuInstance, MemoryInfo, MigDevice, Placement,
                          ProcessInfo, ProcessUtil, Utilization, ci_cap_minor, gi_cap_minor)
+from gpushare.gres import sim_memlimits
 from gpushare.gres.errors import GpuError, NvmlCode
+from gpushare.gres.memlimits import LIMIT_MAX, MemoryLimit
 from gpushare.gres.mps import SimMps
 from gpushare.gres.na import NA, NaType
 from gpushare.gres.sim_control import SimControl, alive
@@ -286,6 +288,49 @@ class SimBackend(SimControl):
     # -- MPS ---------------------------------------------------------------------------------------
     def mps(self, run_dir: str) -> SimMps:
         return SimMps(self, run_dir)
+
+    # -- per-cgroup memory limits (semantics in gpushare.gres.sim_memlimits) ---------------------------
+    def set_memory_limit(self, index: int, cgroup: str, hard_bytes: int, soft_bytes: int = 0) -> None:
+        with self.store.transaction() as state:
+            g = self._gpu(state, index)
+            self._check(state, g, None)
+            sim_memlimits.set_limit(g, state["processes"], self._t(state), cgroup, hard_bytes, soft_bytes)
+
+    def clear_memory_limit(self, index: int, cgroup: str) -> None:
+        self.set_memory_limit(index, cgroup, LIMIT_MAX, 0)
+
+    def memory_limit(self, index: int, cgroup: str) -> MemoryLimit:
+        state, g, t, _ = self._read(index, None)
+        return sim_memlimits.get_limit(g, state["processes"], t, cgroup)
+
+    def allocate(self, index: int, pid: int, nbytes: int, cgroup: str | None = None, managed: bool = False) -> int:
+        """Sim-only: process ``pid`` (in ``cgroup``) allocates ``nbytes`` of device (or ``managed``) memory now;
+        returns the CUDA result (0, or 2 = ``CUDA_ERROR_OUT_OF_MEMORY``) and charges it on success."""
+        with self.store.transaction() as state:
+            g = self._gpu(state, index)
+            self._check(state, g, None)
+            t = self._t(state)
+            result = sim_memlimits.allocate(g, state["processes"], t, cgroup, nbytes, managed)
+            if result != sim_memlimits.CUDA_SUCCESS:
+                return result
+            mib = nbytes / MiB
+            for proc in tl.running(state["processes"], index, t):
+                if proc["pid"] == pid:
+                    now = tl.values_at(proc, t)["memory_mib"]
+                    proc["steps"].append({"after_s": t - proc["start_s"], "memory_mib": now + mib})
+                    break
+            else:
+                proc = {"pid": pid, "gpu": index, "start_s": t, "end_s": None, "memory_mib": mib, "smact": 0.0,
+                        "smocc": 0.0, "drama": 0.0, "gi": None, "steps": [], **({"cgroup": cgroup} if cgroup else {})}
+                state["processes"].append(proc)
+            if managed:
+                proc["managed_mib"] = proc.get("managed_mib", 0.0) + mib
+            return result
+
+    def mem_get_info(self, index: int, cgroup: str | None = None) -> tuple[int, int]:
+        """Sim-only: (free, total) as ``cuMemGetInfo`` reports them to a process in ``cgroup``."""
+        state, g, t, _ = self._read(index, None)
+        return sim_memlimits.mem_get_info(g, state["processes"], t, cgroup)
 
     def close(self) -> None:
         """Nothing to release: every call reads or writes the store directly."""

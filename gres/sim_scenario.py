@@ -23,13 +23,14 @@ from gpushare.gres.errors import NvmlCode
 SCENARIO_VERSION = 1
 METRICS = ("memory", "processes", "utilization", "power", "energy", "mig", "process_utilization")
 UTIL_FIELDS = ("smact", "smocc", "drama")
+MEMORY_LIMIT_MODES = ("absent", "off", "dmem", "misc")  # what the driver offers: gpushare.gres.sim_memlimits
 
 _TOP = {"version": True, "name": False, "gpus": True, "processes": False}
 _GPU = {
     "index": False, "model": True, "uuid": False, "minor": False, "mig_capable": False, "mig_mode": False,
     "mode_change_needs_reset": False, "driver_busy": False, "idle_power_w": False, "max_power_w": False,
     "energy_start_mj": False, "lost_at_s": False, "utilization_source": False, "unsupported": False,
-    "errors": False,
+    "errors": False, "memory_limits": False,
 }
 _PROC = {"pid": True, "gpu": True, "start_s": False, "end_s": False, "memory_mib": True, "smact": False,
          "smocc": False, "drama": False, "gi": False, "steps": False}
@@ -107,6 +108,9 @@ def _gpu(raw: Any, pos: int, catalogue: dict[str, GpuModel]) -> dict[str, Any]:
     for metric in injected:
         if metric not in METRICS:
             raise ScenarioError(f"{where}.errors: unknown metric {metric!r} (known: {', '.join(METRICS)})")
+    limits = g.get("memory_limits", "absent")
+    if limits not in MEMORY_LIMIT_MODES:
+        raise ScenarioError(f"{where}.memory_limits: {limits!r} must be one of {', '.join(MEMORY_LIMIT_MODES)}")
     index = _num(g, "index", where, pos, integer=True)
     return {
         "index": index, "model": model_key, "name": model.marketing_name, "total_bytes": model.total_bytes,
@@ -116,7 +120,7 @@ def _gpu(raw: Any, pos: int, catalogue: dict[str, GpuModel]) -> dict[str, Any]:
         "driver_busy": _bool(g, "driver_busy", where, False), "idle_power_w": float(idle),
         "max_power_w": float(peak), "energy_start_mj": _num(g, "energy_start_mj", where, 0, integer=True),
         "lost_at_s": _num(g, "lost_at_s", where, None), "utilization_source": source, "errors": injected,
-        "gpu_instances": [],
+        "gpu_instances": [], "memory_limits": limits, "cgroup_limits": {},
     }
 
 
