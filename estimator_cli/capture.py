@@ -27,6 +27,7 @@ from gpushare.estimator_cli.phases import PhaseTracker, StopCapture
 from gpushare.estimator_cli.repeat_passes import RepeatPasses
 from gpushare.estimator_cli.thread_modes import modes_follow_threads
 from gpushare.estimator_cli.torch_patches import gpu_path_patches
+from gpushare.estimator_cli.weight_files import header_only_weights
 
 
 @dataclass
@@ -89,7 +90,7 @@ def capture_fake(run: ScriptRun) -> Capture:
     torch.__future__.set_swap_module_params_on_conversion(True)  # keep Parameter identity across .to()
     with _script_environment(run), presented_cuda(run.gpu, lambda: recorder.live, lambda: recorder.peak), \
             gpu_path_patches("meta", fake=True), lazy_dynamo(), \
-            recompute_under(presenter), fake_process_group():
+            recompute_under(presenter), fake_process_group(), header_only_weights():
         tracker.install()
         repeats.install()
         try:

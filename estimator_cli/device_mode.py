@@ -40,6 +40,7 @@ from gpushare.estimator_cli import placeholders
 from gpushare.estimator_cli.placeholders import bounded, condition, is_tainted, placeholder, refuse, tainted_array, tainted_list
 from gpushare.estimator_cli.sparse_gpu import SparseOnGpu
 from gpushare.estimator_cli.tensor_parts import dense_parts, storages
+from gpushare.estimator_cli.weight_files import host_weights, is_host_weight
 
 _T = torch.Tensor
 _DEVICE_GET = _T.device
@@ -185,6 +186,8 @@ class CudaPresenter(TorchFunctionMode):
                     a, hit = self._rewrite(a)
                     to_gpu |= hit
                     if not hit and self.fake and src.is_meta and _is_cpu_device(a):
+                        if is_host_weight(src):  # a weight file's tensor stays meta (weight_files.py)
+                            return self._host_weight_move(func, (src, *args[1:]), kwargs)
                         return self._read(func, ".to('cpu')", (src, *args[1:]), kwargs)
                 new_args.append(a)
             args = tuple(new_args)
@@ -193,6 +196,8 @@ class CudaPresenter(TorchFunctionMode):
                 kwargs["device"], hit = self._rewrite(kwargs["device"])
                 to_gpu |= hit
                 if not hit and self.fake and src.is_meta and _is_cpu_device(kwargs["device"]):
+                    if is_host_weight(src):
+                        return self._host_weight_move(func, args, kwargs)
                     return self._read(func, ".to('cpu')", (src, *args[1:]), kwargs)
         if not self.fake and to_gpu and not self._on_gpu(src):
             kwargs = dict(kwargs, copy=True)  # a GPU copy is a new allocation; on the CPU `.to` would alias
@@ -203,6 +208,16 @@ class CudaPresenter(TorchFunctionMode):
                 self.values.attach_copy(out, src)
             else:
                 self.values.propagate(func, args, kwargs, out)
+        return out
+
+    def _host_weight_move(self, func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """``.to('cpu', ...)`` of a weight read from a file's header: the same on meta (a dtype change is
+        made there), and still a host weight."""
+        args = tuple("meta" if _is_cpu_device(a) else a for a in args)
+        if "device" in kwargs:
+            kwargs = dict(kwargs, device="meta")
+        out = func(*args, **kwargs)
+        host_weights[out] = True
         return out
 
     def _read(self, func: Callable[..., Any], what: str, args: tuple, kwargs: dict) -> Any:
@@ -313,6 +328,10 @@ class CudaPresenter(TorchFunctionMode):
                     return target
             if self.values.host_taint_involved(args, kwargs):
                 return self._tainted_host_call(func, args, kwargs)
+            if func is _T.copy_ and len(args) > 1 and is_host_weight(args[1]) and not args[0].is_meta:
+                return args[0]  # load_state_dict into a host model: values fake mode never reads
+            if func is _T.cpu and args and is_host_weight(args[0]):
+                return args[0]
             if args and isinstance(args[0], torch.Tensor) and args[0].is_meta:
                 if func in _READS:
                     return self._read(func, _READS[func], args, kwargs)

@@ -37,7 +37,8 @@ def pytest_report_header(config: pytest.Config) -> str:
 # Modules whose tests start gpu-estimate captures (torch in a child process or the warm worker).
 TORCH_MODULES = frozenset({"test_cli_e2e.py", "test_warm_worker.py", "test_preload.py", "test_real_script_patterns.py",
                            "test_concrete_values.py", "test_framework_caps.py", "test_lanes_processes.py",
-                           "test_lanes_slurm.py", "test_current_jobs.py", "test_launchers.py"})
+                           "test_lanes_slurm.py", "test_current_jobs.py", "test_launchers.py",
+                           "test_weight_files.py"})
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
