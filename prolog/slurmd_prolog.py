@@ -78,7 +78,8 @@ def register(env: Mapping[str, str], cfg: AgentSection, client: SlurmClient | No
     if cfg.hardcap != "off":
         from gpushare.prolog.hardcap import apply
 
-        if apply(job.job, job.uid, len(job.gpus), exports, cfg.hardcap):
+        if apply(job.job, job.uid, job.gpus, exports, cfg.hardcap, backend=backend,
+                 device_backend=cfg.device_backend or None) == "shim":
             exports["GPUSHARE_HARDCAP"] = "1"  # read (not exported) by the TaskProlog: preload the shim
     write_caps(cfg.run_dir, job.job, exports)
     log.info("job %s registered on GPUs %s: %s", job.job, job.gpus, exports.get("GPUSHARE_CAPS_MODE"))

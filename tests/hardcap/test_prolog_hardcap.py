@@ -20,7 +20,7 @@ FRACTION = {"GPUSHARE_CAPS_MODE": "fraction", "GPUSHARE_MEM_LIMIT_MIB": "1", "GP
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the files are root's")
 def test_prolog_files_cap_a_real_process(tmp_path: Path) -> None:
-    assert hardcap.apply("77", 65534, 2, FRACTION, "shim", str(tmp_path))
+    assert hardcap.apply("77", 65534, [0, 1], FRACTION, "shim", str(tmp_path)) == "shim"
     d = tmp_path / "job_77"
     assert (d / "gpu0").read_text() == f"{1 << 20} {hardcap.CONTEXT_BYTES}\n" and (d / "gpu1").exists()
     assert (d / "gpu0").stat().st_uid == 0 and (d / "gpu0").stat().st_mode & 0o777 == 0o644
@@ -30,12 +30,12 @@ def test_prolog_files_cap_a_real_process(tmp_path: Path) -> None:
     assert not d.exists()
 
 
-def test_only_fraction_capped_jobs_under_shim_or_auto(tmp_path: Path) -> None:
-    assert not hardcap.apply("5", 1000, 1, FRACTION, "off", str(tmp_path))
-    assert not hardcap.apply("5", 1000, 1, FRACTION, "driver", str(tmp_path))
-    assert not hardcap.apply("5", 1000, 1, dict(FRACTION, GPUSHARE_CAPS_MODE="mps"), "auto", str(tmp_path))
-    assert not hardcap.apply("5", 1000, 1, dict(FRACTION, GPUSHARE_MEM_LIMIT_MIB="x"), "shim", str(tmp_path))
-    assert not hardcap.apply("5;rm", 1000, 1, FRACTION, "shim", str(tmp_path))
+def test_only_fraction_capped_jobs_under_a_hardcap_mode(tmp_path: Path) -> None:
+    assert not hardcap.apply("5", 1000, [0], FRACTION, "off", str(tmp_path))
+    assert not hardcap.apply("5", 1000, [0], dict(FRACTION, GPUSHARE_CAPS_MODE="mps"), "auto", str(tmp_path))
+    assert not hardcap.apply("5", 1000, [0], dict(FRACTION, GPUSHARE_MEM_LIMIT_MIB="x"), "shim", str(tmp_path))
+    assert not hardcap.apply("5", 1000, [0], dict(FRACTION, GPUSHARE_MEM_LIMIT_MIB="0"), "shim", str(tmp_path))
+    assert not hardcap.apply("5;rm", 1000, [0], FRACTION, "shim", str(tmp_path))
     assert not (tmp_path / "job_5").exists()
 
 
