@@ -1,6 +1,6 @@
 """Per-job memory guarding in the agent: the backstop and the forecaster, fed one sample at a time.
 
-The decisions are the pure policies' (``gpushare.agent.backstop.judge``, ``gpushare.agent.forecast``);
+The decisions are the pure policies' (``gpushare.agent.backstop.judge``, ``gpushare.policy.forecast``);
 this class only keeps their per-job state between samples and turns verdicts into :class:`Action`
 records the agent carries out (``gpushare.agent.enforce``). No I/O, no clock: ``check(now, jobs)``.
 """
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from gpushare.agent.adopt import RETRY_S
 from gpushare.agent.backstop import forecast_record, judge, oom_record, unattributed_record
-from gpushare.agent.forecast import ForecastConfig, JobForecaster, decide_action
+from gpushare.policy.forecast import ForecastConfig, JobForecaster, decide_action
 
 if TYPE_CHECKING:
     from gpushare.config import AgentSection

@@ -143,14 +143,14 @@ def thread_percentage_for(facts: dict[str, Any], corunners: list[dict[str, Any]]
     """The MPS thread share of a job starting beside ``corunners`` (MPS store entries on its GPU).
 
     ``fixed``: ``mps_thread_percentage``. ``gimbal-*``: Gimbal's coordination with the co-runners' shares
-    fixed (``gpushare.agent.gimbal.starting_share``, the function the simulator's ``gimbal-jct`` /
+    fixed (``gpushare.policy.gimbal.starting_share``, the function the simulator's ``gimbal-jct`` /
     ``gimbal-makespan`` call): MPS fixes a process's share when it starts, so a running job keeps its own
     until its next start (Gimbal's runtime recalibration needs a rewritten CUDA context pool inside
     PyTorch). Features: ``gimbal_features``."""
     policy = getattr(cfg, "thread_policy", "fixed")
     if policy == "fixed" or not corunners:
         return int(cfg.mps_thread_percentage)
-    from gpushare.agent.gimbal import starting_share
+    from gpushare.policy.gimbal import starting_share
 
     running = [(gimbal_features(e, now), running_share(e)) for e in corunners]
     return starting_share(gimbal_features({**facts, "start": now}, now), running, policy.removeprefix("gimbal-"))
@@ -160,7 +160,7 @@ def gimbal_features(entry: dict[str, Any], now: float) -> Any:
     """What the node knows of a job for Gimbal (a ``GimbalJob``): remaining work is the Slurm time limit
     left (at least a minute); solo SM demand is not known before a job runs and is taken as a busy GPU
     (1.0), which squeezes the side the objective values less."""
-    from gpushare.agent.gimbal import GimbalJob
+    from gpushare.policy.gimbal import GimbalJob
 
     return GimbalJob(str(entry["job"]), max(60.0, time_left(entry, now)), 1.0)
 

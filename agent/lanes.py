@@ -13,7 +13,7 @@ so iteration-granularity time sharing inside a lane can never run the GPU out of
 Pure: no threads, no clock, no I/O. ``gpushare.agent.lane_service`` wraps this in a lock and a condition
 variable; the unit tests drive it directly. The turn order is the pluggable :data:`TurnPolicy`:
 :func:`round_robin`, or Salus' PACK / SRTF / FAIR through :func:`salus_policy`, which calls
-``gpushare.agent.lane_policy.next_turn`` (the same decision the simulator makes, so the two cannot drift).
+``gpushare.policy.lane_policy.next_turn`` (the same decision the simulator makes, so the two cannot drift).
 ``[agent] lane_policy`` names one (:func:`turn_policy`; ``docs/agent.md``).
 """
 
@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from gpushare.agent.lane_policy import LanePolicy, TurnState, joining_service, next_turn
+from gpushare.policy.lane_policy import LanePolicy, TurnState, joining_service, next_turn
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The agent's sampling step: one pass over every GPU through the device interface, no process spawned.
 
 Each ``tick(now)`` reads memory, running processes, utilisation and the energy counter of every GPU,
-feeds CARMA's risk window (``gpushare.agent.risk.MetricWindow``), the TTFK table (``risk.TtfkTable``) and
+feeds CARMA's risk window (``gpushare.policy.risk.MetricWindow``), the TTFK table (``risk.TtfkTable``) and
 the per-job accumulators. The clock value comes from the caller and the backend is injected (docs/style.md #11),
 so tests drive it with a fake clock and the simulated backend.
 
@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from gpushare.gres import GpuError, is_na
 from gpushare.agent.adopt import process_uid
-from gpushare.agent.risk import MetricWindow, RiskAssessment, Thresholds, TtfkTable
+from gpushare.policy.risk import MetricWindow, RiskAssessment, Thresholds, TtfkTable
 
 if TYPE_CHECKING:
     from gpushare.gres.device import GpuBackend

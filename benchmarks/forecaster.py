@@ -4,7 +4,7 @@ Run: ``python benchmarks/forecaster.py [--seeds 50] [--horizons 60,120]``
 
 Replays 1 Hz device-memory series of five shapes (``gpushare.simulator.growth``: steady, step, leak,
 plateau, noisy; 30 minutes each, cap 20 GiB, parameters drawn per seed) through the agent's forecaster
-(``gpushare.agent.forecast``, MIGM §3.2.3) and prints one markdown table per horizon. Everything is seeded.
+(``gpushare.policy.forecast``, MIGM §3.2.3) and prints one markdown table per horizon. Everything is seeded.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from gpushare.agent.forecast import ForecastConfig
+from gpushare.policy.forecast import ForecastConfig
 from gpushare.simulator.growth import table
 
 

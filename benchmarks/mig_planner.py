@@ -17,11 +17,11 @@ import sys
 import time
 
 from gpushare.gpus import BUILTIN_GPUS, GiB
-from gpushare.mig_manager.fsm import MigSpace, build_table, fsm_table
-from gpushare.mig_manager.layout import Instance
-from gpushare.mig_manager.planner import plan
-from gpushare.mig_manager.profiles import all_profiles, select_profiles
-from gpushare.mig_manager.schemes import Job, scheme_a, scheme_b
+from gpushare.policy.fsm import MigSpace, build_table, fsm_table
+from gpushare.policy.layout import Instance
+from gpushare.policy.planner import plan
+from gpushare.policy.profiles import all_profiles, select_profiles
+from gpushare.policy.schemes import Job, scheme_a, scheme_b
 
 MIXES = {  # GiB need -> weight: one need per A100-40GB class (1g, 2g, 3g, 7g; sized without margin)
     "small-heavy": {3: 6, 8: 2, 17: 1, 35: 1},

@@ -190,7 +190,7 @@ def _slice(gpu_type: str, peak_gib: float) -> str:
     if model is None or not model.mig_capable:
         return ""
     from gpushare.gpus import GiB
-    from gpushare.mig_manager.profiles import tightest_profile
+    from gpushare.policy.profiles import tightest_profile
 
     profile = tightest_profile(model, int(peak_gib * GiB))
     return f"a {profile.name} slice would have held it" if profile is not None else ""

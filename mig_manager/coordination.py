@@ -40,13 +40,13 @@ from gpushare.gres.gres_conf import gres_conf_lines, node_gres
 
 from gpushare.mig_manager.demand import Want, held_profiles, mark_busy, pending_wants, target_for
 from gpushare.mig_manager.device_ops import node_gpus_by_placement, read_layout
-from gpushare.mig_manager.fsm import MigSpace
+from gpushare.policy.fsm import MigSpace
 from gpushare.mig_manager.gres_files import GresFileError, rewrite_node_gres
 from gpushare.mig_manager.journal import JournalError, JournalStore
-from gpushare.mig_manager.layout import format_layout, parse_layout
+from gpushare.policy.layout import format_layout, parse_layout
 from gpushare.mig_manager.node_record import (RecordError, Report, Target, parse_report, parse_target,
                                               read_records, write_field)
-from gpushare.mig_manager.profiles import all_profiles
+from gpushare.policy.profiles import all_profiles
 from gpushare.mig_manager.slurm_actions import NodeStatus, SlurmNodeQueries, gpu_jobs_on
 from gpushare.slurm.client import SlurmClient, SlurmError
 

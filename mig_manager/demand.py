@@ -27,8 +27,8 @@ from gpushare.slurm.hostlist import expand_hostlist
 from gpushare.slurm.jobs import Job
 
 from gpushare.mig_manager.device_ops import Layout
-from gpushare.mig_manager.layout import Instance
-from gpushare.mig_manager.planner import Plan, plan
+from gpushare.policy.layout import Instance
+from gpushare.policy.planner import Plan, plan
 
 _ITEM_RE = re.compile(r"^(?:gres[:/])?gpu:([A-Za-z0-9_.+-]{1,40}):([0-9]{1,3})\Z")
 MAX_PER_JOB = 7  # no GPU holds more instances than this; a larger count cannot be one node's MIG demand

@@ -18,7 +18,7 @@ from gpushare.gres.gres_conf import NodeGpu, node_gpus
 from gpushare.gres.errors import GpuError, NvmlCode
 
 from gpushare.mig_manager.journal import Op
-from gpushare.mig_manager.layout import Instance
+from gpushare.policy.layout import Instance
 
 Layout = dict[int, tuple[Instance, ...]]  # GPU index -> instances
 

@@ -38,10 +38,10 @@ from gpushare.mig_manager.device_ops import (Layout, create_instance, destroy_in
                                     node_gpus_by_placement, read_layout)
 from gpushare.mig_manager.gres_files import ensure_cap_devices
 from gpushare.mig_manager.exec_settings import ExecSettings, Outcome, Result
-from gpushare.mig_manager.fsm import MigSpace
+from gpushare.policy.fsm import MigSpace
 from gpushare.mig_manager.journal import STEPS, Journal, JournalStore
-from gpushare.mig_manager.layout import check_layout, format_layout
-from gpushare.mig_manager.profiles import all_profiles
+from gpushare.policy.layout import check_layout, format_layout
+from gpushare.policy.profiles import all_profiles
 from gpushare.mig_manager.slurm_actions import NodeStatus, SlurmActions, gpu_counts
 
 log = logging.getLogger("gpushare.mig")

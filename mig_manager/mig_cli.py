@@ -14,10 +14,10 @@ import click
 
 from gpushare.gpus import GpuModel, parse_target
 
-from gpushare.mig_manager.fsm import FsmTable, MigSpace, fsm_table
-from gpushare.mig_manager.layout import Instance, format_layout, parse_layout
-from gpushare.mig_manager.planner import describe, plan, plan_profile_set
-from gpushare.mig_manager.profiles import all_profiles, select_profiles
+from gpushare.policy.fsm import FsmTable, MigSpace, fsm_table
+from gpushare.policy.layout import Instance, format_layout, parse_layout
+from gpushare.policy.planner import describe, plan, plan_profile_set
+from gpushare.policy.profiles import all_profiles, select_profiles
 
 
 def _model(gpu: str) -> GpuModel:

@@ -28,11 +28,11 @@ from gpushare.gres.errors import GpuError
 from gpushare.mig_manager.coordination import controller_pass
 from gpushare.mig_manager.device_ops import Layout
 from gpushare.mig_manager.exec_settings import Result
-from gpushare.mig_manager.fsm import MigSpace
+from gpushare.policy.fsm import MigSpace
 from gpushare.mig_manager.journal import JournalError
 from gpushare.mig_manager.node_record import RecordError
-from gpushare.mig_manager.layout import parse_layout
-from gpushare.mig_manager.profiles import all_profiles
+from gpushare.policy.layout import parse_layout
+from gpushare.policy.profiles import all_profiles
 from gpushare.mig_manager.reshape import (build_executor, node_name, reshape_for_demand, restore_after_reset,
                                  slurm_paths)
 from gpushare.mig_manager.slurm_actions import command_runner

@@ -20,9 +20,9 @@ from gpushare.mig_manager.coordination import RecordSlurmActions, node_report
 from gpushare.mig_manager.demand import held_profiles, mark_busy, pending_wants, target_for
 from gpushare.mig_manager.device_ops import busy_instance_ids, read_layout
 from gpushare.mig_manager.executor import ExecSettings, Executor, Result
-from gpushare.mig_manager.fsm import MigSpace
-from gpushare.mig_manager.layout import parse_layout
-from gpushare.mig_manager.profiles import all_profiles
+from gpushare.policy.fsm import MigSpace
+from gpushare.policy.layout import parse_layout
+from gpushare.policy.profiles import all_profiles
 from gpushare.mig_manager.journal import JournalStore
 from gpushare.mig_manager.node_record import parse_report, parse_target, read_records, write_field
 from gpushare.mig_manager.slurm_actions import SlurmActions, SlurmNodeActions, command_runner

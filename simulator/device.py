@@ -64,13 +64,13 @@ _SCORES: dict[tuple[int, int, int], tuple[float, float, float]] = {}
 
 
 def noise_scores(seed: int, start: int, samples: int) -> tuple[float, float, float]:
-    """The risk scores (``gpushare.agent.risk.score``) of the noise alone over a window whose first sample
+    """The risk scores (``gpushare.policy.risk.score``) of the noise alone over a window whose first sample
     has noise index ``start``, for SMACT, SMOCC and DRAMA. A score is a weighted mean (weights summing to 1)
     of statistics that all shift with their samples, so a steady window that the noise never pushes past
     0 or 1 scores its step value plus these, to rounding."""
     key = (seed, start, samples)
     if key not in _SCORES:
-        from gpushare.agent.risk import score
+        from gpushare.policy.risk import score
 
         noise = _noise(seed)
         at = [(start + 3 * k) % _NOISE_LEN for k in range(samples)]

@@ -3,7 +3,7 @@
 Why event-driven: between arrivals, first kernels and completions nothing changes, so a 4-hour trace
 takes thousands of steps, not millions of seconds. The policy objects are the agent's own
 (``gpushare.simulator.policies``), fed with the same inputs the agent builds from NVML: free memory,
-CARMA's risk verdict over a 1 Hz 30-sample window (``gpushare.agent.risk``) and the TTFK table.
+CARMA's risk verdict over a 1 Hz 30-sample window (``gpushare.policy.risk``) and the TTFK table.
 
 Why its cost grows with events, not jobs × events (a month of a 1,000-GPU cluster is 100,000 jobs): a
 running job's finish time is an event in the queue, recomputed only when its rate changes, and rates are
@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Sequence
 
 from gpushare.gpus import GiB, capacity_bytes, parse_target
-from gpushare.agent import risk
+from gpushare.policy import risk
 from gpushare.simulator.policies import GpuState, JobRequest, make_policy
 from gpushare.simulator import estimators
 from gpushare.simulator.device import CONTEXT_GIB, SimCluster, SimGpu, noise_bound, noise_scores

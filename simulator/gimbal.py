@@ -1,4 +1,4 @@
-"""Gimbal in the simulator: jobs packed two per GPU, MPS thread caps chosen by ``gpushare.agent.gimbal``.
+"""Gimbal in the simulator: jobs packed two per GPU, MPS thread caps chosen by ``gpushare.policy.gimbal``.
 
 Why a subclass of the placement engine: placement, TTFK, OOMs, devices and energy stay the engine's; what
 changes is each job's speed, which now depends on the thread caps of the jobs sharing its GPU
@@ -7,7 +7,7 @@ lowers the over-subscription its co-runner suffers; measured pairwise extra time
 where known, as the engine's ``gavel`` interference mode; with every cap at 100 % it is exactly that
 mode, which is the free-competition baseline ``gimbal-free``).
 
-Two ways to set the caps, both with the policy math of ``gpushare.agent.gimbal`` and nothing of their own:
+Two ways to set the caps, both with the policy math of ``gpushare.policy.gimbal`` and nothing of their own:
 
 * ``gimbal-jct`` / ``gimbal-makespan``: what the node agent does with stock MPS, where a percentage is
   fixed when a process starts. At a job's first kernel ``gimbal.starting_share`` picks its share with the
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gpushare.agent import gimbal as gb
+from gpushare.policy import gimbal as gb
 from gpushare.simulator.engine import SimConfig, Simulation
 from gpushare.simulator.interference import Interference
 from gpushare.simulator.trace import JobSpec

@@ -1,6 +1,6 @@
 """Simulated memory-growth patterns and a replay of the agent's OOM forecaster over them.
 
-Why here: the simulator drives the same policy objects as the agent (``gpushare.agent.forecast``); this
+Why here: the simulator drives the same policy objects as the agent (``gpushare.policy.forecast``); this
 module feeds the forecaster 1 Hz device-memory series of five shapes a training job shows, and scores
 what it would have done: how long before the OOM it fired (lead time), how often it fired on a job that
 never reached its cap (false positive), and how often an OOM came without a warning (missed).
@@ -21,7 +21,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpushare.agent.forecast import ForecastConfig, JobForecaster
+from gpushare.policy.forecast import ForecastConfig, JobForecaster
 
 GiB = float(1 << 30)
 PATTERNS = ("steady", "step", "leak", "plateau", "noisy")

@@ -11,7 +11,7 @@ placement                              Slurm's own shard selection: first-fit on
                                        ``any``) or every (``all``) GPU not held whole is risky or warming
                                        (``gpushare.agent.withhold.node_open``, the agent's own function)
 ``[agent] thread_policy``              ``fixed``: no caps on SMs; ``gimbal-*``: a starting job's MPS share by
-                                       ``gpushare.agent.gimbal.starting_share`` (the simulator's live Gimbal)
+                                       ``gpushare.policy.gimbal.starting_share`` (the simulator's live Gimbal)
 ``framework_caps`` / ``backstop``      a job that outgrows its share hits its own cap (``caps`` on) or takes free
                                        memory (off); the growth model of docs/simulator.md
 ``[oom] max_retries``                  OOM recovery on (≥ 1) or off

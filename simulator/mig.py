@@ -1,8 +1,8 @@
 """MIG mixes in the style of MIGM §5.2: a batch on MIG via the planner's Scheme A and B vs whole GPUs.
 
 Why a separate driver: MIG jobs do not share SMs, so there is no interference or risk to model; what
-matters is the tightest profile (``gpushare.mig_manager.profiles``), the planner's reconfigurations and how much
-slower a job runs on a fraction of the GPU. The schemes themselves (``gpushare.mig_manager.schemes``) are the
+matters is the tightest profile (``gpushare.policy.profiles``), the planner's reconfigurations and how much
+slower a job runs on a fraction of the GPU. The schemes themselves (``gpushare.policy.schemes``) are the
 ones the node agent uses; this module only prepares their jobs and scores their results.
 
 Slowdown on a slice: a job whose solo SMACT on the whole GPU is ``a`` needs ``a`` of the SMs; on a
@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpushare.gpus import GiB, GpuModel
-from gpushare.mig_manager import schemes
-from gpushare.mig_manager.profiles import tightest_profile
+from gpushare.policy import schemes
+from gpushare.policy.profiles import tightest_profile
 from gpushare.simulator.device import POWER_W
 from gpushare.simulator.trace import JobSpec
 from gpushare.simulator.workload import UTIL_CLASSES

@@ -322,7 +322,7 @@ class LivePlacement(Policy):
 
 
 class SalusLanes(Policy):
-    """Salus' GPU lanes (``gpushare.agent.lane_policy``): the simulation offers only GPUs whose lane layout
+    """Salus' GPU lanes (``gpushare.policy.lane_policy``): the simulation offers only GPUs whose lane layout
     admits the job (safety condition); among them the one with the fewest jobs, then the most free memory,
     so lanes spread over GPUs before they time-share. ``lane_policy`` picks the turn inside a lane."""
 
@@ -352,7 +352,7 @@ GIMBAL_MAX_JOBS = 2  # Gimbal §5.1: at most two workers on one GPU
 
 class GimbalPacking(Policy):
     """Gimbal's aggressive packing: at most two jobs per GPU, no risk filter (interference is what the
-    thread caps of ``gpushare.agent.gimbal`` tame), free memory ≥ the job's need; most free memory first.
+    thread caps of ``gpushare.policy.gimbal`` tame), free memory ≥ the job's need; most free memory first.
     ``objective`` None is free competition (every cap 100 %), the baseline Gimbal compares with.
     ``runtime`` False: caps as the node agent sets them with stock MPS (only a starting job's share is
     chosen); True: Gimbal's runtime recalibration of running jobs (``gpushare.simulator.gimbal``)."""

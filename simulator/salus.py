@@ -1,7 +1,7 @@
 """Salus in the simulator: lane admission, lanes side by side, iteration-granularity turns within a lane.
 
 Why a subclass of the placement engine: arrivals, TTFK, the simulated devices, energy and the report stay
-the engine's; what changes is admission (``gpushare.agent.lane_policy``: a job is placed only where the
+the engine's; what changes is admission (``gpushare.policy.lane_policy``: a job is placed only where the
 safety condition holds, so no OOM can happen), queueing (Salus' PROCESSREQUESTS tries every queued job,
 no head-of-line blocking; SRTF tries the shortest first) and speeds:
 
@@ -20,7 +20,7 @@ no head-of-line blocking; SRTF tries the shortest first) and speeds:
 
 from __future__ import annotations
 
-from gpushare.agent import lane_policy as lp
+from gpushare.policy import lane_policy as lp
 from gpushare.simulator.engine import JobRun, SimConfig, Simulation
 from gpushare.simulator.interference import OVERHEAD, Interference
 from gpushare.simulator.memory_split import Splitter, split

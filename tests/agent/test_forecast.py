@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from gpushare.agent.forecast import ForecastConfig, JobForecaster, decide_action, fit, phase_start, predict
+from gpushare.policy.forecast import ForecastConfig, JobForecaster, decide_action, fit, phase_start, predict
 from gpushare.simulator.growth import GiB, replay, score, series
 
 CAP = 20 * GiB

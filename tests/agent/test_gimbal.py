@@ -1,10 +1,10 @@
-"""Gimbal's coordination on one GPU (gpushare.agent.gimbal): the speed model's shape and Algorithm 1."""
+"""Gimbal's coordination on one GPU (gpushare.policy.gimbal): the speed model's shape and Algorithm 1."""
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpushare.agent import gimbal as gb
+from gpushare.policy import gimbal as gb
 
 
 def test_alone_and_free_competition_match_the_collocation_model():

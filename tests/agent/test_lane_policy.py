@@ -1,11 +1,11 @@
-"""Salus lane admission and turn choice (gpushare.agent.lane_policy): hand cases from the paper and a
+"""Salus lane admission and turn choice (gpushare.policy.lane_policy): hand cases from the paper and a
 property test that no sequence of admissions and releases ever breaks the safety condition."""
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpushare.agent import lane_policy as lp
+from gpushare.policy import lane_policy as lp
 
 GB = 1_000_000_000
 

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from gpushare.agent.jobs import DEFAULT_REMAINING_S, clean_facts, lane_facts_of, time_left
-from gpushare.agent.lane_policy import LanePolicy
+from gpushare.policy.lane_policy import LanePolicy
 from gpushare.agent.lane_service import LaneFacts, LaneService
 from gpushare.agent.lanes import POLICY_NAMES, LaneBoard, Member, Waiter, round_robin, turn_policy
 from gpushare.config import ConfigError, parse_config

@@ -7,8 +7,8 @@ import time
 import pytest
 
 from gpushare.gpus import BUILTIN_GPUS
-from gpushare.mig_manager.fsm import EMPTY, MigSpace, build_table, fsm_table
-from gpushare.mig_manager.profiles import all_profiles, model_from_nvml, select_profiles
+from gpushare.policy.fsm import EMPTY, MigSpace, build_table, fsm_table
+from gpushare.policy.profiles import all_profiles, model_from_nvml, select_profiles
 
 AMPERE_HOPPER = ["a100-40gb", "a100-80gb", "h100-80gb", "h200-141gb"]
 

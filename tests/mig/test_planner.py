@@ -6,10 +6,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpushare.gpus import BUILTIN_GPUS
-from gpushare.mig_manager.fsm import fsm_table
-from gpushare.mig_manager.layout import Instance, parse_layout
-from gpushare.mig_manager.planner import choose_placement, describe, plan
-from gpushare.mig_manager.profiles import all_profiles, select_profiles
+from gpushare.policy.fsm import fsm_table
+from gpushare.policy.layout import Instance, parse_layout
+from gpushare.policy.planner import choose_placement, describe, plan
+from gpushare.policy.profiles import all_profiles, select_profiles
 
 A100 = BUILTIN_GPUS["a100-40gb"]
 SPACE = fsm_table(A100, all_profiles(A100)).space

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from gpushare.gpus import BUILTIN_GPUS, GiB
-from gpushare.mig_manager.fsm import fsm_table
-from gpushare.mig_manager.layout import Instance, format_layout, parse_layout
-from gpushare.mig_manager.profiles import (needed_bytes, next_larger_profile, select_profiles,
+from gpushare.policy.fsm import fsm_table
+from gpushare.policy.layout import Instance, format_layout, parse_layout
+from gpushare.policy.profiles import (needed_bytes, next_larger_profile, select_profiles,
                                   tightest_profile)
 
 A100 = BUILTIN_GPUS["a100-40gb"]

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpushare.gpus import BUILTIN_GPUS, GiB
-from gpushare.mig_manager.schemes import Job, SchemeResult, scheme_a, scheme_b
+from gpushare.policy.schemes import Job, SchemeResult, scheme_a, scheme_b
 
 A100 = BUILTIN_GPUS["a100-40gb"]
 

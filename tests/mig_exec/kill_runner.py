@@ -15,9 +15,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from gpushare.gres.sim_backend import SimBackend  # noqa: E402
 from gpushare.mig_manager.executor import ExecSettings, Executor  # noqa: E402
 from gpushare.mig_manager.journal import JournalStore  # noqa: E402
-from gpushare.mig_manager.layout import parse_layout  # noqa: E402
-from gpushare.mig_manager.fsm import MigSpace  # noqa: E402
-from gpushare.mig_manager.profiles import all_profiles  # noqa: E402
+from gpushare.policy.layout import parse_layout  # noqa: E402
+from gpushare.policy.fsm import MigSpace  # noqa: E402
+from gpushare.policy.profiles import all_profiles  # noqa: E402
 from gpushare.gpus import BUILTIN_GPUS  # noqa: E402
 from mig_exec_fakes import NODE, FileSlurm  # noqa: E402
 

@@ -17,7 +17,7 @@ from gpushare.config import parse_config
 from gpushare.mig_manager.coordination import RecordSlurmActions, controller_pass
 from gpushare.mig_manager.executor import Executor
 from gpushare.mig_manager.journal import JournalStore
-from gpushare.mig_manager.layout import Instance
+from gpushare.policy.layout import Instance
 from gpushare.mig_manager.node_record import (MAX_CHARS, RecordError, Report, Target, parse_report, parse_target,
                                               read_records)
 from gpushare.mig_manager.reshape import follow_controller, settings

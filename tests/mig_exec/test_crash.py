@@ -18,7 +18,7 @@ from gpushare.gres.gres_conf import node_gpus, node_gres
 from gpushare.gres.sim_backend import SimBackend
 from gpushare.mig_manager.device_ops import busy_instance_ids, read_layout
 from gpushare.mig_manager.executor import ExecSettings, Executor
-from gpushare.mig_manager.layout import Instance, format_layout
+from gpushare.policy.layout import Instance, format_layout
 from gpushare.mig_manager.slurm_actions import gpu_counts
 from mig_exec_fakes import NODE, FakeSlurm, FileSlurm, sim_gpu, store
 

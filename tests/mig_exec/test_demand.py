@@ -8,7 +8,7 @@ import pytest
 
 from gpushare.gpus import BUILTIN_GPUS
 from gpushare.mig_manager.demand import Want, mark_busy, mig_request, pending_wants, target_for
-from gpushare.mig_manager.layout import Instance, format_layout
+from gpushare.policy.layout import Instance, format_layout
 from gpushare.slurm.jobs import Job, job_from_json
 
 A100 = BUILTIN_GPUS["a100-40gb"]

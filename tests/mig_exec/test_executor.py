@@ -10,7 +10,7 @@ from gpushare.gpus import GiB
 from gpushare.mig_manager.device_ops import read_layout
 from gpushare.mig_manager.executor import ExecSettings, Executor
 from gpushare.mig_manager.journal import JournalError, JournalStore
-from gpushare.mig_manager.layout import Instance, format_layout
+from gpushare.policy.layout import Instance, format_layout
 from gpushare.mig_manager.slurm_actions import gpu_counts
 from mig_exec_fakes import NODE, FakeSlurm, sim_gpu, store
 

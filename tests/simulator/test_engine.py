@@ -228,7 +228,7 @@ def test_risk_verdicts_taken_without_a_window_agree_with_the_window():
     alone); on random step histories at and around CARMA's thresholds it must agree with the window."""
     import random
 
-    from gpushare.agent import risk
+    from gpushare.policy import risk
     from gpushare.simulator.engine import GpuView
 
     rng = random.Random(3)

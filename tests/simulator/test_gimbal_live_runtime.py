@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpushare.agent import gimbal as gb
+from gpushare.policy import gimbal as gb
 from gpushare.agent.jobs import thread_percentage_for
 from gpushare.simulator.engine import SimConfig
 from gpushare.simulator.gimbal import RECALIBRATE_S, RECONFIG_S, WINDOW_S, GimbalSimulation

@@ -1,4 +1,4 @@
-"""CARMA risk score numbers and TTFK windows (gpushare.agent.risk)."""
+"""CARMA risk score numbers and TTFK windows (gpushare.policy.risk)."""
 
 import math
 import random
@@ -6,7 +6,7 @@ import random
 import numpy as np
 import pytest
 
-from gpushare.agent import risk
+from gpushare.policy import risk
 
 
 def test_constant_window_scores_its_value():

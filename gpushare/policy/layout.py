@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from gpushare.mig_manager.fsm import MigSpace, Placement, State
+from gpushare.policy.fsm import MigSpace, Placement, State
 
 
 @dataclass(frozen=True, order=True)

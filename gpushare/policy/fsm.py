@@ -23,7 +23,7 @@ from itertools import combinations
 
 from gpushare.gpus import GpuModel, MigProfile
 
-from gpushare.mig_manager.profiles import select_profiles, total_compute_slices
+from gpushare.policy.profiles import select_profiles, total_compute_slices
 
 Placement = tuple[str, int]  # (profile name, start memory slice)
 State = frozenset[Placement]

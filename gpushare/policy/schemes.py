@@ -2,8 +2,8 @@
 
 Both take a batch queue of jobs — (job id, memory need, arrival) plus a simulated duration — and a number
 of identical GPUs that start unpartitioned, map each job to its tightest profile
-(:func:`~gpushare.mig_manager.profiles.tightest_profile`), and simulate the run on a virtual clock (no clock reads),
-asking :func:`~gpushare.mig_manager.planner.plan` for every layout change.
+(:func:`~gpushare.policy.profiles.tightest_profile`), and simulate the run on a virtual clock (no clock reads),
+asking :func:`~gpushare.policy.planner.plan` for every layout change.
 
 - **Scheme A** sorts the queue by profile size and runs it in phases, one profile per phase: at the start
   of a phase each GPU the phase needs is reconfigured once (one planner call for as many instances as the
@@ -29,10 +29,10 @@ from dataclasses import dataclass
 
 from gpushare.gpus import GpuModel
 
-from gpushare.mig_manager.fsm import Placement
-from gpushare.mig_manager.layout import Instance
-from gpushare.mig_manager.planner import Plan, plan
-from gpushare.mig_manager.profiles import tightest_profile
+from gpushare.policy.fsm import Placement
+from gpushare.policy.layout import Instance
+from gpushare.policy.planner import Plan, plan
+from gpushare.policy.profiles import tightest_profile
 
 
 @dataclass(frozen=True)

@@ -31,9 +31,9 @@ from typing import Literal
 
 from gpushare.gpus import GpuModel
 
-from gpushare.mig_manager.fsm import FsmTable, MigSpace, Placement, State, fsm_table
-from gpushare.mig_manager.layout import Instance, check_layout, format_layout
-from gpushare.mig_manager.profiles import select_profiles
+from gpushare.policy.fsm import FsmTable, MigSpace, Placement, State, fsm_table
+from gpushare.policy.layout import Instance, check_layout, format_layout
+from gpushare.policy.profiles import select_profiles
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,1 @@
+"""Pure placement and sharing decisions, shared by the deployed services and the simulator."""
