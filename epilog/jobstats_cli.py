@@ -19,6 +19,7 @@ from typing import Any
 
 import click
 
+from gpushare.estimate.cache import LEARN_FACTOR
 from gpushare.slurm import record as record_format
 from gpushare.slurm.client import SlurmClient, SlurmError
 from gpushare.slurm.jobs import check_job_id
@@ -27,7 +28,6 @@ VERSION = 1
 _FIELDS = ("JobIDRaw", "JobID", "User", "State", "ExitCode", "Elapsed", "NodeList", "AllocTRES", "AdminComment")
 _TRES = re.compile(r"gres/(gpu|shard)(?::([^=,]+))?=(\d+)")
 GENEROUS = 0.7  # a peak below this fraction of the share means the job asked for too much
-LEARN_FACTOR = 1.5  # gpushare.epilog.learn: the learned floor after an OOM is this times the failed size
 
 
 class NotFound(click.ClickException):

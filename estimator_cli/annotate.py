@@ -2,7 +2,7 @@
 
 Why a copy of the batch script with a directive: the batch script is what reaches the job_submit hook on the
 controller, so the estimate travels in it as a ``#GPUSHARE est=<gpu>/<total>[/<persistent>/<ephemeral>],…``
-line (slurm_plugins/directives.py). A file path would not do: the controller's root cannot read homes that are
+line (gpushare/estimate/directives.py). A file path would not do: the controller's root cannot read homes that are
 root-squashed, 0700 or not mounted there. Users cannot write the cluster's by-script cache (root's) either. So
 an annotated copy of the batch script goes into ``.gpushare/`` beside the batch script, with the full estimate
 JSON for the user's own reading, and ``sbatch`` gets the copy (same file name, so the job name is unchanged).
@@ -26,7 +26,7 @@ from typing import Any
 
 from gpushare.errors import GpushareError
 from gpushare.atomic import write_text_atomic
-from gpushare.estimator_cli.schema import inline_value
+from gpushare.estimate.schema import inline_value
 
 ANNOTATION_DIR = ".gpushare"
 _ESTIMATE_DIRECTIVE_RE = re.compile(r"^\s*#\s*GPUSHARE\b.*\b(mem|est|estimate)=", re.IGNORECASE)

@@ -1,4 +1,4 @@
-"""Build the report document (estimator_cli/schema.py) and render it for humans.
+"""Build the report document (gpushare/estimate/schema.py) and render it for humans.
 
 The human text is rendered *from the JSON document*, so a cached estimate prints exactly like a fresh one.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpushare.estimator_cli.estimate import OTHER_DRIVER_BYTES, TargetEstimate
-from gpushare.estimator_cli.schema import SCHEMA_VERSION, Named, TargetJson
+from gpushare.estimate.schema import SCHEMA_VERSION, Named, TargetJson
 
 GiB = 1 << 30
 MiB = 1 << 20

@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 
 from gpushare.config import Config
+from gpushare.estimate import cache as estimate_cache
 from gpushare.slurm.conf_file import Account, SlurmConfError, slurm_user
 
 log = logging.getLogger("gpushare.submitd")
@@ -46,7 +47,7 @@ def socket_gid(cfg: Config, account: Account | None) -> int | None:
 
 def hook_paths(cfg: Config) -> list[tuple[Path, int, bool]]:
     """(path, mode, is_directory) for what the SlurmUser-run hooks write on the controller."""
-    paths = [(Path(cfg.oom.ledger_dir), 0o700, True), (Path(cfg.submit.cache_dir) / "by-script", 0o755, True)]
+    paths = [(Path(cfg.oom.ledger_dir), 0o700, True), (estimate_cache.directory(cfg), 0o755, True)]
     if cfg.oom.log_file:
         paths.append((Path(cfg.oom.log_file), 0o640, False))
     return paths

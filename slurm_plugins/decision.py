@@ -16,10 +16,11 @@ from typing import Any
 
 from gpushare.config import Config
 from gpushare.gpus import GiB, GpuModel, MigProfile
-from gpushare.slurm_plugins.directives import Directives
+from gpushare.estimate.directives import Directives
+from gpushare.estimate.source import Estimate
 from gpushare.slurm import record as record_format
 from gpushare.slurm.gres_request import GresItem, format_gres, parse_gres
-from gpushare.slurm_plugins.script_discovery import NotFound, describe, find_training_command
+from gpushare.estimate.script_discovery import NotFound, describe, find_training_command
 
 RECORD_PREFIX = record_format.PREFIX
 RECORD_VERSION = record_format.VERSION
@@ -42,19 +43,6 @@ class SubmitRequest:
     default_partition: str | None = None  # the default partition's name, when the shim could tell it
     account: str | None = None  # --account as given; None: the user's default account
     qos: str | None = None  # --qos as given; None: the default QOS
-
-
-@dataclass(frozen=True)
-class Estimate:
-    """Peak GPU memory a job needs as nvidia-smi would show it (reserved + CUDA context)."""
-
-    total_bytes: int
-    source: str  # "directive:mem", "directive:estimate", "cache", "learned" (raised after an OOM), "default"
-    detail: str = ""
-    # the estimate's split for the chosen GPU (Salus: weights + optimizer state vs per-iteration memory);
-    # None when the estimate document has none
-    persistent_bytes: int | None = None
-    ephemeral_bytes: int | None = None
 
 
 @dataclass

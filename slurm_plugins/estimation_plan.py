@@ -29,9 +29,9 @@ from typing import Any
 
 from gpushare.config import Config
 from gpushare.slurm_plugins.decision import Decision, Estimate, SubmitRequest, decide, without_estimate
-from gpushare.slurm_plugins.directives import Directives
+from gpushare.estimate.directives import Directives
 from gpushare.slurm.gres_request import parse_gres
-from gpushare.slurm_plugins.script_discovery import NotFound, TrainingCommand
+from gpushare.estimate.script_discovery import NotFound, TrainingCommand
 
 ESTIMATION_JOB_PREFIX = "gpushare-estimate-"
 ACTIVE_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",

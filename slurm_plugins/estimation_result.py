@@ -47,7 +47,7 @@ def _first_number(path: Path) -> int | None:
 
 def condense(directory: Path, code: int, gpus: list[str]) -> dict[str, Any]:
     """The result of the run whose files are in ``directory`` (this job's own), as the Comment carries it."""
-    from gpushare.slurm_plugins.estimate_source import EstimateUnavailable, peak_total_from_json
+    from gpushare.estimate.source import EstimateUnavailable, peak_total_from_json
 
     result: dict[str, Any] = {"v": VERSION, "exit": code}
     for name in ("env_line", "env_failed"):  # a replayed line may fail without ending the shell

@@ -30,13 +30,13 @@ from typing import Any
 from gpushare.config import Config, parse_size
 from gpushare.gpus import MiB
 from gpushare.slurm_plugins.decision import Estimate, parse_record
-from gpushare.slurm_plugins.directives import parse_directives
+from gpushare.estimate.directives import parse_directives
 from gpushare.slurm_plugins import estimation_result
 from gpushare.slurm_plugins.estimation_plan import (ESTIMATION_JOB_PREFIX, Action, Attach, Cancel, EstimationJob, HeldJob,
                                            Release, Submit, overdue, plan)
-from gpushare.slurm_plugins.environment_replay import (Environment, Unreproducible, find_environment, replay_script,
+from gpushare.estimate.environment_replay import (Environment, Unreproducible, find_environment, replay_script,
                                                      shell_word)
-from gpushare.slurm_plugins.script_discovery import NotFound, TrainingCommand, find_training_command
+from gpushare.estimate.script_discovery import NotFound, TrainingCommand, find_training_command
 from gpushare.slurm import fields, record as record_format
 from gpushare.slurm.admin_comment import merge_fields, merge_write
 from gpushare.slurm.gres_request import plain_gres
@@ -266,7 +266,7 @@ class EstimationService:
 
     def wrapper(self, job: HeldJob, command: TrainingCommand) -> str:
         """The estimation job's script (bash, run as the user on a CPU node): the batch script's environment
-        lines replayed (slurm_plugins/environment_replay.py) and gpu-estimate run under the interpreter the
+        lines replayed (gpushare/estimate/environment_replay.py) and gpu-estimate run under the interpreter the
         training would use, both in a subshell writing into a private directory of the node's own; then the
         result condensed into the job's Comment (slurm_plugins/estimation_result.py) by this installation's
         interpreter, outside whatever the replayed lines set up."""

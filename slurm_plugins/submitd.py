@@ -27,8 +27,8 @@ from gpushare.config import Config, ConfigError, load_config
 from gpushare.errors import GpushareError
 from gpushare.slurm_plugins.controller_account import controller_account, prepare_hook_paths, socket_gid
 from gpushare.slurm_plugins.decision import Decision, SubmitRequest, decide
-from gpushare.slurm_plugins.directives import parse_directives
-from gpushare.slurm_plugins.estimate_source import EstimateUnavailable, find_estimate
+from gpushare.estimate.directives import parse_directives
+from gpushare.estimate.source import EstimateUnavailable, find_estimate
 from gpushare.slurm_plugins.estimation_process import Supervisor
 from gpushare.slurm_plugins.job_notes import write_note
 from gpushare.slurm_plugins.protocol import ProtocolError, decode_request, encode_reply

@@ -14,8 +14,8 @@ from gpushare.agent.lanes import POLICY_NAMES, LaneBoard, Member, Waiter, round_
 from gpushare.config import ConfigError, parse_config
 from gpushare.prolog.task_prolog import lane_lines, lane_site_dir
 from gpushare.slurm_plugins.decision import LANE_SHARE, Estimate, SubmitRequest, decide, lane_charge
-from gpushare.slurm_plugins.directives import parse_directives
-from gpushare.slurm_plugins.estimate_source import split_from_json
+from gpushare.estimate.directives import parse_directives
+from gpushare.estimate.source import split_from_json
 
 GiB = 1 << 30
 CAP = 40 * GiB

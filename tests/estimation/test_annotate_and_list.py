@@ -9,12 +9,12 @@ import subprocess
 import pytest
 
 from gpushare.estimator_cli.annotate import AnnotateError, annotate_script, split_args, submit
-from gpushare.estimator_cli.schema import inline_value
+from gpushare.estimate.schema import inline_value
 from gpushare.config import parse_config
 from gpushare.gpus import GiB
 from gpushare.slurm_plugins.decision import SubmitRequest, decide
-from gpushare.slurm_plugins.directives import parse_directives
-from gpushare.slurm_plugins.estimate_source import find_estimate
+from gpushare.estimate.directives import parse_directives
+from gpushare.estimate.source import find_estimate
 from gpushare.slurm_plugins.estimates_cli import collect, render
 from gpushare.slurm.jobs import job_from_json
 

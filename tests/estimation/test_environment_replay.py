@@ -15,10 +15,10 @@ from types import SimpleNamespace
 
 from gpushare.config import parse_config
 from gpushare.slurm_plugins import estimation_result
-from gpushare.slurm_plugins.environment_replay import Environment, Unreproducible, find_environment
+from gpushare.estimate.environment_replay import Environment, Unreproducible, find_environment
 from gpushare.slurm_plugins.estimation_plan import HeldJob
 from gpushare.slurm_plugins.estimationd import EstimationService
-from gpushare.slurm_plugins.script_discovery import TrainingCommand, find_training_command
+from gpushare.estimate.script_discovery import TrainingCommand, find_training_command
 
 SITE_SCRIPT = """#!/bin/bash -l
 #SBATCH --gres=gpu:1

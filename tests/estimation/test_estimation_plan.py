@@ -7,11 +7,11 @@ import pytest
 from gpushare.config import ConfigError, parse_config
 from gpushare.gpus import GiB
 from gpushare.slurm_plugins.decision import Estimate, SubmitRequest, decide, parse_record
-from gpushare.slurm_plugins.directives import parse_directives
+from gpushare.estimate.directives import parse_directives
 from gpushare.slurm_plugins.estimation_plan import (Attach, Cancel, EstimationJob, HeldJob, Release, Submit, overdue,
                                                     plan)
 from gpushare.slurm_plugins.protocol import encode_reply
-from gpushare.slurm_plugins.script_discovery import NotFound, TrainingCommand
+from gpushare.estimate.script_discovery import NotFound, TrainingCommand
 
 NODES = [{"names": "n1", "gpu": "a100-40gb", "count": 2}]
 

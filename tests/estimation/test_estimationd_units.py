@@ -10,7 +10,7 @@ from gpushare.config import parse_config
 from gpushare.slurm_plugins.estimation_plan import HeldJob
 from gpushare.slurm_plugins.estimation_result import MAX_CHARS, condense, parse, render
 from gpushare.slurm_plugins.estimationd import EstimationService
-from gpushare.slurm_plugins.script_discovery import TrainingCommand
+from gpushare.estimate.script_discovery import TrainingCommand
 from gpushare.slurm.jobs import Job, job_from_json
 
 

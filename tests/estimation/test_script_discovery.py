@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpushare.slurm_plugins.script_discovery import NotFound, TrainingCommand, describe, find_training_command
+from gpushare.estimate.script_discovery import NotFound, TrainingCommand, describe, find_training_command
 
 HPC_SITE = """#!/bin/bash
 #SBATCH --job-name=resnet

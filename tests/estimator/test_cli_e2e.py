@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from gpushare.estimator_cli.cli import EXIT_LIMIT, EXIT_OK, EXIT_SCRIPT, EXIT_UNSUPPORTED, EXIT_USAGE, main
-from gpushare.estimator_cli.schema import SCHEMA_VERSION, validate
+from gpushare.estimate.schema import SCHEMA_VERSION, validate
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

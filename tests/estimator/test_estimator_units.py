@@ -11,7 +11,7 @@ from gpushare.estimator_cli.events import Alloc, Capture, Kind
 from gpushare.estimator_cli.orchestrate import WORKSPACE_KEY_BASE, check_lifetimes, orchestrate
 from gpushare.estimator_cli.placeholders import DataDependent, placeholder
 from gpushare.estimator_cli.recommend import recommend, tightest_mig
-from gpushare.estimator_cli.schema import TargetBytes, TargetJson, byte_field, target_rows, validate
+from gpushare.estimate.schema import TargetBytes, TargetJson, byte_field, target_rows, validate
 from gpushare.config import PolicySection
 from gpushare.gpus import BUILTIN_GPUS, GiB, parse_target
 

@@ -20,7 +20,7 @@ import pytest
 
 from gpushare.estimator_cli.cli import EXIT_OK, EXIT_SCRIPT, EXIT_USAGE, main
 from gpushare.estimator_cli.interpreter import InterpreterError, resolve
-from gpushare.estimator_cli.schema import validate
+from gpushare.estimate.schema import validate
 
 BASE_PYTHON = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
 PYTHON_ENVS = Path(os.environ.get("GPUSHARE_PYTHON_ENVS", "/var/cache/gpushare/python-envs"))

@@ -7,7 +7,7 @@ from gpushare.estimator_cli.events import Alloc, Capture
 from gpushare.estimator_cli.orchestrate import orchestrate
 from gpushare.estimator_cli.persistent import MemorySplit, iteration_boundaries, persistent_keys, split_peak
 from gpushare.estimator_cli.report import render_text
-from gpushare.estimator_cli.schema import validate
+from gpushare.estimate.schema import validate
 
 MiB = 1 << 20
 CAPACITY = 80 << 30

@@ -12,7 +12,7 @@ import pytest
 from gpushare.estimator_cli.cli import EXIT_LIMIT, EXIT_OK, main
 from gpushare.estimator_cli.reduced_batch import BatchKnob, fit, schedule, uncertainty
 from gpushare.estimator_cli.report import render_text
-from gpushare.estimator_cli.schema import validate
+from gpushare.estimate.schema import validate
 
 MiB = 1 << 20
 

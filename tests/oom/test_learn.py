@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from gpushare.epilog.learn import failed_size_bytes, learn_from_oom, learned_document
+from gpushare.epilog.learn import failed_size_bytes, learn_from_oom
+from gpushare.estimate.cache import learned_document
 from gpushare.config import parse_config
 from gpushare.gpus import GiB
-from gpushare.slurm_plugins.estimate_source import cache_lookup
+from gpushare.estimate.source import cache_lookup
 
 SCRIPT = "#!/bin/bash\n#SBATCH --gres=gpu:1\npython train.py --batch-size 64\n"
 
@@ -63,8 +64,8 @@ def test_one_users_oom_never_resizes_another_users_identical_script(tmp_path: Pa
 
 
 def test_the_lesson_is_a_floor_under_the_scripts_own_directives(tmp_path: Path) -> None:
-    from gpushare.slurm_plugins.directives import parse_directives
-    from gpushare.slurm_plugins.estimate_source import find_estimate
+    from gpushare.estimate.directives import parse_directives
+    from gpushare.estimate.source import find_estimate
 
     cfg = parse_config({"submit": {"cache_dir": str(tmp_path / "cache")}})
     small = SCRIPT.replace("#SBATCH --gres=gpu:1\n", "#SBATCH --gres=gpu:1\n#GPUSHARE mem=4G\n")
@@ -85,8 +86,8 @@ def test_the_lesson_survives_a_cosmetic_edit_of_the_batch_script(tmp_path: Path)
     """Issue 22: one added comment line dropped the learned floor. The lesson is also keyed on the training
     command as found (its working directory, script and arguments), so an edit elsewhere keeps it; other
     arguments, another directory or another user do not inherit it."""
-    from gpushare.slurm_plugins.directives import parse_directives
-    from gpushare.slurm_plugins.estimate_source import find_estimate
+    from gpushare.estimate.directives import parse_directives
+    from gpushare.estimate.source import find_estimate
 
     cfg = parse_config({"submit": {"cache_dir": str(tmp_path / "cache")}})
     learn_from_oom(cfg, SCRIPT, "5", "gres:shard:8", 80 * GiB, 1000, work_dir="/home/u/proj")

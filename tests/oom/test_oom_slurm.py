@@ -20,7 +20,7 @@ import pytest
 from gpushare.atomic import write_json_atomic
 from gpushare.slurm.gres_request import plain_gres
 from oom_slurm_util import JOB, exclusive_gres, ledger_of, oom_log, oom_settings, trust_log_messages, wait_final
-from gpushare.slurm_plugins.estimate_source import cache_lookup
+from gpushare.estimate.source import cache_lookup
 from devcluster.local_cluster import LocalCluster, missing_requirements
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow,

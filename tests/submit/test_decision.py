@@ -9,7 +9,7 @@ import pytest
 from gpushare.config import parse_config
 from gpushare.gpus import GiB
 from gpushare.slurm_plugins.decision import Estimate, SubmitRequest, decide, parse_record
-from gpushare.slurm_plugins.directives import parse_directives
+from gpushare.estimate.directives import parse_directives
 
 CFG = parse_config({"nodes": [{"names": "n1", "gpu": "a100-40gb", "count": 2}]})
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpushare.gpus import GiB, MiB
-from gpushare.slurm_plugins.directives import parse_directives
+from gpushare.estimate.directives import parse_directives
 from gpushare.slurm.gres_request import GresItem, format_gres, parse_gres
 
 

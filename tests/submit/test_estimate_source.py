@@ -10,8 +10,8 @@ import pytest
 from gpushare.atomic import write_json_atomic
 from gpushare.config import parse_config
 from gpushare.gpus import GiB
-from gpushare.slurm_plugins.directives import parse_directives
-from gpushare.slurm_plugins.estimate_source import (EstimateUnavailable, find_estimate, peak_total_from_json,
+from gpushare.estimate.directives import parse_directives
+from gpushare.estimate.source import (EstimateUnavailable, find_estimate, peak_total_from_json,
                                            read_user_file, script_cache_key)
 
 UID = os.geteuid()

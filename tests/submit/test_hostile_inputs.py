@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from gpushare.slurm_plugins.estimate_source import EstimateUnavailable, read_user_file
-from gpushare.slurm_plugins.script_discovery import (MAX_COMMAND_BYTES, NotFound, TrainingCommand,
+from gpushare.estimate.source import EstimateUnavailable, read_user_file
+from gpushare.estimate.script_discovery import (MAX_COMMAND_BYTES, NotFound, TrainingCommand,
                                                      find_training_command)
 
 UID = os.geteuid()

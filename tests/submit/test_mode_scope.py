@@ -14,7 +14,7 @@ from pathlib import Path
 
 from gpushare.config import parse_config
 from gpushare.slurm_plugins.decision import Estimate, SubmitRequest, decide, parse_record
-from gpushare.slurm_plugins.directives import parse_directives
+from gpushare.estimate.directives import parse_directives
 from gpushare.slurm_plugins.scope import observed, out_of_scope
 
 NODES = [{"names": "g[1-2]", "gpu": "a100-40gb", "partition": "gpu"},

@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass, field
 
 from gpushare.config import parse_size
-from gpushare.estimator_cli.schema import PLAUSIBLE_MAX_BYTES, parse_inline
+from gpushare.estimate.schema import PLAUSIBLE_MAX_BYTES, parse_inline
 
 MAX_GPU_MEMORY = PLAUSIBLE_MAX_BYTES
 _DIRECTIVE_RE = re.compile(r"^\s*#\s*GPUSHARE\b(.*)$", re.IGNORECASE)

@@ -18,7 +18,7 @@ from gpushare.config import parse_size
 
 SCHEMA_VERSION = 1
 PLAUSIBLE_MAX_BYTES = 16 << 40  # 16 TiB: larger than any GPU for years; beyond is a typo, not a job
-# ``#GPUSHARE est=`` (slurm_plugins/directives.py): the target rows of a document, carried in a batch script
+# ``#GPUSHARE est=`` (gpushare/estimate/directives.py): the target rows of a document, carried in a batch script
 _EST_GPU_RE = re.compile(r"^[a-z0-9][a-z0-9.+:-]{0,62}$")
 MAX_EST_TARGETS = 32
 

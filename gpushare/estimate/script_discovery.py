@@ -28,7 +28,7 @@ import re
 import shlex
 from dataclasses import dataclass, field, replace
 
-from gpushare.slurm_plugins.environment_replay import Environment, joined_lines
+from gpushare.estimate.environment_replay import Environment, joined_lines
 
 _PYTHON_RE = re.compile(r"^(?:.*/)?python(?:\d+(?:\.\d+)?)?$")
 _ASSIGN_RE = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(\S*)\s*$")
@@ -72,7 +72,7 @@ class TrainingCommand:
     line: int = 0
     notes: tuple[str, ...] = ()
     # The launcher word as written (python3, $VENV/bin/python, torchrun): the interpreter the training would
-    # use, resolved in the replayed environment (slurm_plugins/environment_replay.py); "" for a directive
+    # use, resolved in the replayed environment (gpushare/estimate/environment_replay.py); "" for a directive
     # whose script no line runs.
     interpreter: str = field(default="", compare=False)
     # A multi-process launcher's words before the script (torchrun --nproc_per_node=8, srun -n 4 python,

@@ -9,18 +9,31 @@ echoed back beyond our own messages.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import stat
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpushare.errors import GpushareError
 from gpushare.config import Config
-from gpushare.estimator_cli.schema import byte_field, target_rows
-from gpushare.slurm_plugins.decision import Estimate
-from gpushare.slurm_plugins.directives import MAX_GPU_MEMORY, Directives
+from gpushare.errors import GpushareError
+from gpushare.estimate.cache import command_cache_key, read_document, script_cache_key
+from gpushare.estimate.directives import MAX_GPU_MEMORY, Directives
+from gpushare.estimate.schema import byte_field, target_rows
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Peak GPU memory a job needs as nvidia-smi would show it (reserved + CUDA context)."""
+
+    total_bytes: int
+    source: str  # "directive:mem", "directive:estimate", "cache", "learned" (raised after an OOM), "default"
+    detail: str = ""
+    # the estimate's split for the chosen GPU (Salus: weights + optimizer state vs per-iteration memory);
+    # None when the estimate document has none
+    persistent_bytes: int | None = None
+    ephemeral_bytes: int | None = None
 
 
 class EstimateUnavailable(GpushareError, ValueError):
@@ -115,56 +128,14 @@ def _with_split(estimate: Estimate, document: Any, gpu: str) -> Estimate:
     return Estimate(estimate.total_bytes, estimate.source, estimate.detail, split[0], split[1])
 
 
-def script_cache_key(script: str, uid: int) -> str:
-    """Cache key of one user's batch script: ``<uid>.<sha256 of the script>``.
-
-    Why the uid: the cache learns from OOMs (gpushare.epilog.learn); keyed by the script alone, one user's
-    (possibly faked) OOM would resize another user's identical script."""
-    if not isinstance(uid, int) or isinstance(uid, bool) or uid < 0:
-        raise ValueError(f"bad uid {uid!r}")
-    return f"{uid}.{hashlib.sha256(script.encode('utf-8', 'surrogateescape')).hexdigest()}"
-
-
-def command_cache_key(script: str, directive_script: str | None, work_dir: str | None, uid: int) -> str | None:
-    """Key of an OOM lesson for one user's training command: ``<uid>.<sha256 of working directory, training
-    script and its arguments as found in the batch script>``; None when no command is found or the working
-    directory is unknown.
-
-    Why besides the script's own key: what decides a job's memory is the command it trains with, not the
-    bytes of its batch script; keyed by those bytes, one edited comment line dropped a learned floor and the
-    next run fell into the same OOM. The working directory tells two projects' ``train.py`` apart."""
-    from gpushare.slurm_plugins.script_discovery import TrainingCommand, find_training_command
-
-    if not isinstance(uid, int) or isinstance(uid, bool) or uid < 0 or not work_dir or not script:
-        return None
-    found = find_training_command(script, directive_script)
-    if not isinstance(found, TrainingCommand):
-        return None
-    text = "\0".join((work_dir, found.script, *found.args))
-    return f"{uid}.cmd.{hashlib.sha256(text.encode('utf-8', 'surrogateescape')).hexdigest()}"
-
-
-def _cached_document(cfg: Config, script: str, uid: int) -> Any:
-    """The cache document of this exact batch script of this user (None: none, or unreadable)."""
-    try:
-        path = Path(cfg.submit.cache_dir) / "by-script" / f"{script_cache_key(script, uid)}.json"
-        return json.loads(path.read_bytes()[: cfg.submit.max_estimate_file_bytes])
-    except (OSError, ValueError):
-        return None
-
-
 def cache_lookup(cfg: Config, script: str, gpu_names: list[str], uid: int,
                  command_key: str | None = None) -> Estimate | None:
     """An estimate cached for this exact batch script of this user (or, with ``command_key``, the OOM lesson
     of its training command), if one exists and parses."""
-    if command_key is not None:
-        try:
-            path = Path(cfg.submit.cache_dir) / "by-script" / f"{command_key}.json"
-            document = json.loads(path.read_bytes()[: cfg.submit.max_estimate_file_bytes])
-        except (OSError, ValueError):
-            return None
-    else:
-        document = _cached_document(cfg, script, uid)
+    try:
+        document = read_document(cfg, command_key if command_key is not None else script_cache_key(script, uid))
+    except ValueError:  # a bad uid
+        return None
     if document is None:
         return None
     try:
@@ -188,7 +159,7 @@ def find_estimate(cfg: Config, directives: Directives, script: str, work_dir: st
                   gpu_names: list[str]) -> Estimate | None:
     """The estimate to size the job with; raises EstimateUnavailable for a named but unusable file.
 
-    An OOM lesson (gpushare.epilog.learn) is a floor under the script's own directives: a ``#GPUSHARE mem=``
+    An OOM lesson (gpushare.estimate.cache) is a floor under the script's own directives: a ``#GPUSHARE mem=``
     or ``estimate=`` line that an OOM has proven too small would otherwise size the rerun, or the next
     submission of the same script, into the same OOM. A directive above the lesson still wins.
     """
