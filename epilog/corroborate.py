@@ -31,7 +31,7 @@ from gpushare.config import Config
 from gpushare.epilog.learn import failed_size_bytes
 from gpushare.epilog.records import RecordLedger
 from gpushare.gpus import GiB
-from gpushare.slurm.gres_request import parse_gres
+from gpushare.slurm.gres_request import GresRequest
 
 
 def measured_peak_bytes(record: dict[str, Any] | None, records_dir: str, job_id: str, restarts: int) -> int | None:
@@ -83,25 +83,21 @@ def _trusted_dir(path: str) -> bool:
     return stat.S_ISDIR(info.st_mode) and info.st_uid in (0, os.geteuid()) and not info.st_mode & 0o002
 
 
-def _is_mig(tres_per_node: str, cfg: Config) -> bool:
-    try:
-        items = parse_gres(tres_per_node)
-    except ValueError:
-        return False
+def _is_mig(request: GresRequest, cfg: Config) -> bool:
     names = {p.name for m in cfg.gpus.values() for p in m.mig_profiles}
-    return any(item.name == "gpu" and item.type in names for item in items)
+    return any(item.type in names for item in request.named("gpu"))
 
 
-def corroborate(cfg: Config, record: dict[str, Any] | None, tres_per_node: str, job_id: str,
+def corroborate(cfg: Config, record: dict[str, Any] | None, request: GresRequest, job_id: str,
                 restarts: int) -> tuple[bool, str]:
     """(True, evidence) when the OOM is backed by our own records, else (False, what is missing)."""
     if cfg.oom.corroborate == "no":
         return True, "not checked ([oom] corroborate = no)"
-    if not _is_mig(tres_per_node, cfg) and (record or {}).get("decision") != "shared":
+    if not _is_mig(request, cfg) and (record or {}).get("decision") != "shared":
         return False, "its GPU share was not sized by gpushare (no 'shared' decision in its record)"
-    share = failed_size_bytes(tres_per_node, cfg)
+    share = failed_size_bytes(request, cfg)
     if not share:
-        return False, f"the size of its GPU share ({tres_per_node[:60]!r}) is unknown"
+        return False, f"the size of its GPU share ({request.text[:60]!r}) is unknown"
     peak = measured_peak_bytes(record, cfg.agent.records_dir, job_id, restarts)
     if peak is None:
         return False, "no measurement of its GPU memory (node agent) backs the message"

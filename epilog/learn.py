@@ -13,16 +13,12 @@ from pathlib import Path
 from gpushare.config import Config
 from gpushare.estimate.cache import write_learned_floor
 from gpushare.gpus import GiB
-from gpushare.slurm.gres_request import parse_gres
+from gpushare.slurm.gres_request import GresRequest
 
 
-def failed_size_bytes(tres_per_node: str, cfg: Config) -> int | None:
+def failed_size_bytes(request: GresRequest, cfg: Config) -> int | None:
     """GPU memory the job had when it ran out: shards (1 GiB each) or its MIG slice; None if unknown."""
-    try:
-        items = parse_gres(tres_per_node)
-    except ValueError:
-        return None
-    for item in items:
+    for item in request.items:
         if item.name == "shard":
             return item.count * GiB
         if item.name == "gpu" and item.type:
@@ -33,12 +29,12 @@ def failed_size_bytes(tres_per_node: str, cfg: Config) -> int | None:
     return None
 
 
-def learn_from_oom(cfg: Config, script: str, job_id: str, tres_per_node: str, cap_bytes: int,
+def learn_from_oom(cfg: Config, script: str, job_id: str, request: GresRequest, cap_bytes: int,
                    uid: int | None, now: float | None = None, work_dir: str | None = None) -> Path | None:
     """Raise the cached estimate of ``uid``'s ``script`` and, with ``work_dir``, the lesson of its training
     command; returns the script's file (None: nothing to learn, or the owner is unknown: one user's OOM never
     resizes another user's script)."""
-    failed = failed_size_bytes(tres_per_node, cfg)
+    failed = failed_size_bytes(request, cfg)
     if failed is None or not script or uid is None:
         return None
     return write_learned_floor(cfg, script, uid, work_dir, failed, cap_bytes, job_id, time.time() if now is None else now)

@@ -24,7 +24,7 @@ from gpushare.slurm import record as record_format
 from gpushare.slurm.record import parse as parse_record
 from gpushare.slurm.jobs import Job, log_paths
 from gpushare.slurm.hostlist import expand_hostlist, first_host
-from gpushare.slurm.gres_request import GresItem, format_gres, parse_gres
+from gpushare.slurm.gres_request import GresItem, GresRequest, format_gres
 
 # EpilogSlurmctld sees the job while it is still COMPLETING; the exit status then tells failure apart.
 RECOVERABLE_STATES = ("FAILED", "COMPLETING", "")
@@ -51,7 +51,7 @@ class JobFacts:
     exit_code: int
     exit_signal: int
     restarts: int
-    tres_per_node: str  # "gres:shard:12"; "" when the job asked for no per-node GRES
+    gres: GresRequest  # its per-node GRES request ("gres:shard:12"), parsed once at Slurm's edge
     node: str  # first node the job ran on ("" unknown)
     uid: int | None
     gid: int | None
@@ -85,7 +85,7 @@ class JobFacts:
             state=job.state if job else "",
             exit_code=exit_pair[0], exit_signal=exit_pair[1],
             restarts=_int(restarts, job.restarts if job else 0),
-            tres_per_node=job.tres_per_node if job else "",
+            gres=job.gres_per_node if job else GresRequest(),
             node=node,
             uid=_owner(env.get("SLURM_JOB_UID"), job.user_id if job else None),
             gid=_owner(env.get("SLURM_JOB_GID"), job.group_id if job else None),
@@ -179,13 +179,11 @@ def _bigger_request(job: JobFacts, cfg: Config, mig_available: set[str] | None,
     names (24.11+, measured on the requeuehold path), so it may land on a GPU of any size; on 22.05, which
     refuses that, all the shards of the largest GPU it could land on (exclusive in effect).
     """
-    try:
-        items = parse_gres(job.tres_per_node)
-    except ValueError as exc:
-        return None, f"GRES {job.tres_per_node!r} not understood ({exc})"
+    if job.gres.error:
+        return None, f"GRES {job.gres.text!r} not understood ({job.gres.error})"
     new_items: list[GresItem] = []
     changed = []
-    for item in items:
+    for item in job.gres.items:
         if item.name == "shard":
             whole = whole_gpu_shards(cfg, job.node)
             if whole <= item.count:
@@ -287,7 +285,7 @@ def decide(job: JobFacts, verdict: OomVerdict, cfg: Config, retries_used: int,
                       user_message=f"gpushare: the job ran out of GPU memory ({family}) and was not requeued: {why}, "
                                    "the daily limit. Ask for more GPU memory and resubmit.")
     retry = spent + 1
-    oom = {"n": retry, "max": limit, "fam": family, "from": job.tres_per_node, "to": new_gres}
+    oom = {"n": retry, "max": limit, "fam": family, "from": job.gres.text, "to": new_gres}
     backing = f"; {evidence}" if evidence else ""  # what corroborated it, for the admin reading the log
     return Action("requeue", f"GPU out of memory ({family}); requeue with {why}{backing}", new_gres=new_gres,
                   nice=(job.nice or 0) - cfg.oom.priority_boost, retry=retry, max_retries=limit, oom=oom,
@@ -300,17 +298,17 @@ def _collateral(job: JobFacts, note: dict[str, Any] | None, previous: Any, spent
     """A victim's OOM (a neighbour over its cap on its GPU): re-run at once on its own share, its recovery
     retries and its user's daily budget untouched, nothing learned (its estimate was right), the offender
     named in its record. None when not collateral, or after MAX_COLLATERAL such re-runs."""
-    if note is None or not job.requeue_allowed or not job.tres_per_node:
+    if note is None or not job.requeue_allowed or not job.gres.text:
         return None
     times = _int(previous.get("coll")) if isinstance(previous, dict) else 0
     if times >= MAX_COLLATERAL:
         return None
     offender = str(note.get("by"))[:40]
     why = f"job {offender}" if offender.isdigit() else offender
-    oom = {"n": spent, "max": limit, "fam": family, "from": job.tres_per_node, "to": job.tres_per_node,
+    oom = {"n": spent, "max": limit, "fam": family, "from": job.gres.text, "to": job.gres.text,
            "coll": times + 1, "by": offender}
     return Action("requeue", f"GPU out of memory while {why} was over its GPU memory cap on GPU {note.get('gpu')} "
-                             f"(collateral); requeue on its own share", new_gres=job.tres_per_node,
+                             f"(collateral); requeue on its own share", new_gres=job.gres.text,
                   nice=(job.nice or 0) - cfg.oom.priority_boost, retry=spent, max_retries=limit, oom=oom, learn=False,
                   charged=False,
                   user_message=f"gpushare: the job ran out of GPU memory ({family}) while {why} on the same GPU was "

@@ -155,7 +155,7 @@ def _handle_heavy(job_id: str, env: Mapping[str, str], client: SlurmClient, cfg:
                   resume_later: Callable[[float], None] | None = None) -> str:
     job = JobFacts.from_job(_job(client, job_id), env)
     log.info("job %s: state %s exit %s:%s restarts %s gres %r node %s", job.job_id, job.state, job.exit_code,
-             job.exit_signal, job.restarts, job.tres_per_node, job.node)
+             job.exit_signal, job.restarts, job.gres.text, job.node)
     if job.exit_code == 0 and job.exit_signal == 0:
         return "none: exited 0"
     if job.state not in RECOVERABLE_STATES:
@@ -172,12 +172,12 @@ def _handle_heavy(job_id: str, env: Mapping[str, str], client: SlurmClient, cfg:
             verdict = reported_from_node(job, verdict)
             for problem in verdict.problems:
                 log.warning("job %s: %s", job.job_id, problem)
-            needs_types = "gpu:" in job.tres_per_node
+            needs_types = bool(job.gres.named("gpu"))
             collateral = collateral_evidence(job.record, cfg.agent.records_dir, job.job_id, job.restarts,
                                              _ended_at(env), cfg.agent.backstop_grace_s + COLLATERAL_SLACK_S)
             action = decide(job, verdict, cfg, ledger.retries_used(job.job_id),
                             mig_types(client) if needs_types else None,
-                            corroborate(cfg, job.record, job.tres_per_node, job.job_id, job.restarts),
+                            corroborate(cfg, job.record, job.gres, job.job_id, job.restarts),
                             ledger.user_recoveries(job.uid), whole_gpu_as_gpu=_gres_across_names(client),
                             collateral=collateral)
             if action.kind == "none":
@@ -224,7 +224,7 @@ def _learn(job: JobFacts, cfg: Config, client: SlurmClient) -> None:
     """Raise the cached estimate of this batch script (gpushare.epilog.learn); never fatal."""
     try:
         script = client.run("scontrol", "write", "batch_script", check_job_id(job.job_id), "-")
-        path = learn_from_oom(cfg, script, job.job_id, job.tres_per_node, whole_gpu_shards(cfg, job.node) * GiB,
+        path = learn_from_oom(cfg, script, job.job_id, job.gres, whole_gpu_shards(cfg, job.node) * GiB,
                               job.uid, work_dir=job.work_dir or None)
         if path is not None:
             log.info("job %s: raised the cached estimate of its batch script (%s)", job.job_id, path.name)
@@ -254,7 +254,7 @@ def _entry(job: JobFacts, verdict: OomVerdict, action: Action) -> dict[str, Any]
     return {"job": job.job_id, "restarts": job.restarts, "action": action.kind,
             "state": "decided" if action.kind == "requeue" else "stay_failed", "reason": action.reason,
             "family": verdict.family, "message": verdict.message, "source": verdict.source,
-            "old_gres": job.tres_per_node, "new_gres": action.new_gres, "nice": action.nice,
+            "old_gres": job.gres.text, "new_gres": action.new_gres, "nice": action.nice,
             "oom": action.oom, "retry": action.retry, "max_retries": action.max_retries,
             "steps": []}
 

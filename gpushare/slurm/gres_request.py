@@ -55,6 +55,29 @@ def parse_gres(text: str | None) -> list[GresItem]:
     return items
 
 
+@dataclass(frozen=True)
+class GresRequest:
+    """A job's per-node GRES request, parsed once where it leaves Slurm (``Job.gres_per_node``) and passed on
+    as this value: the text as Slurm printed it (what records, logs and the ledger keep, unchanged) and its
+    items. Text that does not parse gives no items and ``error`` says why, so no reader needs to parse it
+    again or guard against ValueError."""
+
+    text: str = ""  # "gres:shard:12" / "gres/shard:12"; "" when the job asked for no per-node GRES
+    items: tuple[GresItem, ...] = ()
+    error: str = ""  # why ``text`` was not understood ("" when it was)
+
+    @classmethod
+    def parse(cls, text: str | None) -> "GresRequest":
+        try:
+            return cls(text or "", tuple(parse_gres(text)))
+        except ValueError as exc:
+            return cls(text or "", (), str(exc))
+
+    def named(self, name: str) -> list[GresItem]:
+        """The items of this GRES name (``gpu``, ``shard``, ...)."""
+        return [item for item in self.items if item.name == name]
+
+
 def format_gres(items: list[GresItem]) -> str:
     return ",".join(item.format() for item in items)
 

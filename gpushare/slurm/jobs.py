@@ -20,6 +20,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from gpushare.slurm.gres_request import GresRequest
+
 _JOB_ID_RE = re.compile(r"^[0-9]{1,10}(_[0-9]{1,10})?$", re.ASCII)  # never Unicode digits
 # "Key=Value" pairs of `scontrol show job -o`.
 _PAIR_RE = re.compile(r"(?:^|\s)([A-Z][A-Za-z0-9_:/]*)=")
@@ -129,6 +131,11 @@ class Job:
     def active(self) -> bool:
         """Holds (or is about to hold) its node's resources."""
         return any(state in RUNNING_STATES for state in self.states)
+
+    @property
+    def gres_per_node(self) -> GresRequest:
+        """``tres_per_node`` parsed (gpushare.slurm.gres_request.GresRequest): take it once and pass it on."""
+        return GresRequest.parse(self.tres_per_node)
 
     @property
     def gpu_requests(self) -> tuple[str, ...]:

@@ -11,6 +11,7 @@ from gpushare.epilog.learn import failed_size_bytes, learn_from_oom
 from gpushare.estimate.cache import learned_document
 from gpushare.config import parse_config
 from gpushare.gpus import GiB
+from gpushare.slurm.gres_request import GresRequest
 from gpushare.estimate.source import cache_lookup
 
 SCRIPT = "#!/bin/bash\n#SBATCH --gres=gpu:1\npython train.py --batch-size 64\n"
@@ -18,10 +19,10 @@ SCRIPT = "#!/bin/bash\n#SBATCH --gres=gpu:1\npython train.py --batch-size 64\n"
 
 def test_failed_size_of_shards_and_mig_slices() -> None:
     cfg = parse_config({})
-    assert failed_size_bytes("gres:shard:12", cfg) == 12 * GiB
-    assert failed_size_bytes("gres:gpu:3g.20gb:1", cfg) == cfg.gpu("a100-40gb").mig_profile("3g.20gb").usable_bytes
-    assert failed_size_bytes("gres:gpu:1", cfg) is None
-    assert failed_size_bytes("garbage:::", cfg) is None
+    assert failed_size_bytes(GresRequest.parse("gres:shard:12"), cfg) == 12 * GiB
+    assert failed_size_bytes(GresRequest.parse("gres:gpu:3g.20gb:1"), cfg) == cfg.gpu("a100-40gb").mig_profile("3g.20gb").usable_bytes
+    assert failed_size_bytes(GresRequest.parse("gres:gpu:1"), cfg) is None
+    assert failed_size_bytes(GresRequest.parse("garbage:::"), cfg) is None
 
 
 def test_document_is_raised_never_lowered_and_capped() -> None:
@@ -38,7 +39,7 @@ def test_document_is_raised_never_lowered_and_capped() -> None:
 def test_the_submit_path_reads_the_lesson(tmp_path: Path) -> None:
     cfg = parse_config({"submit": {"cache_dir": str(tmp_path / "cache")}})
     assert cache_lookup(cfg, SCRIPT, ["a100-80gb"], 1000) is None
-    path = learn_from_oom(cfg, SCRIPT, "5", "gres:shard:8", 80 * GiB, 1000)
+    path = learn_from_oom(cfg, SCRIPT, "5", GresRequest.parse("gres:shard:8"), 80 * GiB, 1000)
     assert path is not None and json.loads(path.read_text())["peak_total_bytes"] == 12 * GiB
     estimate = cache_lookup(cfg, SCRIPT, ["a100-80gb"], 1000)
     assert estimate is not None and estimate.total_bytes == 12 * GiB
@@ -51,16 +52,16 @@ def test_a_symlinked_cache_directory_is_refused(tmp_path: Path) -> None:
     (tmp_path / "cache" / "by-script").symlink_to(elsewhere)
     cfg = parse_config({"submit": {"cache_dir": str(tmp_path / "cache")}})
     with pytest.raises(PermissionError, match="not a directory owned by root"):
-        learn_from_oom(cfg, SCRIPT, "5", "gres:shard:8", 80 * GiB, 1000)
+        learn_from_oom(cfg, SCRIPT, "5", GresRequest.parse("gres:shard:8"), 80 * GiB, 1000)
     assert list(elsewhere.iterdir()) == []
 
 
 def test_one_users_oom_never_resizes_another_users_identical_script(tmp_path: Path) -> None:
     cfg = parse_config({"submit": {"cache_dir": str(tmp_path / "cache")}})
-    learn_from_oom(cfg, SCRIPT, "5", "gres:shard:8", 80 * GiB, 1000)
+    learn_from_oom(cfg, SCRIPT, "5", GresRequest.parse("gres:shard:8"), 80 * GiB, 1000)
     assert cache_lookup(cfg, SCRIPT, ["a100-80gb"], 1000) is not None
     assert cache_lookup(cfg, SCRIPT, ["a100-80gb"], 1001) is None
-    assert learn_from_oom(cfg, SCRIPT, "6", "gres:shard:8", 80 * GiB, None) is None  # owner unknown: no lesson
+    assert learn_from_oom(cfg, SCRIPT, "6", GresRequest.parse("gres:shard:8"), 80 * GiB, None) is None  # owner unknown: no lesson
 
 
 def test_the_lesson_is_a_floor_under_the_scripts_own_directives(tmp_path: Path) -> None:
@@ -71,12 +72,12 @@ def test_the_lesson_is_a_floor_under_the_scripts_own_directives(tmp_path: Path) 
     small = SCRIPT.replace("#SBATCH --gres=gpu:1\n", "#SBATCH --gres=gpu:1\n#GPUSHARE mem=4G\n")
     before = find_estimate(cfg, parse_directives(small), small, None, 1000, ["a100-80gb"])
     assert before is not None and (before.source, before.total_bytes) == ("directive:mem", 4 * GiB)
-    learn_from_oom(cfg, small, "5", "gres:shard:5", 80 * GiB, 1000)  # 4 GiB + margin was not enough
+    learn_from_oom(cfg, small, "5", GresRequest.parse("gres:shard:5"), 80 * GiB, 1000)  # 4 GiB + margin was not enough
     after = find_estimate(cfg, parse_directives(small), small, None, 1000, ["a100-80gb"])
     assert after is not None and after.source == "learned" and after.total_bytes == int(7.5 * GiB)
     assert "job 5" in after.detail and "directive:mem said 4.0 GiB" in after.detail
     big = small.replace("mem=4G", "mem=20G")  # a directive above the lesson (another script: no lesson) wins
-    learn_from_oom(cfg, big, "6", "gres:shard:5", 80 * GiB, 1000)
+    learn_from_oom(cfg, big, "6", GresRequest.parse("gres:shard:5"), 80 * GiB, 1000)
     assert find_estimate(cfg, parse_directives(big), big, None, 1000, ["a100-80gb"]).source == "directive:mem"
     assert find_estimate(cfg, parse_directives(small), small, None, 1001, ["a100-80gb"]).source == "directive:mem"
 
@@ -90,7 +91,7 @@ def test_the_lesson_survives_a_cosmetic_edit_of_the_batch_script(tmp_path: Path)
     from gpushare.estimate.source import find_estimate
 
     cfg = parse_config({"submit": {"cache_dir": str(tmp_path / "cache")}})
-    learn_from_oom(cfg, SCRIPT, "5", "gres:shard:8", 80 * GiB, 1000, work_dir="/home/u/proj")
+    learn_from_oom(cfg, SCRIPT, "5", GresRequest.parse("gres:shard:8"), 80 * GiB, 1000, work_dir="/home/u/proj")
 
     def found(script: str, work_dir: str = "/home/u/proj", uid: int = 1000):  # type: ignore[no-untyped-def]
         return find_estimate(cfg, parse_directives(script), script, work_dir, uid, ["a100-80gb"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 from gpushare.epilog import task_epilog
 from gpushare.epilog.oom_detect import OomVerdict
 from gpushare.epilog.recovery import JobFacts
+from gpushare.slurm.gres_request import GresRequest
 from gpushare.epilog.slurmctld_epilog import reported_from_node
 
 LINE = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
@@ -12,7 +13,7 @@ LINE = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
 
 def facts(comment: str, restarts: int = 0) -> JobFacts:
     return JobFacts(job_id="7", state="FAILED", exit_code=1, exit_signal=0, restarts=restarts,
-                    tres_per_node="gres:shard:5", node="gpu1", uid=1000, gid=1000, log_paths=("/tmp/job-7.out",),
+                    gres=GresRequest.parse("gres:shard:5"), node="gpu1", uid=1000, gid=1000, log_paths=("/tmp/job-7.out",),
                     record=None, comment=comment)
 
 
