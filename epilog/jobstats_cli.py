@@ -2,7 +2,8 @@
 
 Why from Slurm only: users run it on a login node, which holds none of the GPU node's files. The node Epilog
 stores the job's run summary in the accounting database (gpushare.epilog.stored_record) next to the submit
-decision and any OOM recovery, all in the job's ``gpushare:`` AdminComment; ``sacct`` reads it back. Which
+decision and any OOM recovery, all in the job's ``gpushare:`` record (SystemComment, and AdminComment where no
+site tool overwrote it: gpushare.slurm.record ``stored``); ``sacct`` reads it back. Which
 jobs a user may read is Slurm's decision: with ``PrivateData=jobs`` (slurm.conf and slurmdbd.conf) another
 user's job is simply not found. Without an accounting database the job is read from slurmctld
 (``scontrol``) while it still holds the job (``MinJobAge``).
@@ -25,7 +26,9 @@ from gpushare.slurm.client import SlurmClient, SlurmError
 from gpushare.slurm.jobs import check_job_id
 
 VERSION = 1
-_FIELDS = ("JobIDRaw", "JobID", "User", "State", "ExitCode", "Elapsed", "NodeList", "AllocTRES", "AdminComment")
+_FIELDS = ("JobIDRaw", "JobID", "User", "State", "ExitCode", "Elapsed", "NodeList", "AllocTRES", "SystemComment",
+           "AdminComment")
+_SEP = "\x1f"  # sacct's column delimiter: both comments are free text and may hold "|"
 _TRES = re.compile(r"gres/(gpu|shard)(?::([^=,]+))?=(\d+)")
 GENEROUS = 0.7  # a peak below this fraction of the share means the job asked for too much
 
@@ -56,14 +59,14 @@ def _gres(alloc_tres: str) -> dict[str, Any]:
 def from_sacct(client: SlurmClient, job: str) -> list[dict[str, str]] | None:
     """Every run of ``job`` the caller may read (oldest first); None when there is no accounting database."""
     try:
-        out = client.run("sacct", "-n", "-P", "-X", "-D", "-j", job, "-o", ",".join(_FIELDS))
+        out = client.run("sacct", "-n", "-P", f"--delimiter={_SEP}", "-X", "-D", "-j", job, "-o", ",".join(_FIELDS))
     except SlurmError as exc:
         if "disabled" in str(exc) or "accounting_storage/none" in str(exc):
             return None
         raise
     runs = []
     for line in out.splitlines():
-        parts = line.split("|", len(_FIELDS) - 1)  # AdminComment last: a "|" inside it stays there
+        parts = line.split(_SEP, len(_FIELDS) - 1)
         if len(parts) == len(_FIELDS) and job in (parts[0], parts[1]):  # an array task: 100_4 (JobID) is 104
             runs.append(dict(zip(_FIELDS, parts)))
     return runs
@@ -78,13 +81,13 @@ def from_scontrol(client: SlurmClient, job: str) -> list[dict[str, str]]:
     return [{"JobIDRaw": found.job_id, "JobID": job, "User": found.user_name, "State": found.state,
              "ExitCode": f"{found.exit_status or 0}:{found.exit_signal or 0}", "Elapsed": text.get("RunTime", ""),
              "NodeList": text.get("NodeList", ""), "AllocTRES": text.get("AllocTRES", ""),
-             "AdminComment": found.admin_comment or ""}]
+             "SystemComment": "", "AdminComment": found.admin_comment or ""}]
 
 
 def summarise(runs: list[dict[str, str]]) -> dict[str, Any]:
     """The jobstats document of a job from its runs (the last one is described; pure)."""
     last = runs[-1]
-    record = record_format.parse(last.get("AdminComment")) or {}
+    record = record_format.stored(last.get("AdminComment"), last.get("SystemComment")) or {}
     found = record.get("run")
     run: dict[str, Any] = found if isinstance(found, dict) else {}
     gres = _gres(last.get("AllocTRES", ""))

@@ -37,7 +37,7 @@ def summary(job: str, wait_s: float, poll_s: float = 0.5) -> str:
         runs = from_sacct(client, job)
         if not runs:
             return ""
-        run = (record_format.parse(runs[-1].get("AdminComment")) or {}).get("run")
+        run = (record_format.stored(runs[-1].get("AdminComment"), runs[-1].get("SystemComment")) or {}).get("run")
         if (isinstance(run, dict) and "exit" in run) or time.monotonic() >= deadline:
             return render(summarise(runs))
         time.sleep(poll_s)

@@ -13,6 +13,15 @@ decision, an OOM recovery's ``oom`` — everything the controller wrote stays; `
 since this summary is the run's final one and an earlier run's keys must not linger), writes, and reads back;
 a comment changed meanwhile is merged again. Tries are bounded (``TRIES``): the Epilog must not hold a node.
 
+Where: the record goes into the row's SystemComment, and into its AdminComment too while that still holds our
+record or nothing (older readers, and a rollback, read it there). A site tool may overwrite the database's
+AdminComment at any time (Princeton's jobstats writes ``JS1:<summary>`` there from its EpilogSlurmctld, a few
+seconds after the job ends); SystemComment is left alone by such tools, so both summaries survive in either
+order (gpushare.slurm.record ``stored`` reads the two). When the AdminComment was overwritten before this
+writer came, the controller's keys are taken from slurmctld's copy of the job (its AdminComment in memory is
+never touched by ``sacctmgr``). ``sacctmgr`` on 22.05 lowercases the values it stores in either field
+(measured; 24.11 and 26.05 keep the case).
+
 Only the run that just ended is written: when the database's newest row of the job started after this run
 ended (a requeue already ran again), the row is not ours and nothing is written.
 
@@ -59,8 +68,9 @@ SPOOL = "pending-records"  # under the agent's state_dir
 DELIVER_BUDGET_S = 30.0  # one delivery round run by the agent (main)
 SPOOL_MAX_BYTES = 64 * 1024
 _PERMANENT = ("no accounting database", "the newest run in the database is a later one",
-              "the stored AdminComment is not ours")
-_FIELDS = "JobIDRaw,State,Start,End,AdminComment"
+              "the stored comments are not ours")
+_FIELDS = "JobIDRaw,State,Start,End,SystemComment,AdminComment"
+_SEP = "\x1f"  # sacct's column delimiter here: both comments are free text and may hold "|"
 _LIVE = ("PENDING", "RUNNING", "REQUEUED", "SUSPENDED", "COMPLETING", "CONFIGURING", "RESIZING")
 
 
@@ -73,6 +83,7 @@ class Row:
     start: float | None
     end: float | None
     admin_comment: str
+    system_comment: str = ""
 
     @property
     def ended(self) -> bool:
@@ -104,22 +115,23 @@ def _time(text: str) -> float | None:
 def rows(client: SlurmClient, job: str) -> list[Row] | None:
     """Every run of ``job`` in the database, oldest first; None when Slurm has no accounting database."""
     try:
-        out = client.run("sacct", "-n", "-P", "-X", "-D", "-j", check_job_id(job), "-o", _FIELDS)
+        out = client.run("sacct", "-n", "-P", f"--delimiter={_SEP}", "-X", "-D", "-j", check_job_id(job),
+                         "-o", _FIELDS)
     except SlurmError as exc:
         if "disabled" in str(exc) or "accounting_storage/none" in str(exc):
             return None
         raise
     found = []
     for line in out.splitlines():
-        parts = line.split("|", 4)  # AdminComment is last: a "|" inside it stays there
-        if len(parts) == 5 and parts[0] == job:
-            found.append(Row(parts[0], parts[1], _time(parts[2]), _time(parts[3]), parts[4]))
+        parts = line.split(_SEP, 5)
+        if len(parts) == 6 and parts[0] == job:
+            found.append(Row(parts[0], parts[1], _time(parts[2]), _time(parts[3]), parts[5], parts[4]))
     return found
 
 
 def store(client: SlurmClient, job: str, record: dict[str, Any], tries: int = TRIES,
           wait_s: float = WAIT_S, budget_s: float = BUDGET_S) -> Outcome:
-    """Merge ``record``'s run summary into the database's copy of the job's AdminComment (see the module)."""
+    """Merge ``record``'s run summary into the database's copy of the job's record (see the module)."""
     return store_summary(client, job, final_summary(record), float(record.get("end") or time.time()), tries,
                          wait_s, budget_s)
 
@@ -141,7 +153,7 @@ def _pause(wait_s: float, attempt: int, deadline: float) -> bool:
 
 def store_summary(client: SlurmClient, job: str, summary: dict[str, Any], ended_at: float, tries: int = TRIES,
                   wait_s: float = WAIT_S, budget_s: float = BUDGET_S) -> Outcome:
-    """Merge ``summary`` as the job's ``run`` into the database's AdminComment; at most ``tries`` reads while
+    """Merge ``summary`` as the job's ``run`` into the database's record; at most ``tries`` reads while
     waiting for the row to show the run ended and at most ``budget_s`` seconds in all. A failing ``sacct`` is
     retried like a row not yet ended (slurmdbd restarting, MariaDB away) rather than ending the store."""
     deadline = time.monotonic() + budget_s
@@ -166,19 +178,50 @@ def store_summary(client: SlurmClient, job: str, summary: dict[str, Any], ended_
         return Outcome(f"the database did not show the job ended after {reads} reads{why}", reads)
     if row.start is not None and row.start > ended_at + 1.0:
         return Outcome("the newest run in the database is a later one", reads)
+    live: dict[str, Any] | None = None
     for _ in range(WRITES):
-        text = record_format.merge(row.admin_comment or None, run=summary)
-        if text is None:
-            return Outcome("the stored AdminComment is not ours", reads, writes)
-        client.run("sacctmgr", "-i", "modify", "job", "where", f"jobid={job}", "set", f"AdminComment={text}")
+        base = record_format.stored(row.admin_comment, row.system_comment)
+        if base is None and live is None:
+            live, extra = _live_record(client, job)
+            reads += extra
+        sets = _fields_to_set(row, {**(base or live or {}), "run": summary})
+        if not sets:
+            return Outcome("the stored comments are not ours", reads, writes)
+        client.run("sacctmgr", "-i", "modify", "job", "where", f"jobid={job}", "set", *sets)
         writes += 1
         found = rows(client, job) or []
         reads += 1
         row = found[-1] if found else row
-        stored = record_format.parse(row.admin_comment)
+        stored = record_format.stored(row.admin_comment, row.system_comment)
         if stored is not None and _contains(stored.get("run"), summary):
             return Outcome("stored", reads, writes)
     return Outcome(f"the stored comment kept changing ({writes} writes)", reads, writes)
+
+
+def _live_record(client: SlurmClient, job: str) -> tuple[dict[str, Any], int]:
+    """The controller's keys from slurmctld's own copy of the job (its in-memory AdminComment, which no
+    ``sacctmgr`` write reaches); empty when slurmctld no longer holds the job or the comment is not ours."""
+    try:
+        found = client.job(job)
+    except SlurmError as exc:
+        log.info("job %s: slurmctld's record unavailable (%s); the run summary is stored alone", job, str(exc)[-80:])
+        return {}, 1
+    record = record_format.parse(found.admin_comment) if found is not None else None
+    return {key: value for key, value in (record or {}).items() if key != "run"}, 1
+
+
+def _fields_to_set(row: Row, record: dict[str, Any]) -> list[str]:
+    """``sacctmgr ... set`` arguments: SystemComment unless it holds someone else's text, AdminComment while it
+    is ours or empty; none when neither may be written or the record cannot fit."""
+    text = record_format.render(record)
+    if text is None:
+        return []
+    sets = []
+    if not row.system_comment or record_format.parse(row.system_comment) is not None:
+        sets.append(f"SystemComment={text}")
+    if not row.admin_comment or record_format.parse(row.admin_comment) is not None:
+        sets.append(f"AdminComment={text}")
+    return sets
 
 
 def permanent(outcome: Outcome) -> bool:

@@ -3,7 +3,7 @@
 Export on the cluster (``-X``: one line per job allocation, not per step), either format::
 
     sacct -X --parsable2 --starttime 2026-11-01 --endtime 2026-11-08 \\
-          --format=JobID,Submit,Start,End,AllocTRES,State,AdminComment > jobs.txt
+          --format=JobID,Submit,Start,End,AllocTRES,State,SystemComment,AdminComment > jobs.txt
     sacct -X --json --starttime 2026-11-01 --endtime 2026-11-08 > jobs.json
     python -m gpushare.simulator.sacct jobs.txt > trace.csv      # or jobs.json
     gpushare simulate --trace trace.csv --policy magm
@@ -11,14 +11,14 @@ Export on the cluster (``-X``: one line per job allocation, not per step), eithe
 Why these fields: Submit gives the arrival, End − Start the run time on the GPUs it had (which already
 includes any slowdown from sharing on the real cluster: a what-if on a shared history is optimistic for
 exclusive), AllocTRES the GPUs (``gres/gpu=N``) or shards (``gres/shard=N``, one GPU and N GiB). Peak memory:
-the measured peak of gpushare's run record in the AdminComment (``"run": {"peak_gib": …}``, written by the
+the measured peak of gpushare's run record in the SystemComment or AdminComment (``"run": {"peak_gib": …}``, written by the
 agent and the Epilog) when the job has one, else its shard count, else ``--mem-gib``. Jobs without GPUs, or
 that never started, are skipped; the utilisation class is ``--util`` for all jobs.
 
 ``--json`` differs between releases (22.05 prints plain numbers and a state string, 23.02+ a state list,
 24.11+ wraps numbers as ``{"set", "infinite", "number"}``); ``gpushare.slurm.jobs.number`` and
 ``states_of`` read every shape, as for ``squeue --json``. The AdminComment is ``comment.administrator``
-(or ``admin_comment``).
+(or ``admin_comment``), the SystemComment ``comment.system`` (where the node Epilog stores the run record too).
 """
 
 from __future__ import annotations
@@ -46,16 +46,17 @@ def _time(text: str, where: str, what: str) -> datetime | None:
         raise TraceError(f"{where}: {what} is not a time: {text!r}") from None
 
 
-def _peak(admin_comment: str | None) -> float | None:
-    """The measured peak (GiB per GPU) of gpushare's run record in an AdminComment, if there is one."""
-    record = record_format.parse(admin_comment)
+def _peak(admin_comment: str | None, system_comment: str | None = None) -> float | None:
+    """The measured peak (GiB per GPU) of gpushare's run record (SystemComment or AdminComment), if there is one."""
+    record = record_format.stored(admin_comment, system_comment)
     run = record.get("run") if record else None
     peak = json_number(run.get("peak_gib")) if isinstance(run, dict) else None
     return float(peak) if peak is not None and peak > 0 else None
 
 
-def _memory(tres: dict[str, int], admin_comment: str | None, mem_gib: float) -> float:
-    peak = _peak(admin_comment)
+def _memory(tres: dict[str, int], admin_comment: str | None, mem_gib: float,
+            system_comment: str | None = None) -> float:
+    peak = _peak(admin_comment, system_comment)
     if peak is not None:
         return peak
     return float(tres["shard"]) if "shard" in tres and "gpu" not in tres else mem_gib
@@ -99,9 +100,11 @@ def convert_json(text: str, name: str = "<sacct>", mem_gib: float = 8.0, util: s
             continue  # no GPU, or never ran
         comment = job.get("comment")
         admin = comment.get("administrator") if isinstance(comment, dict) else job.get("admin_comment")
+        system = comment.get("system") if isinstance(comment, dict) else job.get("system_comment")
         stamp = datetime.fromtimestamp(submit, timezone.utc)
         rows.append((stamp, str(json_number(job.get("job_id")) or f"j{k}"), tres.get("gpu", 1) or 1, float(end - start),
-                     _memory(tres, admin if isinstance(admin, str) else None, mem_gib)))
+                     _memory(tres, admin if isinstance(admin, str) else None, mem_gib,
+                             system if isinstance(system, str) else None)))
     return _trace(rows, name, util)
 
 
@@ -131,7 +134,7 @@ def convert(text: str, name: str = "<sacct>", mem_gib: float = 8.0, util: str = 
         if not tres or start is None or end is None or submit is None:
             continue
         gpus = tres.get("gpu", 1) or 1
-        mem = _memory(tres, fields.get("AdminComment"), mem_gib)
+        mem = _memory(tres, fields.get("AdminComment"), mem_gib, fields.get("SystemComment"))
         rows.append((submit, fields.get("JobID") or f"j{len(rows)}", gpus, (end - start).total_seconds(), mem))
     return _trace(rows, name, util)
 

@@ -18,6 +18,13 @@ Quotes: ``sacctmgr modify job ... set AdminComment=`` stores every ``"`` as a ba
 and 26.05), so the copy in Slurm's database reads ``gpushare:{`v`:1,...}``. ``render`` therefore writes no
 backtick or single quote of its own (inside strings they are ``\u0060``/``\u0027``) and ``parse`` reads both
 spellings: turning every backtick back into ``"`` is then exact.
+
+Where the database keeps it: slurmctld sends the job's AdminComment to the accounting database, and sites' own
+tools overwrite that copy (Princeton's jobstats EpilogSlurmctld runs an unconditional ``sacctmgr ... set
+AdminComment=JS1:...``). So the node Epilog stores the finished job's record in the database's SystemComment
+as well (gpushare.epilog.stored_record): no site tool writes it, ``sacctmgr modify job`` sets it on every
+supported release, and ``scontrol update`` cannot set it at all (measured on 22.05, 24.11 and 26.05), so a
+live job keeps its record in AdminComment. ``stored`` reads both.
 """
 
 from __future__ import annotations
@@ -48,6 +55,20 @@ def parse(admin_comment: str | None) -> dict[str, Any] | None:
     if not isinstance(version, int) or isinstance(version, bool) or version > VERSION:
         return None
     return record
+
+
+def stored(admin_comment: str | None, system_comment: str | None) -> dict[str, Any] | None:
+    """Our record as the accounting database keeps it: the AdminComment record (slurmctld's latest copy of the
+    controller's keys, and every record stored before SystemComment was used) with the SystemComment record
+    under it, except ``run``: the node Epilog's final summary lives in SystemComment, while the AdminComment
+    copy may hold the agent's partial one. None when neither field holds our record."""
+    admin, system = parse(admin_comment), parse(system_comment)
+    if admin is None and system is None:
+        return None
+    merged = {**(system or {}), **(admin or {})}
+    if system is not None and isinstance(system.get("run"), dict):
+        merged["run"] = system["run"]
+    return merged
 
 
 def _dumps(record: dict[str, Any]) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -17,33 +18,44 @@ RECORD = {"node": "n1", "ttfk_s": 1.5, "ttfk_source": "kernel", "end": 2_000_000
 
 
 class FakeDatabase:
-    """sacct/sacctmgr as slurmdbd answers them: rows of one job; sacctmgr stores quotes as backticks."""
+    """sacct/sacctmgr as slurmdbd answers them: rows of one job (id, state, start, end, SystemComment,
+    AdminComment); sacctmgr stores quotes as backticks."""
 
-    def __init__(self, rows: list[list[str]], ended_after: int = 0, disabled: bool = False) -> None:
+    def __init__(self, rows: list[list[str]], ended_after: int = 0, disabled: bool = False,
+                 live: str | None = None) -> None:
         self.rows, self.ended_after, self.disabled, self.calls = rows, ended_after, disabled, []
+        self.live = live  # slurmctld's in-memory AdminComment of the job; None: slurmctld no longer holds it
+
+    def job(self, job_id: str) -> SimpleNamespace | None:
+        self.calls.append(("job", job_id))
+        return SimpleNamespace(admin_comment=self.live) if self.live is not None else None
 
     def run(self, tool: str, *args: str, **_: object) -> str:
         self.calls.append((tool, *args))
         if self.disabled:
             raise SlurmError("sacct: Slurm accounting storage is disabled")
         if tool == "sacct":
+            assert "--delimiter=\x1f" in args
             if self.ended_after > 0:
                 self.ended_after -= 1
-                return "7|RUNNING|2033-05-18T03:00:00|Unknown|" + self.rows[-1][4] + "\n"
-            return "".join("|".join(r) + "\n" for r in self.rows)
-        assert tool == "sacctmgr" and args[:5] == ("-i", "modify", "job", "where", "jobid=7")
-        self.rows[-1][4] = args[-1].removeprefix("AdminComment=").replace('"', "`")
+                return "\x1f".join(["7", "RUNNING", "2033-05-18T03:00:00", "Unknown", *self.rows[-1][4:]]) + "\n"
+            return "".join("\x1f".join(r) + "\n" for r in self.rows)
+        assert tool == "sacctmgr" and args[:6] == ("-i", "modify", "job", "where", "jobid=7", "set")
+        for item in args[6:]:
+            key, _, value = item.partition("=")
+            self.rows[-1][{"SystemComment": 4, "AdminComment": 5}[key]] = value.replace('"', "`")
         return ""
 
 
-def row(comment: str, start: str = "2033-05-18T03:00:00", state: str = "COMPLETED") -> list[str]:
-    return ["7", state, start, "2033-05-18T03:33:00", comment]
+def row(comment: str, start: str = "2033-05-18T03:00:00", state: str = "COMPLETED", system: str = "") -> list[str]:
+    return ["7", state, start, "2033-05-18T03:33:00", system, comment]
 
 
 def test_store_waits_for_the_end_then_merges_into_the_stored_comment():
     db = FakeDatabase([row('gpushare:{"v":1,"decision":"shared","est_gib":8.0}')], ended_after=2)
     outcome = stored_record.store(db, "7", RECORD, wait_s=0)
     assert (outcome.result, outcome.reads, outcome.writes) == ("stored", 4, 1)
+    assert db.rows[-1][4] == db.rows[-1][5]  # SystemComment, mirrored in the AdminComment that was ours
     stored = record_format.parse(db.rows[-1][4])
     assert "`" in db.rows[-1][4] and stored["decision"] == "shared" and stored["est_gib"] == 8.0
     assert stored["run"] == {"node": "n1", "ttfk_s": 1.5, "ttfk_src": "kernel", "energy_j": 100.0, "share_j": 50.0,
@@ -52,13 +64,45 @@ def test_store_waits_for_the_end_then_merges_into_the_stored_comment():
 
 @pytest.mark.parametrize("db, result", [
     (FakeDatabase([], disabled=True), "no accounting database"),
-    (FakeDatabase([row("site: do not touch")]), "the stored AdminComment is not ours"),
+    (FakeDatabase([row("site: do not touch", system="slurm: burst buffer")]), "the stored comments are not ours"),
     (FakeDatabase([row(""), row("", start="2040-01-01T00:00:00")]), "the newest run in the database is a later one"),
     (FakeDatabase([row("")], ended_after=99), "the database did not show the job ended after 3 reads"),
 ])
 def test_store_leaves_alone_what_is_not_its_to_write(db, result):
     assert stored_record.store(db, "7", RECORD, tries=3, wait_s=0).result == result
     assert not [c for c in db.calls if c[0] == "sacctmgr"]
+
+
+def test_a_site_summary_in_the_admin_comment_stays_and_ours_goes_to_the_system_comment():
+    """Princeton's jobstats overwrites the database's AdminComment with ``JS1:<summary>``, before or after our
+    Epilog: the run summary goes into SystemComment, the controller's keys come from slurmctld's copy, and a
+    summary written over the AdminComment afterwards leaves ours readable."""
+    js1 = "JS1:H4sIAAAAAAAAA6tWKkktLlGyUlAqS8wpTVWqBQB0WVd+EwAAAA=="
+    db = FakeDatabase([row(js1)], live='gpushare:{"v":1,"decision":"shared","run":{"node":"n1","peak_gib":0.5}}')
+    assert stored_record.store(db, "7", RECORD, wait_s=0).stored
+    assert db.rows[-1][5] == js1
+    found = record_format.parse(db.rows[-1][4])
+    assert found["decision"] == "shared" and found["run"]["fin"] == 1 and found["run"]["peak_gib"] == 3.0
+    db = FakeDatabase([row(js1)])  # slurmctld no longer holds the job: the run summary alone
+    assert stored_record.store(db, "7", RECORD, wait_s=0).stored and ("job", "7") in db.calls
+    assert set(record_format.parse(db.rows[-1][4])) == {"v", "run"} and db.rows[-1][5] == js1
+
+    ours = 'gpushare:{"v":1,"decision":"shared","run":{"node":"n1"}}'
+    db = FakeDatabase([row(ours)])
+    assert stored_record.store(db, "7", RECORD, wait_s=0).stored
+    db.rows[-1][5] = js1  # the site's EpilogSlurmctld, a few seconds later
+    found = record_format.stored(db.rows[-1][5], db.rows[-1][4])
+    assert found["decision"] == "shared" and found["run"]["fin"] == 1
+
+
+def test_stored_reads_both_fields_and_old_records():
+    old = 'gpushare:{"v":1,"decision":"shared","run":{"peak_gib":1.0}}'
+    assert record_format.stored(old, "")["run"] == {"peak_gib": 1.0}  # a record stored before SystemComment
+    final = 'gpushare:{`v`:1,`decision`:`shared`,`run`:{`peak_gib`:2.0,`fin`:1}}'
+    newer = 'gpushare:{"v":1,"decision":"shared","oom":{"n":1},"run":{"peak_gib":1.0}}'
+    found = record_format.stored(newer, final)
+    assert found["run"] == {"peak_gib": 2.0, "fin": 1} and found["oom"] == {"n": 1}
+    assert record_format.stored("JS1:abc", "") is None and record_format.stored("JS1:abc", final)["run"]["fin"] == 1
 
 
 def test_the_database_copy_reads_back_even_lowercased_by_22_05():
@@ -108,7 +152,7 @@ class FakeSacct:
 
     def run(self, tool: str, *args: str, **_: object) -> str:
         assert tool == "sacct" and args[args.index("-j") + 1] == "100_4"
-        return "104|100_4|alice|COMPLETED|0:0|00:00:09|n1|gres/shard=3|\n"
+        return "\x1f".join(["104", "100_4", "alice", "COMPLETED", "0:0", "00:00:09", "n1", "gres/shard=3", "", ""]) + "\n"
 
 
 def test_an_array_task_is_found_by_its_array_name():

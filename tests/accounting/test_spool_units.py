@@ -24,6 +24,7 @@ class Database:
 
     def __init__(self, down: int = 0) -> None:
         self.comment, self.down, self.writes = EXISTING.replace('"', "`"), down, 0
+        self.system = ""  # the row's SystemComment; ``comment`` is its AdminComment
         self.conf_path, self.bin_dir = None, None
 
     def run(self, tool: str, *args: str, **_: object) -> str:
@@ -31,9 +32,12 @@ class Database:
             self.down -= 1
             raise SlurmError(f"{tool}: error: Connection refused")
         if tool == "sacct":
-            return f"7|COMPLETED|2033-05-18T03:00:00|2033-05-18T03:33:00|{self.comment}\n"
+            return "\x1f".join(["7", "COMPLETED", "2033-05-18T03:00:00", "2033-05-18T03:33:00", self.system,
+                                self.comment]) + "\n"
         self.writes += 1
-        self.comment = args[-1].removeprefix("AdminComment=").replace('"', "`")
+        for item in args[args.index("set") + 1:]:
+            key, _, value = item.partition("=")
+            setattr(self, {"AdminComment": "comment", "SystemComment": "system"}[key], value.replace('"', "`"))
         return ""
 
 
