@@ -363,6 +363,13 @@ class LocalCluster:
             self.stop_process(f"slurmd-{name}")
             self._spawn(f"slurmd-{name}", ["slurmd", "-D", "-N", name, "-f", str(self.conf)])
 
+    def restart_controller(self, timeout_s: float = 30.0) -> None:
+        """Restart slurmctld alone (SIGTERM: it saves its state, and the new one recovers it); the slurmds
+        and their running jobs stay."""
+        self.stop_process("slurmctld")
+        self._spawn("slurmctld", ["slurmctld", "-D", "-i", "-f", str(self.conf)])
+        self._wait(self._controller_up, timeout_s, "slurmctld did not answer after a restart")
+
     def stop(self) -> None:
         """Stop the daemons, then kill what Slurm leaves behind: slurmstepd of still-running jobs ignores
         SIGTERM and outlives slurmd, and job processes may outlive it. Chroot mounts live in per-process

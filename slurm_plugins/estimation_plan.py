@@ -6,6 +6,7 @@ service picks up where it stopped:
 
     submitted ──(job_submit: shard:<all of the smallest GPU>, priority 0, decision=estimating)──▶ held
     held, no est_job ──Submit (caps allowing; one estimation per identical script, user and directory)──▶ running
+                 (sbatch --hold, root's mark, release: an estimation job never runs unmarked)
     running ──estimation job COMPLETED with a result──▶ Release(shard:<estimate + margin>)
     running ──job FAILED / TIMEOUT / CANCELLED / vanished, or result unusable──▶ Release(fallback)
     held longer than [estimation] watchdog_s (any state) ──▶ Release(fallback) + Cancel(estimation job)
@@ -77,6 +78,7 @@ class EstimationJob:
     ours: bool = True  # root marked it in its AdminComment (a user may name a job like ours, not mark it)
     spool_name: str = ""  # root's mark: ``<held id>-<submit time>`` of the job it was submitted for
     interpreter: str | None = None  # "PATH (Python X, PyTorch Y)" the capture ran under, from its result
+    hold: str = ""  # a pending job's hold: "admin", "user" (sbatch --hold, even root's with --uid), or ""
 
     def made_for(self, job: HeldJob) -> bool:
         """Whether this is the estimation job root submitted for ``job``: its user's, carrying root's mark
@@ -111,7 +113,15 @@ class Cancel:
     why: str
 
 
-Action = Submit | Attach | Release | Cancel
+@dataclass(frozen=True)
+class Resume:
+    """Release an estimation job of ours still under the hold it was submitted with (the service was killed
+    between marking it and releasing it)."""
+
+    est_job: int
+
+
+Action = Submit | Attach | Release | Cancel | Resume
 
 
 @dataclass
@@ -205,6 +215,17 @@ def plan(held: list[HeldJob], estimations: dict[int, EstimationJob], now: float,
                 why = ("already has an estimation job" if est.made_for(target)
                        else f"has its own estimation job; this one (uid {est.user_id}) only bears its name")
                 actions.append(Cancel(est.job_id, f"job {est.for_job} {why}"))
+    owners = {job.job_id: job.user_id for job in held}
+    for est in estimations.values():
+        if est.state != "PENDING" or not est.hold:
+            continue
+        if est.ours and est.job_id in referenced:
+            actions.append(Resume(est.job_id))
+        elif not est.ours and owners.get(est.for_job) == est.user_id:
+            # What a service killed between its sbatch --hold and the mark leaves (or the held job's own
+            # user imitating it, which affects only that user's job): never trusted, never run; the held
+            # job gets an estimation job of its own. Another user's look-alike is left alone.
+            actions.append(Cancel(est.job_id, "held and unmarked: its submission was interrupted"))
     return actions + _cancel_unneeded(actions, estimations, referenced)
 
 

@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import click
@@ -29,6 +30,10 @@ from gpushare.config import Config, ConfigError, load_config
 
 log = logging.getLogger("gpushare.estimationd")
 _PR_SET_PDEATHSIG = 1
+# How long a new loop waits for the lock a killed submitd's loop still holds while it finishes its round
+# (SIGTERM from PR_SET_PDEATHSIG): waiting here resumes estimation at once instead of after the
+# supervisor's next 5 s restart.
+LOCK_WAIT_S = 30.0
 
 
 def _die_with_parent(parent: int) -> None:
@@ -101,6 +106,10 @@ def run_loop(cfg: Config, config_path: str | None) -> int:
     from gpushare.slurm_plugins.estimationd import EstimationService
 
     lock = single_instance_lock(cfg.estimation.spool_dir)
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while lock is None and time.monotonic() < deadline:  # a killed submitd's loop ends its round first
+        time.sleep(0.2)
+        lock = single_instance_lock(cfg.estimation.spool_dir)
     if lock is None:
         log.error("another estimation loop holds %s/.estimationd.lock; not starting a second",
                   cfg.estimation.spool_dir)

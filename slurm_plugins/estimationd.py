@@ -33,7 +33,7 @@ from gpushare.slurm_plugins.decision import Estimate, parse_record
 from gpushare.estimate.directives import parse_directives
 from gpushare.slurm_plugins import estimation_result
 from gpushare.slurm_plugins.estimation_plan import (ESTIMATION_JOB_PREFIX, Action, Attach, Cancel, EstimationJob, HeldJob,
-                                           Release, Submit, overdue, plan)
+                                           Release, Resume, Submit, overdue, plan)
 from gpushare.estimate.environment_replay import (Environment, Unreproducible, find_environment, replay_script,
                                                      shell_word)
 from gpushare.estimate.script_discovery import NotFound, TrainingCommand, find_training_command
@@ -59,6 +59,10 @@ OUTPUT = "/dev/null"
 # sbatch: users can rename their jobs and set their Comments, never their AdminComment. What adoption and
 # the decoy defence go by (estimation_plan.EstimationJob.made_for).
 IDENTITY_KEY = "est_for"
+# Set in a held job's record with its final decision and removed once ``scontrol release`` went through: a
+# service killed between the two leaves the key, and its next round releases the job (the decision is kept).
+# Without it such a job would wait forever: its record no longer says "estimating", so nothing looked at it.
+RELEASING_KEY = "releasing"
 _SPOOL_NAME_RE = re.compile(r"[0-9]{1,12}-[0-9]{1,12}", re.ASCII)
 
 
@@ -77,6 +81,7 @@ class EstimationService:
         self._scripts: dict[int, tuple[str, TrainingCommand | Any]] = {}  # job id -> (key, command)
         self._ticks = 0
         self.skipped_rows = 0  # squeue rows skipped because a field did not parse (fields.Skipped)
+        self.unreleased: list[int] = []  # decided, still held: a release the service was killed in
 
     # --- reading Slurm ----------------------------------------------------------------------------
     def snapshot(self, discover: bool = True) -> tuple[list[HeldJob], dict[int, EstimationJob], tuple[HeldJob, ...]]:
@@ -86,6 +91,7 @@ class EstimationService:
         held: list[HeldJob] = []
         started: list[HeldJob] = []
         estimations: dict[int, EstimationJob] = {}
+        unreleased: list[int] = []
         skipped = fields.Skipped(log)
         for job in jobs:
             try:
@@ -105,6 +111,9 @@ class EstimationService:
                 skipped.skip(job.job_id, f"a field ({exc})")
                 continue
             record = parse_record(job.admin_comment)
+            if record and record.get(RELEASING_KEY) and record.get("decision") != "estimating" and job.pending:
+                unreleased.append(int(job.job_id))
+                continue
             if not record or record.get("decision") != "estimating":
                 continue
             if job.pending:
@@ -113,6 +122,7 @@ class EstimationService:
             elif job.state in ("RUNNING", "CONFIGURING"):  # released by hand: close the record
                 started.append(HeldJob(int(job.job_id), job.user_id, job.group_id, job.submit_time or 0.0, record))
         self.skipped_rows += skipped.count
+        self.unreleased = unreleased
         alive = {j.job_id for j in held}
         self._scripts = {k: v for k, v in self._scripts.items() if k in alive}
         return held, estimations, tuple(started)
@@ -149,8 +159,10 @@ class EstimationService:
         interpreter = None
         if spool_name and state in ("COMPLETED", "FAILED", "TIMEOUT", "OUT_OF_MEMORY"):
             outcome, interpreter = self._outcome(job_id, state, job.comment, for_job)
+        hold = ("admin" if job.reason == "JobHeldAdmin" else "user" if job.reason == "JobHeldUser" else
+                "admin" if job.held else "") if job.pending else ""
         return EstimationJob(job_id, uid, state, for_job, outcome, bool(spool_name), interpreter=interpreter,
-                             spool_name=spool_name)
+                             spool_name=spool_name, hold=hold)
 
     def _outcome(self, job_id: int, state: str, comment: str,
                  for_job: int = 0) -> tuple[Estimate | str | None, str | None]:
@@ -189,12 +201,23 @@ class EstimationService:
     # --- applying actions -------------------------------------------------------------------------
     def tick(self) -> list[Action]:
         held, estimations, started = self.snapshot()
+        self._finish_releases()
         return self._apply_all(plan(held, estimations, self.clock(), self.cfg, started))
 
     def release_overdue(self) -> list[Action]:
         """The watchdog alone (:func:`estimation_plan.overdue`), for when gpushare-submitd is not running."""
         held, estimations, _ = self.snapshot(discover=False)
+        self._finish_releases()
         return self._apply_all(overdue(held, estimations, self.clock(), self.cfg))
+
+    def _finish_releases(self) -> None:
+        """Release the jobs a killed service had decided but not released (``RELEASING_KEY``)."""
+        for job_id in self.unreleased:
+            try:
+                self._release_and_clear(job_id)
+                log.warning("job %s: decided before the service stopped, released now", job_id)
+            except Exception:  # noqa: BLE001 - tried again next round; the watchdog cannot see this job
+                log.exception("job %s: release after a restart failed", job_id)
 
     def _apply_all(self, actions: list[Action]) -> list[Action]:
         for action in actions:
@@ -218,6 +241,9 @@ class EstimationService:
         elif isinstance(action, Cancel):
             log.info("cancelling estimation job %s: %s", action.est_job, action.why)
             self.client.run("scancel", str(action.est_job), check=False)
+        elif isinstance(action, Resume):
+            log.warning("estimation job %s: still held since its submission; released", action.est_job)
+            self.client.run("scontrol", "release", str(action.est_job), check=False)
 
     def _attach(self, job_id: int, est_job: int, record: dict[str, Any]) -> None:
         if record.get("decision") != "estimating":
@@ -228,12 +254,17 @@ class EstimationService:
         try:
             if action.tres_per_node:
                 self.client.update_job(action.job_id, gres=plain_gres(action.tres_per_node))
-            merge_write(self.client, action.job_id, merge_fields(**action.record))
+            releasing = {RELEASING_KEY: 1} if action.outcome != "user" else {}
+            merge_write(self.client, action.job_id, merge_fields(**action.record, **releasing))
         except SlurmError as exc:  # e.g. it started meanwhile: still never leave it held
             log.warning("job %s: update failed (%s); releasing it as it is", action.job_id, exc)
         if action.outcome != "user":
-            self.client.run("scontrol", "release", str(action.job_id), check=False)
+            self._release_and_clear(action.job_id)
         log.info("%s", json.dumps({"job": action.job_id, "released": action.outcome, "record": action.record}))
+
+    def _release_and_clear(self, job_id: int) -> None:
+        self.client.run("scontrol", "release", str(job_id), check=False)
+        merge_write(self.client, job_id, _without(RELEASING_KEY))
 
     def _release_after_error(self, job: HeldJob, why: str) -> None:
         from gpushare.slurm_plugins.estimation_plan import fallback
@@ -255,12 +286,14 @@ class EstimationService:
             f"--mem={max(1, parse_size(est.memory) // MiB)}M", f"--time={minutes}", "--export=NONE",
             f"--chdir={job.work_dir or '/'}", f"--output={OUTPUT}",
             f"--comment=gpushare: GPU memory estimate for job {job.job_id}",
+            "--hold",  # runs only once marked: a service killed before its mark leaves it held, then cancelled
             script=self.wrapper(job, command))
         try:
             merge_write(self.client, job_id, merge_fields(**{IDENTITY_KEY: job.spool_name}))
         except SlurmError:  # unmarked it would never be adopted nor trusted: gone, and the job falls back
             self.client.run("scancel", str(job_id), check=False)
             raise
+        self.client.run("scontrol", "release", str(job_id))  # killed before this: adopted, then Resume
         log.info("job %s: estimation job %s submitted as uid %s", job.job_id, job_id, job.user_id)
         return job_id
 
@@ -312,6 +345,16 @@ class EstimationService:
             except Exception:  # noqa: BLE001 - Slurm may be briefly down; try again next round
                 log.exception("estimation round failed")
             stop.wait(self.cfg.estimation.poll_s)
+
+
+def _without(key: str) -> Callable[[str | None], str | None]:
+    """A merge (gpushare/slurm/admin_comment.py) that removes ``key`` from the record, keeping the rest."""
+    def merge(existing: str | None) -> str | None:
+        record = record_format.parse(existing) if existing else None
+        if record is None or key not in record:
+            return existing if record is not None else None
+        return record_format.render({k: v for k, v in record.items() if k != key})
+    return merge
 
 
 def _interpreter_of(document: Any) -> str | None:

@@ -1,8 +1,9 @@
 """A local Slurm with a CPU partition and asynchronous estimation on, and a non-root user to submit as.
 
 The estimator command is a small shell stand-in (``fake-estimate``) so most tests take seconds: it reads
-``# FAKE_PEAK_GIB=N`` / ``# FAKE_FAIL`` / ``# FAKE_SLEEP`` from the training script, records who ran it,
-and otherwise hands over to the real ``gpu-estimate``. Everything a non-root user must reach (munge socket,
+``# FAKE_PEAK_GIB=N`` / ``# FAKE_FAIL`` / ``# FAKE_SLEEP`` / ``# FAKE_SLEEP_S=N`` from the training script,
+records who ran it (and each run in ``fake-estimate-runs.log`` of the job's working directory), and
+otherwise hands over to the real ``gpu-estimate``. Everything a non-root user must reach (munge socket,
 slurm.conf, work and spool directories) lives under one traversable directory outside pytest's own.
 """
 
@@ -35,7 +36,10 @@ FAKE_ESTIMATE = """#!/bin/sh
 for arg in "$@"; do case "$arg" in *.py) script="$arg"; break;; esac; done
 echo "ran-as-uid=$(id -u)" >&2
 if grep -q '^# FAKE_FAIL' "$script"; then echo 'gpu-estimate: the script failed: boom' >&2; exit 3; fi
-if grep -q '^# FAKE_SLEEP' "$script"; then sleep 600; fi
+echo "$script" >> fake-estimate-runs.log  # in the job's working directory: what ran, once per run
+if grep -q '^# FAKE_SLEEP$' "$script"; then sleep 600; fi
+pause=$(sed -n 's/^# FAKE_SLEEP_S=\\([0-9]*\\).*/\\1/p' "$script")
+if [ -n "$pause" ]; then sleep "$pause"; fi
 peak=$(sed -n 's/^# FAKE_PEAK_GIB=\\([0-9]*\\).*/\\1/p' "$script")
 if [ -n "$peak" ]; then
   echo "{\\"targets\\": [{\\"gpu\\": \\"a100-40gb\\", \\"peak_total_bytes\\": $((peak * 1073741824))}]}"

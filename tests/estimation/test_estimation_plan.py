@@ -8,8 +8,8 @@ from gpushare.config import ConfigError, parse_config
 from gpushare.gpus import GiB
 from gpushare.slurm_plugins.decision import Estimate, SubmitRequest, decide, parse_record
 from gpushare.estimate.directives import parse_directives
-from gpushare.slurm_plugins.estimation_plan import (Attach, Cancel, EstimationJob, HeldJob, Release, Submit, overdue,
-                                                    plan)
+from gpushare.slurm_plugins.estimation_plan import (Attach, Cancel, EstimationJob, HeldJob, Release, Resume, Submit,
+                                                    overdue, plan)
 from gpushare.slurm_plugins.protocol import encode_reply
 from gpushare.estimate.script_discovery import NotFound, TrainingCommand
 
@@ -195,6 +195,22 @@ def test_an_estimation_submitted_just_before_a_crash_is_adopted_not_duplicated()
     assert Attach(1, 10, dict(RECORD, est_job=10)) in actions
     assert not [a for a in actions if isinstance(a, Submit)]
     assert Cancel(12, "job 1 already has an estimation job") in actions
+
+
+def test_an_estimation_still_held_from_its_submission_is_released_or_cancelled():
+    """Estimation jobs are submitted held, marked, then released. Killed after the mark: the adopted job is
+    released (Resume). Killed before it: the unmarked held job of the same user is cancelled unrun and the
+    held job gets one of its own; another user's held look-alike is left alone."""
+    marked = EstimationJob(10, 1000, "PENDING", 1, None, True, "1-100", hold="user")
+    actions = plan([held(1)], {10: marked}, 200.0, CFG)
+    assert Attach(1, 10, dict(RECORD, est_job=10)) in actions and Resume(10) in actions
+    unmarked = EstimationJob(11, 1000, "PENDING", 2, None, False, "", hold="user")
+    lookalike = EstimationJob(12, 2000, "PENDING", 2, None, False, "", hold="user")
+    running = EstimationJob(13, 1000, "RUNNING", 2, None, False, "")
+    actions = plan([held(2)], {11: unmarked, 12: lookalike, 13: running}, 200.0, CFG)
+    assert [a.job.job_id for a in actions if isinstance(a, Submit)] == [2]
+    assert [a.est_job for a in actions if isinstance(a, Cancel)] == [11]
+    assert not [a for a in actions if isinstance(a, Resume)]
 
 
 @pytest.mark.hostile

@@ -56,9 +56,10 @@ def test_submit_runs_as_the_user_with_limits_and_its_output_on_the_node(tmp_path
     job = HeldJob(5, os.getuid(), os.getgid(), 990.0, {"decision": "estimating"}, "/home/ana/run", "k",
                   TrainingCommand("train.py", ("--bs", "4 8"), "python", 2))
     assert svc.submit(job) == 77
-    call, mark = svc.client.calls[-2:]  # type: ignore[attr-defined]
+    call, mark, release = svc.client.calls[-3:]  # type: ignore[attr-defined]
     args, script = call[1:-1], call[-1]
     assert mark[:2] == ("update", 77) and json.loads(mark[2]["admincomment"][9:])["est_for"] == "5-990"
+    assert "--hold" in args and release == ("scontrol", "release", "77")  # never runs before its mark
     assert f"--uid={os.getuid()}" in args and "--partition=cpu" in args and "--export=NONE" in args
     assert "--job-name=gpushare-estimate-5" in args and "--mem=2048M" in args and "--chdir=/home/ana/run" in args
     assert "--output=/dev/null" in args  # no guessable path in a shared /tmp: the result is in its Comment
@@ -77,9 +78,37 @@ def test_tick_discovers_holds_and_attaches(tmp_path):
     calls = svc.client.calls  # type: ignore[attr-defined]
     assert calls[0][:3] == ("scontrol", "write", "batch_script")
     assert calls[1][0] == "sbatch"
+    assert calls[1][0] == "sbatch" and "--hold" in calls[1]
     assert calls[2][:2] == ("update", 77)  # root marks its estimation job (est_for) before anything else
-    update = calls[3]
+    assert calls[3] == ("scontrol", "release", "77")  # and only then lets it run
+    update = calls[4]
     assert update[:2] == ("update", 5) and json.loads(update[2]["admincomment"][9:])["est_job"] == 77
+
+
+def test_a_release_interrupted_after_its_decision_is_finished_by_the_next_round(tmp_path):
+    """The record is written with ``releasing`` before ``scontrol release`` and cleared after it; a job still
+    held with the key (the service was killed in between) is released by the next round, decision kept."""
+    decided = 'gpushare:{"v":1,"decision":"shared","new":"gres:shard:4","held_s":3.0,"releasing":1}'
+    jobs = [{"job_id": 5, "name": "train", "job_state": "PENDING", "user_id": os.getuid(), "group_id": os.getgid(),
+             "submit_time": 990, "priority": 0, "admin_comment": decided}]
+    svc = service(tmp_path, jobs)
+    svc.tick()
+    calls = svc.client.calls  # type: ignore[attr-defined]
+    assert calls[0] == ("scontrol", "release", "5")
+    record = json.loads(svc.client.comments[5][9:])  # type: ignore[attr-defined]
+    assert "releasing" not in record and record["decision"] == "shared" and record["new"] == "gres:shard:4"
+    settled = dict(jobs[0], admin_comment=svc.client.comments[5])  # type: ignore[attr-defined]
+    again = service(tmp_path, [settled])
+    again.tick()
+    assert not again.client.calls  # type: ignore[attr-defined]  # an administrator's later hold is left alone
+
+
+def test_estimation_holds_are_read_from_the_reason(tmp_path):
+    svc = service(tmp_path)
+    held = dict(estimation_job(77, "PENDING", ""), priority=0, state_reason="JobHeldAdmin")
+    assert svc._estimation(job_from_json(held), 5).hold == "admin"
+    assert svc._estimation(job_from_json(dict(held, state_reason="JobHeldUser")), 5).hold == "user"
+    assert svc._estimation(job_from_json(estimation_job(77, "RUNNING", "")), 5).hold == ""
 
 
 def estimation_job(job_id: int, state: str, comment: str, uid: int | None = None,
