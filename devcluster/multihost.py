@@ -43,7 +43,7 @@ from pathlib import Path
 
 from devcluster import chroot, slurm_runtime
 from devcluster.accounting import Accounting
-from devcluster.local_cluster import REPO, ClusterError, controller_up, nodes_idle, wait_job
+from devcluster.local_cluster import REPO, ClusterError, controller_up, nodes_idle, share_always, wait_job
 from devcluster.processes import kill_leftovers, stop_group, wait_until
 from devcluster.slurm_runtime import SLURM_USER, own_by_slurm
 from gpushare.atomic import write_text_atomic
@@ -274,7 +274,7 @@ class MultiHostCluster:
                f"controller_restart_commands = [{json.dumps(RESTART_SLURMCTLD)}]\n"
                f"node_restart_commands = [{json.dumps(self._restart_slurmd())}]\n"
                if any(h.mig for h in self.hosts) and "[mig]" not in self.toml_extra else "")
-        return f"version = 1\n{self.toml_extra}\n{agent}{mig}{groups}"
+        return f"version = 1\n{share_always(self.toml_extra)}\n{agent}{mig}{groups}"
 
     def _restart_slurmd(self) -> str:
         server = f"{self.controller.address}:{self.ports.get('ctld', 0)}"

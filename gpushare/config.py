@@ -103,6 +103,14 @@ class PolicySection:
                                         "[[nodes]] groups (only those, whose nodes have shards, are ever in scope)")
     accounts: list = _opt([], _names, "accounts whose jobs may be shared; empty: every account")
     qos: list = _opt([], _names, "QOS whose jobs may be shared; empty: every QOS")
+    share_when: str = _opt("queued", _one_of("queued", "always"),
+                           "queued: a job keeps its whole GPU while its partitions have idle GPUs beyond the "
+                           "pending demand, and is shared only when it would wait; always: shared whatever the queue")
+    queue_view_s: float = _opt(30.0, _between(1.0, 3600.0),
+                               "seconds between gpushare-submitd's looks at the queue (one sinfo and one squeue "
+                               "call, off the submit path); a view older than three of these is not used")
+    compute_sizing: bool = _opt(False, None, "a job marked heavy ('#GPUSHARE compute=heavy') asks for more than "
+                                "half a GPU's shards, so two heavy jobs never share a GPU")
 
 
 @dataclass

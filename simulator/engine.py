@@ -39,11 +39,12 @@ from typing import Sequence
 
 from gpushare.gpus import GiB, capacity_bytes, parse_target
 from gpushare.policy import risk
-from gpushare.simulator.policies import GpuState, JobRequest, make_policy
+from gpushare.simulator.policies import GpuState, JobRequest, Policy, _walk, make_policy
 from gpushare.simulator import estimators
 from gpushare.simulator.device import CONTEXT_GIB, SimCluster, SimGpu, noise_bound, noise_scores
 from gpushare.simulator.interference import Interference
 from gpushare.simulator.live import LiveSetup
+from gpushare.policy.share_gate import Pressure, compute_shards, gate
 from gpushare.simulator.trace import JobSpec
 from gpushare.simulator.workload import UTIL_PROFILES
 
@@ -129,12 +130,12 @@ class GpuView(GpuState):
 
     def refresh(self) -> None:
         gpu, sim = self._gpu, self._sim
-        for name, value in (("index", gpu.index), ("node", gpu.node), ("total_bytes", gpu.capacity_bytes),
-                            ("free_bytes", gpu.capacity_bytes - sim.cluster.used_bytes(gpu.index)),
-                            ("jobs", len(gpu.residents)), ("exclusive", gpu.exclusive),
-                            ("shards_total", gpu.shards_total), ("shards_free", gpu.shards_free)):
-            object.__setattr__(self, name, value)
-        object.__setattr__(self, "_at", -math.inf)
+        fields = self.__dict__  # the frozen dataclass's own storage: what object.__setattr__ writes, at less cost
+        fields["index"], fields["node"], fields["total_bytes"] = gpu.index, gpu.node, gpu.capacity_bytes
+        fields["free_bytes"] = gpu.capacity_bytes - sim.cluster.used_bytes(gpu.index)
+        fields["jobs"], fields["exclusive"] = len(gpu.residents), gpu.exclusive
+        fields["shards_total"], fields["shards_free"] = gpu.shards_total, gpu.shards_free
+        fields["_at"] = -math.inf
 
     def _now(self) -> None:
         sim = self._sim
@@ -222,7 +223,8 @@ class Simulation:
         self.policy = make_policy(config.policy, **config.policy_options())
         self.interference = interference or Interference.load(config.throughputs, config.interference)
         self.util = UTIL_PROFILES[config.util]  # class -> solo (SMACT, SMOCC, DRAMA)
-        self._active_ids: dict[int, tuple[str, ...]] = {}  # per GPU: its loading processes at the last rate update
+        self._active_ids: dict[int, list[str]] = {}  # per GPU: its loading processes at the last rate update
+        self._kinds: dict[str, int] = {}  # job -> its interference kind (``Interference.kind``)
         self.ttfk = risk.TtfkTable(config.window_s)
         total = self.gpus[0].shards_total
         self.jobs: dict[str, JobRun] = {}
@@ -234,8 +236,12 @@ class Simulation:
                                             spec.submit_s)
             if live and request is not None and request > live.exclusive_above * self.gpus[0].capacity_bytes:
                 self.jobs[spec.job_id].whole = True
+            elif live and live.compute_sizing:  # the class is known to the simulation (its trace column)
+                self.jobs[spec.job_id].shards = max(self.jobs[spec.job_id].shards, compute_shards(spec.util, total))
         self.queue: deque[JobRun] = deque()
         self.recovery: deque[JobRun] = deque()
+        self._view: tuple[float, Pressure] | None = None  # --policy live: the queue view and when it was taken
+        self._claimed = 0  # GPUs promised to jobs kept whole since that view
         # (time, 0 = a finish / 1 = any other event, tie-break, kind, job id, sequence number): finishes
         # first at equal times, among them by job id; other events in the order they were pushed
         self._events: list[tuple[float, int, str | int, str, str, int]] = []
@@ -254,6 +260,10 @@ class Simulation:
         # every GPU as (policy key, index), sorted, where the key reads only what the GPU holds
         self._keys: list[tuple] = [self.policy.key(v) for v in self._views] if self.policy.static_key else []
         self._ranked = sorted((k, i) for i, k in enumerate(self._keys)) if self.policy.static_key else None
+        # the GPUs that hold no job, by index, for whole-GPU requests, where the policy's choice of them is
+        # the base class's (every policy of this engine today; a policy that chooses otherwise is asked)
+        self._idle: list[int] | None = ([v.index for v in self._views if v.jobs == 0 and not v.exclusive]
+                                        if type(self.policy).choose is Policy.choose else None)
 
     # --- event plumbing -----------------------------------------------------------------------------
     def _push(self, t: float, kind: str, job_id: str = "") -> int:
@@ -347,7 +357,29 @@ class Simulation:
     def _on_arrive(self, job_id: str) -> None:
         if self._energy_start is None:  # CARMA §3.1: energy counters read at the start of the trace
             self._energy_start = [self.cluster.energy_j(g.index) for g in self.gpus]
-        self.queue.append(self.jobs[job_id])
+        job = self.jobs[job_id]
+        if self.config.live is not None and not job.whole:
+            self._gate(job)
+        self.queue.append(job)
+
+    def _gate(self, job: JobRun) -> None:
+        """The submit-time choice of the deployed stack (``gpushare.policy.share_gate``): keep a whole GPU
+        while idle ones exceed the pending demand, from a view refreshed every ``queue_view_s`` as
+        gpushare-submitd's is. A job of several GPUs keeps them whole, as the submit decision does."""
+        live = self.config.live
+        assert live is not None
+        if job.spec.gpus > 1:
+            job.whole = True
+            return
+        if live.share_when == "always":
+            return
+        if self._view is None or self.now - self._view[0] >= live.queue_view_s:
+            idle = sum(1 for g in self.gpus if not g.residents and not g.exclusive)
+            pending = sum(j.spec.gpus for j in (*self.recovery, *self.queue))
+            self._view, self._claimed = (self.now, Pressure(idle, pending)), 0
+        if not gate(live.share_when, self._view[1], self._claimed).share:
+            job.whole = True
+            self._claimed += 1
 
     # --- job transitions ----------------------------------------------------------------------------
     def _schedule(self) -> None:
@@ -397,7 +429,21 @@ class Simulation:
             per_node = self.config.gpus_per_node
             return self.policy.choose_ranked(request, (views[i] for _, i in self._ranked),
                                              lambda node: views[node * per_node:(node + 1) * per_node])
+        if self._idle is not None and (request.exclusive or not self.policy.collocates):
+            return self._choose_idle(request.gpus)
         return self.policy.choose(request, self._candidates(request))
+
+    def _choose_idle(self, n: int) -> list[int] | None:
+        """``Policy.choose`` for whole GPUs — the lowest-index idle GPUs of one node — from the idle GPUs
+        the engine keeps sorted (``_idle``), instead of filtering every GPU of the cluster per attempt."""
+        views, idle, per_node = self.snapshot(), self._idle, self.config.gpus_per_node
+        assert idle is not None
+
+        def node(i: int) -> list[GpuState]:
+            lo, hi = bisect.bisect_left(idle, i * per_node), bisect.bisect_left(idle, (i + 1) * per_node)
+            return [views[k] for k in idle[lo:hi]]
+
+        return _walk((views[k] for k in idle), n, lambda g: True, node)
 
     def _try_place(self, job: JobRun) -> bool:
         request = JobRequest(job.spec.job_id, job.spec.gpus, job.request, job.shards,
@@ -495,11 +541,10 @@ class Simulation:
     def _update_rates(self) -> None:
         """New rates for the running jobs on GPUs whose processes changed (the others' are unchanged)."""
         touched: dict[str, JobRun] = {}
-        active: dict[int, list[tuple[str, tuple[str | None, float]]]] = {}  # per GPU, built once per update
+        active: dict[int, tuple[list[str], list[int]]] = {}  # per GPU, built once per update
         for index in sorted(self.cluster.changed):
-            here = active[index] = [(r.job_id, (self.jobs[r.job_id].spec.gavel, r.util[0]))
-                                    for r in self.gpus[index].residents.values() if r.active]
-            ids = tuple(job_id for job_id, _ in here)
+            ids = (found := self._loading(index))[0]
+            active[index] = found
             if self._active_ids.get(index) == ids:
                 continue  # a launch (not yet loading) or memory growth: every speed here is what it was
             self._active_ids[index] = ids
@@ -508,17 +553,31 @@ class Simulation:
                 if job.state == "running":
                     touched[job_id] = job
         self.cluster.changed.clear()
-        for job in touched.values():
-            me = (job.spec.gavel, self.util[job.spec.util][0])
+        speed = self.interference.speed_among
+        for job_id, job in touched.items():
+            me = self._kind(job_id)
             speeds = []
             for index in job.gpus:
                 found = active.get(index)
                 if found is None:
-                    found = active[index] = [(r.job_id, (self.jobs[r.job_id].spec.gavel, r.util[0]))
-                                             for r in self.gpus[index].residents.values() if r.active]
-                others = [who for job_id, who in found if job_id != job.spec.job_id]
-                speeds.append(self.interference.speed(me, others))
+                    found = active[index] = self._loading(index)
+                ids, kinds = found
+                speeds.append(speed(me, kinds, ids.index(job_id) if job_id in ids else -1))
             self.set_rate(job, min(speeds))
+
+    def _loading(self, index: int) -> tuple[list[str], list[int]]:
+        """The GPU's jobs past their first kernel, in residence order, and their interference kinds."""
+        ids = [r.job_id for r in self.gpus[index].residents.values() if r.active]
+        kinds, kind = self._kinds, self._kind
+        return ids, [kinds[j] if j in kinds else kind(j) for j in ids]
+
+    def _kind(self, job_id: str) -> int:
+        """The job's (Gavel proxy, solo SMACT) as the interference model's number for it."""
+        found = self._kinds.get(job_id)
+        if found is None:
+            spec = self.jobs[job_id].spec
+            found = self._kinds[job_id] = self.interference.kind(spec.gavel, self.util[spec.util][0])
+        return found
 
     # --- what the policy sees -------------------------------------------------------------------------
     def snapshot(self) -> list[GpuState]:
@@ -531,6 +590,14 @@ class Simulation:
             if self._ranked is not None:
                 self._keys[index] = self.policy.key(view)
                 bisect.insort(self._ranked, (self._keys[index], index))
+            if self._idle is not None:
+                at = bisect.bisect_left(self._idle, index)
+                held = at < len(self._idle) and self._idle[at] == index
+                if (view.jobs == 0 and not view.exclusive) != held:
+                    if held:
+                        del self._idle[at]
+                    else:
+                        self._idle.insert(at, index)
         self._head_stale |= self.cluster.touched
         self.cluster.touched.clear()
         return self._views  # type: ignore[return-value]

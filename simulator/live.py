@@ -43,6 +43,9 @@ class LiveSetup:
     margin_fraction: float = 0.10
     margin_min_gib: float = 1.0
     exclusive_above: float = 0.90
+    share_when: str = "always"  # or "queued": share only while idle whole GPUs do not cover the queue
+    queue_view_s: float = 30.0  # how often gpushare-submitd refreshes its view of the queue
+    compute_sizing: bool = False  # a heavy job asks for more than half a GPU's shards
 
     def describe(self) -> str:
         """One line for the report: what was deployed."""
@@ -51,7 +54,8 @@ class LiveSetup:
         return (f"live stack: Slurm {self.release} {placement}, {withheld}, threads {self.thread_policy}, "
                 f"caps {'on' if self.caps else 'off'}, recovery {'on' if self.recovery else 'off'}, "
                 f"margin {self.margin_fraction:.0%}/{self.margin_min_gib:g} GiB, whole GPU above "
-                f"{self.exclusive_above:.0%}")
+                f"{self.exclusive_above:.0%}, shared {self.share_when}"
+                + (", heavy jobs over half a GPU" if self.compute_sizing else ""))
 
 
 def setup(cfg: Config, release: str = "22.05") -> LiveSetup:
@@ -63,4 +67,5 @@ def setup(cfg: Config, release: str = "22.05") -> LiveSetup:
         withhold_when=agent.withhold_node_when, thread_policy=agent.thread_policy,
         caps=agent.framework_caps == "yes" or agent.backstop == "stop", recovery=cfg.oom.max_retries > 0,
         margin_fraction=cfg.policy.margin_fraction, margin_min_gib=cfg.policy.margin_min_gib,
-        exclusive_above=cfg.policy.exclusive_above_fraction)
+        exclusive_above=cfg.policy.exclusive_above_fraction, share_when=cfg.policy.share_when,
+        queue_view_s=cfg.policy.queue_view_s, compute_sizing=cfg.policy.compute_sizing)

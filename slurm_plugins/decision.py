@@ -16,6 +16,7 @@ from typing import Any
 
 from gpushare.config import Config
 from gpushare.gpus import GiB, GpuModel, MigProfile
+from gpushare.policy.share_gate import Pressure, compute_shards, gate
 from gpushare.estimate.directives import Directives
 from gpushare.estimate.source import Estimate
 from gpushare.slurm import record as record_format
@@ -70,7 +71,17 @@ def smallest_cluster_gpu_gib(cfg: Config) -> int:
     return min(sizes) if sizes else 0
 
 
-def decide(request: SubmitRequest, directives: Directives, estimate: Estimate | None, cfg: Config) -> Decision:
+@dataclass(frozen=True)
+class Queue:
+    """The queue as gpushare-submitd last saw it in the job's partitions (slurm_plugins/queue_view.py):
+    ``pressure`` None when it has no fresh view; ``claimed``: GPUs promised to jobs kept whole since."""
+
+    pressure: Pressure | None = None
+    claimed: int = 0
+
+
+def decide(request: SubmitRequest, directives: Directives, estimate: Estimate | None, cfg: Config,
+           queue: Queue | None = None) -> Decision:
     """Choose what happens to one submitted job. Never raises on job content."""
     try:
         per_node = parse_gres(request.tres_per_node)
@@ -107,8 +118,14 @@ def decide(request: SubmitRequest, directives: Directives, estimate: Estimate | 
             if isinstance(held, Decision):
                 return held
             mode, why = cfg.estimation.fallback, held
-        return without_estimate(request, per_node, gpu_items[0], mode, why, cfg)
-    return _size_shared(request, per_node, gpu_items[0], estimate, cfg, lanes=directives.lanes)
+        return without_estimate(request, per_node, gpu_items[0], mode, why, cfg, _gate(directives, queue))
+    return _size_shared(request, per_node, gpu_items[0], estimate, cfg, lanes=directives.lanes,
+                        queue=_gate(directives, queue), compute=directives.compute)
+
+
+def _gate(directives: Directives, queue: Queue | None) -> Queue | None:
+    """The queue to gate sharing on; None (share) when the script itself asks to share (mode=shared)."""
+    return None if directives.mode == "shared" else (queue or Queue())
 
 
 # A lane job is charged its persistent memory plus 1/LANE_SHARE of its ephemeral memory: Slurm's shards
@@ -130,7 +147,7 @@ def lane_charge(estimate: Estimate) -> tuple[int, dict[str, Any]]:
 
 
 def without_estimate(request: SubmitRequest, per_node: list[GresItem], gpu: GresItem, mode: str, why: str,
-                     cfg: Config) -> Decision:
+                     cfg: Config, queue: Queue | None = None) -> Decision:
     """``exclusive``: keep the whole GPU; ``recover``: share with the default size, OOM recovery behind it."""
     if mode != "recover":
         decision = _keep(request, "exclusive",
@@ -140,7 +157,7 @@ def without_estimate(request: SubmitRequest, per_node: list[GresItem], gpu: Gres
         return decision
     estimate = Estimate(int(cfg.policy.recover_default_gib * GiB), "default",
                         "default size; an OOM is recovered on a whole GPU")
-    decision = _size_shared(request, per_node, gpu, estimate, cfg)
+    decision = _size_shared(request, per_node, gpu, estimate, cfg, queue=queue)
     if why:
         decision.record["why"] = f"{why[:300]}; {decision.record.get('why', '')}"
     return decision
@@ -247,7 +264,10 @@ def _size_mig(request: SubmitRequest, per_node: list[GresItem], gpu: GresItem, e
 
 
 def _size_shared(request: SubmitRequest, per_node: list[GresItem], gpu: GresItem, estimate: Estimate,
-                 cfg: Config, lanes: bool = False) -> Decision:
+                 cfg: Config, lanes: bool = False, queue: Queue | None = None, compute: str | None = None) -> Decision:
+    """Shards for the estimate + margin (more than half the GPU for a heavy job), unless the job needs most
+    of a GPU, or the queue has idle GPUs for it (``[policy] share_when``): then it keeps ``gpu:1``.
+    ``queue`` None: shared whatever the queue (the script asked to share, or no gate applies)."""
     margin = max(estimate.total_bytes * cfg.policy.margin_fraction, cfg.policy.margin_min_gib * GiB)
     models = mig_models_for(request.partition, cfg)
     if models:  # a slice is isolated in hardware: lanes (a shard-side mechanism) do not apply there
@@ -264,10 +284,25 @@ def _size_shared(request: SubmitRequest, per_node: list[GresItem], gpu: GresItem
         decision.user_message = (f"gpushare: estimated {base['est_gib']} GiB ({estimate.source}) "
                                  f"+ {base['margin_gib']} GiB margin needs most of a GPU; keeping gpu:1")
         return decision
+    verdict = gate(cfg.policy.share_when, queue.pressure, queue.claimed) if queue is not None else None
+    if verdict is not None and not verdict.share:
+        decision = _keep(request, "idle-gpus", verdict.why, estimate)
+        decision.record.update(base)
+        decision.user_message = (f"gpushare: whole GPUs are free now, so this job keeps gpu:1 (it would be "
+                                 f"shared with shard:{shards} when it has to wait)")
+        return decision
+    memory_shards = shards
+    if cfg.policy.compute_sizing:
+        shards = min(gpu_gib, max(shards, compute_shards(compute, gpu_gib)))
     new_items = [gpu.replaced("shard", None, shards) if item is gpu else item for item in per_node]
     new_value = format_gres(new_items)
+    why = f"fits {memory_shards} of {gpu_gib} GiB"
+    if shards > memory_shards:
+        why += f"; compute heavy: {shards} shards, so no other heavy job pairs with it"
     record = {"v": RECORD_VERSION, "decision": "shared", **base, "old": request.tres_per_node,
-              "new": new_value, "why": f"fits {shards} of {gpu_gib} GiB"}
+              "new": new_value, "why": why}
+    if verdict is not None and queue is not None and queue.pressure is not None and cfg.policy.share_when != "always":
+        record["queue"] = verdict.why[:160]
     if request.array:
         record["array"] = True
     if lane_field is not None:

@@ -26,12 +26,14 @@ from gpushare.logs import setup_logging
 from gpushare.config import Config, ConfigError, load_config
 from gpushare.errors import GpushareError
 from gpushare.slurm_plugins.controller_account import controller_account, prepare_hook_paths, socket_gid
-from gpushare.slurm_plugins.decision import Decision, SubmitRequest, decide
+from gpushare.slurm.client import SlurmClient
+from gpushare.slurm_plugins.decision import Decision, Queue, SubmitRequest, decide
 from gpushare.estimate.directives import parse_directives
 from gpushare.estimate.source import EstimateUnavailable, find_estimate
 from gpushare.slurm_plugins.estimation_process import Supervisor
 from gpushare.slurm_plugins.job_notes import write_note
 from gpushare.slurm_plugins.protocol import ProtocolError, decode_request, encode_reply
+from gpushare.slurm_plugins.queue_view import QueueView
 from gpushare.slurm_plugins.scope import observed, out_of_scope, outside
 from gpushare.slurm_plugins.submit_metrics import SubmitMetrics
 from gpushare.slurm_plugins.submit_metrics import start as start_metrics
@@ -43,9 +45,10 @@ def cluster_gpu_names(cfg: Config) -> list[str]:
     return [group.gpu for group in cfg.nodes] or [name.partition(":")[0] for name in cfg.estimator.gpus]
 
 
-def handle_submit(cfg: Config, request: SubmitRequest, work_dir: str | None) -> Decision:
+def handle_submit(cfg: Config, request: SubmitRequest, work_dir: str | None, view: QueueView | None = None) -> Decision:
     """Directives → estimate → decision, then scope and mode (slurm_plugins/scope.py). Problems with a named
-    estimate count as bad directives. ``[policy] mode = "off"``: nothing is read, every job passes untouched."""
+    estimate count as bad directives. ``[policy] mode = "off"``: nothing is read, every job passes untouched.
+    ``view``: the queue as last seen (``[policy] share_when = "queued"``); read here, never refreshed here."""
     if cfg.policy.mode == "off":
         return Decision(action="accept")
     directives = parse_directives(request.script, cfg.submit.max_script_bytes)
@@ -56,11 +59,14 @@ def handle_submit(cfg: Config, request: SubmitRequest, work_dir: str | None) -> 
                                      cluster_gpu_names(cfg))
         except EstimateUnavailable as exc:
             directives.problems.append((directives.lines.get("estimate", 0), str(exc)))
-    decision = decide(request, directives, estimate, cfg)
+    queue = Queue(*view.pressure(request.partition, request.default_partition)) if view is not None else None
+    decision = decide(request, directives, estimate, cfg, queue)
     if decision.record or decision.action != "accept":  # a GPU job: is it ours to change here?
         why = out_of_scope(request, cfg)
         if why:
             decision = outside(request, why)
+    if view is not None and decision.record.get("decision") == "idle-gpus" and cfg.policy.mode == "enforce":
+        view.claim(request.partition, request.default_partition)  # it will take one of the idle GPUs
     if cfg.policy.mode == "observe":
         decision = observed(decision)
     if decision.record:  # the controller's configuration, for the node's Prolog to compare with its own
@@ -129,6 +135,7 @@ class SubmitServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         self.max_request_bytes = cfg.submit.max_script_bytes * 6 + 65536  # \u00XX escapes: 6 bytes a byte
         self._lock = threading.Lock()
         self.estimation: Supervisor | None = None  # the async-estimation process, when enabled
+        self.view: QueueView | None = None  # [policy] share_when = "queued": the queue as last seen
         # who may ask: root, this service's own user, slurmctld's (SlurmUser), and [submit] peer_uids
         account = controller_account(cfg)
         self.peer_uids = {0, os.geteuid(), *(int(u) for u in cfg.submit.peer_uids),
@@ -191,7 +198,7 @@ class SubmitServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
                 return Decision(action="accept", user_message=outcome), job
             if op != "submit":
                 return Decision(action="accept"), job
-            return handle_submit(self.cfg, request, fields.get("work_dir")), job
+            return handle_submit(self.cfg, request, fields.get("work_dir"), self.view), job
         except ProtocolError as exc:
             log.error("bad request, job accepted unchanged: %s", exc)
             if self.metrics is not None:
@@ -219,6 +226,7 @@ def serve(socket_path: str, cfg: Config, config_path: str | None) -> int:
             new = load_config(config_path, require=cfg.from_file)  # a file that vanished: keep the old one
             server.reload(new)
             _start_estimation_if_needed(new)
+            _start_view_if_needed(new)
             log.warning("configuration reloaded")
         except ConfigError as exc:
             log.error("configuration not reloaded: %s", exc)
@@ -226,16 +234,26 @@ def serve(socket_path: str, cfg: Config, config_path: str | None) -> int:
     def _stop(signum: int, frame: object) -> None:
         threading.Thread(target=server.shutdown, daemon=True).start()
 
+    def _start_view_if_needed(current: Config) -> None:
+        # off the submit path: a thread of its own asks Slurm every queue_view_s; once started it stays
+        # (a reload to "always" only stops it being read)
+        if current.policy.share_when == "queued" and server.view is None:
+            client = SlurmClient.from_config(current, timeout_s=max(5.0, current.policy.queue_view_s))
+            server.view = QueueView(client.run, current.policy.queue_view_s).start()
+
     signal.signal(signal.SIGHUP, _reload)
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     _start_estimation_if_needed(cfg)
+    _start_view_if_needed(cfg)
     log.warning("listening on %s", socket_path)
     try:
         server.serve_forever(poll_interval=0.2)
     finally:
         if server.estimation is not None:
             server.estimation.stop()
+        if server.view is not None:
+            server.view.stop()
         if metrics_server is not None:
             metrics_server.shutdown()
         server.server_close()

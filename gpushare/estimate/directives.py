@@ -24,7 +24,7 @@ from gpushare.estimate.schema import PLAUSIBLE_MAX_BYTES, parse_inline
 
 MAX_GPU_MEMORY = PLAUSIBLE_MAX_BYTES
 _DIRECTIVE_RE = re.compile(r"^\s*#\s*GPUSHARE\b(.*)$", re.IGNORECASE)
-_KEYS = ("mem", "est", "estimate", "script", "mode", "lanes")
+_KEYS = ("mem", "est", "estimate", "script", "mode", "lanes", "compute")
 
 
 
@@ -38,6 +38,7 @@ class Directives:
     script: str | None = None
     mode: str | None = None  # "exclusive" or "shared": the user's own override
     lanes: bool = False  # ``#GPUSHARE lanes`` (or lanes=yes): Salus lanes, turns per iteration (docs/agent.md)
+    compute: str | None = None  # "light", "medium" or "heavy": how busy the job keeps a GPU's SMs
     problems: list[tuple[int, str]] = field(default_factory=list)
     lines: dict[str, int] = field(default_factory=dict)  # key -> line number, for messages
 
@@ -112,4 +113,9 @@ def _apply(found: Directives, number: int, token: str) -> None:
             found.problems.append((number, f"lanes: expected yes or no, got {value[:30]!r}"))
             return
         found.lanes = value.lower() == "yes"
+    elif key == "compute":
+        if value.lower() not in ("light", "medium", "heavy"):
+            found.problems.append((number, f"compute: expected light, medium or heavy, got {value[:30]!r}"))
+            return
+        found.compute = value.lower()
 

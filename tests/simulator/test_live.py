@@ -49,7 +49,7 @@ def test_withholding_closes_a_node_as_the_agent_does():
 def test_an_estimate_above_the_whole_gpu_fraction_keeps_a_whole_gpu():
     # 37 GiB + 10 % margin > 90 % of 40 GiB: the job is kept on a GPU of its own, the 4 GiB one shares
     jobs = parse("job_id,submit_s,duration_s,mem_gib,util,ttfk_s\nbig,0,100,37,light,5\nsmall,0,100,4,light,5\n", "t.csv")
-    live = setup(parse_config({}), "22.05")
+    live = setup(parse_config({"policy": {"share_when": "always"}}), "22.05")
     config = SimConfig(gpus_per_node=2, policy="live", estimator="measured", live=live, caps=live.caps,
                        interference="share")
     sim = Simulation(jobs, config, Interference(None, mode="share")).run()

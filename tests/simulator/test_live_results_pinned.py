@@ -3,7 +3,8 @@
 Why: the live stack's placement has fast paths (a GPU order kept sorted between events, walked only as far
 as the answer needs); they must give exactly the placements of the plain scan. Recorded from the plain scan
 (each GPU filtered, then sorted) before the fast path existed; ``python tests/simulator/test_live_results_pinned.py``
-prints the current values.
+prints the current values. Recorded again (fast path and plain scan agreeing) when ``--policy live`` began to
+keep jobs of several GPUs whole, as the submit decision does, and to gate sharing on the queue.
 """
 
 from __future__ import annotations
@@ -23,15 +24,19 @@ from gpushare.simulator.engine import SimConfig
 from gpushare.simulator.live import setup
 from gpushare.simulator.runner import simulation
 
-VARIANTS = {"22.05": ("22.05", {}), "24.11": ("24.11", {}),
-            "22.05-withheld": ("22.05", {"agent": {"withhold": "feature"}})}
+ALWAYS = {"policy": {"share_when": "always"}}  # shared whatever the queue: the placement paths at work
+VARIANTS = {"22.05": ("22.05", ALWAYS), "24.11": ("24.11", ALWAYS),
+            "22.05-withheld": ("22.05", {**ALWAYS, "agent": {"withhold": "feature"}}),
+            "22.05-queued": ("22.05", {"policy": {"share_when": "queued"}})}
 PINNED: dict[str, dict[str, Any]] = {
-    "22.05": {"makespan_s": 189331.574, "jct_mean_s": 7849.663, "ooms": 6,
-              "placements_sha256": "7274782fd699931c339c480d193b6e17d1fbdcd8d828d5c014258fd5b7086ab8"},
-    "22.05-withheld": {"makespan_s": 286336.231, "jct_mean_s": 51526.82, "ooms": 6,
-                       "placements_sha256": "a6363b61d85cbab8d9e90faaeb027b7d8fed3aad0c8e054a6fc06969a035781c"},
-    "24.11": {"makespan_s": 185458.382, "jct_mean_s": 3042.835, "ooms": 6,
-              "placements_sha256": "58713bb78c537fc0535afcd3a0e8237a5759378eba00a0d89474a2e4e4d7d453"},
+    "22.05": {"makespan_s": 187480.28, "jct_mean_s": 4158.872, "ooms": 3,
+             "placements_sha256": "5d3b8d5530024240315a702b003d7d05298ca6ad1431c05af346bbd90e6eb63c"},
+    "22.05-queued": {"makespan_s": 185092.2, "jct_mean_s": 3003.01, "ooms": 1,
+                    "placements_sha256": "ba41b4b08ad4ae704984804d2624aab66532d7fd271a3f00576e97812394134b"},
+    "22.05-withheld": {"makespan_s": 200489.198, "jct_mean_s": 7604.819, "ooms": 3,
+                      "placements_sha256": "489c00e99f2d8fc437a0fe7556ac09c8a41c2ecb849c42c61675cf0bccd2d4b6"},
+    "24.11": {"makespan_s": 186401.684, "jct_mean_s": 3090.92, "ooms": 3,
+             "placements_sha256": "db1874e18fb365c0dfa142f48b790922f8a3d66c42a8829fb53798cf64ee4941"},
 }
 
 

@@ -1,0 +1,86 @@
+"""Does sharing do no harm at every load: the deployed stack against Exclusive, mean JCT and energy.
+
+    python benchmarks/do_no_harm.py [--jobs 2000] [--gpus 64] [--loads 0.3 0.5 0.8 1.0 1.2] [--workers N]
+
+benchmarks/simulator_scale.py's synthetic trace (1-8 GPUs per job, nodes of 8 x A100-80GB, trace seeds 0-2) at
+each offered load, utilisation fitted to CARMA's measured runs (``--util carma-fit``), Slurm 22.05
+(first-fit shards) and 24.11+ (``LL_SHARED_GRES``). Rows: ``--policy live`` with the shipped defaults
+except the two settings compared, ``[policy] share_when`` (``always``: shared whatever the queue;
+``queued``: shared only while the job would wait, ``gpushare.policy.share_gate``) and
+``[policy] compute_sizing``; each against Exclusive on the same trace. The goal: at every load, mean JCT
+and energy no worse than Exclusive + 2 %; at load >= 1.0, a gain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import tempfile
+from statistics import mean
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gpushare.config import parse_config  # noqa: E402
+from gpushare.simulator import batch  # noqa: E402
+from gpushare.simulator.cli import THROUGHPUTS_NAME, data_dir  # noqa: E402
+from gpushare.simulator.engine import SimConfig  # noqa: E402
+from gpushare.simulator.live import setup  # noqa: E402
+from simulator_scale import synthetic_trace  # noqa: E402
+
+VARIANTS = (("always", False), ("queued", False), ("queued", True))
+
+
+def table(jobs: int, gpus: int, loads: list[float], releases: list[str], seeds: list[int],
+          workers: int | None) -> None:
+    data = data_dir(None)
+    print(f"synthetic trace, {jobs:,} jobs, {gpus // 8} x 8 A100-80GB, trace seeds {seeds}, --util carma-fit: "
+          "--policy live against Exclusive (change in %, mean over the seeds; worst seed in brackets)\n")
+    print("| load | Slurm | share_when | compute_sizing | mean JCT | energy | makespan | OOMs |")
+    print("|---:|---|---|---|---:|---:|---:|---:|")
+    common = {"nodes": gpus // 8, "gpus_per_node": 8, "gpu": "a100-80gb", "util": "carma-fit",
+              "throughputs": data / THROUGHPUTS_NAME}
+    labels = [(release if release == "22.05" else f"{release}+", share_when, "on" if sizing else "off")
+              for release in releases for share_when, sizing in VARIANTS]
+    configs = [SimConfig(policy="exclusive", estimator="none", **common)]
+    for release in releases:
+        for share_when, sizing in VARIANTS:
+            live = dataclasses.replace(setup(parse_config({}), release), share_when=share_when, compute_sizing=sizing)
+            configs.append(SimConfig(policy="live", estimator="measured", caps=live.caps, recovery=live.recovery,
+                                     live=live, **common))
+    for load in loads:
+        per_seed = []
+        for seed in seeds:
+            with tempfile.TemporaryDirectory() as tmp:
+                path = Path(tmp) / "synthetic.csv"
+                path.write_text(synthetic_trace(jobs, gpus, load, seed))
+                per_seed.append(batch.run_all(batch.Source(str(path)), configs, workers))
+        base = [runs[0] for runs in per_seed]
+        print(f"| {load} | Exclusive | | | {mean(b['jct_mean_s'] for b in base):.0f} s | "
+              f"{mean(b['energy_mj'] for b in base):.0f} MJ | {mean(b['makespan_s'] for b in base) / 3600:.1f} h | |")
+        for k, (release, share_when, sizing) in enumerate(labels, start=1):
+            cells = []
+            for key in ("jct_mean_s", "energy_mj", "makespan_s"):
+                changes = [runs[k][key] / runs[0][key] - 1 for runs in per_seed]
+                cells.append(f"{mean(changes):+.1%}" + (f" ({max(changes):+.1%})" if len(changes) > 1 else ""))
+            ooms = sum(runs[k]["ooms"] for runs in per_seed)
+            print(f"| {load} | {release} | {share_when} | {sizing} | {' | '.join(cells)} | {ooms} |", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=2000)
+    parser.add_argument("--gpus", type=int, default=64)
+    parser.add_argument("--loads", type=float, nargs="+", default=[0.3, 0.5, 0.8, 1.0, 1.2])
+    parser.add_argument("--releases", nargs="+", default=["22.05", "24.11"])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--workers", type=int, default=None)
+    args = parser.parse_args(argv)
+    table(args.jobs, args.gpus, args.loads, args.releases, args.seeds, args.workers)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
