@@ -82,6 +82,16 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def share_always(toml_extra: str) -> str:
+    """``[policy] share_when = "always"`` unless the test sets it: a test cluster is idle between tests, and
+    the queue gate (``share_when = "queued"``) would keep every job on a whole GPU; its own tests ask for it."""
+    if "share_when" in toml_extra:
+        return toml_extra
+    if "[policy]\n" in toml_extra:
+        return toml_extra.replace("[policy]\n", '[policy]\nshare_when = "always"\n', 1)
+    return f'{toml_extra}\n[policy]\nshare_when = "always"\n'
+
+
 @dataclass
 class LocalCluster:
     """One cluster under ``base``: ``start()``, use ``env``/``client``, ``stop()``."""
@@ -190,7 +200,7 @@ class LocalCluster:
         extra_submit = "".join(f"{key} = {json.dumps(value)}\n" for key, value in self.submit_settings.items())
         # Our commands run on the host (tests, gpushare CLI) must reach this cluster's tools, not the host's.
         slurm_bin = f'\n[slurm]\nbin_dir = "{self.slurm_bin_dir}"\n' if self.slurm_bin_dir else ""
-        return (f"version = 1\n{self.toml_extra}\n[submit]\nsocket = \"{self.submitd_socket}\"\n"
+        return (f"version = 1\n{share_always(self.toml_extra)}\n[submit]\nsocket = \"{self.submitd_socket}\"\n"
                 f"cache_dir = \"{self.base / 'cache'}\"\nlog_file = \"{self.base / 'log' / 'submitd.log'}\"\n"
                 f"timeout_ms = 500\n{extra_submit}"
                 f"\n[oom]\nledger_dir = \"{self.base / 'oom-ledger'}\"\nlog_file = \"{self.base / 'log' / 'oom.log'}\"\n"
