@@ -81,6 +81,9 @@ from torch.optim import optimizer as optimizer_mod
 
 out_path, steps, script = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 state = {"steps": 0, "backwards": 0, "optimizer": False, "done": False}
+history = os.environ.pop("GPUSHARE_GT_HISTORY", "")
+if history:  # every allocation from the first, without stack traces (benchmarks/allocator_gaps.py reads it)
+    torch.cuda.memory._record_memory_history(context=None, max_entries=4_000_000)
 
 def own_nvml():
     try:
@@ -103,6 +106,16 @@ def finish(reason):
         doc = {"reason": reason, "max_reserved": torch.cuda.max_memory_reserved(),
                "max_allocated": torch.cuda.max_memory_allocated(), "reserved": torch.cuda.memory_reserved(),
                "nvml_self": own_nvml()}
+        stats = torch.cuda.memory_stats()
+        doc["stats"] = {k: stats.get(k) for k in ("num_alloc_retries", "num_device_alloc", "num_device_free",
+                                                  "segment.all.peak", "segment.large_pool.peak",
+                                                  "segment.small_pool.peak", "reserved_bytes.large_pool.peak",
+                                                  "reserved_bytes.small_pool.peak", "inactive_split_bytes.all.peak")}
+        if history:
+            import pickle
+            with open(history + ".tmp", "wb") as f:
+                pickle.dump(torch.cuda.memory._snapshot(), f)
+            os.replace(history + ".tmp", history)
     else:
         doc = {"reason": reason, "error": "CUDA never initialised"}
     doc.update(steps=state["steps"], backwards=state["backwards"])
@@ -219,7 +232,7 @@ class NvmlPoller:
 
 
 def run_one(work: dict[str, Any], poller: NvmlPoller, timeout: float,
-            caps: dict[str, Any] | None = None) -> dict[str, Any]:
+            caps: dict[str, Any] | None = None, history_dir: str = "") -> dict[str, Any]:
     import importlib.util
 
     missing = [p for p in work["needs"] if importlib.util.find_spec(p) is None]
@@ -231,6 +244,10 @@ def run_one(work: dict[str, Any], poller: NvmlPoller, timeout: float,
     cmd = [sys.executable, "-c", _CHILD, out_path, str(STEPS), work["script"], *work["args"]]
     start = time.monotonic()
     env = {**os.environ, **(caps or {}).get("env", {})}
+    if history_dir:
+        from allocator_gaps import history_name
+
+        env["GPUSHARE_GT_HISTORY"] = os.path.join(history_dir, history_name(work["label"]))
     proc = subprocess.Popen(cmd, cwd=work["cwd"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             env=env)
     poller.watch(proc.pid)
@@ -274,6 +291,9 @@ def measure(opts: argparse.Namespace) -> int:
     probe = subprocess.run([sys.executable, "-c", _CONTEXT_PROBE], capture_output=True, text=True, timeout=120)
     context = json.loads(probe.stdout.strip().splitlines()[-1]) if probe.returncode == 0 else probe.stderr[-800:]
     print(json.dumps({"env": env, "context": context}, indent=1), flush=True)
+    history = os.path.abspath(opts.history) if opts.history else ""
+    if history:
+        os.makedirs(history, exist_ok=True)
     poller = NvmlPoller()
     only = [o for o in opts.only.split(",") if o]
     todo = [w for w in workloads() if not only or any(o in w["label"] for o in only)]
@@ -284,7 +304,8 @@ def measure(opts: argparse.Namespace) -> int:
         todo = [w for w in todo if w["label"] in caps_by_label]
     results: list[dict[str, Any]] = []
     with ThreadPoolExecutor(opts.jobs) as pool:
-        for result in pool.map(lambda w: run_one(w, poller, opts.timeout, caps_by_label.get(w["label"])), todo):
+        for result in pool.map(lambda w: run_one(w, poller, opts.timeout, caps_by_label.get(w["label"]), history),
+                               todo):
             results.append(result)
             print(f"{result['label']:<28} {result['status']:<8} {result.get('seconds', 0):6.1f}s "
                   f"reserved {result.get('max_reserved', 0) / MiB:8.0f} MiB "
@@ -403,6 +424,8 @@ def main() -> int:
     m.add_argument("--timeout", type=float, default=240)
     m.add_argument("--only", default="", help="comma-separated parts of workload labels")
     m.add_argument("--caps", default="", help="run each workload under the environment from `caps`")
+    m.add_argument("--history", default="", help="folder for each workload's recorded allocation history "
+                   "(torch.cuda.memory._snapshot(); benchmarks/allocator_gaps.py reads it)")
     c = sub.add_parser("compare", help="gpu-estimate against a measure file")
     c.add_argument("measured")
     c.add_argument("--gpu", default="h200-141gb")
