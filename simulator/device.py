@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpushare.gpus import GiB, MiB, GpuModel
-from gpushare.gres import sim_timeline as tl
 
 CONTEXT_GIB = 0.5
 NOISE_SIGMA = 0.02
@@ -256,11 +255,16 @@ class SimCluster:
         self.changed.add(gpu)
         self.touched.add(gpu)
         t = self.clock()
-        procs = list(self._procs[gpu].values())
-        act = tl.activity(procs, gpu, t)
+        # tl.activity's sum, in its order, written out: every process here is running and has no steps
+        smact = smocc = drama = 0.0
+        for proc in self._procs[gpu].values():
+            smact += proc["smact"]
+            smocc += proc["smocc"]
+            drama += proc["drama"]
+        smact, smocc, drama = min(1.0, smact), min(1.0, smocc), min(1.0, drama)
         power = self._power[gpu]  # tl.power_at's formula on the activity just aggregated (not aggregated twice)
-        watts = power["idle_power_w"] + (power["max_power_w"] - power["idle_power_w"]) * act["smact"]
-        point = (t, self.used_bytes(gpu), float(act["smact"]), float(act["smocc"]), float(act["drama"]), float(watts))
+        watts = power["idle_power_w"] + (power["max_power_w"] - power["idle_power_w"]) * smact
+        point = (t, self.used_bytes(gpu), float(smact), float(smocc), float(drama), float(watts))
         sim_gpu = self.gpus[gpu]
         sim_gpu.version += 1
         if sim_gpu.history and sim_gpu.history[-1][0] == t:
