@@ -1,0 +1,128 @@
+"""An OOM requeue half done when slurmctld restarts converges to one outcome (docs/reliability.md).
+
+The OOM ledger (epilog/ledger.py) records each step of a requeue as Slurm carries it out (epilog/executor.py:
+requeuehold, gres, comment, release, then boost and ``done``). A hook killed with slurmctld may stop after
+any of them. For each point a real Slurm is put in the state such a crash leaves (the steps done in Slurm,
+the ledger saying which), slurmctld is restarted, and the resume timer's command runs as SlurmUser
+(etc/systemd/gpushare-oom-resume.service). Each job must then be requeued exactly once (one more run, on the
+new GRES, to COMPLETED), recorded once in the ledger's history, and a second resume must change nothing.
+
+One module-scoped single-host cluster: the fault is the controller's alone.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from devcluster.local_cluster import LocalCluster, missing_requirements
+from devcluster.slurm_runtime import SLURM_USER, slurm_account
+from gpushare.atomic import write_json_atomic
+from gpushare.epilog.ledger import Ledger
+from gpushare.slurm.gres_request import plain_gres
+from gpushare.slurm_plugins.decision import parse_record
+from oom_slurm_util import exclusive_gres, oom_settings, trust_log_messages
+
+pytestmark = [pytest.mark.slurm, pytest.mark.faults,
+              pytest.mark.skipif(missing_requirements() is not None, reason=str(missing_requirements()))]
+
+# Fails its first run (not an OOM: the real hook leaves it alone), succeeds when run again.
+JOB = '#!/bin/sh\n[ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] || exit 3\necho "rerun shards=$SLURM_SHARDS_ON_NODE"\n'
+OOM = {"n": 1, "family": "pytorch", "old": "gres:shard:4"}
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    base = Path(tempfile.mkdtemp(prefix="gpushare-oom-faults-", dir="/tmp"))
+    os.chmod(base, 0o755)
+    made = LocalCluster(base / "c", gpu="a100-40gb", toml_extra=oom_settings(base), with_hook=False)
+    try:
+        trust_log_messages(made.start())
+        yield made
+    finally:
+        made.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _resume(cluster: LocalCluster) -> None:
+    """What gpushare-oom-resume.timer runs, as its unit does: as SlurmUser."""
+    hook = os.path.join(os.path.dirname(sys.executable), "gpushare-epilog-slurmctld")
+    subprocess.run(cluster.user_argv(SLURM_USER, [hook, "--resume"]), env=cluster.env, check=True, timeout=120)
+
+
+def _half_done(cluster: LocalCluster, steps: list[str], released: bool, state: str) -> tuple[int, Ledger]:
+    """A failed job, the Slurm side of ``steps`` (plus a release not yet recorded when ``released``) carried
+    out, and the ledger entry a hook killed right after the last of them leaves (old enough to resume)."""
+    out = cluster.base / "oom-faults"
+    out.mkdir(exist_ok=True)
+    job_id, _ = cluster.client.sbatch("--gres=shard:4", "-o", str(out / "job-%j.out"), script=JOB)
+    deadline = time.monotonic() + 60
+    while True:
+        job = cluster.client.require_job(job_id)
+        if job.state == "FAILED" and not job.completing:
+            break
+        assert time.monotonic() < deadline, f"job {job_id} did not fail: {job.states}"
+        time.sleep(0.25)
+    time.sleep(0.5)  # the real EpilogSlurmctld of that end has looked and left it alone
+    new_gres = exclusive_gres(cluster)
+    if "requeuehold" in steps:
+        cluster.client.requeue_hold(job_id)
+    if "gres" in steps:
+        cluster.client.update_job(job_id, gres=new_gres)
+    if "comment" in steps:
+        cluster.client.update_job(job_id, admincomment='gpushare:{"oom":{"n":1,"family":"pytorch","old":"gres:shard:4"},"v":1}')
+    if released or "release" in steps:
+        cluster.client.release(job_id)
+    ledger = Ledger(cluster.config().oom.ledger_dir)
+    write_json_atomic(ledger.dir / f"{job_id}.0.json", {
+        "v": 1, "job": str(job_id), "restarts": 0, "action": "requeue", "state": state,
+        "reason": f"GPU out of memory (pytorch); requeue with shard:4 -> {new_gres}", "old_gres": "gres:shard:4",
+        "new_gres": new_gres, "nice": 0, "oom": OOM, "retry": 1, "max_retries": 1, "steps": steps,
+        "created": 0, "updated": 0}, mode=0o600)
+    (ledger.dir / f"{job_id}.0.open").touch()
+    account = slurm_account()
+    for path in (ledger.dir / f"{job_id}.0.json", ledger.dir / f"{job_id}.0.open"):
+        os.chown(path, account.pw_uid, account.pw_gid)  # as EpilogSlurmctld (SlurmUser) leaves them
+    return job_id, ledger
+
+
+@pytest.mark.parametrize("steps, released, state", [
+    ([], False, "decided"),  # decided, nothing done in Slurm yet
+    (["requeuehold"], False, "decided"),
+    (["requeuehold", "gres", "comment"], True, "decided"),  # released in Slurm, not yet in the ledger
+    (["requeuehold", "gres", "comment", "release"], False, "requeued"),  # only boost and done left
+], ids=["decided", "requeuehold", "released-unrecorded", "requeued"])
+def test_a_requeue_half_done_across_a_controller_restart_happens_once(cluster, steps, released, state):
+    job_id, ledger = _half_done(cluster, steps, released, state)
+    started = time.monotonic()
+    cluster.restart_controller()
+    _resume(cluster)
+    deadline = time.monotonic() + 60
+    while True:
+        job = cluster.client.require_job(job_id)
+        if job.state == "COMPLETED" and not job.completing:
+            break
+        assert time.monotonic() < deadline, f"job {job_id}: {job.states} restarts {job.restarts}"
+        time.sleep(0.25)
+    print(f"requeue half done at {'/'.join(steps) or 'decided'}: converged {time.monotonic() - started:.1f} s "
+          "after the restart")
+    assert job.restarts == 1  # requeued exactly once
+    assert plain_gres(job.tres_per_node) == plain_gres(exclusive_gres(cluster))
+    assert (parse_record(job.admin_comment) or {}).get("oom", {}).get("n") == 1
+    entry = ledger.get(str(job_id), 0)
+    assert entry is not None and entry["state"] == "done" and entry["steps"].count("boost") == 1
+    events = [e for e in ledger.history() if str(e.get("job")) == str(job_id) and e.get("event") == "requeued"]
+    assert len(events) == 1, events
+    assert (cluster.base / "oom-faults" / f"job-{job_id}.out").read_text().count("rerun") == 1
+    _resume(cluster)  # again: nothing left to do, nothing done twice
+    again = cluster.client.require_job(job_id)
+    assert (again.state, again.restarts) == ("COMPLETED", 1)
+    assert len([e for e in ledger.history() if str(e.get("job")) == str(job_id) and e.get("event") == "requeued"]) == 1
