@@ -55,9 +55,10 @@ def close_job(env: Mapping[str, str], cfg: AgentSection, client: SlurmClient | N
     job = job_from_env(env)
     if job is None:
         return None
-    from gpushare.prolog import hardcap
+    if cfg.hardcap != "off":  # off: the Prolog wrote nothing to undo
+        from gpushare.prolog import hardcap
 
-    hardcap.clear(job.job, backend=backend, device_backend=cfg.device_backend or None)  # whatever hardcap says now
+        hardcap.clear(job.job, backend=backend, device_backend=cfg.device_backend or None)
     store = JobStore(Path(cfg.state_dir) / "jobs")
     entry, closed_by = None, "agent"
     try:

@@ -31,7 +31,7 @@ import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Sequence
 
-from gpushare.atomic import write_json_atomic, write_text_atomic
+from gpushare.atomic import flock_within, write_json_atomic, write_text_atomic
 
 if TYPE_CHECKING:
     from gpushare.gres.device import GpuBackend
@@ -181,21 +181,27 @@ def apply_driver(job: str, gpus: Sequence[int], limit_bytes: int, backend: GpuBa
 
 
 def _say_once(root: str, job: str, why: str, then: str) -> None:
-    """Log why the driver backend does not apply at WARNING once per node until the reason changes."""
+    """Log why the driver backend does not apply at WARNING once per node until the reason changes (under
+    a lock: the Prologs of jobs starting together must not all say it)."""
     note = Path(root) / UNAVAILABLE_NOTE
-    try:
-        seen = note.read_text() if note.is_file() and not note.is_symlink() else ""
-    except OSError:
-        seen = ""
-    if seen.strip() == why:
-        log.debug("job %s: driver memory limits unavailable (%s); %s", job, why, then)
-        return
-    log.warning("job %s: driver memory limits unavailable: %s; %s (said once until this changes)", job, why, then)
+    fd = -1
     try:
         Path(root).mkdir(mode=0o755, parents=True, exist_ok=True)
-        write_text_atomic(note, why + "\n", mode=0o644)
+        fd = os.open(f"{note}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        if not flock_within(fd, 2.0):
+            raise OSError("lock busy")
+        seen = note.read_text() if note.is_file() and not note.is_symlink() else ""
+        if seen.strip() != why:
+            write_text_atomic(note, why + "\n", mode=0o644)
     except OSError:
-        pass
+        seen = ""  # cannot remember: say it
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    if seen.strip() == why:
+        log.debug("job %s: driver memory limits unavailable (%s); %s", job, why, then)
+    else:
+        log.warning("job %s: driver memory limits unavailable: %s; %s (said once until this changes)", job, why, then)
 
 
 def apply(job: str, uid: int, gpus: Sequence[int], exports: Mapping[str, str], mode: str, root: str | None = None,

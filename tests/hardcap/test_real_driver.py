@@ -41,3 +41,57 @@ def test_real_driver_is_capped_at_the_share(tmp_path: Path, way: str) -> None:
     capped = subprocess.run([str(tmp_path / "real"), way], env=dict(env, LD_PRELOAD=str(tmp_path / "shim.so")),
                             capture_output=True, text=True, timeout=120).stdout
     assert f"{way} allocated 1536 MiB result 2" in capped and "total 2048 MiB info 0" in capped
+
+
+def _nvml_driver() -> str | None:
+    """The driver's version where NVML answers, else None."""
+    try:
+        from gpushare.gres.nvml_backend import NvmlBackend
+
+        backend = NvmlBackend()
+        backend.gpu_count()
+        version = backend.nvml.lib.nvmlSystemGetDriverVersion()
+        return version.decode() if isinstance(version, bytes) else str(version)
+    except Exception:  # noqa: BLE001 - no driver, no binding: the test is skipped
+        return None
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or _nvml_driver() is None, reason="needs root and an NVIDIA driver")
+def test_driver_backend_on_the_real_driver(tmp_path: Path) -> None:
+    """Before r615 the driver has no per-cgroup limits: the device interface says FUNCTION_NOT_FOUND and the
+    Prolog's reason names r615. From r615 on, a limit set on a fresh cgroup v2 reads back and clears."""
+    from gpushare.gres import GpuError, NvmlCode
+    from gpushare.gres.nvml_backend import NvmlBackend
+    from gpushare.prolog import hardcap
+
+    version = _nvml_driver()
+    assert version is not None
+    backend = NvmlBackend()
+    v2 = Path("/sys/fs/cgroup/cgroup.controllers").is_file()
+    print(f"driver {version}, kernel {os.uname().release}, cgroup v2 {v2}")
+    if int(version.split(".")[0]) < 615:
+        with pytest.raises(GpuError) as err:
+            backend.set_memory_limit(0, "/sys/fs/cgroup", 1 << 30)
+        assert err.value.code is NvmlCode.FUNCTION_NOT_FOUND
+        why = hardcap._driver_reason(err.value)
+        print("driver backend:", why)
+        assert "r615" in why
+        return
+    if not v2:
+        pytest.skip("r615+ driver but no cgroup v2 here to set a limit on")
+    cg = Path("/sys/fs/cgroup") / f"gpushare-probe-{os.getpid()}"
+    cg.mkdir()
+    try:
+        try:
+            backend.set_memory_limit(0, str(cg), 1 << 30)
+        except GpuError as exc:
+            print("driver backend:", hardcap._driver_reason(exc))
+            assert exc.code in (NvmlCode.NOT_SUPPORTED, NvmlCode.NOT_FOUND)
+            return
+        got = backend.memory_limit(0, str(cg))
+        print("driver backend: set", got)
+        assert got.hard == 1 << 30
+        backend.clear_memory_limit(0, str(cg))
+        assert backend.memory_limit(0, str(cg)).hard is None
+    finally:
+        cg.rmdir()

@@ -1,0 +1,129 @@
+"""The hard cap under real Slurm: Prolog → TaskProlog → shim → Epilog, on a test cluster whose jobs live in
+cgroups (proctrack/cgroup over cgroup/v1: the test machines mount the v1 hierarchies, and Slurm's cgroup/v2
+plugin refuses such a hybrid host; docs/isolation.md). ``[agent] hardcap = "auto"``: the driver backend is
+unavailable here (no cgroup v2), said once, and the shim applies. The jobs run a C program linked against
+the fake driver (tests/hardcap/fake_cuda.c, device memory in a shared file of the A100's size) and a Python
+ctypes one; each gets CUDA_ERROR_OUT_OF_MEMORY at its share while its neighbour on the same GPU takes its
+own, and the Epilog removes the job's hard cap folder. The agent is not started: the Prolog registers the
+jobs itself (fraction caps)."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from devcluster.local_cluster import LocalCluster, missing_requirements
+from gpushare.atomic import write_text_atomic
+from gpushare.gres.sim_backend import SimBackend
+from gpushare.prolog.hardcap import CONTEXT_BYTES, HARDCAP_DIR, UNAVAILABLE_NOTE
+
+pytestmark = [pytest.mark.slurm, pytest.mark.hardcap]
+HERE = Path(__file__).parent
+MiB = 1 << 20
+A100 = 40960 * MiB
+NODE = "hc1"  # its own cgroup hierarchy name (slurm_hc1): no other test cluster uses it
+
+
+class CgroupCluster(LocalCluster):
+    """A LocalCluster whose slurmstepd keeps every job in a cgroup (freezer hierarchy of cgroup v1)."""
+
+    def _slurm_conf(self, cfg: object) -> str:
+        text = super()._slurm_conf(cfg)  # type: ignore[arg-type]
+        return text.replace("ProctrackType=proctrack/linuxproc", "ProctrackType=proctrack/cgroup")
+
+    def write_files(self) -> None:
+        super().write_files()
+        write_text_atomic(self.base / "etc" / "cgroup.conf", "CgroupPlugin=cgroup/v1\n")
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[CgroupCluster]:
+    problem = missing_requirements()
+    if problem:
+        pytest.skip(f"real Slurm unavailable: {problem}")
+    if not shutil.which("gcc") or not Path("/sys/fs/cgroup/freezer").is_dir():
+        pytest.skip("needs gcc and the cgroup v1 freezer hierarchy")
+    base = Path(tempfile.mkdtemp(prefix="gpushare-hardcap-", dir="/tmp"))
+    os.chmod(base, 0o755)
+    bin_dir = base / "hardcap-bin"
+    (bin_dir / "driver").mkdir(parents=True)
+    cc = ["gcc", "-O2", "-Wall"]
+    for cmd in (["-fPIC", "-shared", "-o", f"{bin_dir}/driver/libcuda.so.1", f"{HERE}/fake_cuda.c"],
+                ["-fPIC", "-shared", "-o", f"{bin_dir}/libgpushare-hardcap.so", f"{HERE.parents[1]}/gres/hardcap/hardcap.c",
+                 "-ldl", "-lpthread"],  # the production build: /proc/self/cgroup and /run/gpushare/hardcap
+                ["-DLINKED", "-o", f"{bin_dir}/alloc", f"{HERE}/alloc.c", f"{bin_dir}/driver/libcuda.so.1", "-ldl",
+                 f"-Wl,-rpath,{bin_dir}/driver"]):
+        subprocess.run(cc + cmd, check=True, capture_output=True)
+    toml = (f'[agent]\nstate_dir = "{base}/agent-state"\nrecords_dir = "{base}/records"\nrun_dir = "{base}/run-agent"\n'
+            f'device_backend = "sim:{base}/sim.json"\nlog_file = "{base}/log/agent.log"\nmetrics_port = 0\n'
+            f'hardcap = "auto"\nhardcap_library = "{bin_dir}/libgpushare-hardcap.so"\nadmin_comment = "no"\n')
+    SimBackend.from_scenario({"version": 1, "gpus": [{"model": "a100-40gb"}]}, base / "sim.json")
+    (base / "agent-state").mkdir()  # deployed, agent down: the Prolog registers jobs itself
+    made = CgroupCluster(base, node_names=(NODE,), gpus_per_node=1, bin_dir=os.path.dirname(sys.executable),
+                         toml_extra=toml)
+    started = time.monotonic()
+    made.start()
+    print(f"cluster up in {time.monotonic() - started:.1f} s")
+    yield made
+    made.stop()
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def submit(cluster: CgroupCluster, name: str, command: str, mem: str = "4.5G") -> int:
+    base = cluster.base
+    text = (f"#!/bin/sh\n#GPUSHARE mem={mem}\n"
+            f"echo limit $GPUSHARE_MEM_LIMIT_MIB preload $LD_PRELOAD\n"
+            f"export FAKE_CUDA_MEM={base}/devmem FAKE_CUDA_TOTAL={A100} LD_LIBRARY_PATH={base}/hardcap-bin/driver\n"
+            f"{command}\n")
+    job, _ = cluster.client.sbatch("-D", str(base), "-o", f"{base}/{name}-%j.out", "--gres=gpu:1",
+                                   f"--export=ALL,GPUSHARE_CONFIG={cluster.gpushare_conf}", script=text)
+    return job
+
+
+def words(text: str) -> dict[str, str]:
+    w = text.split()
+    return {w[i]: w[i + 1] for i in range(len(w) - 1)}
+
+
+def test_c_and_ctypes_jobs_stop_at_their_share_beside_a_neighbour(cluster: CgroupCluster) -> None:
+    started = time.monotonic()
+    # the reason is said once per node until it changes: forget an earlier run's
+    subprocess.run(cluster.argv(["rm", "-f", f"{HARDCAP_DIR}/{UNAVAILABLE_NOTE}"]), env=cluster.env, check=True)
+    alloc = f"{cluster.base}/hardcap-bin/alloc"
+    ctypes_job = (f"'{sys.executable}' -c \"import ctypes\n"
+                  "cu = ctypes.CDLL('libcuda.so.1'); got = 0\n"
+                  "while got < 1 << 40 and cu.cuMemAlloc_v2(ctypes.byref(ctypes.c_ulonglong()), ctypes.c_size_t(1 << 20)) == 0:\n"
+                  "    got += 1 << 20\n"
+                  "print('ctypes', got)\n\"")
+    jobs = {"c": submit(cluster, "c", f"{alloc} linked {MiB} 100000 6"),  # holds its memory 6 s
+            "py": submit(cluster, "py", ctypes_job),
+            "neighbour": submit(cluster, "neighbour", f"sleep 2; {alloc} linked {MiB} 2000", mem="3G")}
+    out = {}
+    for name, job in jobs.items():
+        log = cluster.base / f"{name}-{job}.out"
+        assert cluster.wait_job(job, 90).state == "COMPLETED", log.read_text() if log.exists() else "no log"
+        out[name] = log.read_text()
+    for name in ("c", "py"):
+        got = words(out[name])
+        share = int(got["limit"]) * MiB
+        assert got["preload"].startswith(f"{cluster.base}/hardcap-bin/libgpushare-hardcap.so"), out[name]
+        allocated = int(got["allocated"] if name == "c" else got["ctypes"])
+        assert allocated == share - CONTEXT_BYTES, out[name]  # every byte of the share, none past it
+        if name == "c":
+            assert got["result"] == "2" and int(got["total"]) == share  # CUDA_ERROR_OUT_OF_MEMORY; the slice shown
+    neighbour = words(out["neighbour"])
+    assert neighbour["allocated"] == str(2000 * MiB) and neighbour["result"] == "0", out["neighbour"]
+    said = (cluster.base / "log" / "agent.log").read_text()  # the hooks' log ([agent] log_file)
+    assert said.count("driver memory limits unavailable:") == 1, said  # said once, not per job
+    assert "not a cgroup v2 hierarchy; using the shim" in said, said
+    for job in jobs.values():  # the Epilog removed each job's folder (where the cluster's jobs see /run)
+        gone = subprocess.run(cluster.argv(["test", "-e", f"{HARDCAP_DIR}/job_{job}"]), env=cluster.env)
+        assert gone.returncode == 1, f"{HARDCAP_DIR}/job_{job} left behind"
+    print(f"three jobs in {time.monotonic() - started:.1f} s")
