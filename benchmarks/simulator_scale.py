@@ -1,6 +1,7 @@
 """How the trace simulator's cost grows with the trace: wall time and peak RSS per run, growth exponent.
 
     python benchmarks/simulator_scale.py [--jobs 1000 10000 100000] [--gpus 64 256 1024] [--policy magm]
+                                         [--release 22.05] [--repeat 1]
 
 What an admin would run before deploying: a synthetic Philly-format trace (``wait_seconds,num_tasks``:
 exponential gaps, 1-8 GPUs per job: 1, 1, 1, 1, 2, 2, 4 or 8 uniformly) read by the simulator's own trace
@@ -9,6 +10,11 @@ estimator and the default interference model. The mean gap is set so that the of
 (0.8) of the cluster's GPU-seconds run exclusively, whatever its size, so every cluster is about as busy.
 Each run is a fresh process (its peak RSS is its own). The growth exponent is the least-squares slope of
 log(wall time) against log(jobs) at each cluster size; n log n over 1k-100k jobs would read about 1.2.
+
+``--policy live`` runs the stack that deploys, as ``gpushare simulate --policy live`` does: the shipped
+defaults (or ``$GPUSHARE_CONFIG``), Slurm ``--release``, gpu-estimate's measured error as the estimator.
+``--repeat N`` runs each case N times (each in a fresh process) and prints the median wall time and the
+range, since a shared machine's load moves single runs by tens of percent.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -44,12 +51,23 @@ def synthetic_trace(jobs: int, gpus: int, load: float, seed: int = 0) -> str:
     return "".join(f"{rng.expovariate(1.0 / gap):.1f},{t}\n" for t in tasks)
 
 
-def run_one(jobs: int, gpus: int, policy: str, load: float) -> dict[str, float]:
+def settings(policy: str, release: str) -> dict[str, Any]:
+    """The run's estimator, caps, recovery and deployed stack, as ``gpushare simulate`` picks them."""
+    if policy != "live":
+        return {}
+    from gpushare.config import load_config
+    from gpushare.simulator.live import setup
+
+    live = setup(load_config(None), release)
+    return {"estimator": "measured", "caps": live.caps, "recovery": live.recovery, "live": live}
+
+
+def run_one(jobs: int, gpus: int, policy: str, load: float, release: str = "22.05") -> dict[str, float]:
     """One run in this (fresh) process: trace reading and simulation timed together, peak RSS after."""
     started = time.perf_counter()
     specs = trace.parse(synthetic_trace(jobs, gpus, load), "synthetic", 0)
     config = SimConfig(nodes=gpus // PER_NODE, gpus_per_node=PER_NODE, gpu="a100-80gb", policy=policy,
-                       throughputs=data_dir(None) / THROUGHPUTS_NAME)
+                       throughputs=data_dir(None) / THROUGHPUTS_NAME, **settings(policy, release))
     sim = simulation(specs, config).run()
     wall = time.perf_counter() - started
     done = sum(j.state == "done" for j in sim.jobs.values())
@@ -58,7 +76,7 @@ def run_one(jobs: int, gpus: int, policy: str, load: float) -> dict[str, float]:
             "done": done, "days": end / 86400}
 
 
-def _isolated(args: tuple[int, int, str, float]) -> dict[str, float]:
+def _isolated(args: tuple[int, int, str, float, str]) -> dict[str, float]:
     with ProcessPoolExecutor(1) as pool:  # a process of its own, so that ru_maxrss is this run's
         return pool.submit(run_one, *args).result()
 
@@ -76,17 +94,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus", type=int, nargs="+", default=[64, 256, 1024])
     parser.add_argument("--policy", default="magm")
     parser.add_argument("--load", type=float, default=0.8)
+    parser.add_argument("--release", default="22.05", help="--policy live: the Slurm release")
+    parser.add_argument("--repeat", type=int, default=1, help="runs per case; the table gives the median")
     args = parser.parse_args(argv)
-    print(f"policy {args.policy}, a100-80gb x 8 per node, offered load {args.load}, Philly-format synthetic trace\n")
-    print("| jobs | GPUs | wall s | peak RSS MiB | completed | simulated days |")
-    print("|---:|---:|---:|---:|---:|---:|")
+    deployed = f", Slurm {args.release}, shipped defaults" if args.policy == "live" else ""
+    print(f"policy {args.policy}{deployed}, a100-80gb x 8 per node, offered load {args.load}, Philly-format "
+          f"synthetic trace, median of {args.repeat} run(s) per case\n")
+    print("| jobs | GPUs | wall s (median) | min-max s | peak RSS MiB | completed | simulated days |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
     results = []
     for gpus in args.gpus:
         for jobs in args.jobs:
-            r = _isolated((jobs, gpus, args.policy, args.load))
+            runs = [_isolated((jobs, gpus, args.policy, args.load, args.release)) for _ in range(args.repeat)]
+            walls = [x["wall_s"] for x in runs]
+            r = dict(runs[0], wall_s=statistics.median(walls), rss_mib=max(x["rss_mib"] for x in runs))
             results.append(r)
-            print(f"| {jobs:,} | {gpus:,} | {r['wall_s']:.1f} | {r['rss_mib']:.0f} | {r['done']:,} | {r['days']:.1f} |",
-                  flush=True)
+            print(f"| {jobs:,} | {gpus:,} | {r['wall_s']:.1f} | {min(walls):.1f}-{max(walls):.1f} | {r['rss_mib']:.0f} | "
+                  f"{r['done']:,} | {r['days']:.1f} |", flush=True)
     if len(args.jobs) > 1:
         print()
         for gpus in args.gpus:

@@ -543,8 +543,8 @@ class Simulation:
         touched: dict[str, JobRun] = {}
         active: dict[int, tuple[list[str], list[int]]] = {}  # per GPU, built once per update
         for index in sorted(self.cluster.changed):
-            ids = (found := self._loading(index))[0]
-            active[index] = found
+            here = active[index] = self._loading(index)
+            ids = here[0]
             if self._active_ids.get(index) == ids:
                 continue  # a launch (not yet loading) or memory growth: every speed here is what it was
             self._active_ids[index] = ids

@@ -1,6 +1,7 @@
 """Trace readers: the Philly-derived arrival CSV and the richer per-job CSV admins write themselves.
 
-Two formats, told apart by the first non-comment line (a header means the rich format):
+Two formats, told apart by the first non-comment line (a header means the rich format; Alibaba's
+GPU-sharing trace, told by its own header, is read by ``gpushare.simulator.openb``):
 
 * **Philly arrivals** (``simulator/data/philly_trace_60_tasks.csv``): no header, ``wait_seconds,num_tasks``
   per line, the wait counted from the previous arrival. Jobs get a workload from the table
@@ -53,6 +54,9 @@ def _ttfk(util: str, rng: random.Random) -> float:
     return round(rng.uniform(lo, hi), 1)
 
 
+ttfk_draw = _ttfk  # for the other readers (gpushare.simulator.openb): the same draw from the same ranges
+
+
 def _number(text: str, where: str, what: str, kind: type = float) -> float:
     try:
         value = kind(text.strip())
@@ -77,6 +81,10 @@ def parse(text: str, name: str = "<trace>", seed: int = 0) -> list[JobSpec]:
     lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip() and not line.lstrip().startswith("#")]
     if not lines:
         raise TraceError(f"{name}: trace has no jobs")
+    from gpushare.simulator import openb  # it imports this module
+
+    if openb.is_openb(lines[0][1]):
+        return openb.parse(text, name, seed).jobs
     rng = random.Random(seed)
     if any(c.isalpha() for c in lines[0][1]):
         return _parse_rich(lines, name, rng)
