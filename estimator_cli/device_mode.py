@@ -40,9 +40,10 @@ from gpushare.estimator_cli import placeholders
 from gpushare.estimator_cli.placeholders import bounded, condition, is_tainted, placeholder, refuse, tainted_array, tainted_list
 from gpushare.estimator_cli.sparse_gpu import SparseOnGpu
 from gpushare.estimator_cli.tensor_parts import dense_parts, storages
-from gpushare.estimator_cli.weight_files import host_weights, is_host_weight
+from gpushare.estimator_cli.weight_files import is_host_weight, mark_host_weight
 
 _T = torch.Tensor
+_PARSE_TO = torch._C._nn._parse_to  # Module.to's argument parser
 _DEVICE_GET = _T.device
 _IS_CUDA_GET = _T.is_cuda
 # Keyed by the torch callables a mode sees (methods, builtins, slot wrappers: no common type but Callable).
@@ -217,7 +218,7 @@ class CudaPresenter(TorchFunctionMode):
         if "device" in kwargs:
             kwargs = dict(kwargs, device="meta")
         out = func(*args, **kwargs)
-        host_weights[out] = True
+        mark_host_weight(out)
         return out
 
     def _read(self, func: Callable[..., Any], what: str, args: tuple, kwargs: dict) -> Any:
@@ -313,6 +314,13 @@ class CudaPresenter(TorchFunctionMode):
             return out
         if func is _T.to or func is _T.cuda:
             return self._move(func, args, kwargs)
+        if (func is torch.device or func is _PARSE_TO) and args and isinstance(args[0], int) \
+                and not isinstance(args[0], bool):
+            # ``torch.device(0)`` (transformers' device_map="auto") and ``module.to(local_rank)``: index 0 of the
+            # current accelerator, which the CPU wheel has none of to ask
+            args = (torch.device("cuda", args[0]), *args[1:])
+            if func is torch.device:
+                return args[0]
         if func is _T.backward and self.backward_under_mode:
             return cuda_paths.run_backward(self, args, kwargs)
         if func is _T.pin_memory:

@@ -36,7 +36,7 @@ def _with_modes(run: Any, functions: list[Any], dispatch: list[Any]) -> Any:
             for _ in functions:
                 torch._C._pop_torch_function_stack()
             for _ in dispatch:
-                torch._C._pop_torch_dispatch_stack()
+                torch._C._pop_torch_dispatch_stack(None)  # None: a user mode, not an infra mode key
     return run_under_modes
 
 

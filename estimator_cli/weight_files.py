@@ -42,12 +42,18 @@ _DTYPES: dict[str, str] = {
     "F8_E5M2FNUZ": "float8_e5m2fnuz", "F8_E8M0": "float8_e8m0fnu", "F4": "float4_e2m1fn_x2", "C64": "complex64",
 }
 
-# Meta tensors that stand for host-side weights (see the module docstring); weak, as the tensors are.
-host_weights: WeakIdKeyDictionary = WeakIdKeyDictionary()
+# Storages of the meta tensors that stand for host-side weights (see the module docstring), and of their
+# views. Keyed by storage, weakly: a weak reference to the tensor itself would stop ``torch.utils.swap_tensors``
+# (``module.to()`` of a model whose parameters are these tensors).
+_host_storages: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def mark_host_weight(tensor: torch.Tensor) -> None:
+    _host_storages[tensor.untyped_storage()] = True
 
 
 def is_host_weight(value: Any) -> bool:
-    return isinstance(value, torch.Tensor) and value in host_weights
+    return isinstance(value, torch.Tensor) and value.is_meta and value.untyped_storage() in _host_storages
 
 
 def _error(message: str) -> Exception:
@@ -147,7 +153,7 @@ class HeaderOpen:
 
     def _own(self, tensor: torch.Tensor) -> torch.Tensor:
         if self._host:
-            host_weights[tensor] = True
+            mark_host_weight(tensor)
         return tensor
 
     def _make(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:

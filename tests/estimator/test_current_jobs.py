@@ -14,6 +14,8 @@ import pytest
 from gpushare.estimator_cli.cli import EXIT_OK, EXIT_SCRIPT, EXIT_UNSUPPORTED
 from estimator_run import estimate
 
+pytestmark = pytest.mark.torch  # starts gpu-estimate captures: torch in a child process or the warm worker
+
 THREADS_AND_SDPA = """
 import torch
 import torch.nn.functional as F
@@ -155,3 +157,50 @@ def test_from_pretrained_llama_with_gqa_autocast_and_checkpointing(capsys, tmp_p
     parameters = sum(p.numel() for p in transformers.LlamaForCausalLM(config).parameters())
     # weights, gradients and AdamW's two states in float32
     assert doc["targets"][0]["peak_allocated_bytes"] >= 16 * parameters
+
+
+
+def test_device_indices(capsys, tmp_path):
+    """``module.to(local_rank)`` and ``torch.device(0)`` (transformers' ``device_map="auto"``) name the GPU by
+    index, which the CPU wheel cannot resolve."""
+    code, doc, err = estimate(capsys, tmp_path, """
+        import torch
+        model = torch.nn.Linear(256, 256).to(0)
+        assert torch.device(0) == torch.device("cuda", 0) and model.weight.device == torch.device("cuda", 0)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(3):
+            model(torch.randn(8, 256, device=0)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    """, "--mode", "fake")
+    assert code == EXIT_OK, err
+    assert doc["targets"][0]["peak_allocated_bytes"] >= 256 * 256 * 4
+
+
+def test_threads_leave_the_inherited_modes_cleanly():
+    """A thread started under the capture's modes runs under them and pops them when it ends, without error."""
+    import threading
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from gpushare.estimator_cli.thread_modes import modes_follow_threads
+
+    class Count(TorchDispatchMode):
+        calls = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    failures: list[BaseException] = []
+    saved_hook = threading.excepthook
+    threading.excepthook = lambda hook_args: failures.append(hook_args.exc_value)
+    try:
+        with Count(), modes_follow_threads():
+            worker = threading.Thread(target=lambda: torch.zeros(4) + 1)
+            worker.start()
+            worker.join()
+    finally:
+        threading.excepthook = saved_hook
+    assert Count.calls >= 2 and not failures, failures
