@@ -108,8 +108,28 @@ class Agent:
             for entry in entries:
                 self.sampler.track(entry)
                 self._ensure_mps(entry)
+                if self.slurm is not None:  # still running here? asked off the lock (gpushare.agent.restore)
+                    self._followups.put((Action("verify", entry["job"], 0, {"restarts": entry.get("restarts", 0)}), ""))
             log.info("agent: %d running job(s) restored from %s", len(entries), self.store.dir)
             return len(entries)
+
+    def verify_restored(self, job: str, restarts: int) -> str | None:
+        """Close a restored run that Slurm says no longer runs here (``gpushare.agent.restore``); its reason."""
+        from gpushare.agent.restore import not_here
+
+        try:
+            reason = not_here(self.slurm.job(job), node_name(self.cfg), restarts)
+        except Exception as exc:  # noqa: BLE001 - Slurm away: the job stays tracked, as before the restart
+            log.warning("job %s: restored; Slurm's record unavailable (%s)", job, exc)
+            return None
+        entry = self.store.get(job) or {}
+        if reason is None or entry.get("closed") or entry.get("restarts", 0) != restarts:
+            return None  # running, or its Epilog or a new run's Prolog got there first
+        log.warning("job %s: restored from the job store, but %s; closed as lost (no Epilog ran here)", job, reason)
+        self.close(job)
+        self.store.update(job, lambda e: {**e, "lost": reason[:200]})
+        (Path(self.cfg.run_dir) / "jobs" / f"{check_job(job)}.json").unlink(missing_ok=True)  # its Prolog's caps
+        return reason
 
     def tick(self) -> None:
         holders = self.lanes.holders()  # the lane service's lock comes before ours, never inside it
@@ -283,6 +303,9 @@ class Agent:
             done += 1
             if action.kind == "adopt" and self.slurm is not None:
                 self.adopt(action.job, action.record["where"])
+                continue
+            if action.kind == "verify":
+                self.verify_restored(action.job, int(action.record["restarts"]))
                 continue
             if action.kind == "collateral":
                 if self.slurm is not None:
