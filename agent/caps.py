@@ -40,10 +40,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from gpushare.agent.framework_caps import fraction_text
+from gpushare.gpus import MiB
 from gpushare.gres.mps import job_env
-
-MiB = 1 << 20
-GiB = 1 << 30
 POLICIES = ("mps-same-user", "mps", "fraction", "none")
 MIN_ALLOCATOR_BYTES = 64 * MiB
 # What the TaskProlog may export; anything else in a caps file is ignored.

@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any, Iterable
 from gpushare.agent.adopt import RETRY_S
 from gpushare.agent.backstop import forecast_record, judge, oom_record, unattributed_record
 from gpushare.policy.forecast import ForecastConfig, JobForecaster, decide_action
+from gpushare.gpus import MiB
 
 if TYPE_CHECKING:
     from gpushare.config import AgentSection
 
-MiB = 1 << 20
 
 
 @dataclass(frozen=True)

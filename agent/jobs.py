@@ -14,6 +14,7 @@ import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gpushare.cuda_context import context_bytes_for, sm_arch_of
+from gpushare.gpus import GiB
 from gpushare.gres import GpuError, is_na
 from gpushare.gres.mps import mps_dirs
 from gpushare.agent.caps import Caps, decide_caps, need_mib, task_env
@@ -28,7 +29,6 @@ RECORD_VERSION = 1  # the per-run job record (docs/formats.md); gpushare.epilog.
 
 log = logging.getLogger("gpushare.agent")
 _USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@-]{0,63}$")
-GIB = 1 << 30
 _SHARD_RE = re.compile(r"(?:^|,)(?:gres[:/])?shard(?::[A-Za-z0-9_.-]+)?:(\d{1,6})(?:,|$)")
 
 
@@ -75,7 +75,7 @@ def lane_facts_of(lanes: Any) -> dict[str, Any]:
     p, e = _num(lanes.get("p_gib")), _num(lanes.get("e_gib"))
     if p is None or e is None:
         return {}
-    return {"lanes": True, "persistent_bytes": int(p * GIB), "ephemeral_bytes": int(e * GIB),
+    return {"lanes": True, "persistent_bytes": int(p * GiB), "ephemeral_bytes": int(e * GiB),
             "own_lane": bool(lanes.get("own"))}
 
 

@@ -11,9 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-KiB = 1 << 10
-MiB = 1 << 20
-GiB = 1 << 30
+from gpushare.gpus import MiB
 
 # Constants of c10/core/AllocatorConfig.h (formerly the top of CUDACachingAllocator.cpp).
 K_MIN_BLOCK_SIZE = 512  # kMinBlockSize: all sizes are rounded to at least 512 bytes (round_size)

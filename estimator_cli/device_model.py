@@ -28,10 +28,8 @@ import re
 from dataclasses import dataclass
 
 from gpushare.cuda_context import context_bytes_for, sm_arch_of
-from gpushare.gpus import GpuModel, MigProfile, capacity_bytes, parse_target
+from gpushare.gpus import KiB, GpuModel, MigProfile, capacity_bytes, parse_target
 
-MiB = 1 << 20
-KiB = 1 << 10
 
 # getChosenWorkspaceSize defaults.
 CUBLAS_WORKSPACE_DEFAULT = 4096 * KiB * 2 + 16 * KiB * 8  # ":4096:2:16:8" = 8,519,680 bytes

@@ -9,9 +9,8 @@ from typing import Any
 
 from gpushare.estimator_cli.estimate import OTHER_DRIVER_BYTES, TargetEstimate
 from gpushare.estimate.schema import SCHEMA_VERSION, Named, TargetJson
+from gpushare.gpus import GiB, MiB
 
-GiB = 1 << 30
-MiB = 1 << 20
 
 
 def _named(rows: list[tuple[str, int]]) -> list[Named]:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 
-MiB = 1 << 20
+from gpushare.gpus import MiB
 
 # Compute capability per catalogue model (not part of the catalogue, which only describes memory and MIG).
 SM_ARCH_BY_NAME: dict[str, tuple[int, int]] = {

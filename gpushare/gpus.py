@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+KiB = 1 << 10  # the one definition of the binary units; everyone imports these
 MiB = 1 << 20
 GiB = 1 << 30
 

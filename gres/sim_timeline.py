@@ -14,8 +14,6 @@ from __future__ import annotations
 
 from typing import Any
 
-MiB = 1 << 20
-
 
 def active(proc: dict[str, Any], t: float) -> bool:
     """Is the process running at simulated time ``t`` (seconds since the state's epoch)?"""

@@ -21,9 +21,9 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from gpushare.gpus import GiB
 from gpushare.policy.forecast import ForecastConfig, JobForecaster
 
-GiB = float(1 << 30)
 PATTERNS = ("steady", "step", "leak", "plateau", "noisy")
 
 
@@ -95,7 +95,7 @@ class PatternScore:
 
 def score(pattern: str, seeds: int = 50, cap_gib: float = 20.0,
           cfg: ForecastConfig = ForecastConfig()) -> PatternScore:
-    outcomes = [replay(series(pattern, seed, cap_gib), cap_gib * GiB, cfg) for seed in range(seeds)]
+    outcomes = [replay(series(pattern, seed, cap_gib), float(cap_gib * GiB), cfg) for seed in range(seeds)]
     leads = [o.lead_s for o in outcomes if o.lead_s is not None]
     ooms = sum(o.oom_at is not None for o in outcomes)
     return PatternScore(pattern, seeds, ooms, len(leads), ooms - len(leads),
