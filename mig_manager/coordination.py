@@ -22,7 +22,6 @@ admin-only, munge-authenticated ``scontrol update``, readable from every Slurm h
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import time
@@ -33,6 +32,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
+from gpushare.atomic import flock_within
 from gpushare.config import Config
 from gpushare.gpus import GpuModel
 from gpushare.gres.device import GpuBackend
@@ -154,10 +154,8 @@ def _controller_lock(directory: Path) -> Iterator[None]:
     path = directory / ".controller.lock"
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise JournalError(f"another gpushare mig controller holds {path}; let it finish") from None
+        if not flock_within(fd, 0):
+            raise JournalError(f"another gpushare mig controller holds {path}; let it finish")
         yield
     finally:
         os.close(fd)

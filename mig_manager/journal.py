@@ -12,7 +12,6 @@ Unknown keys and a different ``version`` are refused with a message naming the f
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
@@ -23,7 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from gpushare.errors import GpushareError
-from gpushare.atomic import write_json_atomic
+from gpushare.atomic import flock_within, write_json_atomic
 
 JOURNAL_VERSION = 1
 NODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -142,10 +141,8 @@ class JournalStore:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise JournalError(f"another gpushare mig run holds {path}; let it finish") from None
+            if not flock_within(fd, 0):
+                raise JournalError(f"another gpushare mig run holds {path}; let it finish")
             yield
         finally:
             os.close(fd)

@@ -15,7 +15,6 @@ attempt, and the controller writes held jobs while the node writers write runnin
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import threading
@@ -24,6 +23,7 @@ from collections.abc import Iterator
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from gpushare.atomic import flock_within
 from gpushare.slurm import record as record_format
 
 if TYPE_CHECKING:
@@ -85,16 +85,8 @@ def _host_lock(directory: str = LOCK_DIR) -> Iterator[None]:
         log.debug("no AdminComment lock in %s: %s", directory, exc)
     try:
         if fd >= 0:
-            deadline = time.monotonic() + LOCK_WAIT_S
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        log.warning("AdminComment lock busy for %.0f s; writing without it", LOCK_WAIT_S)
-                        break
-                    time.sleep(0.01)
+            if not flock_within(fd, LOCK_WAIT_S, poll_s=0.01):
+                log.warning("AdminComment lock busy for %.0f s; writing without it", LOCK_WAIT_S)
         yield
     finally:
         if fd >= 0:
