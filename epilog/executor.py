@@ -90,11 +90,6 @@ def execute(entry: dict[str, Any], client: SlurmClient, ledger: Ledger,
     return finish(entry, client, ledger, wait_s=0)
 
 
-def current_comment(client: SlurmClient, job_id: str) -> str | None:
-    """The job's AdminComment from Slurm's structured record."""
-    return client.require_job(job_id).admin_comment or None
-
-
 def apply_comment(client: SlurmClient, job_id: str, oom: dict[str, Any]) -> bool:
     """Merge our ``oom`` entry into the job's record; a refusal or a foreign comment is only logged."""
     try:

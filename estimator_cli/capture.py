@@ -18,7 +18,7 @@ import torch
 from gpushare.estimator_cli.checkpoint_reentry import recompute_under
 from gpushare.estimator_cli.cuda_api import PresentedGpu, presented_cuda
 from gpushare.estimator_cli.device_mode import CudaPresenter
-from gpushare.estimator_cli.events import Capture, Phase
+from gpushare.estimator_cli.events import Capture
 from gpushare.estimator_cli.fake_capture import FakeRecorder
 from gpushare.estimator_cli.fake_distributed import fake_process_group
 from gpushare.estimator_cli.launch_line import WORLD_SIZE_VAR
@@ -136,7 +136,3 @@ def capture_profile(run: ScriptRun, trace_dir: str) -> Capture:
             tracker.remove()
     prof.export_chrome_trace(trace_path)
     return build_capture(trace_path, recorder, tracker, stopped)
-
-
-def phase_of(value: str) -> Phase:
-    return Phase(value)

@@ -10,7 +10,6 @@ import os
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from gpushare.estimator_cli.allocator import AllocatorConfig, ReplayResult, replay
 from gpushare.estimator_cli.device_model import DeviceModel, device_for
@@ -101,9 +100,3 @@ def phase_per_event(orch: Orchestrated) -> list[str]:
             current = orch.allocs[key].phase
         out.append(current)
     return out
-
-
-def summary_numbers(est: TargetEstimate) -> dict[str, Any]:
-    return {"peak_allocated_bytes": est.replay.peak_allocated_bytes,
-            "peak_reserved_bytes": est.replay.peak_reserved_bytes,
-            "context_bytes": est.context_bytes, "peak_total_bytes": est.peak_total_bytes}

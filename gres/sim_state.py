@@ -23,17 +23,12 @@ import json
 import os
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Protocol
+from typing import Any, Iterator
 
 from gpushare.atomic import write_json_atomic
 from gpushare.gres.errors import GpuError, NvmlCode
 
 STATE_VERSION = 1
-
-
-class StateStore(Protocol):
-    def read(self) -> dict[str, Any]: ...
-    def transaction(self) -> "contextmanager[dict[str, Any]]": ...  # type: ignore[valid-type]
 
 
 class MemoryStore:

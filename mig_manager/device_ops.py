@@ -105,14 +105,6 @@ def _size(profile: str) -> int:
     return int(head) if head.isdigit() else 0
 
 
-def layout_counts(layout: Mapping[int, Iterable[Instance]]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for items in layout.values():
-        for inst in items:
-            counts[inst.profile] = counts.get(inst.profile, 0) + 1
-    return counts
-
-
 def node_gpus_by_placement(backend: GpuBackend) -> list[NodeGpu]:
     """``gpushare.gres.gres_conf.node_gpus`` with each GPU's MIG devices in memory-slice order.
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from gpushare.policy.fsm import MigSpace, Placement, State
+from gpushare.policy.fsm import MigSpace, Placement
 
 
 @dataclass(frozen=True, order=True)
@@ -31,10 +31,6 @@ class Instance:
 
     def text(self) -> str:
         return f"{self.profile}@{self.start}{'*' if self.busy else ''}"
-
-
-def state_of(instances: Iterable[Instance]) -> State:
-    return frozenset(i.placement for i in instances)
 
 
 def format_layout(instances: Iterable[Instance | Placement]) -> str:

@@ -85,7 +85,3 @@ def format_gres(items: list[GresItem]) -> str:
 def plain_gres(text: str) -> str:
     """A tres_per_node value without its ``gres:``/``gres/`` separators (``shard:40,gpu:1``)."""
     return ",".join(item.plain() for item in parse_gres(text))
-
-
-def gpu_like(items: list[GresItem]) -> list[GresItem]:
-    return [item for item in items if item.name in ("gpu", "shard", "mps")]
