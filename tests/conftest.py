@@ -34,21 +34,13 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"Slurm for integration tests: {requested_version()} (${ENV_VAR})"
 
 
-# Modules whose tests start gpu-estimate captures (torch in a child process or the warm worker).
-TORCH_MODULES = frozenset({"test_cli_e2e.py", "test_warm_worker.py", "test_preload.py", "test_real_script_patterns.py",
-                           "test_concrete_values.py", "test_framework_caps.py", "test_lanes_processes.py",
-                           "test_lanes_slurm.py", "test_current_jobs.py", "test_launchers.py",
-                           "test_weight_files.py"})
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark every test that starts a cluster through a fixture ``slurm``, however it got the fixture, and
-    every test of a capture-starting module ``torch``: ``make check`` leaves both out."""
+    """Mark every test that starts a cluster through a fixture ``slurm``, however it got the fixture:
+    ``make check`` leaves it out. A module whose tests start gpu-estimate captures (torch) says so itself
+    (``pytestmark = pytest.mark.torch``), so renaming it keeps its tests out of the fast tier."""
     for item in items:
         if SLURM_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slurm)
-        if item.path.name in TORCH_MODULES:
-            item.add_marker(pytest.mark.torch)
 
 
 def _require_slurm() -> None:

@@ -22,6 +22,8 @@ from gpushare.estimator_cli.allocator_config import AllocatorConfig
 from gpushare.prolog.task_prolog import exports
 from gpushare.prolog.slurmd_prolog import write_caps
 
+pytestmark = pytest.mark.torch  # starts gpu-estimate captures: torch in a child process or the warm worker
+
 torch = pytest.importorskip("torch")
 
 

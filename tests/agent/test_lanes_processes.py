@@ -25,6 +25,8 @@ from gpushare.config import parse_config
 from gpushare.gres.sim_backend import SimBackend
 from gpushare.prolog.task_prolog import lane_site_dir
 
+pytestmark = pytest.mark.torch  # starts gpu-estimate captures: torch in a child process or the warm worker
+
 pytest.importorskip("torch")
 WORKER = Path(__file__).with_name("lane_worker.py")
 GiB = 1 << 30

@@ -18,6 +18,8 @@ import pytest
 from gpushare.estimator_cli.cli import EXIT_LIMIT, EXIT_OK, EXIT_SCRIPT, EXIT_UNSUPPORTED, EXIT_USAGE, main
 from gpushare.estimate.schema import SCHEMA_VERSION, validate
 
+pytestmark = pytest.mark.torch  # starts gpu-estimate captures: torch in a child process or the warm worker
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 

@@ -12,6 +12,8 @@ import pytest
 from gpushare.estimator_cli.cli import EXIT_OK, EXIT_USAGE, main
 from gpushare.estimator_cli.launch_line import LaunchLineError, parse, rank_zero_env
 
+pytestmark = pytest.mark.torch  # starts gpu-estimate captures: torch in a child process or the warm worker
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 

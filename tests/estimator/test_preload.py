@@ -6,7 +6,11 @@ from __future__ import annotations
 import json
 import sys
 
+import pytest
+
 from gpushare.estimator_cli import preload
+
+pytestmark = pytest.mark.torch  # starts gpu-estimate captures: torch in a child process or the warm worker
 
 
 def test_only_framework_modules_are_reported():

@@ -18,6 +18,8 @@ import pytest
 from gpushare.estimator_cli import warm_worker
 from gpushare.estimator_cli.cli import EXIT_LIMIT, EXIT_OK, main
 
+pytestmark = pytest.mark.torch  # starts gpu-estimate captures: torch in a child process or the warm worker
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 

@@ -13,6 +13,8 @@ from gpushare.estimator_cli.cli import EXIT_OK
 from gpushare.estimator_cli.weight_files import read_header
 from estimator_run import estimate
 
+pytestmark = pytest.mark.torch  # starts gpu-estimate captures: torch in a child process or the warm worker
+
 GiB = 2**30
 
 
