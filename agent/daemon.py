@@ -37,7 +37,8 @@ from gpushare.agent.jobs import (build_entry, clean_facts, mps_corunners, regist
                                 tenants_of, time_left)
 from gpushare.agent.sampler import Sampler, process_job
 from gpushare.agent.store import JobStore, check_job
-from gpushare.agent.withhold import NodeFeature, node_open
+from gpushare.agent.withhold import NodeFeature
+from gpushare.policy.withhold import node_open
 
 if TYPE_CHECKING:
     from gpushare.gres.device import GpuBackend

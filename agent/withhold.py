@@ -27,22 +27,11 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Iterable
 
 from gpushare.slurm.client import SlurmClient, SlurmError, parse_scontrol_record
 
 log = logging.getLogger("gpushare.agent")
 _NODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-
-
-def node_open(withheld: Iterable[bool], when: str) -> bool:
-    """Whether the node should accept new shared jobs, from each GPU's withheld flag (pure)."""
-    flags = list(withheld)
-    if not flags:
-        return True
-    if when == "all":
-        return not all(flags)
-    return not any(flags)
 
 
 def _features(text: str | None) -> list[str]:

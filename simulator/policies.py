@@ -279,7 +279,7 @@ class SlurmShardLeastLoaded(SlurmShardFirstFit):
 class LivePlacement(Policy):
     """``--policy live`` (``gpushare.simulator.live``): Slurm's own shard selection — first-fit, or
     least-loaded with ``LL_SHARED_GRES`` — over the nodes the agent's withholding leaves open
-    (``gpushare.agent.withhold.node_open`` over each GPU's risky-or-warming flag, GPUs held whole left
+    (``gpushare.policy.withhold.node_open`` over each GPU's risky-or-warming flag, GPUs held whole left
     out, as the agent does). With a ``gimbal-*`` thread policy it runs on the Gimbal engine (live caps)."""
 
     name = "live"
@@ -310,7 +310,7 @@ class LivePlacement(Policy):
 
     def _choose_shared(self, job: JobRequest, gpus: list[GpuState]) -> list[int] | None:
         if self.withhold == "feature":
-            from gpushare.agent.withhold import node_open
+            from gpushare.policy.withhold import node_open
 
             nodes: dict[int, list[bool]] = {}
             for g in gpus:

@@ -16,7 +16,7 @@ from gpushare.agent.framework_caps import fraction_text
 from gpushare.cuda_context import context_bytes_for, sm_arch_of
 from gpushare.gpus import BUILTIN_GPUS as CATALOGUE
 from gpushare.agent.jobs import clean_facts, final_record
-from gpushare.agent.withhold import node_open
+from gpushare.policy.withhold import node_open
 from gpushare.agent.adopt import MAX_REMEMBERED, Adopter
 from gpushare.slurm.jobs import job_from_json
 

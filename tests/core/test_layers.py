@@ -1,8 +1,10 @@
 """The layers of docs/architecture.md, checked from the code's own imports (lazy ones inside functions too).
 
-core (gpushare) → slurm adapter and gres → estimator, MIG, agent → hooks (submit, prolog, epilog) →
-simulator. A module may import its own layer or any below it, never one above; the test harness
-(devcluster) and the tests are never imported by the package.
+core (gpushare) → slurm adapter and gres → policy and estimate → estimator, MIG, agent → hooks (submit,
+prolog, epilog) → simulator. A module may import its own package or any layer below it, never one above;
+between two packages of one layer only the imports in ``PEERS`` are allowed, each with its reason. The
+simulator replays the programs' decisions from the low layers only, never from a program package. The test
+harness (devcluster) and the tests are never imported by the package.
 """
 
 from __future__ import annotations
@@ -15,10 +17,19 @@ ROOT = Path(__file__).resolve().parents[2]
 LAYERS = {
     "gpushare": 0,
     "gpushare.slurm": 1, "gpushare.gres": 1,
-    "gpushare.estimator_cli": 2, "gpushare.mig_manager": 2, "gpushare.agent": 2,
-    "gpushare.slurm_plugins": 3, "gpushare.prolog": 3, "gpushare.epilog": 3,
-    "gpushare.simulator": 4,
+    "gpushare.policy": 2, "gpushare.estimate": 2,  # pure decisions and the estimate, shared by programs and simulator
+    "gpushare.estimator_cli": 3, "gpushare.mig_manager": 3, "gpushare.agent": 3,
+    "gpushare.slurm_plugins": 4, "gpushare.prolog": 4, "gpushare.epilog": 4,
+    "gpushare.simulator": 5,
 }
+# The only imports between two packages of one layer: (importer, imported) -> why.
+PEERS = {
+    ("gpushare.epilog", "gpushare.prolog"): "the node Epilog undoes the Prolog's setup with the Prolog's own helpers",
+    ("gpushare.epilog", "gpushare.slurm_plugins"): "EpilogSlurmctld asks gpushare-submitd to write the user's note",
+    ("gpushare.slurm_plugins", "gpushare.epilog"): "gpushare-submitd's note writer names the OOM families",
+}
+PROGRAMS = {"gpushare.estimator_cli", "gpushare.mig_manager", "gpushare.agent",
+            "gpushare.slurm_plugins", "gpushare.prolog", "gpushare.epilog"}
 SUBPACKAGES = {name.split(".")[1] for name in LAYERS if "." in name}
 
 
@@ -69,6 +80,11 @@ def test_no_module_imports_upward_or_the_test_harness() -> None:
                 target = _unit(module)
                 if target is not None and LAYERS[target] > LAYERS[own]:
                     problems.append(f"{path.relative_to(ROOT)} ({own}) imports {module} ({target}): upward")
+                elif target not in (None, own) and LAYERS[target] == LAYERS[own] and (own, target) not in PEERS:
+                    problems.append(f"{path.relative_to(ROOT)} ({own}) imports {module} ({target}): a peer not in PEERS")
+                elif own == "gpushare.simulator" and target in PROGRAMS:
+                    problems.append(f"{path.relative_to(ROOT)} imports {module}: the simulator takes the programs' "
+                                    "decisions from gpushare.policy and gpushare.estimate, not from a program")
     assert not problems, "\n".join(problems)
 
 
