@@ -28,6 +28,7 @@ torch job. Only the real-GPU parts (driver libraries in the chroot, NVML, CUDA i
 from __future__ import annotations
 
 import argparse
+import ctypes
 import glob
 import json
 import os
@@ -191,9 +192,10 @@ def install_package(bin_dir: Path) -> str:
     """Make ``gpushare`` importable by this interpreter and its console scripts exist in ``bin_dir``.
 
     Where it is installed already (a development virtualenv) nothing changes. Elsewhere (the GPU machine's
-    interpreter) a tree of links to this repository's folders, laid out as pyproject's package-dir maps them,
-    goes under /tmp (which the chroot sees), a .pth file in site-packages points at it, and each console
-    script is a two-line launcher: no build backend, no network, and the code run is this working tree's.
+    interpreter) a copy of this repository's package folders, laid out as pyproject's package-dir maps them,
+    goes under /tmp (which the chroot sees, and the jobs' users can read wherever the repository lies), a .pth
+    file in site-packages points at it, and each console script is a small launcher: no build backend, no
+    network, and the code run is this working tree's.
     """
     if (bin_dir / "gpushare-agent").exists() and _imports("gpushare.agent.daemon"):
         return "already installed"
@@ -203,12 +205,10 @@ def install_package(bin_dir: Path) -> str:
     src = Path("/tmp/gpushare-src")
     shutil.rmtree(src, ignore_errors=True)
     (src / "gpushare").mkdir(parents=True)
-    for entry in (REPO / "gpushare").iterdir():
-        os.symlink(entry, src / "gpushare" / entry.name)
-    for package, folder in dirs.items():
-        if package != "gpushare":
-            os.symlink(REPO / folder, src / Path(*package.split(".")))
-    os.chmod(src, 0o755)
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for package, folder in {"gpushare": "gpushare", **dirs}.items():
+        shutil.copytree(REPO / folder, src / Path(*package.split(".")), ignore=skip, dirs_exist_ok=True)
+    subprocess.run(["chmod", "-R", "a+rX", str(src)], check=True)
     site = Path(sysconfig.get_paths()["purelib"])
     (site / "gpushare-src.pth").write_text(f"{src}\n")
     for name, target in project["project"]["scripts"].items():
@@ -256,12 +256,19 @@ def driver_into_chroot(root: Path) -> list[str]:
     """Copy the driver's CUDA/NVML libraries into the chroot (a Debian root holds none) and run ldconfig."""
     from devcluster import chroot
 
-    listing = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True).stdout
-    folders = {os.path.dirname(line.split("=>")[-1].strip()) for line in listing.splitlines()
-               if ("libcuda.so.1 " in line or "libnvidia-ml.so.1 " in line) and "=>" in line}
-    folders |= {d for d in ("/usr/local/nvidia/lib64", "/usr/lib64") if glob.glob(f"{d}/libnvidia-ml.so*")}
+    folders = set()
+    for soname in ("libcuda.so.1", "libnvidia-ml.so.1"):  # where this process's loader finds them
+        try:
+            ctypes.CDLL(soname)
+        except OSError as exc:
+            raise RuntimeError(f"{soname} does not load here: {exc}") from None
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            path = line.split()[-1] if len(line.split()) >= 6 else ""
+            if "/libcuda.so" in path or "/libnvidia-ml.so" in path:
+                folders.add(os.path.dirname(path))
     if not folders:
-        raise RuntimeError("libcuda.so.1 / libnvidia-ml.so.1 not found by ldconfig -p")
+        raise RuntimeError("libcuda.so.1 / libnvidia-ml.so.1 loaded but not found in /proc/self/maps")
     target = root / "usr/local/lib/gpushare-nvidia"
     target.mkdir(parents=True, exist_ok=True)
     copied = []
@@ -271,7 +278,7 @@ def driver_into_chroot(root: Path) -> list[str]:
                 dest = target / os.path.basename(path)
                 if os.path.lexists(dest):
                     continue
-                if os.path.islink(path):
+                if os.path.islink(path) and "/" not in os.readlink(path):
                     os.symlink(os.readlink(path), dest)
                 else:
                     shutil.copy2(path, dest)
@@ -584,6 +591,10 @@ def collect(cluster: Any, ids: dict[str, int], jobs_out: Path) -> dict[str, Any]
         view["log_tail"] = logs[0].read_text(errors="replace").splitlines()[-12:] if logs else []
         view["runs"] = runs
         result[role] = view
+    log = Path(cluster.config().agent.log_file)
+    if log.exists():  # the agent's own account of the stop
+        result["agent_backstop_log"] = [line for line in log.read_text(errors="replace").splitlines()
+                                        if "backstop" in line.lower()][-10:]
     return result
 
 
@@ -597,6 +608,9 @@ def write_outputs(out_dir: Path, summary: dict[str, Any], base: Path | None) -> 
     failed = summary.get("failed_step")
     lines.append(f"RESULT: FAILED at step {failed['step']}: {failed.get('error')}" if failed else "RESULT: all steps ok")
     for role, job in (summary.get("jobs") or {}).items():
+        if not isinstance(job, dict):  # the agent's backstop log lines
+            lines.extend(f"  agent: {line[:300]}" for line in job)
+            continue
         lines.append(f"{role}: job {job['job']} user {job['user']} on {job['nodes']} {job['tres_per_node']} "
                      f"{'+'.join(job['states'])} restarts {job['restarts']} ({job['start_time']} .. {job['end_time']})")
         for r in job["runs"]:
