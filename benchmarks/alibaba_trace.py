@@ -5,7 +5,8 @@
 PATH is a checkout of github.com/alibaba/clusterdata, folder ``cluster-trace-gpu-v2023/csv`` (not shipped
 here: docs/simulator.md, *Alibaba's GPU-sharing trace*). The tasks with GPUs (``gpushare.simulator.openb``)
 run, at their recorded times, on nodes of 8 × V100-32GB, under Exclusive and under ``--policy live`` with
-the shipped defaults on Slurm 22.05 and 24.11. 777 nodes (6,216 GPUs) is the trace's own cluster size (6,212
+the shipped defaults on Slurm 22.05 and 24.11, and on 24.11 with ``[policy] share_when = "always"`` (shared
+whatever the queue, the setting before the queue gate). 777 nodes (6,216 GPUs) is the trace's own cluster size (6,212
 GPUs on 1,213 GPU nodes of 1-8 GPUs of several models, which the simulator cannot shape); the recorded
 tasks are a sample that never holds more than 70 GPUs at once there, so smaller clusters (8 and 4 nodes)
 give the same tasks the contention that FGD's evaluation creates by inflating the workload until the
@@ -15,6 +16,7 @@ cluster fills. Allocation ratio and fragmentation: ``gpushare.simulator.occupanc
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
@@ -30,12 +32,16 @@ from gpushare.simulator.live import setup  # noqa: E402
 from gpushare.simulator.runner import simulation  # noqa: E402
 
 NODES, PER_NODE, GPU = 777, 8, "v100-32gb"
+# (policy, Slurm release, [policy] share_when: None = as shipped); the last row shares whatever the queue
+VARIANTS = (("exclusive", "22.05", None), ("live", "22.05", None), ("live", "24.11", None), ("live", "24.11", "always"))
 
 
-def run(jobs: list[trace.JobSpec], policy: str, release: str, nodes: int) -> dict[str, float]:
+def run(jobs: list[trace.JobSpec], policy: str, release: str, nodes: int, share_when: str | None = None) -> dict[str, float]:
     extra: dict[str, object] = {"estimator": "oracle"}
     if policy == "live":
         live = setup(load_config(None), release)
+        if share_when is not None:
+            live = dataclasses.replace(live, share_when=share_when)
         extra = {"estimator": "measured", "caps": live.caps, "recovery": live.recovery, "live": live}
     config = SimConfig(nodes=nodes, gpus_per_node=PER_NODE, gpu=GPU, policy=policy,
                        throughputs=data_dir(None) / THROUGHPUTS_NAME, **extra)  # type: ignore[arg-type]
@@ -68,9 +74,9 @@ def main(argv: list[str] | None = None) -> int:
           "fragmented (of all) | JCT mean s | JCT p95 s | wait mean s | completed | wall s |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for nodes in args.nodes:
-        for policy, release in (("exclusive", "22.05"), ("live", "22.05"), ("live", "24.11")):
-            r = run(read.jobs, policy, release, nodes)
-            name = policy if policy == "exclusive" else f"live {release}"
+        for policy, release, share_when in VARIANTS:
+            r = run(read.jobs, policy, release, nodes, share_when)
+            name = policy if policy == "exclusive" else f"live {release}" + (f", share {share_when}" if share_when else "")
             print(f"| {nodes * PER_NODE:,} | {name} | {r['allocation_ratio']:.3f} | {r['demand_served']:.3f} | "
                   f"{r['busy_gpus']:.3f} | {r['fragmented_of_free']:.3f} | {r['fragmented_of_all']:.3f} | "
                   f"{r['jct_mean_s']:,.0f} | {r['jct_p95_s']:,.0f} | {r['wait_mean_s']:,.0f} | "

@@ -13,8 +13,9 @@ log(wall time) against log(jobs) at each cluster size; n log n over 1k-100k jobs
 
 ``--policy live`` runs the stack that deploys, as ``gpushare simulate --policy live`` does: the shipped
 defaults (or ``$GPUSHARE_CONFIG``), Slurm ``--release``, gpu-estimate's measured error as the estimator.
-``--repeat N`` runs each case N times (each in a fresh process) and prints the median wall time and the
-range, since a shared machine's load moves single runs by tens of percent.
+``--repeat N`` runs each case N times (each in a fresh process) and prints the median wall time, its range
+and the median CPU time of the run's process (user + system, which other work on a shared machine moves
+less than the wall time).
 """
 
 from __future__ import annotations
@@ -72,7 +73,8 @@ def run_one(jobs: int, gpus: int, policy: str, load: float, release: str = "22.0
     wall = time.perf_counter() - started
     done = sum(j.state == "done" for j in sim.jobs.values())
     end = max((j.end for j in sim.jobs.values() if j.end is not None), default=0.0)
-    return {"jobs": jobs, "gpus": gpus, "wall_s": wall, "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return {"jobs": jobs, "gpus": gpus, "wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "rss_mib": usage.ru_maxrss / 1024,
             "done": done, "days": end / 86400}
 
 
@@ -100,16 +102,18 @@ def main(argv: list[str] | None = None) -> int:
     deployed = f", Slurm {args.release}, shipped defaults" if args.policy == "live" else ""
     print(f"policy {args.policy}{deployed}, a100-80gb x 8 per node, offered load {args.load}, Philly-format "
           f"synthetic trace, median of {args.repeat} run(s) per case\n")
-    print("| jobs | GPUs | wall s (median) | min-max s | peak RSS MiB | completed | simulated days |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+    print("| jobs | GPUs | wall s (median) | min-max s | CPU s (median) | peak RSS MiB | completed | simulated days |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     results = []
     for gpus in args.gpus:
         for jobs in args.jobs:
             runs = [_isolated((jobs, gpus, args.policy, args.load, args.release)) for _ in range(args.repeat)]
             walls = [x["wall_s"] for x in runs]
-            r = dict(runs[0], wall_s=statistics.median(walls), rss_mib=max(x["rss_mib"] for x in runs))
+            r = dict(runs[0], wall_s=statistics.median(walls), cpu_s=statistics.median(x["cpu_s"] for x in runs),
+                     rss_mib=max(x["rss_mib"] for x in runs))
             results.append(r)
-            print(f"| {jobs:,} | {gpus:,} | {r['wall_s']:.1f} | {min(walls):.1f}-{max(walls):.1f} | {r['rss_mib']:.0f} | "
+            print(f"| {jobs:,} | {gpus:,} | {r['wall_s']:.1f} | {min(walls):.1f}-{max(walls):.1f} | {r['cpu_s']:.1f} | "
+                  f"{r['rss_mib']:.0f} | "
                   f"{r['done']:,} | {r['days']:.1f} |", flush=True)
     if len(args.jobs) > 1:
         print()
