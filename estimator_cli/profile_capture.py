@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import bisect
 import json
+import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -33,19 +35,31 @@ _GPU_PHASES = {Phase.FORWARD.value, Phase.BACKWARD.value, Phase.OPTIMIZER.value,
 
 @dataclass
 class ProfileRecorder:
-    """Collects time-stamped tags and claims by address; resolved against the trace afterwards."""
+    """Collects time-stamped tags and claims by address; resolved against the trace afterwards.
+
+    The profiler records allocator events of the thread that started it only. "GPU" blocks that other
+    threads make (transformers 5 moves a checkpoint to the GPU from a thread pool) are therefore kept here,
+    with their size, and their free time from a finalizer on the storage: ``off_thread``."""
 
     recording: bool = True
     stop_ns: int = 0
     marks: list[tuple[int, int, str, str]] = field(default_factory=list)  # (time_ns, addr, kind, module)
+    off_thread: list[list[int]] = field(default_factory=list)  # [time_ns, addr, bytes, free time_ns or 0]
+    thread: int = field(default_factory=threading.get_ident)
 
     def event_count(self) -> int:
         return -1  # profile mode locates zero_grad by time, not index
 
     def tag(self, tensor: torch.Tensor) -> None:
         if self.recording:
+            other = threading.get_ident() != self.thread
             for storage in storages(tensor):
-                self.marks.append((time.time_ns(), storage.data_ptr(), "", ""))
+                now = time.time_ns()
+                self.marks.append((now, storage.data_ptr(), "", ""))
+                if other and storage.nbytes():
+                    block = [now, storage.data_ptr(), storage.nbytes(), 0]
+                    self.off_thread.append(block)
+                    weakref.finalize(storage, _set_free_time, block)
 
     def claim(self, tensor: torch.Tensor, kind: Kind, module: str) -> None:
         if self.recording and isinstance(tensor, torch.Tensor) and tensor.device.type == "cpu":
@@ -56,6 +70,10 @@ class ProfileRecorder:
         if not self.stop_ns:
             self.stop_ns = time.time_ns()
         self.recording = False
+
+
+def _set_free_time(block: list[int]) -> None:
+    block[3] = time.time_ns()
 
 
 @dataclass
@@ -86,6 +104,26 @@ def _memory_events(trace_path: str) -> list[tuple[int, int, int]]:
     return out
 
 
+def _add_off_thread(recorder: ProfileRecorder, stop_ns: int, blocks: list[_Block], by_addr: dict[int, list[_Block]],
+                    order: list[tuple[str, _Block, int]]) -> None:
+    """Blocks of other threads (see ProfileRecorder), where the trace has no block of this thread at that
+    address and time, merged into ``order`` by time."""
+    added = False
+    for ts, addr, size, freed in recorder.off_thread:
+        if ts > stop_ns or any(b.start <= ts and (b.end is None or ts <= b.end) for b in by_addr.get(addr, [])):
+            continue
+        end = freed if freed and freed <= stop_ns else None
+        block = _Block(addr, size, ts, end, gpu=True)
+        blocks.append(block)
+        by_addr.setdefault(addr, []).append(block)
+        order.append(("alloc", block, ts))
+        if end is not None:
+            order.append(("free", block, end))
+        added = True
+    if added:
+        order.sort(key=lambda item: item[2])  # stable: the trace's own order within one timestamp
+
+
 def build_capture(trace_path: str, recorder: ProfileRecorder, tracker: PhaseTracker, stopped: bool) -> Capture:
     stop_ns = recorder.stop_ns or time.time_ns()
     blocks: list[_Block] = []
@@ -105,6 +143,7 @@ def build_capture(trace_path: str, recorder: ProfileRecorder, tracker: PhaseTrac
             block = open_at.pop(addr)
             block.end = ts
             order.append(("free", block, ts))
+    _add_off_thread(recorder, stop_ns, blocks, by_addr, order)
     for ts, addr, kind, module in recorder.marks:
         for block in reversed(by_addr.get(addr, [])):
             if block.start <= ts and (block.end is None or ts <= block.end):
