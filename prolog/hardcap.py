@@ -9,7 +9,7 @@ Two backends, chosen by ``[agent] hardcap`` for each fraction-capped shared job:
   set (driver too old, accounting off, MIG, no job cgroup) the reason is logged once per node until it
   changes, and ``auto`` falls back to the shim. What was set is recorded in the job's directory for the
   Epilog, which clears it (removing the cgroup would too, but Slurm may remove it after the Epilog).
-- ``shim`` (gres/hardcap/hardcap.c): ``<dir>/job_<id>/gpu<ordinal>`` = ``"<limit_bytes> <context_bytes>"``
+- ``shim`` (gres/hardcap/hardcap.c): ``<dir>/job_<id>/gpu<ordinal>`` = ``"<limit_bytes> <context_bytes> <uuid>"``
   for each of the job's GPUs as the job numbers them (0..n-1: Slurm's device cgroup and
   ``CUDA_VISIBLE_DEVICES`` renumber them), root-owned 0644 (the shim ignores anything else), and the job's
   shared usage files ``gpu<ordinal>.state`` owned by the job's user, 0600 (the shim maps them from inside
@@ -42,6 +42,7 @@ HARDCAP_DIR = "/run/gpushare/hardcap"  # compiled into the shim (HARDCAP_DIR in 
 CONTEXT_BYTES = 256 << 20
 _JOB_RE = re.compile(r"^\d{1,10}$")
 _PATH_RE = re.compile(r"^[A-Za-z0-9_./+@-]{1,4096}$")
+_UUID_RE = re.compile(r"^(GPU|MIG)-[0-9A-Za-z-]{1,80}$")
 CGROUP_ROOT = "/sys/fs/cgroup"
 DRIVER_RECORD = "driver"  # in the job's directory: {"cgroup": path, "gpus": [NVML indices]} for the Epilog
 UNAVAILABLE_NOTE = "driver-unavailable"  # in the hard cap directory: the reason last logged
@@ -56,8 +57,11 @@ def job_dir(job: str, root: str = HARDCAP_DIR) -> Path:
 
 
 def write_limits(job: str, uid: int, gpus: int, limit_bytes: int, root: str = HARDCAP_DIR,
-                 context_bytes: int = CONTEXT_BYTES) -> Path:
-    """Write the limits and usage files of ``job``'s ``gpus`` GPUs; returns the job's directory."""
+                 context_bytes: int = CONTEXT_BYTES, uuids: Sequence[str] = ()) -> Path:
+    """Write the limits and usage files of ``job``'s ``gpus`` GPUs; returns the job's directory.
+
+    ``uuids`` (the GPUs' in the job's order) go into the limits files as a third field: the shim matches
+    NVML's devices by them to clamp NVML's memory info; without them NVML is not clamped."""
     if uid < 0 or gpus < 1 or limit_bytes <= 0:
         raise ValueError(f"job {job}: uid {uid}, {gpus} GPUs, limit {limit_bytes} B: nothing to cap")
     directory = job_dir(job, root)
@@ -66,7 +70,8 @@ def write_limits(job: str, uid: int, gpus: int, limit_bytes: int, root: str = HA
         raise ValueError(f"{directory} is not root's own directory")
     os.chmod(directory, 0o755)
     for ordinal in range(gpus):
-        write_text_atomic(directory / f"gpu{ordinal}", f"{limit_bytes} {context_bytes}\n", mode=0o644)
+        uuid = uuids[ordinal] if ordinal < len(uuids) and _UUID_RE.match(uuids[ordinal]) else ""
+        write_text_atomic(directory / f"gpu{ordinal}", f"{limit_bytes} {context_bytes} {uuid}".rstrip() + "\n", mode=0o644)
         state = directory / f"gpu{ordinal}.state"
         fd = os.open(state, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
@@ -231,11 +236,24 @@ def apply(job: str, uid: int, gpus: Sequence[int], exports: Mapping[str, str], m
             _say_once(root, job, why, "using the shim" if mode == "auto" else "not hard-capped (the backstop holds)")
             if mode == "driver":
                 return ""
-        write_limits(job, uid, len(gpus), limit, root)
+        write_limits(job, uid, len(gpus), limit, root, uuids=_uuids(gpus, backend, device_backend))
         return "shim"
     except (OSError, ValueError) as exc:
         log.warning("job %s: hard cap not set (%s); the job runs without the hard cap", job, exc)
         return ""
+
+
+def _uuids(gpus: Sequence[int], backend: GpuBackend | None, device_backend: str | None) -> list[str]:
+    """The GPUs' UUIDs for the shim's NVML clamp; [] when the device backend cannot say (not clamped)."""
+    try:
+        if backend is None:
+            from gpushare.gres import open_backend
+
+            backend = open_backend(device_backend)
+        return [backend.gpu(index).uuid for index in gpus]
+    except Exception as exc:  # noqa: BLE001 - the cap itself does not need them
+        log.info("GPU UUIDs unavailable (%s); NVML's memory info is not clamped", exc)
+        return []
 
 
 def preload_line(env: Mapping[str, str], library: str) -> list[str]:

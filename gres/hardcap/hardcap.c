@@ -14,7 +14,8 @@
  *
  * Charged: cuMemAlloc_v2, cuMemAllocPitch_v2, cuMemAllocAsync (requested size), device-located
  * cuMemCreate, and a fixed context charge per process. Not charged: managed, host and imported memory.
- * cuMemGetInfo_v2 reports the slice (never an error of its own). See docs/isolation.md for what escapes. */
+ * cuMemGetInfo_v2 reports the slice (never an error of its own), and so does NVML's memory info for the
+ * job's GPUs (matched by UUID). See docs/isolation.md for what escapes. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
@@ -82,6 +83,15 @@ static void *real_from(const char *name, int load) {
 }
 
 static void *real(const char *name) { return real_from(name, 1); }
+
+/* NVML's own entry point, from the NVML library the process loaded (a wrapper was called: it has). */
+static void *nvml_handle;
+static void *real_nvml(const char *name, int load) {
+    if (!nvml_handle) nvml_handle = dlopen("libnvidia-ml.so.1", RTLD_LAZY | RTLD_NOLOAD);
+    if (!nvml_handle && load) nvml_handle = dlopen("libnvidia-ml.so.1", RTLD_LAZY);
+    if (!nvml_handle) return NULL;
+    return real_dlsym()(nvml_handle, name);
+}
 
 #define REAL(T, name) static __typeof__(T) r_##name; if (!r_##name) r_##name = (T)real(#name); if (!r_##name) return CUDA_ERROR_NOT_FOUND
 
@@ -386,6 +396,82 @@ CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total_b) {
     return r;
 }
 
+/* ---- NVML's memory info, as the job sees it ----
+ * NVML numbers GPUs its own way, so the GPU is matched by UUID: the Prolog writes it as the limits file's
+ * third field. Only read here (limits file with the same checks, the usage counter with pread): a tool
+ * like nvidia-smi that asks NVML takes no slot and no context charge. total = min(total, limit),
+ * used = the job's charged usage, free = min(free, limit - used); never an error of its own. */
+static int peek(const char *uuid, int64_t *limit, int64_t *used) {
+    for (int o = 0; o < MAX_DEV; o++) {
+        char path[512], buf[192], id[96] = "";
+        long long lim = 0, ctx = 0;
+        struct stat sb;
+        pthread_mutex_lock(&mu);
+        find_job();
+        pthread_mutex_unlock(&mu);
+        if (!job[0]) return 0;
+        snprintf(path, sizeof path, "%s/job_%s/gpu%d", dir(), job, o);
+        int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+        if (fd < 0) return 0;
+        ssize_t n = (fstat(fd, &sb) || !S_ISREG(sb.st_mode) || sb.st_uid != 0 || (sb.st_mode & 022)) ? -1
+                    : read(fd, buf, sizeof buf - 1);
+        close(fd);
+        if (n <= 0) return 0;
+        buf[n] = 0;
+        if (sscanf(buf, "%lld %lld %95s", &lim, &ctx, id) < 3 || lim <= 0 || strcmp(id, uuid)) continue;
+        struct state st;
+        memset(&st, 0, sizeof st);
+        snprintf(path + strlen(path), sizeof path - strlen(path), ".state");
+        fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+        if (fd >= 0) { if (pread(fd, &st, 16, 0) != 16) st.used = 0; close(fd); }
+        *limit = lim;
+        *used = st.magic == MAGIC && st.used > 0 ? st.used : 0;
+        return 1;
+    }
+    return 0;
+}
+
+static int nvml_slice(nvmlDevice_t dev, int64_t *limit, int64_t *used) {
+    typedef nvmlReturn_t (*uuid_t_)(nvmlDevice_t, char *, unsigned);
+    static uuid_t_ f;
+    char uuid[96];
+    if (!f) f = (uuid_t_)real_nvml("nvmlDeviceGetUUID", 1);
+    if (!f || f(dev, uuid, sizeof uuid) != NVML_SUCCESS) return 0;
+    return peek(uuid, limit, used);
+}
+
+static void clamp(unsigned long long *total, unsigned long long *free_b, unsigned long long *used_b, int64_t limit, int64_t used) {
+    if (*total > (unsigned long long)limit) *total = (unsigned long long)limit;
+    if (used > limit) used = limit;
+    if (*free_b > (unsigned long long)(limit - used)) *free_b = (unsigned long long)(limit - used);
+    *used_b = (unsigned long long)used;
+}
+
+nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *m) {
+    typedef nvmlReturn_t (*f_t)(nvmlDevice_t, nvmlMemory_t *);
+    static f_t f;
+    if (!f) f = (f_t)real_nvml("nvmlDeviceGetMemoryInfo", 1);
+    if (!f) return NVML_ERROR_FUNCTION_NOT_FOUND;
+    nvmlReturn_t r = f(dev, m);
+    int64_t limit, used;
+    if (r == NVML_SUCCESS && m && nvml_slice(dev, &limit, &used)) clamp(&m->total, &m->free, &m->used, limit, used);
+    return r;
+}
+
+nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t *m) {
+    typedef nvmlReturn_t (*f_t)(nvmlDevice_t, nvmlMemory_v2_t *);
+    static f_t f;
+    if (!f) f = (f_t)real_nvml("nvmlDeviceGetMemoryInfo_v2", 1);
+    if (!f) return NVML_ERROR_FUNCTION_NOT_FOUND;
+    nvmlReturn_t r = f(dev, m);
+    int64_t limit, used;
+    if (r == NVML_SUCCESS && m && nvml_slice(dev, &limit, &used)) {
+        clamp(&m->total, &m->free, &m->used, limit, used);
+        if (m->reserved > m->total - m->used) m->reserved = m->total - m->used;
+    }
+    return r;
+}
+
 /* ---- the two indirect ways in ---- */
 struct wrap { const char *name; void *fn; void *real; };
 CUresult cuGetProcAddress(const char *, void **, int, unsigned long long);
@@ -397,6 +483,8 @@ static struct wrap wraps[] = {
     {"cuMemAllocAsync_ptsz", (void *)cuMemAllocAsync_ptsz, 0}, {"cuMemFreeAsync_ptsz", (void *)cuMemFreeAsync_ptsz, 0},
     {"cuMemRelease", (void *)cuMemRelease, 0}, {"cuMemGetInfo_v2", (void *)cuMemGetInfo_v2, 0},
     {"cuGetProcAddress", (void *)cuGetProcAddress, 0}, {"cuGetProcAddress_v2", (void *)cuGetProcAddress_v2, 0},
+    {"nvmlDeviceGetMemoryInfo", (void *)nvmlDeviceGetMemoryInfo, 0},
+    {"nvmlDeviceGetMemoryInfo_v2", (void *)nvmlDeviceGetMemoryInfo_v2, 0},
 };
 #define NWRAPS (sizeof wraps / sizeof wraps[0])
 
@@ -404,7 +492,8 @@ static struct wrap wraps[] = {
 static void *swap(void *p) {
     if (!p) return p;
     for (size_t i = 0; i < NWRAPS; i++) {
-        if (!wraps[i].real) wraps[i].real = real_from(wraps[i].name, 0);
+        if (!wraps[i].real)
+            wraps[i].real = wraps[i].name[0] == 'n' ? real_nvml(wraps[i].name, 0) : real_from(wraps[i].name, 0);
         if (wraps[i].real == p) return wraps[i].fn;
     }
     return p;
@@ -429,6 +518,6 @@ void *dlsym(void *handle, const char *name) {
     if (!rd) return NULL;
     
     void *p = rd(handle, name);
-    if (!p || name[0] != 'c' || name[1] != 'u') return p;
+    if (!p || ((name[0] != 'c' || name[1] != 'u') && strncmp(name, "nvmlDeviceGetMemoryInfo", 23))) return p;
     return swap(p);
 }

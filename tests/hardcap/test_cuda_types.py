@@ -34,3 +34,14 @@ def test_declared_types_match_cuda_h(tmp_path: Path) -> None:
     out = subprocess.run(["gcc", "-I", str(include), "-I", str(HERE.parents[1] / "gres/hardcap"), "-o",
                           str(tmp_path / "check"), str(HERE / "cuda_types_check.c")], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+def test_declared_nvml_types_match_nvml_h(tmp_path: Path) -> None:
+    spec = importlib.util.find_spec("nvidia")
+    found = [Path(b) / "nvml_dev/include" for b in ((spec.submodule_search_locations or []) if spec else [])
+             if (Path(b) / "nvml_dev/include/nvml.h").is_file()]
+    if not found or not shutil.which("gcc"):
+        pytest.skip("nvml.h (pip install nvidia-nvml-dev-cu12) or gcc absent")
+    out = subprocess.run(["gcc", "-I", str(found[0]), "-I", str(HERE.parents[1] / "gres/hardcap"), "-o",
+                          str(tmp_path / "check"), str(HERE / "nvml_types_check.c")], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr

@@ -4,8 +4,8 @@ plugin refuses such a hybrid host; docs/isolation.md). ``[agent] hardcap = "auto
 unavailable here (no cgroup v2), said once, and the shim applies. The jobs run a C program linked against
 the fake driver (tests/hardcap/fake_cuda.c, device memory in a shared file of the A100's size) and a Python
 ctypes one; each gets CUDA_ERROR_OUT_OF_MEMORY at its share while its neighbour on the same GPU takes its
-own, and the Epilog removes the job's hard cap folder. The agent is not started: the Prolog registers the
-jobs itself (fraction caps)."""
+own; NVML inside the job (fake_nvml.c) reports the job's slice; the Epilog removes each job's hard cap
+folder. The agent is not started: the Prolog registers the jobs itself (fraction caps)."""
 from __future__ import annotations
 
 import os
@@ -28,7 +28,8 @@ pytestmark = [pytest.mark.slurm, pytest.mark.hardcap]
 HERE = Path(__file__).parent
 MiB = 1 << 20
 A100 = 40960 * MiB
-NODE = "hc1"  # its own cgroup hierarchy name (slurm_hc1): no other test cluster uses it
+# its own cgroup hierarchy (slurm_<node>) per run: a job of an earlier cluster with the same id may linger there
+NODE = f"hc{os.getpid()}"
 
 
 class CgroupCluster(LocalCluster):
@@ -58,6 +59,7 @@ def cluster() -> Iterator[CgroupCluster]:
     for cmd in (["-fPIC", "-shared", "-o", f"{bin_dir}/driver/libcuda.so.1", f"{HERE}/fake_cuda.c"],
                 ["-fPIC", "-shared", "-o", f"{bin_dir}/libgpushare-hardcap.so", f"{HERE.parents[1]}/gres/hardcap/hardcap.c",
                  "-ldl", "-lpthread"],  # the production build: /proc/self/cgroup and /run/gpushare/hardcap
+                ["-fPIC", "-shared", "-o", f"{bin_dir}/driver/libnvidia-ml.so.1", f"{HERE}/fake_nvml.c"],
                 ["-DLINKED", "-o", f"{bin_dir}/alloc", f"{HERE}/alloc.c", f"{bin_dir}/driver/libcuda.so.1", "-ldl",
                  f"-Wl,-rpath,{bin_dir}/driver"]):
         subprocess.run(cc + cmd, check=True, capture_output=True)
@@ -74,13 +76,20 @@ def cluster() -> Iterator[CgroupCluster]:
     yield made
     made.stop()
     shutil.rmtree(base, ignore_errors=True)
+    for hierarchy in Path("/sys/fs/cgroup").glob(f"*/slurm_{NODE}"):  # empty cgroups: rmdir, deepest first
+        for cg in sorted((p for p in hierarchy.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) + [hierarchy]:
+            try:
+                cg.rmdir()
+            except OSError:
+                pass
 
 
 def submit(cluster: CgroupCluster, name: str, command: str, mem: str = "4.5G") -> int:
     base = cluster.base
     text = (f"#!/bin/sh\n#GPUSHARE mem={mem}\n"
             f"echo limit $GPUSHARE_MEM_LIMIT_MIB preload $LD_PRELOAD\n"
-            f"export FAKE_CUDA_MEM={base}/devmem FAKE_CUDA_TOTAL={A100} LD_LIBRARY_PATH={base}/hardcap-bin/driver\n"
+            f"export FAKE_CUDA_MEM={base}/devmem FAKE_CUDA_TOTAL={A100} LD_LIBRARY_PATH={base}/hardcap-bin/driver "
+            f"FAKE_NVML_UUID={SimBackend.open(base / 'sim.json').gpu(0).uuid}\n"
             f"{command}\n")
     job, _ = cluster.client.sbatch("-D", str(base), "-o", f"{base}/{name}-%j.out", "--gres=gpu:1",
                                    f"--export=ALL,GPUSHARE_CONFIG={cluster.gpushare_conf}", script=text)
@@ -101,7 +110,9 @@ def test_c_and_ctypes_jobs_stop_at_their_share_beside_a_neighbour(cluster: Cgrou
                   "cu = ctypes.CDLL('libcuda.so.1'); got = 0\n"
                   "while got < 1 << 40 and cu.cuMemAlloc_v2(ctypes.byref(ctypes.c_ulonglong()), ctypes.c_size_t(1 << 20)) == 0:\n"
                   "    got += 1 << 20\n"
-                  "print('ctypes', got)\n\"")
+                  "nv = ctypes.CDLL('libnvidia-ml.so.1'); h = ctypes.c_void_p(); m = (ctypes.c_ulonglong * 3)()\n"
+                  "nv.nvmlInit_v2(); nv.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(h))\n"
+                  "print('ctypes', got, 'nvml', nv.nvmlDeviceGetMemoryInfo(h, m), 'nvml_total', m[0], 'nvml_used', m[2])\n\"")
     jobs = {"c": submit(cluster, "c", f"{alloc} linked {MiB} 100000 6"),  # holds its memory 6 s
             "py": submit(cluster, "py", ctypes_job),
             "neighbour": submit(cluster, "neighbour", f"sleep 2; {alloc} linked {MiB} 2000", mem="3G")}
@@ -118,6 +129,8 @@ def test_c_and_ctypes_jobs_stop_at_their_share_beside_a_neighbour(cluster: Cgrou
         assert allocated == share - CONTEXT_BYTES, out[name]  # every byte of the share, none past it
         if name == "c":
             assert got["result"] == "2" and int(got["total"]) == share  # CUDA_ERROR_OUT_OF_MEMORY; the slice shown
+        else:  # NVML inside the job shows the job's slice and its charge, not the GPU's
+            assert (got["nvml"], int(got["nvml_total"]), int(got["nvml_used"])) == ("0", share, share), out[name]
     neighbour = words(out["neighbour"])
     assert neighbour["allocated"] == str(2000 * MiB) and neighbour["result"] == "0", out["neighbour"]
     said = (cluster.base / "log" / "agent.log").read_text()  # the hooks' log ([agent] log_file)
