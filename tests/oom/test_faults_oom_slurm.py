@@ -12,6 +12,7 @@ One module-scoped single-host cluster: the fault is the controller's alone.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -126,3 +127,69 @@ def test_a_requeue_half_done_across_a_controller_restart_happens_once(cluster, s
     again = cluster.client.require_job(job_id)
     assert (again.state, again.restarts) == ("COMPLETED", 1)
     assert len([e for e in ledger.history() if str(e.get("job")) == str(job_id) and e.get("event") == "requeued"]) == 1
+
+
+def _as_controller(cluster: LocalCluster, command: str) -> str:
+    """Run ``command`` (sh) in slurmctld's view of the files: a chroot release's slurmctld (and its
+    EpilogSlurmctld) has a mount namespace of its own."""
+    argv = ["sh", "-c", command]
+    if cluster.in_chroot:
+        argv = ["nsenter", "-t", str(cluster.pids["slurmctld"]), "-m", "-r", *argv]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, (command, done.stderr)
+    return done.stdout
+
+
+def _oom_job(cluster: LocalCluster, out: Path) -> int:
+    """A job that ends with PyTorch's OOM message on its first run only (then completes)."""
+    script = ('#!/bin/sh\n[ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] && { echo "rerun shards=$SLURM_SHARDS_ON_NODE"; '
+              'exit 0; }\necho "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.00 GiB. GPU 0 has a '
+              'total capacity of 40.00 GiB of which 0.00 GiB is free. Of the allocated memory 3.50 GiB is allocated '
+              'by PyTorch, and 0.10 GiB is reserved by PyTorch but unallocated." >&2\nexit 1\n')
+    job_id, _ = cluster.client.sbatch("--gres=shard:4", "-o", str(out / "job-%j.out"), "-e", str(out / "job-%j.err"),
+                                      script=script)
+    return job_id
+
+
+def _settled(cluster: LocalCluster, job_id: int, restarts: int, state: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        job = cluster.client.require_job(job_id)
+        if (job.state, job.restarts) == (state, restarts) and not job.completing:
+            time.sleep(2.0)  # a recovery would show as a requeue within a moment
+            again = cluster.client.require_job(job_id)
+            if (again.state, again.restarts) == (state, restarts):
+                return
+        assert time.monotonic() < deadline, f"job {job_id}: {job.states} restarts {job.restarts}"
+        time.sleep(0.25)
+
+
+def test_a_full_ledger_disk_fails_open_and_recovers(cluster):
+    """The controller's OOM ledger on a full filesystem (a 64 KiB tmpfs, filled): an OOM job stays as Slurm
+    left it (FAILED, not held, not requeued) and the hook says why once; no torn entry is left; once space
+    returns the next OOM job is recovered (once)."""
+    ledger = Ledger(cluster.config().oom.ledger_dir)
+    account = slurm_account()
+    out = cluster.base / "oom-faults"
+    out.mkdir(exist_ok=True)
+    os.chmod(out, 0o777)
+    _as_controller(cluster, f"mount -t tmpfs -o size=64k,mode=0700,uid={account.pw_uid},gid={account.pw_gid} "
+                            f"tmpfs '{ledger.dir}' && (dd if=/dev/zero of='{ledger.dir}/filler' bs=4k 2>/dev/null; true)")
+    try:
+        full = _oom_job(cluster, out)
+        _settled(cluster, full, 0, "FAILED")
+        job = cluster.client.require_job(full)
+        assert job.priority != 0 and plain_gres(job.tres_per_node) == "shard:4"  # not held, not changed
+        log = Path(cluster.config().oom.log_file).read_text(errors="replace")
+        assert log.count(f"gpushare-epilog-slurmctld failed (job {full})") == 1, log[-2000:]
+        assert "No space left on device" in log
+        files = _as_controller(cluster, f"find '{ledger.dir}' -type f -size +0").split()
+        assert files == [f"{ledger.dir}/filler"], files  # nothing torn left behind
+        _as_controller(cluster, f"rm '{ledger.dir}/filler'")  # space returns
+        later = _oom_job(cluster, out)
+        _settled(cluster, later, 1, "COMPLETED")
+        assert plain_gres(cluster.client.require_job(later).tres_per_node) == plain_gres(exclusive_gres(cluster))
+        entry = json.loads(_as_controller(cluster, f"cat '{ledger.dir}/{later}.0.json'"))  # in slurmctld's view
+        assert entry["state"] == "done" and entry["steps"].count("boost") == 1
+    finally:
+        _as_controller(cluster, f"umount -l '{ledger.dir}' || true")
