@@ -42,6 +42,7 @@ def run_summary(record: dict[str, Any]) -> dict[str, Any]:
                "exit": record.get("exit_code"), "caps": caps.get("mode"),
                "cap_gib": round(caps["mem_limit_mib"] / 1024, 2) if caps.get("mem_limit_mib") else None,
                "stop": stopped.get("source") if isinstance(stopped, dict) else None,
+               "would": record.get("would") or None,  # observe mode: the cap and stop never applied
                "gpus": _per_gpu(gpus, record.get("series") or {}) or None}
     return {k: v for k, v in summary.items() if v is not None}
 

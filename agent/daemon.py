@@ -31,6 +31,7 @@ from gpushare.gres import GpuError, open_backend
 from gpushare.agent.adopt import Adopter, process_uid
 from gpushare.agent.api import node_name
 from gpushare.agent.backstop import forecast_message, oom_message, unattributed_message
+from gpushare.policy.observe import Shadow, cap_message, stop_message, summary as observe_summary
 from gpushare.agent.guard import Action, Guard
 from gpushare.agent.lane_service import LaneFacts, LaneRefused, LaneService
 from gpushare.agent.jobs import (build_entry, clean_facts, mps_corunners, registration_facts, share_bytes,
@@ -85,7 +86,10 @@ class Agent:
         self._followups: queue.Queue[tuple[Action, str]] = queue.Queue()  # log messages, early requeues, adoptions
         self.adopter = Adopter(uid_of=pid_uid)
         self.counters = {"backstop_stops": 0, "backstop_records": 0, "forecast_warnings": 0, "oom_avoided": 0,
-                         "adopted": 0, "unattributed_stops": 0, "unattributed_records": 0}
+                         "adopted": 0, "unattributed_stops": 0, "unattributed_records": 0, "observe_would_stop": 0}
+        # observe mode (gpushare.policy.observe): the backstop's judgement on jobs it must leave alone
+        self.shadow = Shadow(self.guard.tolerance_bytes, self.guard.grace_s)
+        self._would: dict[str, int] = {}  # job -> its would-be cap in bytes (0: not an observed job)
         # the latest processes acted on that belonged to no job (status "unattributed"; also in the agent log)
         self.unattributed: deque[dict[str, Any]] = deque(maxlen=100)
         self._collateral: set[tuple[str, str]] = set()  # (victim, offender) pairs already marked
@@ -139,6 +143,7 @@ class Agent:
             self.sampler.tick(now)
             self._queue_adoptions(now)
             self._guard(now, holders)
+            self._observe(now)
             self._expire_warming(now)
             self._queue_annotations()
             if now - self._last_flush >= self.cfg.flush_every_s:
@@ -170,7 +175,8 @@ class Agent:
             if (acc.kernel_at is not None and acc.job not in self._annotated) or evidence:
                 self._annotated.add(acc.job)
                 entry = self.store.get(acc.job) or {}
-                record: dict[str, Any] = {"job": acc.job, "node": node_name(self.cfg), "caps": entry.get("caps")}
+                record: dict[str, Any] = {"job": acc.job, "node": node_name(self.cfg), "caps": entry.get("caps"),
+                                          "would": observe_summary(entry.get("would_mib"), entry.get("would_stop"))}
                 if acc.kernel_at is not None:
                     record["ttfk_s"] = acc.fields()["ttfk_s"]
                 if evidence:
@@ -255,6 +261,25 @@ class Agent:
                 self.counters["unattributed_records"] += 1
             self.unattributed.append(record)
             log.warning("unattributed GPU memory: %s", unattributed_message(record))
+
+    def _observe(self, now: float) -> None:
+        """Observed jobs (``[policy] mode = "observe"`` at submit): log and record the stop the backstop would
+        have made, and make none."""
+        for acc in list(self.sampler.jobs.values()):
+            if acc.job not in self._would:
+                entry = self.store.get(acc.job) or {}
+                self._would[acc.job] = int(entry.get("would_mib") or 0) << 20
+            used = {gpu: b for gpu, b in acc.now_bytes.items() if acc.now_pids.get(gpu)}
+            record = self.shadow.check(now, acc.job, self._would[acc.job], used)
+            if record is None:
+                continue
+            self.counters["observe_would_stop"] += 1
+            log.warning("%s", stop_message(acc.job, record))
+            entry = self.store.update(acc.job, _merged({"would_stop": record})) or {}
+            if self.slurm is not None and self.cfg.admin_comment == "yes":  # into its record now, while Slurm takes it
+                self._annotate.put({"job": acc.job, "node": node_name(self.cfg),
+                                    "would": observe_summary(entry.get("would_mib"), record),
+                                    "gpus": {g: {"peak_bytes": int(v)} for g, v in acc.peak_bytes.items()}})
 
     def _crowded(self) -> frozenset[int]:
         """GPUs with more than one job (or process of no job) and less than the backstop's tolerance free."""
@@ -458,6 +483,8 @@ class Agent:
             self.store.put(entry)
             self.sampler.track(entry)
             self._withhold(self.clock())
+            if entry.get("would_mib"):
+                log.info("%s", cap_message(entry["job"], int(entry["would_mib"]), int(entry.get("would_shards") or 0)))
             return entry
 
     def close(self, job: str) -> dict[str, Any] | None:
@@ -475,6 +502,8 @@ class Agent:
             self._collateral = {pair for pair in self._collateral if job not in pair}
             self.adopter.forget(job)
             self.guard.forget(job)
+            self.shadow.forget(job)
+            self._would.pop(job, None)
             self._withhold(self.clock())
         self.lanes.leave(job, "closed by its Epilog")  # after self.lock: lock order (lane_service.py)
         return entry

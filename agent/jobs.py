@@ -18,6 +18,7 @@ from gpushare.gpus import GiB
 from gpushare.gres import GpuError, is_na
 from gpushare.gres.mps import mps_dirs
 from gpushare.agent.caps import Caps, decide_caps, need_mib, task_env
+from gpushare.policy.observe import summary as observe_summary, would_share
 from gpushare.agent.store import check_job
 
 if TYPE_CHECKING:
@@ -62,6 +63,9 @@ def registration_facts(job: str, uid: int, user: str, gpus: list[int], slurm_job
             if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 1 << 20:
                 facts[key] = float(value)
         facts.update(lane_facts_of(record.get("lanes")))
+    would = would_share(record)
+    if would is not None:  # observe mode: the cap it would have had, never applied (gpushare.policy.observe)
+        facts["would_mib"], facts["would_shards"] = need_mib(would[1], would[2], would[0]), would[0]
     return facts
 
 
@@ -98,6 +102,9 @@ def clean_facts(raw: dict[str, Any]) -> dict[str, Any]:
         "shards": _int(raw["shards"], "shards", 0, 1 << 20) if raw.get("shards") is not None else None,
         "time_limit_s": _num(raw.get("time_limit_s")),
     }
+    if raw.get("would_mib") is not None:
+        facts["would_mib"] = _int(raw["would_mib"], "would_mib", 1, 1 << 24)
+        facts["would_shards"] = _int(raw.get("would_shards"), "would_shards", 1, 1 << 20)
     if raw.get("lanes") is True:
         facts.update({"lanes": True, "own_lane": bool(raw.get("own_lane")),
                       "persistent_bytes": _int(raw.get("persistent_bytes"), "persistent_bytes", 0, 1 << 44),
@@ -258,5 +265,6 @@ def final_record(entry: dict[str, Any], backend: EnergyCounters, end: float | No
             else round(float(kernel) - float(entry["start"]), 3),
             "gpus": gpus, "series": entry.get("series") or {},
             "oom": entry.get("oom"), "forecast": entry.get("forecast"), "collateral": entry.get("collateral"),
+            "would": observe_summary(entry.get("would_mib"), entry.get("would_stop")),
             "ttfk_source": entry.get("ttfk_source"),
             "registered_by": entry.get("registered_by"), "closed_by": closed_by}

@@ -107,7 +107,8 @@ def agent_families(snap: dict[str, Any]) -> list[Any]:
     guard = CounterMetricFamily("gpushare_guard_actions", "memory-guard actions since the agent started: "
                                 "backstop_stops, backstop_records, forecast_warnings, oom_avoided (early requeues), "
                                 "adopted (jobs found running without a registration), unattributed_stops and "
-                                "unattributed_records (processes of no job on their GPU acted on)",
+                                "unattributed_records (processes of no job on their GPU acted on), observe_would_stop (observe mode: "
+                                "stops the backstop would have made)",
                                 labels=["action"])
     for name, count in snap.get("guard", {}).items():
         guard.add_metric([name], count)

@@ -107,12 +107,29 @@ def summarise(runs: list[dict[str, str]]) -> dict[str, Any]:
         "energy_j": run.get("energy_j"), "energy_share_j": run.get("share_j"),
         "caps": run.get("caps"), "cap_gib": run.get("cap_gib"), "stopped_by": run.get("stop"),
         "oom": record.get("oom") if isinstance(record.get("oom"), dict) else None,
+        # observe mode: the share, cap and backstop stop this job would have had (gpushare.policy.observe)
+        "would": _would(record, run),
         "recorded": bool(run),
         # the agent's summary written while the job ran, with no final one yet: the node's Epilog spooled that
         # (the database was away as the job ended) and delivers it when it can (docs/reliability.md)
         "partial": bool(run) and "fin" not in run and "exit" not in run and _ended(last.get("State"))}
     doc["advice"] = advice(doc)
     return doc
+
+
+def _would(record: dict[str, Any], run: dict[str, Any]) -> dict[str, Any] | None:
+    """What enforce would have done to an observed job: the submit side's request and the node's cap/stop."""
+    if record.get("decision") != "observe" or record.get("would") != "shared":
+        return None
+    from gpushare.slurm.gres_request import plain_gres
+
+    node = run.get("would") if isinstance(run.get("would"), dict) else {}
+    new = record.get("new") if isinstance(record.get("new"), str) else None
+    try:
+        new = plain_gres(new) if new else None
+    except ValueError:
+        new = None
+    return {"new": new, **node}
 
 
 def _ended(state: str | None) -> bool:
@@ -243,6 +260,12 @@ def render(doc: dict[str, Any]) -> str:
     if doc.get("recorded"):
         lines.append(f"  first GPU work {_fmt(doc['ttfk_s'], ' s', 1)} after start; energy {_kwh(doc['energy_share_j'])} "
                      f"this job's part, {_kwh(doc['energy_j'])} the whole GPU; caps {doc['caps'] or '-'}")
+    if doc.get("would"):
+        would = doc["would"]
+        stop = (f"; the backstop would have stopped it at {_fmt(would.get('over_gib'), ' GiB', 2)}"
+                if would.get("stop") else "; it stayed within it")
+        lines.append(f"  observe mode: it would have shared a GPU as {would.get('new') or '?'} with a "
+                     f"{_fmt(would.get('cap_gib'), ' GiB', 2)} cap{stop if would.get('cap_gib') else ''}")
     if doc["oom"]:
         oom = doc["oom"]
         lines.append(f"  ran out of GPU memory ({oom.get('fam') or '?'}): requeued from {oom.get('from') or '?'} "

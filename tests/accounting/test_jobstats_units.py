@@ -176,3 +176,13 @@ def test_render_speaks_shares_percent_and_kwh() -> None:
                                        "AdminComment": comment(decision="shared")}])
     text = jobstats_cli.render(running)
     assert "RUNNING" in text and "running for 60 s" in text and "measurements are stored when the job ends" in text
+
+
+def test_an_observed_job_says_what_enforce_would_have_done():
+    record = comment(decision="observe", would="shared", new="gres:shard:5", est_gib=4.0,
+                     run={"peak_gib": 8.0, "would": {"cap_gib": 5.0, "stop": "backstop", "over_gib": 8.0}})
+    doc = jobstats_cli.summarise([sacct_row(record, tres="gres/gpu=1,gres/gpu:a100-40gb=1")])
+    assert doc["would"] == {"new": "shard:5", "cap_gib": 5.0, "stop": "backstop", "over_gib": 8.0}
+    assert ("observe mode: it would have shared a GPU as shard:5 with a 5.00 GiB cap; the backstop would have "
+            "stopped it at 8.00 GiB") in jobstats_cli.render(doc)
+    assert jobstats_cli.summarise([sacct_row(comment(decision="shared", run={"peak_gib": 1.0}))])["would"] is None

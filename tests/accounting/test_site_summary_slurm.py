@@ -13,6 +13,10 @@ as a site would install them. Two jobs run at once, one per order of the two wri
 Both summaries survive: the site's AdminComment is exactly what its command stored, and ``gpushare jobstats``
 reads our decision and run summary back as the job's owner. Each stand-in logs what it saw, so the test knows
 the order really happened. One cluster for the module; the two jobs take about ten seconds.
+
+The same site then pilots gpushare (``[policy] mode = "observe"``, reloaded with SIGHUP): a job that outgrows
+the cap it would have had runs to its end on its whole GPU, and its stored record says the share and cap it
+would have had and that the backstop would have stopped it (gpushare.policy.observe).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import importlib.util
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -112,7 +117,7 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Any]:
     toml = (f'[agent]\nstate_dir = "{base}/agent-state"\nrecords_dir = "{base}/records"\n'
             f'run_dir = "{base}/run-agent"\ndevice_backend = "sim:{base}/sim.json"\nwithhold = "none"\n'
             f"metrics_port = 0\nwindow_samples = 4\nsample_period_s = 0.25\nflush_every_s = 1.0\n"
-            f'log_file = "{base}/log/agent.log"\n')
+            f'log_file = "{base}/log/agent.log"\nbackstop_grace_s = 1.0\n')
     SimBackend.from_scenario(helpers.two_gpus(), base / "sim.json")
 
     class SiteCluster(helpers.AgentCluster):  # type: ignore[misc, name-defined]
@@ -221,3 +226,44 @@ def test_both_summaries_survive(cluster, jobs, order):
 
     live = cluster.client.job(job)  # slurmctld's own copy is never touched by sacctmgr
     assert live is not None and (record_format.parse(live.admin_comment) or {}).get("decision") == "shared"
+
+
+def test_observe_mode_on_the_node_records_the_cap_and_the_stop_it_did_not_make(cluster, jobs):
+    text = cluster.gpushare_conf.read_text()
+    assert "\n[policy]\n" in text  # the agent test clusters' own [policy] section
+    cluster.gpushare_conf.write_text(text.replace("\n[policy]\n", '\n[policy]\nmode = "observe"\n', 1))
+    log = cluster.base / "log" / "submitd.log"
+    reloads = log.read_text().count("configuration reloaded")
+    os.kill(cluster.pids["submitd"], signal.SIGHUP)
+    cluster.wait_for(lambda: log.read_text().count("configuration reloaded") > reloads, 15, "submitd did not reload")
+
+    out = Path(tempfile.mkdtemp(prefix="gpushare-observe-out-", dir="/tmp"))  # the job's user writes here
+    os.chmod(out, 0o777)
+    started = time.monotonic()
+    job = cluster.client.sbatch("--gres=gpu:1", f"--uid={cluster.owner.pw_uid}", f"--gid={cluster.owner.pw_gid}",
+                                "-D", str(out), "-o", str(out / "job-%j.out"),
+                                f"--export=ALL,GPUSHARE_CONFIG={cluster.gpushare_conf}",
+                                script=f"#!/bin/sh\n#GPUSHARE mem=2G\n'{sys.executable}' '{SIMJOB}' --mem-mib 6000 "
+                                       "--seconds 5\n")[0]
+
+    def stored() -> dict[str, Any]:
+        state, system, admin = _row(cluster, job)
+        found = record_format.stored(admin, system) or {}
+        return found if state.startswith("COMPLETED") and (found.get("run") or {}).get("fin") else {}
+
+    cluster.wait_for(lambda: bool(stored()), 90, f"the observed job {job} did not finish with a stored record")
+    sys.stderr.write(f"observed job stored in {time.monotonic() - started:.1f} s\n")
+    found = stored()
+    assert found["decision"] == "observe" and found["would"] == "shared"  # its request was left alone
+    assert found["run"]["exit"] == 0 and found["run"]["peak_gib"] > 5.5  # ran to its end on its whole GPU
+    cap = found["run"]["would"]["cap_gib"]
+    assert 2.0 <= cap <= 4.0 and found["run"]["would"]["stop"] == "backstop"
+    assert "cap_gib" not in found["run"]  # no cap was applied
+    agent_log = (cluster.base / "log" / "agent.log").read_text()
+    assert f"job {job}: observe mode: the backstop would have stopped it" in agent_log
+    text_out = subprocess.run(
+        cluster.user_argv(cluster.owner.pw_name, [f"{BIN_DIR}/gpushare", "jobstats", str(job)]),
+        capture_output=True, text=True, env=cluster.env, timeout=60, check=True).stdout
+    assert "observe mode: it would have shared a GPU as shard:" in text_out
+    assert "the backstop would have stopped it at" in text_out
+    shutil.rmtree(out, ignore_errors=True)
