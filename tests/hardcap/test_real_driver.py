@@ -9,6 +9,7 @@ import ctypes
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -95,3 +96,34 @@ def test_driver_backend_on_the_real_driver(tmp_path: Path) -> None:
         assert backend.memory_limit(0, str(cg)).hard is None
     finally:
         cg.rmdir()
+
+
+@pytest.mark.skipif(not shutil.which("gcc") or os.geteuid() != 0 or _nvml_driver() is None,
+                    reason="needs gcc, root and an NVIDIA driver")
+def test_real_nvml_memory_info_is_clamped(tmp_path: Path) -> None:
+    """pynvml in a job's process (the shim preloaded, a job cgroup, the GPU's UUID in the limits file) reads
+    a 2 GiB slice; nvidia-smi's view under the same preload is printed (it may bind NVML its own way)."""
+    import pynvml
+
+    subprocess.run(["gcc", "-O2", "-DHARDCAP_TESTING", "-fPIC", "-shared", "-o", str(tmp_path / "shim.so"),
+                    str(HERE.parents[1] / "gres/hardcap/hardcap.c"), "-ldl", "-lpthread"], check=True)
+    pynvml.nvmlInit()
+    uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(0))
+    uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+    (tmp_path / "lim/job_9").mkdir(parents=True)
+    (tmp_path / "lim/job_9/gpu0").write_text(f"{2048 << 20} {300 << 20} {uuid}\n")
+    os.chmod(tmp_path / "lim/job_9/gpu0", 0o644)
+    (tmp_path / "cg").write_text("0::/system.slice/slurmstepd.scope/job_9/step_0\n")
+    env = dict(os.environ, GPUSHARE_HARDCAP_DIR=str(tmp_path / "lim"), GPUSHARE_HARDCAP_CGROUP=str(tmp_path / "cg"),
+               LD_PRELOAD=str(tmp_path / "shim.so"))
+    code = ("import pynvml; pynvml.nvmlInit(); h = pynvml.nvmlDeviceGetHandleByIndex(0)\n"
+            "m = pynvml.nvmlDeviceGetMemoryInfo(h); m2 = pynvml.nvmlDeviceGetMemoryInfo(h, pynvml.nvmlMemory_v2)\n"
+            "print(m.total >> 20, m.used >> 20, m.free >> 20, m2.total >> 20, m2.free >> 20)\n")
+    got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    print("pynvml under the shim (MiB total used free, v2 total free):", got.stdout.strip(), got.stderr[-300:])
+    total, used, free, total2, free2 = (int(w) for w in got.stdout.split())
+    assert total == total2 == 2048 and used == 0 and free <= 2048 and free2 <= 2048
+    if shutil.which("nvidia-smi"):
+        query = ["nvidia-smi", "-i", "0", "--query-gpu=memory.total,memory.used", "--format=csv,noheader"]
+        print("nvidia-smi under the shim:", subprocess.run(query, env=env, capture_output=True, text=True).stdout.strip(),
+              "without:", subprocess.run(query, capture_output=True, text=True).stdout.strip())
