@@ -109,3 +109,13 @@ def test_heavy_job_asks_for_more_than_half_the_gpu():
     light = parse_directives("#GPUSHARE mem=4G compute=light\n")
     assert decide(request, light, est, cfg).tres_per_node.endswith("shard:5")
     assert parse_directives("#GPUSHARE compute=extreme\n").problems
+
+
+def test_slurm_config_advises_first_fit_shards_with_the_queue_gate():
+    from gpushare.slurm.version import SlurmVersion
+    from gpushare.slurm_plugins.slurm_config import render_slurm_conf
+
+    queued = render_slurm_conf(parse_config({}), "/etc/slurm", SlurmVersion(24, 11))
+    assert "share_when = \"queued\" leave it out" in queued
+    always = render_slurm_conf(parse_config({"policy": {"share_when": "always"}}), "/etc/slurm", SlurmVersion(24, 11))
+    assert "LL_SHARED_GRES" in always and "leave it out" not in always
