@@ -258,8 +258,9 @@ class AgentSection:
                                "and JAX's XLA_PYTHON_CLIENT_MEM_FRACTION, merged with the user's own settings")
     hardcap: str = _opt("off", _one_of("off", "shim", "driver", "auto"),
                         "hard per-job device memory cap for every CUDA program of a shared job (docs/isolation.md): "
-                        "off; shim (the preloaded gres/hardcap library); driver (per-cgroup driver limits); auto "
-                        "(driver where offered, else the shim). Shipped off: not yet proven under real Slurm")
+                        "off; shim (the preloaded gres/hardcap library); driver (the NVIDIA driver's per-cgroup limits, "
+                        "r615+, set by the Prolog); auto (driver where offered, else the shim). Shipped off: the "
+                        "driver backend is unproven on an r615 driver, and the shim is preloaded into every shared job")
     hardcap_library: str = _opt("/usr/local/lib/gpushare/libgpushare-hardcap.so",
                                 lambda v: None if str(v).startswith("/") else "must be an absolute path",
                                 "the hard cap shim the TaskProlog preloads (make setup builds build/hardcap/"
