@@ -20,6 +20,8 @@ API (small on purpose; details in docs/device-interface.md):
     MPS         dev.mps(run_dir) -> MpsControl: start/stop/running(device),
                 set_default_pinned_mem_limit(device, mib), set_default_active_thread_percentage(device, pct);
                 gpushare.gres.mps.job_env(pipe_dir, device, mem_limit_mib, thread_percentage) -> env for TaskProlog
+    mem limits  dev.set_memory_limit(i, cgroup, hard_bytes), dev.clear_memory_limit(i, cgroup), dev.memory_limit(i, cgroup)
+                -> MemoryLimit (NVIDIA r615+ per-cgroup limits; gpushare.gres.memlimits)
     gres.conf   gpushare.gres.gres_conf.node_gpus(dev) -> [NodeGpu]; gres_conf_lines(gpus, dev_dir); node_gres(gpus)
 
 Units: bytes, watts, millijoules (since driver load), fractions 0..1. Unsupported metrics are ``NA``
@@ -30,6 +32,7 @@ Simulated backend: ``gpushare.gres.sim_backend.SimBackend.from_scenario(scenario
 
 Modules: device (records, Protocol, cap minors), na, errors, nvml_query (the NVML choke point),
 nvml_backend, dcgm (SMACT/SMOCC/DRAMA for it), sim_backend, sim_control, sim_mig (MIG rules), sim_timeline (activity, power, energy),
+memlimits and sim_memlimits (per-cgroup memory limits),
 sim_scenario (scenario files), sim_state (state file + locking), mps, gres_conf, factory.
 """
 
