@@ -111,7 +111,7 @@ def capture_fake(run: ScriptRun) -> Capture:
 
 def capture_profile(run: ScriptRun, trace_dir: str) -> Capture:
     """Profile mode: real CPU execution under ``torch.profiler`` (xMem's method)."""
-    from gpushare.estimator_cli.profile_capture import ProfileRecorder, build_capture
+    from gpushare.estimator_cli.profile_capture import ProfileRecorder, build_capture, ddp_buckets_kept
 
     recorder = ProfileRecorder()
     tracker = PhaseTracker(recorder, run.steps, run.on_step)
@@ -122,7 +122,7 @@ def capture_profile(run: ScriptRun, trace_dir: str) -> Capture:
     stopped = False
     with _script_environment(run), presented_cuda(run.gpu, lambda: 0, lambda: 0), \
             gpu_path_patches("cpu", fake=False), lazy_dynamo(), \
-            recompute_under(presenter), fake_process_group():
+            recompute_under(presenter), fake_process_group(), ddp_buckets_kept(recorder):
         tracker.install()
         prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True,
                                       record_shapes=False, with_stack=False)

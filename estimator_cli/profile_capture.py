@@ -17,11 +17,13 @@ Timestamps: trace ``ts`` is in microseconds since ``baseTimeNanoseconds``; both 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import json
 import threading
 import time
 import weakref
 from dataclasses import dataclass, field
+from typing import Any, Iterator
 
 import torch
 
@@ -46,6 +48,7 @@ class ProfileRecorder:
     marks: list[tuple[int, int, str, str]] = field(default_factory=list)  # (time_ns, addr, kind, module)
     off_thread: list[list[int]] = field(default_factory=list)  # [time_ns, addr, bytes, free time_ns or 0]
     thread: int = field(default_factory=threading.get_ident)
+    windows: list[tuple[int, int, str]] = field(default_factory=list)  # (start ns, end ns, kind): see kept_from
 
     def event_count(self) -> int:
         return -1  # profile mode locates zero_grad by time, not index
@@ -65,6 +68,18 @@ class ProfileRecorder:
         if self.recording and isinstance(tensor, torch.Tensor) and tensor.device.type == "cpu":
             for storage in storages(tensor):
                 self.marks.append((time.time_ns(), storage.data_ptr(), kind.value, module))
+
+    @contextlib.contextmanager
+    def kept_from(self, kind: Kind) -> Iterator[None]:
+        """Blocks allocated inside this window that outlive it are GPU blocks of ``kind``: for framework
+        constructors whose persistent allocations are made in C++, where the presenter cannot tag them
+        (DDP's gradient buckets, allocated by its Reducer on the parameters' device)."""
+        start = time.time_ns()
+        try:
+            yield
+        finally:
+            if self.recording:
+                self.windows.append((start, time.time_ns(), kind.value))
 
     def stop(self) -> None:
         if not self.stop_ns:
@@ -153,6 +168,11 @@ def build_capture(trace_path: str, recorder: ProfileRecorder, tracker: PhaseTrac
                 if module:
                     block.module = module
                 break
+    for start, end, kind in recorder.windows:
+        for block in blocks:
+            if start <= block.start <= end and (block.end is None or block.end > end):
+                block.gpu = True
+                block.kind = block.kind or kind
     times = [t[0] for t in tracker.transitions]
 
     def context(ts: int) -> tuple[str, int, str]:
@@ -181,3 +201,25 @@ def build_capture(trace_path: str, recorder: ProfileRecorder, tracker: PhaseTrac
     for z, t in zip(tracker.zero_grads, zero_times):
         capture.zero_grads.append(dict(z, event=bisect.bisect_left(event_times, t)))
     return capture
+
+
+@contextlib.contextmanager
+def ddp_buckets_kept(recorder: ProfileRecorder) -> Iterator[None]:
+    """``DistributedDataParallel(...)`` runs inside ``recorder.kept_from(GRADIENT)``: its Reducer's gradient
+    buckets (a copy of the gradients unless ``gradient_as_bucket_view``) are GPU memory on a GPU."""
+    try:
+        from torch.nn.parallel import DistributedDataParallel
+    except ImportError:  # a PyTorch built without distributed
+        yield
+        return
+    original = DistributedDataParallel.__init__
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        with recorder.kept_from(Kind.GRADIENT):
+            original(self, *args, **kwargs)
+
+    setattr(DistributedDataParallel, "__init__", init)
+    try:
+        yield
+    finally:
+        setattr(DistributedDataParallel, "__init__", original)

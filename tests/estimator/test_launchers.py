@@ -82,6 +82,23 @@ def test_ddp_per_rank(capsys, monkeypatch):
     assert peaks[1] - plain >= 0.9 * gradients  # the buckets
 
 
+def test_ddp_buckets_in_profile_mode(capsys, monkeypatch):
+    """Profile mode sees DDP's buckets too (allocated in C++ by its Reducer at construction, on the CPU there):
+    at the peak, gradients twice over — the parameters' own and the buckets' copy."""
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                 "GPUSHARE_ESTIMATE_WORLD_SIZE"):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    capsys.readouterr()
+    code = main(["--json", "--no-cache", "--no-warm", "--mode", "profile", "--gpu", "a100-40gb", "torchrun",
+                 "--nproc_per_node=2", str(EXAMPLES / "ddp_train.py"), "--steps", "3", "--width", "1024"])
+    out, err = capsys.readouterr()
+    assert code == EXIT_OK, err
+    by_kind = {k["name"]: k["bytes"] for k in json.loads(out)["targets"][0]["by_kind"]}
+    parameters = 6 * (1024 * 1024 + 1024) * 4
+    assert by_kind["parameter"] >= parameters and by_kind["gradient"] >= 1.9 * parameters, by_kind
+
+
 def test_fsdp_per_rank_shrinks_with_world_size(capsys, monkeypatch):
     fsdp = str(EXAMPLES / "fsdp_train.py")
     peaks = [_peak(capsys, monkeypatch, "torchrun", "--standalone", "--nnodes=1", "--nproc-per-node", str(n), fsdp)
