@@ -177,9 +177,9 @@ class QueueView:
             self._snapshot = Snapshot(idle, pending, default, self._clock())
             self._claimed = {}
         if first or self._failing:
-            log.warning("queue view %s: %d idle GPUs, %d pending, over %d partitions", "taken" if first else
-                        "refreshed again", sum(len(n) and sum(n.values()) for n in idle.values()),
-                        sum(pending.values()), len(idle))
+            nodes = {node: count for by_node in idle.values() for node, count in by_node.items()}
+            log.warning("queue view %s: %d idle GPUs on %d nodes in %d partitions", "taken" if first else
+                        "refreshed again", sum(nodes.values()), len(nodes), len(idle))
         self._failing = False
         return True
 
