@@ -21,7 +21,8 @@ def setup_logging(program: str, log_file: str = "", level: str | int = "INFO", s
     handlers: list[logging.Handler] = []
     if log_file:
         try:
-            handlers.append(logging.FileHandler(log_file))
+            # reopened when logrotate has moved the file (etc/logrotate.d/gpushare: no copytruncate, no signal)
+            handlers.append(logging.handlers.WatchedFileHandler(log_file))
         except OSError as exc:
             sys.stderr.write(f"{program}: cannot write {log_file} ({exc.strerror or exc}); logging to stderr\n")
     if not handlers:
