@@ -123,7 +123,8 @@ def _would(record: dict[str, Any], run: dict[str, Any]) -> dict[str, Any] | None
         return None
     from gpushare.slurm.gres_request import plain_gres
 
-    node = run.get("would") if isinstance(run.get("would"), dict) else {}
+    found = run.get("would")
+    node: dict[str, Any] = found if isinstance(found, dict) else {}
     new = record.get("new") if isinstance(record.get("new"), str) else None
     try:
         new = plain_gres(new) if new else None
