@@ -400,7 +400,7 @@ CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total_b) {
  * NVML numbers GPUs its own way, so the GPU is matched by UUID: the Prolog writes it as the limits file's
  * third field. Only read here (limits file with the same checks, the usage counter with pread): a tool
  * like nvidia-smi that asks NVML takes no slot and no context charge. total = min(total, limit),
- * used = the job's charged usage, free = min(free, limit - used); never an error of its own. */
+ * used = the job's charged usage, free = min(free, limit - used), v2's reserved = 0; never an error of its own. */
 static int peek(const char *uuid, int64_t *limit, int64_t *used) {
     for (int o = 0; o < MAX_DEV; o++) {
         char path[512], buf[192], id[96] = "";
@@ -467,7 +467,7 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t *m) {
     int64_t limit, used;
     if (r == NVML_SUCCESS && m && nvml_slice(dev, &limit, &used)) {
         clamp(&m->total, &m->free, &m->used, limit, used);
-        if (m->reserved > m->total - m->used) m->reserved = m->total - m->used;
+        m->reserved = 0; /* the driver's own reservation is outside every job's share: total = used + free */
     }
     return r;
 }
