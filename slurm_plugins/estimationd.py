@@ -223,10 +223,12 @@ class EstimationService:
         for action in actions:
             try:
                 self.apply(action)
-            except Exception:  # noqa: BLE001 - one job's trouble must not stop the others
+            except Exception as exc:  # noqa: BLE001 - one job's trouble must not stop the others
                 log.exception("action %s failed", action)
-                if isinstance(action, Submit):
+                if isinstance(action, Submit) and not unreachable(str(exc)):
                     self._release_after_error(action.job, "estimation job could not be submitted")
+                # slurmctld away (restarting): the job stays held and is tried again next round; the
+                # watchdog still bounds its wait
         return actions
 
     def apply(self, action: Action) -> None:
@@ -345,6 +347,17 @@ class EstimationService:
             except Exception:  # noqa: BLE001 - Slurm may be briefly down; try again next round
                 log.exception("estimation round failed")
             stop.wait(self.cfg.estimation.poll_s)
+
+
+_UNREACHABLE = ("unable to contact slurm controller", "connect failure", "connection refused", "socket timed out",
+                "zero bytes were transmitted")
+
+
+def unreachable(message: str) -> bool:
+    """Whether a Slurm command failed because slurmctld did not answer (a restart: try again next round),
+    not because it refused."""
+    text = message.lower()
+    return any(marker in text for marker in _UNREACHABLE)
 
 
 def _without(key: str) -> Callable[[str | None], str | None]:

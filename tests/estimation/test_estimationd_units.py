@@ -150,3 +150,25 @@ def test_the_comment_carries_what_the_node_saw_and_stays_short(tmp_path):
     usage = parse(render(condense(tmp_path, 2, ["a100-40gb"])))
     assert usage["python_error"] == "--python /opt/py: not a Python" and "bytes" not in usage
     assert parse("gpushare-estimate:" + "x" * 2000) is None and parse('gpushare-estimate:{"v":2,"exit":0}') is None
+
+
+def test_a_submission_slurmctld_did_not_answer_leaves_the_job_held_for_the_next_round(tmp_path):
+    """slurmctld restarting: the job is not released with the fallback (it would lose its estimate); a
+    refusal from a controller that answered still releases it at once."""
+    from gpushare.slurm.client import SlurmError
+
+    record = 'gpushare:{"v":1,"decision":"estimating","old":"gres:gpu:1","new":"gres:shard:40"}'
+    jobs = [{"job_id": 5, "name": "train", "job_state": "PENDING", "user_id": os.getuid(), "group_id": os.getgid(),
+             "submit_time": 990, "admin_comment": record, "current_working_directory": str(tmp_path)}]
+    for stderr, released in (("sbatch: error: Batch job submission failed: Unable to contact slurm controller "
+                              "(connect failure)", False),
+                             ("sbatch: error: Batch job submission failed: Invalid partition name specified", True)):
+        svc = service(tmp_path, jobs)
+
+        def refuse(*args: str, script: str | None = None, why: str = stderr) -> tuple[int, str]:
+            raise SlurmError(f"sbatch: {why}")
+
+        svc.client.sbatch = refuse  # type: ignore[attr-defined,method-assign]
+        svc.tick()
+        calls = svc.client.calls  # type: ignore[attr-defined]
+        assert (("scontrol", "release", "5") in calls) is released, (stderr, calls)

@@ -304,3 +304,23 @@ def test_slurmctld_restarted_while_jobs_are_held_each_converges_once(est_cluster
         assert [int(j.job_id) for j in estimation_jobs_for(est_cluster, job_id)] == [final["est_job"]]
         assert est_cluster.wait_job(job_id, timeout_s=60).state == "COMPLETED"
     assert sorted(runs(work)) == ["train0.py", "train1.py", "train2.py"]
+
+
+def test_an_estimation_that_ends_while_slurmctld_is_down_still_sizes_its_job(est_cluster, work, user):
+    """slurmctld stopped while an estimation job runs and started again after its estimate is done: the
+    result still reaches the controller (the job's last step, ``scontrol update comment=``, is Slurm's client,
+    which waits for the controller), so the job is released with its estimate, not with the fallback."""
+    write(work, "train.py", "# FAKE_PEAK_GIB=3\n# FAKE_SLEEP_S=3\n", user)
+    job_id, _ = submit(est_cluster, work, STUBS + "python train.py\n")
+    wait_for(lambda: any(j.state == "RUNNING" for j in estimation_jobs_for(est_cluster, job_id)), 60,
+             "estimation job not running")
+    est_cluster.stop_process("slurmctld")
+    try:
+        wait_for(lambda: runs(work) == ["train.py"], 30, "the estimator did not run")
+        time.sleep(6.0)  # the estimate is done; its result waits for the controller
+    finally:
+        est_cluster.restart_controller()
+    wait_for(lambda: record(est_cluster, job_id)["decision"] != "estimating", 90, "still held")
+    final = record(est_cluster, job_id)
+    assert final["decision"] == "shared" and final["src"] == "async" and plain_gres(final["new"]) == "shard:4", final
+    assert runs(work) == ["train.py"]
