@@ -600,8 +600,9 @@ def collect(cluster: Any, ids: dict[str, int], jobs_out: Path) -> dict[str, Any]
 
 def write_outputs(out_dir: Path, summary: dict[str, Any], base: Path | None) -> None:
     (out_dir / "gpu_slurm_share.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
-    lines = [f"gpu_slurm_share ({summary['mode']}), Slurm {summary.get('slurm_release', VERSION)}, "
-             f"{summary.get('gpu', {}).get('name', 'simulated GPU' if summary['mode'] == 'sim' else 'GPU not read')}, wall {summary['wall_s']} s"]
+    gpu = summary.get("gpu", {}).get("name", "simulated GPU" if summary["mode"] == "sim" else "GPU not read")
+    lines = [f"gpu_slurm_share ({summary['mode']}), Slurm {summary.get('slurm_release', VERSION)}, {gpu}, "
+             f"wall {summary['wall_s']} s"]
     for step in summary["steps"]:
         lines.append(f"  {'ok ' if step.get('ok') else 'FAIL'} {step['step']:<26} {step.get('seconds', '')} s"
                      + (f"  {step['error']}" if step.get("error") else ""))
