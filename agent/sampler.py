@@ -26,6 +26,7 @@ holds NaN, the score is NaN and no GPU is ever flagged risky; TTFK withholding s
 
 from __future__ import annotations
 
+import glob
 import logging
 import math
 import re
@@ -62,13 +63,18 @@ def cgroup_job(pid: int, proc: str = "/proc") -> str | None | bool:
     return None if b"slurm" in data else False
 
 
-def slurm_uses_cgroups(root: str = "/sys/fs/cgroup") -> bool:
-    """Whether slurmstepd keeps jobs in cgroups on this node (v2 scope or a v1 ``slurm`` hierarchy)."""
+def slurm_uses_cgroups(root: str = "/sys/fs/cgroup", node: str | None = None) -> bool:
+    """Whether slurmstepd keeps jobs in cgroups on this node: a v2 scope, or a v1 hierarchy named ``slurm``,
+    or ``slurm_<NodeName>`` where Slurm is built for several slurmd per host (Debian's packages are). Only
+    this node's name counts, so another slurmd's hierarchy on the same host does not change this one's."""
     base = Path(root)
-    return (base / "system.slice" / "slurmstepd.scope").is_dir() or any(base.glob("*/slurm"))
+    if (base / "system.slice" / "slurmstepd.scope").is_dir() or any(base.glob("*/slurm")):
+        return True
+    return bool(node) and any(base.glob(f"*/slurm_{glob.escape(str(node))}"))
 
 
-def process_job(pid: int, proc: str = "/proc", cgroup_root: str = "/sys/fs/cgroup") -> str | None:
+def process_job(pid: int, proc: str = "/proc", cgroup_root: str = "/sys/fs/cgroup",
+                node: str | None = None) -> str | None:
     """:func:`cgroup_job`, falling back to :func:`environ_job` only on a node where Slurm puts jobs in no
     cgroup (proctrack/linuxproc): there a process's own environment is the only record the node has. On
     a node with Slurm cgroups, a process outside every job cgroup (an ssh session) belongs to no job,
@@ -76,7 +82,7 @@ def process_job(pid: int, proc: str = "/proc", cgroup_root: str = "/sys/fs/cgrou
     found = cgroup_job(pid, proc)
     if isinstance(found, str):
         return found
-    if found is None or slurm_uses_cgroups(cgroup_root):
+    if found is None or slurm_uses_cgroups(cgroup_root, node):
         return None
     return environ_job(pid, proc)
 

@@ -50,3 +50,16 @@ def test_a_process_uid_is_its_real_uid_even_when_it_makes_itself_look_like_roots
     assert process_uid(20, str(tmp_path)) == 1000
     assert process_uid(21, str(tmp_path)) is None
     assert process_uid(os.getpid()) == os.getuid()
+
+
+def test_a_multiple_slurmd_build_names_its_v1_hierarchy_after_the_node(tmp_path: Path) -> None:
+    """Debian's Slurm is built for several slurmd per host: its cgroup v1 jobs live under ``slurm_<node>``.
+    That node's hierarchy means an ssh session's claimed SLURM_JOB_ID is ignored there; another node's
+    hierarchy on the same host (a second slurmd) says nothing about this one."""
+    plain = _proc(tmp_path, 15, "4:freezer:/user.slice\n", b"SLURM_JOB_ID=5\0")
+    cgroups = tmp_path / "cgroup-v1"
+    (cgroups / "freezer" / "slurm_gpu1").mkdir(parents=True)
+    assert process_job(15, plain, str(cgroups), node="gpu1") is None
+    assert process_job(15, plain, str(cgroups), node="gpu2") == "5"
+    inside = _proc(tmp_path, 16, "4:freezer:/slurm_gpu1/uid_0/job_42/step_0\n", b"SLURM_JOB_ID=5\0")
+    assert process_job(16, inside, str(cgroups), node="gpu1") == "42"
