@@ -2,7 +2,8 @@
 
 slurmctld runs it as SlurmUser (often root) after every job, with the job's facts in the environment,
 no PATH and no SLURM_CONF. It asks Slurm for the job's structured record for the rest, reads the job's log tails as the
-job's user (gpushare.epilog.oom_detect), decides (gpushare.epilog.recovery) and carries the decision out step by step, recording
+job's user (gpushare.user_files), recognises an OOM (gpushare.epilog.oom_detect), decides (gpushare.epilog.recovery)
+and carries the decision out step by step, recording
 each step in the ledger (gpushare.epilog.ledger) so that a second run, or a run after a crash, finishes the same
 recovery instead of starting another one.
 
@@ -26,8 +27,8 @@ from gpushare.epilog.corroborate import collateral_evidence, corroborate
 from gpushare.epilog.executor import execute, finish, resume_unfinished, spawn_finisher
 from gpushare.epilog.ledger import FINAL_STATES, Ledger
 from gpushare.epilog import task_epilog
-from gpushare.epilog.oom_detect import (OomVerdict, append_note, classify, compile_patterns, kept_name, keep_logs,
-                                       read_tail)
+from gpushare.epilog.oom_detect import OomVerdict, classify, compile_patterns
+from gpushare.user_files import append_note, kept_name, keep_logs, read_tail
 from gpushare.slurm_plugins.protocol import ask
 from gpushare.epilog.learn import learn_from_oom
 from gpushare.epilog.recovery import RECOVERABLE_STATES, Action, JobFacts, decide, whole_gpu_shards

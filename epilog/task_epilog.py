@@ -79,7 +79,8 @@ def report(env: Mapping[str, str]) -> str:
                                      "SLURM_GPUS_ON_NODE")):
         return "no GPU"
     from gpushare.config import load_config
-    from gpushare.epilog.oom_detect import TailError, _read_tail_here, compile_patterns, find_oom
+    from gpushare.epilog.oom_detect import compile_patterns, find_oom
+    from gpushare.user_files import TailError, _read_tail_here
     from gpushare.slurm.client import SlurmClient
     from gpushare.slurm.jobs import log_paths
 

@@ -4,7 +4,7 @@ Why here: EpilogSlurmctld runs as SlurmUser (``slurm`` in the distributions' pac
 file of the job's user, yet the user must read in their own log that the job was requeued on a whole GPU
 after a GPU out-of-memory, or why it stays failed. gpushare-submitd runs as root on the same host and
 already answers slurmctld's account on its socket: the hook asks it (``op = "note"``), and it appends the
-line as the job's user (never as root: gpushare.epilog.oom_detect.append_note forks and drops to the
+line as the job's user (never as root: gpushare.user_files.append_note forks and drops to the
 owner), to the log Slurm's own record names. Before an OOM requeue it also copies the end of the failed
 run's logs aside (``<log>.oom-run<N>``), which slurmstepd would otherwise truncate when the job starts again. The
 request carries only the job id, a restart count and the text; the owner and the paths come from Slurm, so
@@ -17,10 +17,10 @@ import re
 from typing import Any
 
 from gpushare.config import Config
-from gpushare.epilog.oom_detect import append_note, kept_name, keep_logs
 from gpushare.slurm.client import SlurmClient
 from gpushare.slurm.jobs import log_paths
 from gpushare.slurm_plugins.protocol import ProtocolError
+from gpushare.user_files import append_note, kept_name, keep_logs
 
 _JOB_ID = re.compile(r"[0-9]{1,10}", re.ASCII)
 _RUN = re.compile(r"[0-9]{1,4}", re.ASCII)

@@ -26,8 +26,6 @@ LAYERS = {
 PEERS = {
     ("gpushare.epilog", "gpushare.prolog"): "the node Epilog undoes the Prolog's setup with the Prolog's own helpers",
     ("gpushare.epilog", "gpushare.slurm_plugins"): "EpilogSlurmctld asks gpushare-submitd to write the user's note",
-    ("gpushare.slurm_plugins", "gpushare.epilog"): "gpushare-submitd writes that note and keeps the logs as the user "
-                                                   "with the OOM path's own writer (epilog/oom_detect.py)",
 }
 PROGRAMS = {"gpushare.estimator_cli", "gpushare.mig_manager", "gpushare.agent",
             "gpushare.slurm_plugins", "gpushare.prolog", "gpushare.epilog"}

@@ -167,7 +167,7 @@ def test_logs_are_read_with_the_users_supplementary_groups(tmp_path: Path) -> No
 
     import pytest
 
-    from gpushare.epilog.oom_detect import read_tail
+    from gpushare.user_files import read_tail
 
     if os.geteuid() != 0:
         pytest.skip("needs root to drop to another user")

@@ -14,8 +14,8 @@ from typing import Iterator
 
 import pytest
 
-from gpushare.epilog.oom_detect import (BUILTIN_PATTERNS, TailError, append_note, classify, compile_patterns, find_oom,
-                               read_tail)
+from gpushare.epilog.oom_detect import BUILTIN_PATTERNS, classify, compile_patterns, find_oom
+from gpushare.user_files import TailError, append_note, read_tail
 
 MESSAGES = Path(__file__).parent / "messages"
 POSITIVE = sorted(MESSAGES.glob("pos_*.txt"))
