@@ -105,8 +105,12 @@ def run_agent(argv: list[str], agent_cls: type, open_backend: Callable[[str | No
 
         register_config_info(registry, cfg.sha256, cfg.source)
     # always given: AdminComment summaries check admin_comment themselves; the guard needs it for job logs
+    from gpushare.agent.sampler import process_job
+
+    here = node_name(agent_cfg)
     agent = agent_cls(agent_cfg, backend, feature=feature, registry=registry, slurm=slurm,
-                      evidence_fraction=cfg.oom.corroborate_fraction)
+                      evidence_fraction=cfg.oom.corroborate_fraction,
+                      pid_job=lambda pid: process_job(pid, node=here))
     agent.load()
     if registry is not None:
         from gpushare.agent.metrics import serve
@@ -121,6 +125,9 @@ def run_agent(argv: list[str], agent_cls: type, open_backend: Callable[[str | No
 
     lanes = LaneServer(lanes_socket_path(agent_cfg.run_dir), agent.lanes, agent.lane_owner,
                        max_sessions=agent_cfg.lane_sessions).start()
+    from gpushare.agent.live_api import LiveServer, live_socket_path
+
+    live = LiveServer(live_socket_path(agent_cfg.run_dir), agent.live).start()  # jobstats of a running job
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -132,6 +139,7 @@ def run_agent(argv: list[str], agent_cls: type, open_backend: Callable[[str | No
     finally:
         api.stop()
         lanes.stop()
+        live.stop()
         if metrics_server is not None:
             metrics_server.shutdown()
         log.info("agent stopped")

@@ -36,6 +36,7 @@ from gpushare.agent.guard import Action, Guard
 from gpushare.agent.lane_service import LaneFacts, LaneRefused, LaneService
 from gpushare.agent.jobs import (build_entry, clean_facts, mps_corunners, registration_facts, share_bytes,
                                 tenants_of, time_left)
+from gpushare.agent.jobs import final_record
 from gpushare.agent.sampler import Sampler, process_job
 from gpushare.agent.store import JobStore, check_job
 from gpushare.agent.withhold import NodeFeature
@@ -564,6 +565,26 @@ class Agent:
             state = {"now": now, "node_open": self.open, "gpus": gpus, "jobs": jobs, "guard": dict(self.counters),
                      "unattributed": list(self.unattributed)}
         return {**state, "lanes": self.lanes.snapshot()}
+
+    def live(self, job: str, uid: int) -> dict[str, Any]:
+        """A running job's run summary so far, for root or the job's own user (gpushare.agent.live_api): what
+        ``gpushare jobstats`` shows before the node Epilog stores the final one."""
+        from gpushare.agent.comment import run_summary
+
+        unknown = {"ok": False, "error": f"job {str(job)[:20]}: not running on this node as yours"}
+        try:
+            job = check_job(job)
+        except ValueError:
+            return unknown
+        with self.lock:
+            acc = self.sampler.jobs.get(job)
+            entry = self.store.get(job) if acc is not None else None
+            if acc is None or entry is None or entry.get("closed") or uid not in (0, int(entry.get("uid", -1))):
+                return unknown
+            now = self.clock()
+            record = final_record({**entry, **acc.fields()}, self.backend, end=now, node=node_name(self.cfg))
+        return {"ok": True, "job": job, "node": node_name(self.cfg), "at": round(now, 3),
+                "run": run_summary(record)}
 
     def handle(self, request: dict[str, Any]) -> dict[str, Any]:
         op = request.get("op")

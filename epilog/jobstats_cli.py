@@ -84,12 +84,15 @@ def from_scontrol(client: SlurmClient, job: str) -> list[dict[str, str]]:
              "SystemComment": "", "AdminComment": found.admin_comment or ""}]
 
 
-def summarise(runs: list[dict[str, str]]) -> dict[str, Any]:
-    """The jobstats document of a job from its runs (the last one is described; pure)."""
+def summarise(runs: list[dict[str, str]], live: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The jobstats document of a job from its runs (the last one is described; pure). ``live``: the running
+    job's summary so far from the agent on its node (``live_summary``), which replaces a stored partial one."""
     last = runs[-1]
     record = record_format.stored(last.get("AdminComment"), last.get("SystemComment")) or {}
     found = record.get("run")
     run: dict[str, Any] = found if isinstance(found, dict) else {}
+    if live is not None:
+        run = live
     gres = _gres(last.get("AllocTRES", ""))
     exit_code, _, signal = last.get("ExitCode", "").partition(":")
     gpus = {str(k): {"peak_gib": v[0], "smact_pct": v[1]} for k, v in (run.get("gpus") or {}).items()
@@ -112,7 +115,8 @@ def summarise(runs: list[dict[str, str]]) -> dict[str, Any]:
         "recorded": bool(run),
         # the agent's summary written while the job ran, with no final one yet: the node's Epilog spooled that
         # (the database was away as the job ended) and delivers it when it can (docs/reliability.md)
-        "partial": bool(run) and "fin" not in run and "exit" not in run and _ended(last.get("State"))}
+        "partial": bool(run) and "fin" not in run and "exit" not in run and _ended(last.get("State")),
+        "live": live is not None}
     doc["advice"] = advice(doc)
     return doc
 
@@ -243,7 +247,10 @@ def _gpu_words(doc: dict[str, Any]) -> str:
         used = f"used at most {peak:.2f} GiB"
         if isinstance(share, (int, float)) and share > 0:
             used += f" ({100 * peak / share:.0f} % of it)"
-    elif doc.get("state") in ("RUNNING", "PENDING", "REQUEUED", "SUSPENDED"):
+    elif doc.get("state") == "RUNNING":
+        used = (f"its measurements so far are on its node: srun --jobid={doc['job']} --overlap gpushare jobstats "
+                f"{doc['job']}")
+    elif doc.get("state") in ("PENDING", "REQUEUED", "SUSPENDED"):
         used = "measurements are stored when the job ends"
     else:
         used = "no GPU memory measured"
@@ -253,8 +260,9 @@ def _gpu_words(doc: dict[str, Any]) -> str:
 def render(doc: dict[str, Any]) -> str:
     runs = f", {doc['runs']} runs" if doc["runs"] > 1 else ""
     verb = "running for" if doc.get("state") == "RUNNING" else "ran"
+    so_far = " (measured so far, live from the agent on its node)" if doc.get("live") else ""
     lines = [f"Job {doc['job']} ({doc['user'] or '?'}): {doc['state']}, exit {_fmt(doc['exit_code'])}, "
-             f"{verb} {_fmt(doc['elapsed_s'], ' s', 0)} on {doc['node'] or '?'}{runs}", _gpu_words(doc)]
+             f"{verb} {_fmt(doc['elapsed_s'], ' s', 0)} on {doc['node'] or '?'}{runs}{so_far}", _gpu_words(doc)]
     for index, gpu in sorted(doc["gpus"].items()):
         lines.append(f"  GPU {index}: peak {_fmt(gpu['peak_gib'], ' GiB', 2)}, computing "
                      f"{_fmt(gpu['smact_pct'], ' %')} of the time")
@@ -295,8 +303,32 @@ def command(job_id: str, as_json: bool, config_file: str | None) -> None:
         raise click.ClickException(str(exc)[-300:]) from None
     if not runs:
         raise NotFound(f"job {job}: not in Slurm's records, or not yours to read")
-    doc = summarise(runs)
+    state = (runs[-1].get("State") or "").split(" ")[0]
+    doc = summarise(runs, live_summary(job, config_file) if state == "RUNNING" else None)
     click.echo(json.dumps(doc, sort_keys=True) if as_json else render(doc))
+
+
+def live_summary(job: str, config_file: str | None) -> dict[str, Any] | None:
+    """The running job's summary so far from the agent on this host (gpushare.agent.live_api), when this is
+    its node (``srun --jobid=<id> --overlap``) and the caller may read it; None otherwise."""
+    from gpushare.agent.api import AgentUnavailable, call
+    from gpushare.agent.live_api import live_socket_path
+    from gpushare.config import AgentSection, load_config
+    from gpushare.errors import GpushareError
+
+    try:
+        run_dir = load_config(config_file).agent.run_dir
+    except (GpushareError, OSError, ValueError):
+        run_dir = AgentSection().run_dir
+    path = live_socket_path(run_dir)
+    if not path.exists():
+        return None
+    try:
+        reply = call(path, {"op": "live", "job": job}, timeout_s=3.0)
+    except AgentUnavailable:
+        return None
+    run = reply.get("run") if reply.get("ok") else None
+    return run if isinstance(run, dict) else None
 
 
 def _client(config_file: str | None) -> SlurmClient:

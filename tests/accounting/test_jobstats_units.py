@@ -175,7 +175,14 @@ def test_render_speaks_shares_percent_and_kwh() -> None:
                                        "Elapsed": "00:01:00", "NodeList": "n1", "AllocTRES": "gres/shard=14",
                                        "AdminComment": comment(decision="shared")}])
     text = jobstats_cli.render(running)
-    assert "RUNNING" in text and "running for 60 s" in text and "measurements are stored when the job ends" in text
+    assert "RUNNING" in text and "running for 60 s" in text
+    assert "its measurements so far are on its node: srun --jobid=10 --overlap gpushare jobstats 10" in text
+    live = jobstats_cli.summarise([{"JobID": "10", "User": "alice", "State": "RUNNING", "ExitCode": "0:0",
+                                    "Elapsed": "00:01:00", "NodeList": "n1", "AllocTRES": "gres/shard=14",
+                                    "AdminComment": comment(decision="shared")}], live={"peak_gib": 3.5, "ttfk_s": 2.0})
+    text = jobstats_cli.render(live)
+    assert live["live"] and "(measured so far, live from the agent on its node)" in text
+    assert "used at most 3.50 GiB (25 % of it)" in text
 
 
 def test_an_observed_job_says_what_enforce_would_have_done():

@@ -267,3 +267,25 @@ def test_observe_mode_on_the_node_records_the_cap_and_the_stop_it_did_not_make(c
     assert "observe mode: it would have shared a GPU as shard:" in text_out
     assert "the backstop would have stopped it at" in text_out
     shutil.rmtree(out, ignore_errors=True)
+
+
+def test_jobstats_of_a_running_job_reads_the_agent_on_its_node(cluster, jobs):
+    """The owner, on the job's node (here the one host), gets the measurements so far from the agent's live
+    socket (gpushare.agent.live_api) instead of waiting for the job's end."""
+    out = Path(tempfile.mkdtemp(prefix="gpushare-live-out-", dir="/tmp"))
+    os.chmod(out, 0o777)
+    job = cluster.client.sbatch("--gres=gpu:1", f"--uid={cluster.owner.pw_uid}", f"--gid={cluster.owner.pw_gid}",
+                                "-D", str(out), "-o", str(out / "job-%j.out"),
+                                f"--export=ALL,GPUSHARE_CONFIG={cluster.gpushare_conf}",
+                                script=f"#!/bin/sh\n#GPUSHARE mode=exclusive\n'{sys.executable}' '{SIMJOB}' "
+                                       "--mem-mib 3000 --seconds 12\n")[0]
+
+    def jobstats() -> str:
+        return subprocess.run(cluster.user_argv(cluster.owner.pw_name, [f"{BIN_DIR}/gpushare", "jobstats", str(job)]),
+                              capture_output=True, text=True, env=cluster.env, timeout=60).stdout
+
+    cluster.wait_for(lambda: "used at most 2.9" in jobstats(), 40, f"no live measurement of job {job}")
+    text = jobstats()
+    assert "RUNNING" in text and "(measured so far, live from the agent on its node)" in text
+    cluster.wait_job(job)
+    shutil.rmtree(out, ignore_errors=True)
