@@ -215,7 +215,7 @@ def build_entry(facts: dict[str, Any], cfg: AgentSection, backend: GpuBackend, t
                        thread_percentage=thread_percentage_for(facts, corunners or [], cfg, now),
                        outside_allocator_bytes=outside)
     if not mps_ok and cfg.collocation.startswith("mps") and caps.mode == "fraction":
-        caps = Caps(**{**caps.as_dict(), "reason": "agent not running: no MPS daemon, memory fraction only"})
+        caps = Caps(**{**caps.as_dict(), "reason": "no MPS daemon for this GPU (the agent log says why): memory fraction only"})
     pipe = mps_dirs(cfg.run_dir, gpu0)[0] if caps.mode == "mps" else None
     env = task_env(caps, pipe, framework=getattr(cfg, "framework_caps", "yes") == "yes")
     if facts.get("lanes") and facts["shared"] and len(facts["gpus"]) == 1:
