@@ -53,7 +53,8 @@ def mark_host_weight(tensor: torch.Tensor) -> None:
 
 
 def is_host_weight(value: Any) -> bool:
-    return isinstance(value, torch.Tensor) and value.is_meta and value.untyped_storage() in _host_storages
+    return bool(_host_storages) and isinstance(value, torch.Tensor) and value.is_meta \
+        and value.untyped_storage() in _host_storages
 
 
 def _error(message: str) -> Exception:
