@@ -288,6 +288,13 @@ def driver_into_chroot(root: Path) -> list[str]:
                    env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
     if not any(name.startswith("libnvidia-ml.so") for name in copied + os.listdir(target)):
         raise RuntimeError(f"no libnvidia-ml.so in {sorted(folders)}")
+    # the MPS control daemon and server, which the agent starts (inside the chroot) for one user's shared jobs
+    search = os.environ.get("PATH", "") + ":/usr/bin:/usr/local/nvidia/bin:/usr/local/cuda/bin"
+    for tool in ("nvidia-cuda-mps-control", "nvidia-cuda-mps-server"):
+        found = shutil.which(tool, path=search)
+        if found and not (root / "usr/bin" / tool).exists():
+            shutil.copy2(os.path.realpath(found), root / "usr/bin" / tool)
+            copied.append(found)
     return sorted(copied)
 
 
@@ -334,12 +341,14 @@ def make_cluster_class():  # type: ignore[no-untyped-def]
     return ShareCluster
 
 
-def agent_toml(base: Path, backend: str) -> str:
+def agent_toml(base: Path, backend: str, collocation: str = "fraction") -> str:
+    """``collocation = ""`` leaves the shipped default (MPS among one user's jobs, else fraction)."""
     return (f'[agent]\nstate_dir = "{base}/agent-state"\nrecords_dir = "{base}/records"\n'
             f'run_dir = "{base}/run-agent"\ndevice_backend = "{backend}"\nwithhold = "none"\n'
             'metrics_port = 0\nwindow_samples = 4\nsample_period_s = 0.25\nflush_every_s = 1.0\n'
-            f'log_file = "{base}/log/agent.log"\ncollocation = "fraction"\nbackstop_grace_s = 1.0\n'
-            'backstop_tolerance_mib = 256\nforecast_action = "none"\n')
+            f'log_file = "{base}/log/agent.log"\n'
+            + (f'collocation = "{collocation}"\n' if collocation else "")
+            + 'backstop_grace_s = 1.0\nbackstop_tolerance_mib = 256\nforecast_action = "none"\n')
 
 
 def job_script(python: str, program: str, args: str, out: Path) -> str:
@@ -375,7 +384,8 @@ def run(args: argparse.Namespace) -> int:
     out_dir = Path(args.out or os.environ.get("OUT") or "gpu-slurm-share-out").resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     steps = Steps()
-    summary: dict[str, Any] = {"mode": "sim" if args.sim else "real-gpu", "slurm_version": VERSION,
+    summary: dict[str, Any] = {"mode": "sim" if args.sim else "real-gpu", "same_user": args.same_user,
+                               "slurm_version": VERSION,
                                "host": socket.gethostname(), "python": sys.executable,
                                "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
@@ -441,7 +451,8 @@ def run(args: argparse.Namespace) -> int:
                 backend = f"sim:{base}/sim.json"
             cls = make_cluster_class()
             cluster = cls(base, gpu=model, gpus_per_node=1, bin_dir=os.path.dirname(sys.executable),
-                          toml_extra=agent_toml(base, backend), slurm_version=VERSION)
+                          toml_extra=agent_toml(base, backend, "" if args.same_user else "fraction"),
+                          slurm_version=VERSION)
             cluster.real_gpu = not args.sim
             runtime = cluster._runtime()
             info["release"] = runtime.release
@@ -489,7 +500,8 @@ def run(args: argparse.Namespace) -> int:
             export = f"--export=ALL,GPUSHARE_CONFIG={cluster.gpushare_conf}"
             ids: dict[str, int] = {}
             plan = {"neighbour": (USERS[0], "--mem-mib 3000 --seconds 25"),
-                    "offender": (USERS[1], "--mem-mib 3000 --grow-mib-per-s 1024 --seconds 12"
+                    "offender": (USERS[0] if args.same_user else USERS[1],
+                                 "--mem-mib 3000 --grow-mib-per-s 1024 --seconds 12"
                                  + ("" if args.sim else " --ignore-cap"))}
             for role, (user, job_args) in plan.items():
                 account = ensure_login_user(user)
@@ -517,7 +529,11 @@ def run(args: argparse.Namespace) -> int:
             info["oom"] = first.get("oom")
             info["neighbour_state_then"] = cluster.client.require_job(ids["neighbour"]).state
             oom = first.get("oom") or {}
-            if oom.get("source") != "agent-backstop" or oom.get("action") != "stop":
+            info["offender_log_tail"] = [line for p in sorted(jobs_out.glob(f"offender-{ids['offender']}.out"))
+                                         for line in p.read_text(errors="replace").splitlines()[-6:]]
+            if args.same_user:  # under MPS the client's own memory limit stops it first: its own CUDA OOM
+                pass
+            elif oom.get("source") != "agent-backstop" or oom.get("action") != "stop":
                 raise RuntimeError(f"the offender's first run ended without the backstop: oom={oom}")
         with steps.step("neighbour-completes") as info:
             job = cluster.wait_job(ids["neighbour"], 90)
@@ -638,6 +654,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--carry", default=str(DEFAULT_CARRY))
     r = sub.add_parser("run", help="start the cluster, run the two jobs, write the summary")
     r.add_argument("--sim", action="store_true", help="simulated GPU backend (no GPU needed)")
+    r.add_argument("--same-user", action="store_true",
+                   help="both jobs by one user, under the shipped collocation (MPS among one user's jobs)")
     r.add_argument("--carry", default=str(DEFAULT_CARRY), help="folder holding the packed chroot")
     r.add_argument("--out", help="summary folder (default $OUT)")
     r.add_argument("--limit-s", type=int, default=270, help="the run's time limit before collecting")
