@@ -54,7 +54,7 @@ def run(jobs: list[trace.JobSpec], policy: str, release: str, nodes: int, share_
     out.update(jct_mean_s=statistics.mean(jct) if jct else float("nan"),
                jct_p95_s=jct[int(0.95 * (len(jct) - 1))] if jct else float("nan"),
                wait_mean_s=statistics.mean(j.wait_s for j in done) if done else float("nan"),
-               done=len(done), jobs=len(sim.jobs), wall_s=wall)
+               done=len(done), jobs=len(sim.jobs), wall_s=wall, ooms=sum(j.ooms for j in sim.jobs.values()))
     return out
 
 
@@ -71,15 +71,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.trace}: {len(read.jobs):,} tasks with GPUs ({read.cpu_only:,} CPU-only and "
           f"{read.never_scheduled:,} never-scheduled tasks left out); nodes of {PER_NODE} x {GPU}\n")
     print("| GPUs | policy | allocation ratio | demand served | busy GPUs | fragmented (of free) | "
-          "fragmented (of all) | JCT mean s | JCT p95 s | wait mean s | completed | wall s |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "fragmented (of all) | JCT mean s | JCT p95 s | wait mean s | OOMs | completed | wall s |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for nodes in args.nodes:
         for policy, release, share_when in VARIANTS:
             r = run(read.jobs, policy, release, nodes, share_when)
             name = policy if policy == "exclusive" else f"live {release}" + (f", share {share_when}" if share_when else "")
             print(f"| {nodes * PER_NODE:,} | {name} | {r['allocation_ratio']:.3f} | {r['demand_served']:.3f} | "
                   f"{r['busy_gpus']:.3f} | {r['fragmented_of_free']:.3f} | {r['fragmented_of_all']:.3f} | "
-                  f"{r['jct_mean_s']:,.0f} | {r['jct_p95_s']:,.0f} | {r['wait_mean_s']:,.0f} | "
+                  f"{r['jct_mean_s']:,.0f} | {r['jct_p95_s']:,.0f} | {r['wait_mean_s']:,.0f} | {r['ooms']:,} | "
                   f"{r['done']:,}/{r['jobs']:,} | {r['wall_s']:.1f} |", flush=True)
     return 0
 
