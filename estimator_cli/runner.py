@@ -36,12 +36,12 @@ def _script_frames(exc: BaseException) -> list[traceback.FrameSummary]:
             if not os.path.abspath(f.filename).startswith(hidden) and not f.filename.startswith("<frozen")]
 
 
-def _where(exc: BaseException, script: str) -> str:
-    """``file:line`` of the failing line in the script itself (else the innermost frame shown): the one place
-    a researcher looks first for a wrong path or an unsupported call."""
+def _where(exc: BaseException, script: str, own_only: bool = False) -> str:
+    """``file:line`` of the failing line in the script itself (else, unless ``own_only``, the innermost frame
+    shown): the one place a researcher looks first for a wrong path or an unsupported call."""
     frames = _script_frames(exc)
     own = [f for f in frames if os.path.abspath(f.filename) == os.path.abspath(script)]
-    chosen = own or frames
+    chosen = own or ([] if own_only else frames)
     return f"{chosen[-1].filename}:{chosen[-1].lineno}" if chosen else ""
 
 
@@ -68,7 +68,10 @@ def _error(exc: BaseException, script: str = "") -> dict[str, Any]:
     cause = first_cause(exc)
     error = {"type": type(cause).__name__, "message": str(cause)[:2000], "traceback": _traceback_tail(cause)}
     if script:  # the first cause's traceback may hold only the frames below its handler
-        error["where"] = _where(cause, script) or _where(exc, script)
+        # the script's own line first, from whichever exception of the chain still has it (a library that
+        # re-raises, as transformers does for a model path that does not exist, cuts it from the first)
+        error["where"] = _where(cause, script, own_only=True) or _where(exc, script, own_only=True) \
+            or _where(cause, script) or _where(exc, script)
     if cause is not exc:
         error["then"] = f"{type(exc).__name__}: {str(exc)[:500]}"
         error["traceback"] += f"\n(while handling it, then: {type(exc).__name__}: {str(exc)[:300]})"

@@ -206,3 +206,16 @@ def test_threads_leave_the_inherited_modes_cleanly():
     finally:
         threading.excepthook = saved_hook
     assert Count.calls >= 2 and not failures, failures
+
+
+def test_missing_pretrained_folder_names_the_script_line(capsys, tmp_path):
+    """transformers re-raises a missing model folder from inside its handler: the line is still the script's."""
+    pytest.importorskip("transformers")
+    code, _, err = estimate(capsys, tmp_path, """
+        import torch
+        from transformers import AutoModelForCausalLM
+        model = AutoModelForCausalLM.from_pretrained("/nonexistent/llama-7b", dtype=torch.bfloat16)
+    """, "--mode", "fake")
+    assert code == EXIT_SCRIPT
+    first = err.splitlines()[0]
+    assert "train.py:4" in first and "/nonexistent/llama-7b" in first
