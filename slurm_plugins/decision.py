@@ -23,7 +23,6 @@ from gpushare.slurm import record as record_format
 from gpushare.slurm.gres_request import GresItem, format_gres, parse_gres
 from gpushare.estimate.script_discovery import NotFound, describe, find_training_command
 
-RECORD_PREFIX = record_format.PREFIX
 RECORD_VERSION = record_format.VERSION
 parse_record = record_format.parse
 

@@ -1,6 +1,7 @@
 """The asynchronous-estimation driver: reads Slurm, runs :func:`estimation_plan.plan`, applies its actions.
 
-Runs as a thread of ``gpushare-submitd`` (``[policy] without_estimate = "async"``), never inside slurmctld:
+Runs in a process of its own that ``gpushare-submitd`` supervises (slurm_plugins/estimation_process.py;
+``[policy] without_estimate = "async"``), never inside slurmctld:
 job_submit only marks and holds the job. Security, since this runs as root:
 
 - the user's code runs only inside the estimation job, which root submits with ``sbatch --uid --gid`` of
@@ -380,11 +381,3 @@ def _interpreter_of(document: Any) -> str | None:
         return None
     versions = [v if isinstance(v, str) and _VERSION_RE.match(v) else "?" for v in (version, torch)]
     return f"{path} (Python {versions[0]}, PyTorch {versions[1]})"
-
-
-def start_thread(cfg: Config, stop: threading.Event) -> tuple[EstimationService, threading.Thread]:
-    """Start the service beside the submit server (daemon thread: it dies with the process)."""
-    service = EstimationService(cfg)
-    thread = threading.Thread(target=service.run, args=(stop,), name="gpushare-estimationd", daemon=True)
-    thread.start()
-    return service, thread
