@@ -1,8 +1,16 @@
 /* A stand-in libcuda.so.1 for the hard cap tests: its device memory is a shared file of FAKE_CUDA_TOTAL
- * bytes (FAKE_CUDA_MEM), so every process of a test sees the same device and the fake itself runs out. */
+ * bytes (FAKE_CUDA_MEM), so every process of a test sees the same device and the fake itself runs out.
+ *
+ * FAKE_CUDA_SIM_MIRROR (a command, run by /bin/sh): what each process holds is also shown on the simulated
+ * GPUs the node agent samples, as a real driver shows it to NVML. On its first allocation a process starts
+ * that command once with two arguments, its pid and a file "<FAKE_CUDA_MEM>.<pid>" holding its usage (one
+ * int64, mapped shared and updated on every allocation and free); the command's standard input is a pipe
+ * from the process, so it sees end-of-file when the process ends, killed or not (tests/hardcap/sim_mirror.py).
+ * The allocation path never waits on it. */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +23,38 @@ static struct devmem *mem;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static struct { unsigned long long p; long long n; } live[4096];
 static unsigned long long next_ptr;
+static int64_t *mine;      /* this process's usage, in its mirror file */
+static pid_t mirror_owner; /* the process that started the mirror (a forked child starts its own) */
+
+static void mirror(int64_t delta) {
+    const char *cmd = getenv("FAKE_CUDA_SIM_MIRROR");
+    if (!cmd || !*cmd) return;
+    pid_t me = getpid();
+    if (mirror_owner != me) {
+        int64_t held = mine ? *mine : 0;
+        const char *base = getenv("FAKE_CUDA_MEM");
+        char path[4096], pid[24];
+        snprintf(path, sizeof path, "%s.%d", base ? base : "/tmp/fake-cuda", (int)me);
+        snprintf(pid, sizeof pid, "%d", (int)me);
+        int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644), p[2];
+        if (fd < 0 || ftruncate(fd, sizeof *mine)) { if (fd >= 0) close(fd); return; }
+        int64_t *m = mmap(NULL, sizeof *mine, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        close(fd);
+        if (m == MAP_FAILED || pipe2(p, O_CLOEXEC)) return;
+        *m = held;
+        pid_t child = fork();
+        if (child == 0) {
+            dup2(p[0], 0);
+            execl("/bin/sh", "sh", "-c", "eval exec \"$FAKE_CUDA_SIM_MIRROR\" '\"$0\"' '\"$1\"'", pid, path, (char *)NULL);
+            _exit(127);
+        }
+        close(p[0]);
+        if (child < 0) { close(p[1]); munmap(m, sizeof *mine); return; }
+        mine = m;  /* p[1] stays open, unused, until this process ends: then the mirror sees end-of-file */
+        mirror_owner = me;
+    }
+    __atomic_fetch_add(mine, delta, __ATOMIC_SEQ_CST);
+}
 
 static struct devmem *device(void) {
     if (mem) return mem;
@@ -47,6 +87,7 @@ static CUresult fake_alloc(unsigned long long *dptr, size_t n) {
     next_ptr += (n + 0xfff) & ~0xfffULL;
     if (next_ptr == *dptr) next_ptr += 0x1000;
     for (int i = 0; i < 4096; i++) if (!live[i].p) { live[i].p = *dptr; live[i].n = n; break; }
+    mirror((int64_t)n);
     pthread_mutex_unlock(&mu);
     return 0;
 }
@@ -63,6 +104,7 @@ static CUresult fake_free(unsigned long long p) {
     pthread_mutex_lock(&mu);
     for (int i = 0; i < 4096; i++) if (live[i].p == p) {
         __atomic_fetch_sub(&mem->used, live[i].n, __ATOMIC_SEQ_CST);
+        mirror(-live[i].n);
         live[i].p = 0; pthread_mutex_unlock(&mu); return 0;
     }
     pthread_mutex_unlock(&mu);

@@ -1,11 +1,13 @@
-"""The hard cap under real Slurm: Prolog → TaskProlog → shim → Epilog, on a test cluster whose jobs live in
-cgroups (proctrack/cgroup over cgroup/v1: the test machines mount the v1 hierarchies, and Slurm's cgroup/v2
-plugin refuses such a hybrid host; docs/isolation.md). ``[agent] hardcap = "auto"``: the driver backend is
-unavailable here (no cgroup v2), said once, and the shim applies. The jobs run a C program linked against
-the fake driver (tests/hardcap/fake_cuda.c, device memory in a shared file of the A100's size) and a Python
-ctypes one; each gets CUDA_ERROR_OUT_OF_MEMORY at its share while its neighbour on the same GPU takes its
-own; NVML inside the job (fake_nvml.c) reports the job's slice; the Epilog removes each job's hard cap
-folder. The agent is not started: the Prolog registers the jobs itself (fraction caps)."""
+"""The hard cap under real Slurm: Prolog → TaskProlog → shim → Epilog, with the node agent sampling the same
+device, on a test cluster whose jobs live in cgroups (proctrack/cgroup over cgroup/v1: the test machines mount
+the v1 hierarchies, and Slurm's cgroup/v2 plugin refuses such a hybrid host; docs/isolation.md).
+``[agent] hardcap = "auto"``: the driver backend is unavailable here (no cgroup v2), said once, and the shim
+applies. The jobs run a C program linked against the fake driver (tests/hardcap/fake_cuda.c, device memory in
+a shared file of the A100's size) and a Python ctypes one; each gets CUDA_ERROR_OUT_OF_MEMORY at its share while
+its neighbour on the same GPU takes its own; NVML inside the job (fake_nvml.c) reports the job's slice; the
+Epilog removes each job's hard cap folder. The fake driver mirrors each process's usage into the simulated GPU
+(tests/hardcap/sim_mirror.py) that the running agent samples: the agent tracks every job at its real peak and
+its backstop stays silent, since the shim already held each job inside its share."""
 from __future__ import annotations
 
 import os
@@ -20,7 +22,9 @@ from pathlib import Path
 import pytest
 
 from devcluster.local_cluster import LocalCluster, missing_requirements
+from gpushare.agent.api import AgentUnavailable, call
 from gpushare.atomic import write_text_atomic
+from gpushare.epilog.records import RecordLedger
 from gpushare.gres.sim_backend import SimBackend
 from gpushare.prolog.hardcap import CONTEXT_BYTES, HARDCAP_DIR, UNAVAILABLE_NOTE
 
@@ -30,6 +34,8 @@ MiB = 1 << 20
 A100 = 40960 * MiB
 # its own cgroup hierarchy (slurm_<node>) per run: a job of an earlier cluster with the same id may linger there
 NODE = f"hc{os.getpid()}"
+BIN_DIR = os.path.dirname(sys.executable)
+SILENT = ("backstop_stops", "backstop_records", "unattributed_stops", "unattributed_records", "oom_avoided")
 
 
 class CgroupCluster(LocalCluster):
@@ -42,6 +48,37 @@ class CgroupCluster(LocalCluster):
     def write_files(self) -> None:
         super().write_files()
         write_text_atomic(self.base / "etc" / "cgroup.conf", "CgroupPlugin=cgroup/v1\n")
+
+    agent_proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def agent_socket(self) -> Path:
+        return self.base / "run-agent" / "agent" / "agent.sock"
+
+    def agent_answers(self) -> bool:
+        try:
+            return bool(call(self.agent_socket, {"op": "ping"}, timeout_s=1.0).get("ok"))
+        except AgentUnavailable:
+            return False
+
+    def start_agent(self) -> None:
+        """The node agent as a daemon beside slurmd (in its chroot for newer Slurm), as tests/agent starts it."""
+        with open(self.base / "log" / "agent.out", "ab") as log:
+            self.agent_proc = subprocess.Popen(
+                self.argv([f"{BIN_DIR}/gpushare-agent", "--node", NODE, "--log-level", "DEBUG"]), env=self.env,
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self._wait(self.agent_answers, 15, "gpushare-agent did not answer")
+
+    def stop(self) -> None:
+        if self.agent_proc is not None:
+            self.agent_proc.terminate()
+            try:
+                self.agent_proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.agent_proc.kill()
+                self.agent_proc.wait(5)
+            self.agent_proc = None
+        super().stop()
 
 
 @pytest.fixture(scope="module")
@@ -65,13 +102,14 @@ def cluster() -> Iterator[CgroupCluster]:
         subprocess.run(cc + cmd, check=True, capture_output=True)
     toml = (f'[agent]\nstate_dir = "{base}/agent-state"\nrecords_dir = "{base}/records"\nrun_dir = "{base}/run-agent"\n'
             f'device_backend = "sim:{base}/sim.json"\nlog_file = "{base}/log/agent.log"\nmetrics_port = 0\n'
-            f'hardcap = "auto"\nhardcap_library = "{bin_dir}/libgpushare-hardcap.so"\nadmin_comment = "no"\n')
+            f'hardcap = "auto"\nhardcap_library = "{bin_dir}/libgpushare-hardcap.so"\nadmin_comment = "no"\n'
+            'collocation = "fraction"\nsample_period_s = 0.25\nwindow_samples = 4\nflush_every_s = 1.0\n')
     SimBackend.from_scenario({"version": 1, "gpus": [{"model": "a100-40gb"}]}, base / "sim.json")
-    (base / "agent-state").mkdir()  # deployed, agent down: the Prolog registers jobs itself
     made = CgroupCluster(base, node_names=(NODE,), gpus_per_node=1, bin_dir=os.path.dirname(sys.executable),
                          toml_extra=toml)
     started = time.monotonic()
     made.start()
+    made.start_agent()
     print(f"cluster up in {time.monotonic() - started:.1f} s")
     yield made
     made.stop()
@@ -89,7 +127,8 @@ def submit(cluster: CgroupCluster, name: str, command: str, mem: str = "4.5G") -
     text = (f"#!/bin/sh\n#GPUSHARE mem={mem}\n"
             f"echo limit $GPUSHARE_MEM_LIMIT_MIB preload $LD_PRELOAD\n"
             f"export FAKE_CUDA_MEM={base}/devmem FAKE_CUDA_TOTAL={A100} LD_LIBRARY_PATH={base}/hardcap-bin/driver "
-            f"FAKE_NVML_UUID={SimBackend.open(base / 'sim.json').gpu(0).uuid}\n"
+            f"FAKE_NVML_UUID={SimBackend.open(base / 'sim.json').gpu(0).uuid} "
+            f"FAKE_CUDA_SIM_MIRROR=\"'{sys.executable}' '{HERE}/sim_mirror.py' {base}/sim.json $SLURM_JOB_GPUS\"\n"
             f"{command}\n")
     job, _ = cluster.client.sbatch("-D", str(base), "-o", f"{base}/{name}-%j.out", "--gres=gpu:1",
                                    f"--export=ALL,GPUSHARE_CONFIG={cluster.gpushare_conf}", script=text)
@@ -105,6 +144,7 @@ def test_c_and_ctypes_jobs_stop_at_their_share_beside_a_neighbour(cluster: Cgrou
     started = time.monotonic()
     # the reason is said once per node until it changes: forget an earlier run's
     subprocess.run(cluster.argv(["rm", "-f", f"{HARDCAP_DIR}/{UNAVAILABLE_NOTE}"]), env=cluster.env, check=True)
+    guard_before = call(cluster.agent_socket, {"op": "status"})["guard"]
     alloc = f"{cluster.base}/hardcap-bin/alloc"
     ctypes_job = (f"'{sys.executable}' -c \"import ctypes\n"
                   "cu = ctypes.CDLL('libcuda.so.1'); got = 0\n"
@@ -112,10 +152,11 @@ def test_c_and_ctypes_jobs_stop_at_their_share_beside_a_neighbour(cluster: Cgrou
                   "    got += 1 << 20\n"
                   "nv = ctypes.CDLL('libnvidia-ml.so.1'); h = ctypes.c_void_p(); m = (ctypes.c_ulonglong * 3)()\n"
                   "nv.nvmlInit_v2(); nv.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(h))\n"
-                  "print('ctypes', got, 'nvml', nv.nvmlDeviceGetMemoryInfo(h, m), 'nvml_total', m[0], 'nvml_used', m[2])\n\"")
+                  "print('ctypes', got, 'nvml', nv.nvmlDeviceGetMemoryInfo(h, m), 'nvml_total', m[0], 'nvml_used', m[2])\n"
+                  "import time; time.sleep(4)\n\"")  # holds its memory for the agent's samples
     jobs = {"c": submit(cluster, "c", f"{alloc} linked {MiB} 100000 6"),  # holds its memory 6 s
             "py": submit(cluster, "py", ctypes_job),
-            "neighbour": submit(cluster, "neighbour", f"sleep 2; {alloc} linked {MiB} 2000", mem="3G")}
+            "neighbour": submit(cluster, "neighbour", f"sleep 2; {alloc} linked {MiB} 2000 4", mem="3G")}
     out = {}
     for name, job in jobs.items():
         log = cluster.base / f"{name}-{job}.out"
@@ -139,4 +180,17 @@ def test_c_and_ctypes_jobs_stop_at_their_share_beside_a_neighbour(cluster: Cgrou
     for job in jobs.values():  # the Epilog removed each job's folder (where the cluster's jobs see /run)
         gone = subprocess.run(cluster.argv(["test", "-e", f"{HARDCAP_DIR}/job_{job}"]), env=cluster.env)
         assert gone.returncode == 1, f"{HARDCAP_DIR}/job_{job} left behind"
+    # the agent sampled each job's usage on the simulated GPU the fake driver mirrors into: its records show
+    # each job's real peak (all of its share but the shim's context charge; the neighbour's 2000 MiB) ...
+    ledger = RecordLedger(str(cluster.base / "records"))
+    cluster._wait(lambda: all(ledger.get(str(job)) for job in jobs.values()), 30, "the agent wrote no record")
+    peaks = {name: ledger.get(str(job))[0]["gpus"]["0"]["peak_bytes"] for name, job in jobs.items()}
+    limits = {name: int(words(out[name])["limit"]) * MiB for name in jobs}
+    assert peaks["c"] == peaks["py"] == limits["c"] - CONTEXT_BYTES, (peaks, limits)
+    assert peaks["neighbour"] == 2000 * MiB, peaks
+    # ... and its backstop stayed silent: no job was over its cap, nothing was stopped or recorded
+    assert [ledger.get(str(job))[0].get("oom") for job in jobs.values()] == [None] * 3
+    guard = call(cluster.agent_socket, {"op": "status"})["guard"]
+    assert {k: guard[k] for k in SILENT} == {k: guard_before[k] for k in SILENT}, guard
+    assert "agent-backstop" not in (cluster.base / "log" / "agent.out").read_text()
     print(f"three jobs in {time.monotonic() - started:.1f} s")
