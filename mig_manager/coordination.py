@@ -41,7 +41,7 @@ from gpushare.gres.gres_conf import gres_conf_lines, node_gres
 from gpushare.mig_manager.demand import Want, held_profiles, mark_busy, pending_wants, target_for
 from gpushare.mig_manager.device_ops import node_gpus_by_placement, read_layout
 from gpushare.policy.fsm import MigSpace
-from gpushare.mig_manager.gres_files import GresFileError, rewrite_node_gres
+from gpushare.mig_manager.gres_files import GresFileError, rewrite_site_node_gres
 from gpushare.mig_manager.journal import JournalError, JournalStore
 from gpushare.policy.layout import format_layout, parse_layout
 from gpushare.mig_manager.node_record import (RecordError, Report, Target, parse_report, parse_target,
@@ -192,8 +192,9 @@ def controller_pass(cfg: Config, client: SlurmClient, slurm_conf: Path, gres_con
     """One pass of the controller side; returns what it did, one line each (also logged).
 
     1. Files: for every node whose report is ``files`` and not yet acknowledged, write its lines and
-       ``Gres=`` into ``gres_conf``/``slurm_conf`` (gpushare.mig_manager.gres_files, only that node's
-       lines), make Slurm read them once for all such nodes, then acknowledge each in its ``Extra``.
+       ``Gres=`` into our include files beside ``gres_conf``/``slurm_conf`` (``[mig] gres_include`` and
+       ``slurm_include``, gpushare.mig_manager.gres_files, only that node's lines; the site's files are
+       read only), make Slurm read them once for all such nodes, then acknowledge each in its ``Extra``.
        A pass killed between the write and the acknowledgement writes (no change) and reloads again.
     2. Demand: the pending MIG wants (gpushare.mig_manager.demand, ``[mig]`` partitions, age and per-user
        bounds) are offered node by node, in name order, to nodes that are idle in this protocol (last
@@ -218,7 +219,8 @@ def controller_pass(cfg: Config, client: SlurmClient, slurm_conf: Path, gres_con
             if report.state != "files" or (target is not None and target.written == report.files):
                 continue
             try:
-                changed = rewrite_node_gres(slurm_conf, gres_conf, name, report.node_lines(name), report.gres)
+                changed = rewrite_site_node_gres(slurm_conf, gres_conf, name, report.node_lines(name), report.gres,
+                                                 cfg.mig.slurm_include, cfg.mig.gres_include)
             except GresFileError as exc:  # this node's lines cannot be edited alone: say so, go on with others
                 notes.append(f"{name}: {exc}")
                 continue

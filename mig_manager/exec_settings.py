@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Outcome = Literal["applied", "already", "rolled_back", "busy", "rate_limited", "nothing"]
+Outcome = Literal["applied", "already", "rolled_back", "busy", "rate_limited", "nothing", "proposed"]
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,7 @@ class ExecSettings:
     cap_device_major: int = 0  # >0: create missing nvidia-cap devices with this major (simulated nodes)
     shards: bool = True  # shard lines for GPUs not in MIG mode
     reason_prefix: str = "gpushare-mig"
+    mode: str = "enforce"  # [policy] mode: observe proposes a reshape (recorded) and applies none; off: nothing
 
 
 @dataclass(frozen=True)

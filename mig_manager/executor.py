@@ -13,6 +13,11 @@ at a time (``gpushare.mig_manager.journal.STEPS``):
   verified      slurmctld reports the new GPU counts and the node is not INVAL
   resumed       the node resumed — only if it still carries our own drain Reason
 
+Under ``[policy] mode = "observe"`` a new run stops after planning: the reshape it would make (layouts, ops,
+the include files it would write, the restart or reconfigure) is logged and written to
+``<journal_dir>/<node>.proposal.json``, and no device, drain, file or daemon is touched; ``off`` plans nothing.
+Reconciling a run begun before the switch still finishes or rolls it back (a half-done reshape is worse).
+
 Assert, then apply (docs/style.md #4): a target already in place with Slurm agreeing returns at once, and every
 step checks before acting, so a rerun is harmless. ``reconcile`` converges after a kill anywhere: a run
 that changed no device yet is rolled back (resume, done); one that did is finished, and if an instance it
@@ -23,12 +28,14 @@ A busy instance is never destroyed; the driver's IN_USE is the last line of defe
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
 from collections import Counter
 from typing import Callable
 
+from gpushare.atomic import write_text_atomic
 from gpushare.gpus import BUILTIN_GPUS
 from gpushare.gres.device import GpuBackend
 from gpushare.gres.errors import GpuError
@@ -101,6 +108,8 @@ class Executor:
             return Result("rate_limited", f"{journal.recent(now)} reshapes of {self.node} in the last hour "
                           f"(max {self.settings.max_per_hour}, [mig] max_reconfigurations_per_hour)")
         run_id = run_id or uuid.uuid4().hex[:8]
+        if self.settings.mode != "enforce":
+            return self._propose(run_id, current, target, ops, now)
         journal = Journal(node=self.node, run_id=run_id, phase="running", step="planned",
                           before={str(g): format_layout(v) for g, v in current.items()},
                           target={str(g): format_layout(v) for g, v in target.items()}, ops=ops,
@@ -109,6 +118,27 @@ class Executor:
         journal.note(now, "planned: " + "; ".join(op.text() for op in ops))
         self._save(journal, "planned")
         return self._forward(journal)
+
+    def _propose(self, run_id: str, current: Layout, target: Layout, ops: list, now: float) -> Result:
+        """Observe (or off): record the reshape this run would make and make none of it."""
+        if self.settings.mode == "off":
+            return Result("nothing", "[policy] mode = off: no reshape planned")
+        files = getattr(self.slurm, "includes", None)
+        restart = "scontrol reconfigure" if getattr(getattr(getattr(self.slurm, "client", None), "version", None),
+                                                    "reconfigure_applies_gres", False) else "restart_commands"
+        proposal = {"node": self.node, "run": run_id, "at": now, "mode": self.settings.mode,
+                    "before": {str(g): format_layout(v) for g, v in current.items()},
+                    "target": {str(g): format_layout(v) for g, v in target.items()},
+                    "ops": [op.text() for op in ops], "drain": self.settings.drain,
+                    "would_write": list(files) if files else "the node's report (controller coordination)",
+                    "would_apply_by": restart}
+        path = self.store.directory / f"{self.node}.proposal.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(path, json.dumps(proposal, sort_keys=True) + "\n")
+        text = (f"would reshape {self.node} ({run_id}): " + "; ".join(op.text() for op in ops)
+                if ops else f"would rewrite {self.node}'s GRES ({run_id}): Slurm disagrees with the layout")
+        log.info("[policy] mode = observe: %s (recorded in %s)", text, path)
+        return Result("proposed", f"{text} (observe; recorded in {path})")
 
     def _reconcile(self) -> Result:
         journal = self.store.load(self.node)

@@ -1,9 +1,16 @@
-"""Rewriting one node's GRES in gres.conf and slurm.conf, and the nvidia-cap device files MIG needs.
+"""Rewriting one node's GRES in gpushare's own slurm.conf and gres.conf include files, and the nvidia-cap devices.
 
-Why text surgery rather than regenerating the files: both files hold the whole cluster (other nodes,
-partitions, site settings) and are owned by the admin; a repartition must change exactly this node's
-``NodeName=<node> …`` gres.conf lines and the ``Gres=`` of its slurm.conf ``NodeName=`` line, and keep
-every other byte. The rules are strict so a surprise is an error, not a silent half-edit:
+Why files of our own: the site's slurm.conf and gres.conf belong to its configuration management, which
+would undo (or fight) any edit of ours. The site includes our two files once (``Include
+/etc/slurm/gpushare-mig.conf`` in slurm.conf, ``Include /etc/slurm/gpushare-mig-gres.conf`` in gres.conf;
+Slurm's parser reads ``Include`` in both files on 22.05, 24.11 and 26.05, checked by tests/mig_exec) and moves
+the ``NodeName=`` line of each MIG node into the first; the executor writes only those two files and
+refuses (:func:`check_site_files`) while the site's files lack the Include or still hold that node's lines.
+
+Why text surgery rather than regenerating them: the include may hold several nodes (and an admin's
+comments); a repartition must change exactly this node's ``NodeName=<node> …`` gres.conf lines and the
+``Gres=`` of its slurm.conf ``NodeName=`` line, and keep every other byte. The rules are strict so a
+surprise is an error, not a silent half-edit:
 
 - gres.conf: every line whose first token is ``NodeName=<node>`` (exactly this node) is replaced by the
   new lines, placed where the first old one was (else at the end). Lines for other nodes, hostlists
@@ -82,9 +89,44 @@ def replace_node_gres(text: str, node: str, gres: str) -> str:
                 line = f"{line.rstrip()} Gres={gres}"
         out.append(line)
     if not found:
-        raise GresFileError(f"slurm.conf has no line of its own for node {node} (NodeName={node} ...); "
-                            "split it out of its hostlist so its Gres= can change alone")
+        raise GresFileError(f"no line of its own for node {node} (NodeName={node} ...); give it one in "
+                            "[mig] slurm_include, out of any hostlist, so its Gres= can change alone")
     return "\n".join(out) + "\n"
+
+
+def _includes(site: Path) -> list[Path]:
+    """The paths ``site`` names in ``Include`` lines (relative ones from its folder), unexpanded."""
+    out = []
+    for raw in site.read_text(encoding="utf-8").splitlines():
+        parts = raw.split("#", 1)[0].split(None, 1)
+        if len(parts) == 2 and parts[0].lower() == "include":
+            out.append(site.parent / parts[1].strip())
+    return out
+
+
+def check_site_files(site_slurm: Path, site_gres: Path, own_slurm: Path, own_gres: Path, node: str) -> None:
+    """Refuse (one line naming the fix) unless the site's files include ours and leave ``node`` to them.
+
+    Read only: the site's files are never written. A glob Include that matches our file counts."""
+    import fnmatch
+
+    for site, own in ((site_slurm, own_slurm), (site_gres, own_gres)):
+        if not site.exists():
+            raise GresFileError(f"{site}: missing; the MIG executor needs it to include {own}")
+        if not any(str(inc) == str(own) or fnmatch.fnmatch(str(own), str(inc)) for inc in _includes(site)):
+            raise GresFileError(f"{site} has no line 'Include {own}'; add it once (docs/mig.md, \"Slurm setup\"): "
+                                f"gpushare writes {node}'s GRES only into {own}")
+    for raw in site_slurm.read_text(encoding="utf-8").splitlines():
+        if _node_of(raw.split("#", 1)[0].strip()) == node:
+            raise GresFileError(f"{site_slurm} still defines NodeName={node}; move that line into {own_slurm}, "
+                                "whose Gres= the MIG executor keeps up to date")
+    for raw in site_gres.read_text(encoding="utf-8").splitlines():
+        line = raw.split("#", 1)[0].strip()
+        owner = _node_of(line)
+        if line and re.search(r"(?i)\bname=gpu\b", line) and (owner == node or owner is None or "[" in owner
+                                                              or "," in owner):
+            raise GresFileError(f"{site_gres} line {line!r} may also apply to {node}; leave {node}'s gres.conf "
+                                f"lines to {own_gres}")
 
 
 @contextlib.contextmanager
@@ -103,6 +145,23 @@ def conf_lock(slurm_conf: Path, timeout_s: float = 120.0) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+def own_files(site_slurm: Path, site_gres: Path, slurm_include: str = "gpushare-mig.conf",
+              gres_include: str = "gpushare-mig-gres.conf") -> tuple[Path, Path]:
+    """Our two include files (``[mig] slurm_include``/``gres_include``; relative: beside the site's file)."""
+    return site_slurm.parent / slurm_include, site_gres.parent / gres_include
+
+
+def rewrite_site_node_gres(site_slurm: Path, site_gres: Path, node: str, lines: list[str], gres: str,
+                           slurm_include: str = "gpushare-mig.conf",
+                           gres_include: str = "gpushare-mig-gres.conf") -> bool:
+    """:func:`rewrite_node_gres` on our include files, after :func:`check_site_files` (the site's files read only)."""
+    own_slurm, own_gres = own_files(site_slurm, site_gres, slurm_include, gres_include)
+    check_site_files(site_slurm, site_gres, own_slurm, own_gres, node)
+    if not own_slurm.exists():
+        raise GresFileError(f"{own_slurm}: missing; move NodeName={node}'s line from slurm.conf into it")
+    return rewrite_node_gres(own_slurm, own_gres, node, lines, gres)
 
 
 def rewrite_node_gres(slurm_conf: Path, gres_conf: Path, node: str, lines: list[str], gres: str) -> bool:

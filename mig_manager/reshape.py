@@ -40,7 +40,7 @@ def settings(cfg: Config) -> ExecSettings:
     return ExecSettings(drain=mig.drain, wait=mig.wait, wait_timeout_s=mig.wait_timeout_s,
                         verify_timeout_s=mig.verify_timeout_s, poll_s=mig.poll_s,
                         max_per_hour=mig.max_reconfigurations_per_hour, dev_dir=mig.device_dir,
-                        cap_device_major=mig.cap_device_major)
+                        cap_device_major=mig.cap_device_major, mode=cfg.policy.mode)
 
 
 def slurm_paths(cfg: Config) -> tuple[Path, Path]:
@@ -68,9 +68,10 @@ def build_executor(cfg: Config, node: str, backend: GpuBackend | None = None,
     elif slurm is None:
         conf, gres = slurm_paths(cfg)
         client = client or SlurmClient(conf, cfg.slurm.bin_dir or None)
-        slurm = (SlurmNodeActions(client, conf, gres, restart, cfg.mig.reconfigure) if restart is not None else
-                 SlurmNodeActions.with_commands(client, conf, gres, list(cfg.mig.restart_commands),
-                                                cfg.mig.reconfigure))
+        includes = (cfg.mig.slurm_include, cfg.mig.gres_include)
+        slurm = (SlurmNodeActions(client, conf, gres, restart, cfg.mig.reconfigure, includes) if restart is not None
+                 else SlurmNodeActions.with_commands(client, conf, gres, list(cfg.mig.restart_commands),
+                                                     cfg.mig.reconfigure, includes))
     return Executor(node, backend, slurm, store, settings(cfg), hook=hook)
 
 

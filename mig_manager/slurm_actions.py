@@ -32,7 +32,7 @@ from pathlib import Path
 from collections.abc import Iterable
 from typing import Callable, Protocol
 
-from gpushare.mig_manager.gres_files import rewrite_node_gres
+from gpushare.mig_manager.gres_files import rewrite_site_node_gres
 from gpushare.slurm.client import SlurmClient, SlurmError, parse_scontrol_record
 from gpushare.slurm.jobs import Job
 
@@ -175,23 +175,29 @@ class SlurmNodeActions(SlurmNodeQueries):
     ``restart`` is a callable (tests restart their own daemons); :meth:`with_commands` builds one from the
     ``[mig]`` restart commands, run in that order (slurmctld first, then slurmd, as measured above).
     ``try_reconfigure`` is ``[mig] reconfigure``: False keeps the restart path on every release.
+    ``slurm_conf``/``gres_conf`` are the site's files, only read; the writes go to ``includes`` (``[mig]
+    slurm_include``/``gres_include``), which they must Include (gpushare.mig_manager.gres_files).
     """
 
     def __init__(self, client: SlurmClient, slurm_conf: Path, gres_conf: Path,
-                 restart: Callable[[str], None], try_reconfigure: bool = True) -> None:
+                 restart: Callable[[str], None], try_reconfigure: bool = True,
+                 includes: tuple[str, str] = ("gpushare-mig.conf", "gpushare-mig-gres.conf")) -> None:
         super().__init__(client)
         self.slurm_conf = Path(slurm_conf)
         self.gres_conf = Path(gres_conf)
         self._restart = restart
         self.try_reconfigure = try_reconfigure
+        self.includes = includes
 
     @classmethod
     def with_commands(cls, client: SlurmClient, slurm_conf: Path, gres_conf: Path,
-                      commands: list[str], try_reconfigure: bool = True) -> "SlurmNodeActions":
-        return cls(client, slurm_conf, gres_conf, command_runner(commands), try_reconfigure)
+                      commands: list[str], try_reconfigure: bool = True,
+                      includes: tuple[str, str] = ("gpushare-mig.conf", "gpushare-mig-gres.conf")
+                      ) -> "SlurmNodeActions":
+        return cls(client, slurm_conf, gres_conf, command_runner(commands), try_reconfigure, includes)
 
     def write_gres(self, node: str, lines: list[str], gres: str) -> bool:
-        return rewrite_node_gres(self.slurm_conf, self.gres_conf, node, lines, gres)
+        return rewrite_site_node_gres(self.slurm_conf, self.gres_conf, node, lines, gres, *self.includes)
 
     def reconfigure(self) -> bool:
         """``scontrol reconfigure`` where this release applies a GRES change that way (24.11+); False (and

@@ -144,8 +144,12 @@ def _cfgs(tmp_path: Path, node: str) -> tuple:
               "demand_min_age_s": 0}
     node_cfg = parse_config({"mig": {**common, "journal_dir": str(tmp_path / f"journal-{node}"),
                                      "gres_conf": str(tmp_path / "no-such-dir" / "gres.conf")}})
+    # the controller's files: the site's (site/slurm.conf, site/gres.conf) include gpushare's own, here
+    # tmp_path/slurm.conf and tmp_path/gres.conf, the only two it writes
     ctl_cfg = parse_config({"mig": {**common, "journal_dir": str(tmp_path / "controller"),
-                                    "gres_conf": str(tmp_path / "gres.conf")}})
+                                    "gres_conf": str(tmp_path / "site" / "gres.conf"),
+                                    "slurm_include": str(tmp_path / "slurm.conf"),
+                                    "gres_include": str(tmp_path / "gres.conf")}})
     return node_cfg, ctl_cfg
 
 
@@ -168,6 +172,9 @@ def _setup(tmp_path: Path, release: str = "24.11.5") -> tuple:
     (tmp_path / "gres.conf").write_text(
         "NodeName=a1 Name=gpu Type=7g.40gb MultipleFiles=/dev/nvidia0,/dev/nvidia-caps/nvidia-cap3\n"
         "NodeName=b1 Name=gpu Type=7g.40gb MultipleFiles=/dev/nvidia0,/dev/nvidia-caps/nvidia-cap3\n")
+    (tmp_path / "site").mkdir(exist_ok=True)
+    (tmp_path / "site" / "slurm.conf").write_text(f"ClusterName=x\nInclude {conf}\n")
+    (tmp_path / "site" / "gres.conf").write_text(f"Include {tmp_path / 'gres.conf'}\n")
     slurm = FakeScontrol(conf, ("a1", "b1"), release)
     _, ctl_cfg = _cfgs(tmp_path, "ctl")
     restarts: list[str] = []
@@ -177,7 +184,8 @@ def _setup(tmp_path: Path, release: str = "24.11.5") -> tuple:
         slurm.run("scontrol", "reconfigure")
 
     def control() -> list[str]:
-        return controller_pass(ctl_cfg, slurm, conf, tmp_path / "gres.conf", restart_ctld)  # type: ignore[arg-type]
+        return controller_pass(ctl_cfg, slurm, tmp_path / "site" / "slurm.conf", tmp_path / "site" / "gres.conf",
+                               restart_ctld)  # type: ignore[arg-type]
     return slurm, control, restarts
 
 
@@ -318,7 +326,8 @@ def test_a_controller_pass_killed_before_its_acknowledgement_reloads_again_next_
     def dies() -> None:
         raise SlurmError("systemctl restart slurmctld: exit 1")
     with pytest.raises(SlurmError):
-        controller_pass(ctl_cfg, slurm, tmp_path / "slurm.conf", tmp_path / "gres.conf", dies)  # type: ignore[arg-type]
+        controller_pass(ctl_cfg, slurm, tmp_path / "site" / "slurm.conf", tmp_path / "site" / "gres.conf",
+                        dies)  # type: ignore[arg-type]
     assert "Gres=gpu:3g.20gb:1" in (tmp_path / "slurm.conf").read_text() and slurm.nodes["a1"]["Extra"] == ""
     notes = control()  # the files are already there, but Slurm has not read them: reload, then acknowledge
     assert any("already there" in n for n in notes) and restarts == ["slurmctld"]

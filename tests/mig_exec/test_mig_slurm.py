@@ -47,10 +47,16 @@ class MigNodeCluster(LocalCluster):
         gpus = node_gpus(SimBackend.open(self.state_path))
         ensure_cap_devices(devices, [m for g in gpus for s in g.mig or () for m in (s.gi_cap_minor, s.ci_cap_minor)],
                            234)
-        (self.base / "etc" / "gres.conf").write_text(
+        # the site's files include gpushare's own, which hold n1's lines: the executor writes only those
+        etc = self.base / "etc"
+        (etc / "gpushare-mig-gres.conf").write_text(
             "\n".join(gres_conf_lines(gpus, str(devices), node_name="n1")) + "\n")
+        (etc / "gres.conf").write_text(f"# the site's gres.conf\nInclude {etc / 'gpushare-mig-gres.conf'}\n")
         text = self.conf.read_text().replace("GresTypes=gpu,shard", "GresTypes=gpu")
-        text = re.sub(r"(NodeName=n1 .*?) Gres=\S+", r"\1 Gres=gpu:7g.40gb:1", text)
+        node_line = re.search(r"^NodeName=n1 .*$", text, re.M)
+        assert node_line is not None
+        (etc / "gpushare-mig.conf").write_text(re.sub(r" Gres=\S+", " Gres=gpu:7g.40gb:1", node_line.group(0)) + "\n")
+        text = text.replace(node_line.group(0), f"Include {etc / 'gpushare-mig.conf'}")
         text = text.replace("PartitionName=gpu Nodes=n1 ", "PartitionName=gpu Nodes=n1,mig-standby ")
         text += (f"NodeName=mig-standby NodeHostname=localhost NodeAddr=127.0.0.1 Port={self.ports['n1'] + 1} "
                  f"CPUs=2 RealMemory=4000 Gres={STANDBY} State=FUTURE\n")
@@ -100,15 +106,40 @@ def test_pending_mig_jobs_reshape_the_node_and_run_on_their_profiles(tmp_path: P
         states = {j.job_id: j.state for j in client.jobs()}
         assert states.pop(str(blocker)) == "RUNNING" and set(states.values()) == {"PENDING"}
 
-        cfg = parse_config({"agent": {"device_backend": f"sim:{state}"}, "mig": {
+        settings = {"agent": {"device_backend": f"sim:{state}"}, "mig": {
             "journal_dir": str(base / "journal"), "slurm_conf": str(cluster.conf),
             "gres_conf": str(base / "etc" / "gres.conf"), "device_dir": str(cluster.device_dir("n1")),
             "cap_device_major": 234, "poll_s": 0.2, "verify_timeout_s": 30, "wait_timeout_s": 30,
-            "demand_min_age_s": 0}})  # the jobs were just submitted; the age bound is tested in test_demand.py
+            "demand_min_age_s": 0}}  # the jobs were just submitted; the age bound is tested in test_demand.py
+        cfg = parse_config(settings)
         busy, _ = reshape_for_demand(cfg, build_executor(cfg, "n1", restart=cluster.restart_slurm, client=client), client)
         assert busy.outcome == "nothing" and "busy 7g.40gb@0" in busy.detail, busy
         assert "DRAIN" not in client.node_states()["n1"].upper()
         assert cluster.wait_job(blocker, timeout_s=30).state == "COMPLETED"
+
+        # [policy] mode = observe: the reshape is proposed and recorded; no GPU, file, drain or daemon changes
+        etc = base / "etc"
+        site = {p: p.read_bytes() for p in (cluster.conf, etc / "gres.conf")}
+        own = {p: p.read_bytes() for p in (etc / "gpushare-mig.conf", etc / "gpushare-mig-gres.conf")}
+
+        def no_restart(node: str) -> None:
+            raise AssertionError(f"observe restarted Slurm for {node}")
+        observe_cfg = parse_config({**settings, "policy": {"mode": "observe"}})
+        started = time.monotonic()
+        proposed, _ = reshape_for_demand(observe_cfg, build_executor(observe_cfg, "n1", restart=no_restart,
+                                                                     client=client), client)
+        observe_s = time.monotonic() - started
+        assert proposed.outcome == "proposed", proposed
+        proposal = json.loads((base / "journal" / "n1.proposal.json").read_text())
+        assert proposal["before"] == {"0": "7g.40gb@0"} and sorted(
+            item.split("@")[0] for item in proposal["target"]["0"].split(",")) == sorted(WANTED), proposal
+        assert proposal["would_write"] == ["gpushare-mig.conf", "gpushare-mig-gres.conf"], proposal
+        assert [gi.profile_name for gi in sim.gpu_instances(0)] == ["7g.40gb"]
+        assert {p: p.read_bytes() for p in site} == site and {p: p.read_bytes() for p in own} == own
+        assert "DRAIN" not in client.node_states()["n1"].upper() and gpu_counts(gres_now()) == {"7g.40gb": 1}
+        assert not JournalStore(base / "journal").load("n1").history
+        assert {j.state for j in client.jobs() if str(j.job_id) in {str(k) for k in jobs}} == {"PENDING"}
+        print(f"\nobserve proposed the reshape in {observe_s:.2f} s")
         # a CPU job runs on the node through the reshape: neither the restarts (22.05) nor the reconfigure
         # (24.11+) may end it
         cpu_job, _ = client.sbatch("-o", str(base / "cpu.out"), "--wrap", "echo start; sleep 6; echo done")
@@ -133,6 +164,8 @@ def test_pending_mig_jobs_reshape_the_node_and_run_on_their_profiles(tmp_path: P
         assert gpu_counts(gres_now()) == {"3g.20gb": 1, "2g.10gb": 1, "1g.5gb": 2}, gres_now()
         assert "DRAIN" not in client.node_states()["n1"].upper()
         assert reshape_s < 30
+        assert {p: p.read_bytes() for p in site} == site  # the site's slurm.conf and gres.conf: not a byte changed
+        assert {p: p.read_bytes() for p in own} != own
         # how Slurm learned the layout: 24.11+ by `scontrol reconfigure` alone, 22.05 by both restarts
         reconfigured = any("scontrol reconfigure" in line for line in journal.log)
         restarted = any("restarting Slurm daemons" in line for line in journal.log)
@@ -142,7 +175,7 @@ def test_pending_mig_jobs_reshape_the_node_and_run_on_their_profiles(tmp_path: P
 
         # each job got the device Slurm lists for its profile: CUDA_VISIBLE_DEVICES=k is the k-th MIG
         # line of n1 in gres.conf; its cap minor names the simulated MIG device, which has that profile.
-        lines = [line for line in (base / "etc" / "gres.conf").read_text().splitlines()
+        lines = [line for line in (etc / "gpushare-mig-gres.conf").read_text().splitlines()
                  if line.startswith("NodeName=n1 ")]
         assert [line.split("Type=")[1].split()[0] for line in lines] == ["1g.5gb", "1g.5gb", "2g.10gb", "3g.20gb"]
         by_cap = {d.gi_cap_minor: d for d in sim.mig_devices(0)}

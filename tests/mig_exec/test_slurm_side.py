@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpushare.mig_manager.gres_files import (GresFileError, ensure_cap_devices, replace_gres_conf_lines,
-                                    replace_node_gres, rewrite_node_gres)
+                                    replace_node_gres, rewrite_node_gres, rewrite_site_node_gres)
 from gpushare.mig_manager.slurm_actions import SlurmNodeActions, gpu_counts
 from gpushare.slurm.jobs import Job, job_from_json
 
@@ -125,3 +125,47 @@ def test_status_and_running_jobs_from_structured_fields() -> None:
                                               "3": Counter({"*": 1})}
     with pytest.raises(ValueError):
         actions.drain("n1", "x\nState=RESUME")
+
+
+def _site(tmp_path: Path, slurm_extra: str = "", gres_extra: str = "") -> tuple[Path, Path]:
+    """The site's files including gpushare's own, n1's lines in ours (as docs/mig.md asks)."""
+    site, gres = tmp_path / "slurm.conf", tmp_path / "gres.conf"
+    site.write_text(f"ClusterName=x\nGresTypes=gpu\nInclude {tmp_path}/gpushare-mig.conf\n{slurm_extra}"
+                    "PartitionName=gpu Nodes=n1 Default=YES\n")
+    gres.write_text(f"# site\nInclude gpushare-mig-gres.conf\n{gres_extra}")  # relative: beside gres.conf
+    (tmp_path / "gpushare-mig.conf").write_text("NodeName=n1 NodeAddr=127.0.0.1 CPUs=2 Gres=gpu:7g.40gb:1\n")
+    return site, gres
+
+
+def test_only_our_include_files_are_written_and_the_sites_never(tmp_path: Path) -> None:
+    site, gres = _site(tmp_path)
+    before = (site.read_bytes(), gres.read_bytes())
+    assert rewrite_site_node_gres(site, gres, "n1", NEW, "gpu:3g.20gb:1,gpu:1g.5gb:1")
+    assert (site.read_bytes(), gres.read_bytes()) == before
+    assert (tmp_path / "gpushare-mig.conf").read_text() == \
+        "NodeName=n1 NodeAddr=127.0.0.1 CPUs=2 Gres=gpu:3g.20gb:1,gpu:1g.5gb:1\n"
+    assert (tmp_path / "gpushare-mig-gres.conf").read_text().splitlines() == NEW
+
+
+@pytest.mark.parametrize(("slurm_extra", "gres_extra", "include", "message"), [
+    ("", "", "other.conf", "has no line 'Include"),
+    ("NodeName=n1 CPUs=2 Gres=gpu:1\n", "", "", "still defines NodeName=n1; move that line"),
+    ("", "NodeName=n1 Name=gpu Type=a100 File=/dev/nvidia0\n", "", "may also apply to n1"),
+    ("", "Name=gpu Type=a100 File=/dev/nvidia0\n", "", "may also apply to n1"),
+])
+def test_site_files_that_do_not_leave_the_node_to_us_are_refused_unchanged(
+        tmp_path: Path, slurm_extra: str, gres_extra: str, include: str, message: str) -> None:
+    site, gres = _site(tmp_path, slurm_extra, gres_extra)
+    if include:
+        site.write_text(site.read_text().replace(f"{tmp_path}/gpushare-mig.conf", include))
+    own = (tmp_path / "gpushare-mig.conf").read_bytes()
+    with pytest.raises(GresFileError, match=message):
+        rewrite_site_node_gres(site, gres, "n1", NEW, "gpu:3g.20gb:1")
+    assert (tmp_path / "gpushare-mig.conf").read_bytes() == own
+    assert not (tmp_path / "gpushare-mig-gres.conf").exists()
+
+
+def test_a_glob_include_counts(tmp_path: Path) -> None:
+    site, gres = _site(tmp_path)
+    site.write_text(site.read_text().replace(f"{tmp_path}/gpushare-mig.conf", f"{tmp_path}/gpushare-*.conf"))
+    assert rewrite_site_node_gres(site, gres, "n1", NEW, "gpu:3g.20gb:1")
