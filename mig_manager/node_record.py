@@ -40,7 +40,8 @@ _GRES_RE = re.compile(r"^(?:(?:gpu|shard):[A-Za-z0-9_.+-]{1,40}(?::[0-9]{1,6})?|
 # one gres.conf line of a node, without its "NodeName=<node> " prefix: only the keys gres_conf_lines writes
 _LINE_RE = re.compile(r"^Name=(?:gpu|shard)(?: Type=[A-Za-z0-9_.+-]{1,40})?(?: Count=[0-9]{1,6})?"
                       r" (?:File|MultipleFiles)=/[A-Za-z0-9_./,\[\]-]{1,400}$")
-STATES = ("idle", "files", "done", "already", "rolled_back", "busy", "rate_limited", "nothing")
+STATES = ("idle", "files", "done", "already", "rolled_back", "busy", "rate_limited", "nothing",
+          "proposed")  # proposed: [policy] mode = observe recorded the reshape and made none
 
 
 class RecordError(GpushareError, ValueError):
