@@ -302,7 +302,14 @@ class MigSection:
     poll_s: float = _opt(5.0, _between(0.01, 600.0), "seconds between busy checks")
     max_reconfigurations_per_hour: int = _opt(2, _between(0, 3600), "reshapes of one node per hour; 0: never")
     journal_dir: str = _opt("/var/lib/gpushare/mig", None, "per-node repartition journals")
-    gres_conf: str = _opt("", None, "gres.conf to rewrite; empty: gres.conf next to [slurm] conf's slurm.conf")
+    gres_conf: str = _opt("", None, "the site's gres.conf (read only, to check it includes gres_include); empty: "
+                                    "gres.conf next to [slurm] conf's slurm.conf")
+    slurm_include: str = _opt("gpushare-mig.conf", None,
+                              "the only slurm.conf part the MIG executor writes (the MIG nodes' NodeName= lines), "
+                              "which the site's slurm.conf Includes; relative: beside slurm.conf")
+    gres_include: str = _opt("gpushare-mig-gres.conf", None,
+                             "the only gres.conf part the MIG executor writes, which the site's gres.conf "
+                             "Includes; relative: beside gres.conf")
     restart_commands: list = _opt(["systemctl restart slurmctld", "systemctl restart slurmd"], None,
                                   "run in order after the files change (22.05 needs both restarts)")
     reconfigure: bool = _opt(True, None, "try scontrol reconfigure before restart_commands where the release "
