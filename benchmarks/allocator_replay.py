@@ -20,10 +20,7 @@ import statistics
 import time
 
 from gpushare.estimator_cli.allocator import AllocatorConfig, replay
-
-KiB = 1 << 10
-MiB = 1 << 20
-GiB = 1 << 30
+from gpushare.gpus import KiB, MiB, GiB
 
 
 def training_events(target: int, seed: int = 0) -> list[tuple[str, int, int, int]]:

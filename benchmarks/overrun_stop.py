@@ -30,10 +30,10 @@ from pathlib import Path
 
 from gpushare.agent.daemon import Agent
 from gpushare.config import parse_config
+from gpushare.gpus import GiB
 from gpushare.gres.sim_backend import SimBackend
 
 GPUS = 8
-GiB = 1 << 30
 
 
 def one_round(tmp: Path, jump_gib: int, grace_s: float, rng: random.Random) -> list[float]:

@@ -14,14 +14,12 @@ from gpushare.agent.daemon import Agent
 from gpushare.agent.caps import Caps, allocator_fraction, decide_caps, need_mib, task_env
 from gpushare.agent.framework_caps import fraction_text
 from gpushare.cuda_context import context_bytes_for, sm_arch_of
-from gpushare.gpus import BUILTIN_GPUS as CATALOGUE
+from gpushare.gpus import BUILTIN_GPUS as CATALOGUE, GiB, MiB
 from gpushare.agent.jobs import clean_facts, final_record
 from gpushare.policy.withhold import node_open
 from gpushare.agent.adopt import MAX_REMEMBERED, Adopter
 from gpushare.slurm.jobs import job_from_json
 
-GiB = 1 << 30
-MiB = 1 << 20
 SCENARIO = {"version": 1, "name": "unit", "processes": [],
             "gpus": [{"model": "a100-40gb", "idle_power_w": 50, "max_power_w": 350},
                      {"model": "a100-40gb", "idle_power_w": 50, "max_power_w": 350}]}

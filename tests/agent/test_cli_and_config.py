@@ -14,8 +14,7 @@ from gpushare.cli import main as gpushare_main
 from gpushare.config import ConfigError, parse_config
 from gpushare.agent.api import ApiServer
 from gpushare.agent.status_cli import render
-
-GiB = 1 << 30
+from gpushare.gpus import GiB
 
 
 def record(job, end, gpu="0", energy=100.0, share=40.0, ttfk=2.0):

@@ -11,6 +11,7 @@ import pytest
 from gpushare.epilog.records import RecordLedger
 from gpushare.epilog.slurmd_epilog import close_job
 from gpushare.config import parse_config
+from gpushare.gpus import GiB
 from gpushare.gres.sim_backend import SimBackend
 from gpushare.agent.api import AgentUnavailable, ApiServer, call
 from gpushare.agent.comment import merged_comment, run_summary
@@ -21,7 +22,6 @@ from gpushare.prolog.hook_env import job_from_env, slurm_facts
 from gpushare.prolog.slurmd_prolog import register, write_caps
 from gpushare.slurm.jobs import job_from_json
 
-GiB = 1 << 30
 SCENARIO = {"version": 1, "name": "hooks", "processes": [], "gpus": [{"model": "a100-40gb"}, {"model": "a100-40gb"}]}
 ENV = {"SLURM_JOB_ID": "42", "SLURM_JOB_UID": "1000", "SLURM_JOB_USER": "alice", "SLURM_JOB_GPUS": "1"}
 

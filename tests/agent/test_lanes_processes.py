@@ -22,6 +22,7 @@ from gpushare.agent.lane_api import LaneServer, lanes_socket_path
 
 from gpushare.agent.sampler import environ_job
 from gpushare.config import parse_config
+from gpushare.gpus import GiB
 from gpushare.gres.sim_backend import SimBackend
 from gpushare.prolog.task_prolog import lane_site_dir
 
@@ -29,7 +30,6 @@ pytestmark = pytest.mark.torch  # starts gpu-estimate captures: torch in a child
 
 pytest.importorskip("torch")
 WORKER = Path(__file__).with_name("lane_worker.py")
-GiB = 1 << 30
 SCENARIO = {"version": 1, "name": "lanes", "processes": [], "gpus": [{"model": "a100-40gb"}]}
 
 

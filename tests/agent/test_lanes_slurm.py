@@ -14,11 +14,11 @@ import pytest
 
 from lane_log import completed_turns
 
+from gpushare.gpus import GiB
 from gpushare.slurm.record import parse as parse_record
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]  # the lane processes run torch
 WORKER = Path(__file__).with_name("lane_worker.py")
-GiB = 1 << 30
 
 
 @pytest.fixture

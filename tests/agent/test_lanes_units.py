@@ -8,6 +8,7 @@ import math
 import pytest
 
 from gpushare.agent.jobs import DEFAULT_REMAINING_S, clean_facts, lane_facts_of, time_left
+from gpushare.gpus import GiB
 from gpushare.policy.lane_policy import LanePolicy
 from gpushare.agent.lane_service import LaneFacts, LaneService
 from gpushare.agent.lanes import POLICY_NAMES, LaneBoard, Member, Waiter, round_robin, turn_policy
@@ -17,7 +18,6 @@ from gpushare.slurm_plugins.decision import LANE_SHARE, Estimate, SubmitRequest,
 from gpushare.estimate.directives import parse_directives
 from gpushare.estimate.source import split_from_json
 
-GiB = 1 << 30
 CAP = 40 * GiB
 
 

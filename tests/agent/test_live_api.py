@@ -16,9 +16,9 @@ from gpushare.agent.api import call
 from gpushare.agent.daemon import Agent
 from gpushare.agent.live_api import LiveServer, live_socket_path
 from gpushare.config import parse_config
+from gpushare.gpus import GiB
 from gpushare.gres.sim_backend import SimBackend
 
-GiB = 1 << 30
 NOBODY = 65534
 SCENARIO = {"version": 1, "name": "live", "processes": [],
             "gpus": [{"model": "a100-40gb", "idle_power_w": 50, "max_power_w": 350}]}

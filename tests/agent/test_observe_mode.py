@@ -14,12 +14,12 @@ from gpushare.agent.comment import run_summary
 from gpushare.agent.daemon import Agent
 from gpushare.agent.jobs import clean_facts, final_record, registration_facts
 from gpushare.config import parse_config
+from gpushare.gpus import GiB
 from gpushare.gres.sim_backend import SimBackend
 from gpushare.policy.observe import Shadow, would_share
 from gpushare.slurm import record as record_format
 from gpushare.slurm.jobs import job_from_json
 
-GiB = 1 << 30
 SCENARIO = {"version": 1, "name": "observe", "processes": [],
             "gpus": [{"model": "a100-40gb", "idle_power_w": 50, "max_power_w": 350}]}
 # what gpushare-submitd records in observe mode (slurm_plugins/scope.py ``observed``): the request untouched

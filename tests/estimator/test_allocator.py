@@ -24,10 +24,8 @@ from gpushare.estimator_cli.allocator import (
     round_size,
     roundup_power2_next_division,
 )
+from gpushare.gpus import KiB, MiB, GiB
 
-KiB = 1 << 10
-MiB = 1 << 20
-GiB = 1 << 30
 BIG = 80 * GiB  # a device large enough that nothing here runs out
 
 

@@ -15,11 +15,7 @@ from gpushare.estimator_cli.device_model import (
     device_for,
     sm_arch_for,
 )
-from gpushare.gpus import BUILTIN_GPUS, GpuModel
-
-KiB = 1 << 10
-MiB = 1 << 20
-GiB = 1 << 30
+from gpushare.gpus import BUILTIN_GPUS, GiB, GpuModel, KiB, MiB
 
 
 def test_whole_gpu_capacity_and_architecture_come_from_the_catalogue():

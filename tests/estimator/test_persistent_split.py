@@ -8,8 +8,8 @@ from gpushare.estimator_cli.orchestrate import orchestrate
 from gpushare.estimator_cli.persistent import MemorySplit, iteration_boundaries, persistent_keys, split_peak
 from gpushare.estimator_cli.report import render_text
 from gpushare.estimate.schema import validate
+from gpushare.gpus import MiB
 
-MiB = 1 << 20
 CAPACITY = 80 << 30
 
 

@@ -13,8 +13,7 @@ from gpushare.estimator_cli.cli import EXIT_LIMIT, EXIT_OK, main
 from gpushare.estimator_cli.reduced_batch import BatchKnob, fit, schedule, uncertainty
 from gpushare.estimator_cli.report import render_text
 from gpushare.estimate.schema import validate
-
-MiB = 1 << 20
+from gpushare.gpus import MiB
 
 
 def _parse(knob: BatchKnob, parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:

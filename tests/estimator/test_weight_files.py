@@ -11,11 +11,10 @@ import pytest
 
 from gpushare.estimator_cli.cli import EXIT_OK
 from gpushare.estimator_cli.weight_files import read_header
+from gpushare.gpus import GiB
 from estimator_run import estimate
 
 pytestmark = pytest.mark.torch  # starts gpu-estimate captures: torch in a child process or the warm worker
-
-GiB = 2**30
 
 
 def _sparse_safetensors(path, shape=(32768, 32768)):

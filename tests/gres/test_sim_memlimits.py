@@ -8,13 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from gpushare.gpus import MiB, GiB
 from gpushare.gres import GpuError, NvmlCode
 from gpushare.gres.memlimits import LIMIT_MAX
 from gpushare.gres.sim_backend import SimBackend
 from gpushare.gres.sim_scenario import ScenarioError, validate_scenario
 
-MiB = 1 << 20
-GiB = 1 << 30
 OOM = 2
 
 

@@ -6,10 +6,9 @@ import math
 
 import pytest
 
+from gpushare.gpus import MiB
 from gpushare.gres import NA, GpuError, NvmlCode
 from gpushare.gres.sim_backend import SimBackend
-
-MiB = 1 << 20
 
 
 def test_process_timeline_and_steps(sim, clock):

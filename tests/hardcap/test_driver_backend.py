@@ -12,11 +12,11 @@ import pytest
 
 from gpushare.config import parse_config
 from gpushare.epilog.slurmd_epilog import close_job
+from gpushare.gpus import GiB
 from gpushare.gres.sim_backend import SimBackend
 from gpushare.prolog import hardcap
 from gpushare.prolog.slurmd_prolog import register
 
-GiB = 1 << 30
 FRACTION = {"GPUSHARE_CAPS_MODE": "fraction", "GPUSHARE_MEM_LIMIT_MIB": "2048", "GPUSHARE_MEMORY_FRACTION": "0.05"}
 OOM = 2
 
