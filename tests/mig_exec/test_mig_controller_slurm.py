@@ -158,7 +158,10 @@ def test_controller_decides_and_writes_the_files_while_the_node_only_changes_its
         assert not nowhere.exists()
         print(f"\ncontroller-coordinated reshape took {reshape_s:.2f} s:", *notes, *journal.log, sep="\n  ")
 
-        lines = [line for line in gres_conf.read_text().splitlines() if line.startswith("NodeName=n1 ")]
+        # the controller wrote only gpushare's include files; the site's slurm.conf and gres.conf are as before
+        assert (cluster.conf.read_text(), gres_conf.read_text()) == before
+        lines = [line for line in (base / "etc" / "gpushare-mig-gres.conf").read_text().splitlines()
+                 if line.startswith("NodeName=n1 ")]
         assert [line.split("Type=")[1].split()[0] for line in lines] == ["1g.5gb", "1g.5gb", "2g.10gb", "3g.20gb"]
         by_cap = {d.gi_cap_minor: d for d in sim.mig_devices(0)}
         seen = set()
