@@ -22,13 +22,13 @@ import click
 
 from gpushare.estimate.cache import LEARN_FACTOR
 from gpushare.slurm import record as record_format
+from gpushare.slurm.accounting import job_rows
 from gpushare.slurm.client import SlurmClient, SlurmError
 from gpushare.slurm.jobs import check_job_id
 
 VERSION = 1
 _FIELDS = ("JobIDRaw", "JobID", "User", "State", "ExitCode", "Elapsed", "NodeList", "AllocTRES", "SystemComment",
            "AdminComment")
-_SEP = "\x1f"  # sacct's column delimiter: both comments are free text and may hold "|"
 _TRES = re.compile(r"gres/(gpu|shard)(?::([^=,]+))?=(\d+)")
 GENEROUS = 0.7  # a peak below this fraction of the share means the job asked for too much
 
@@ -58,18 +58,7 @@ def _gres(alloc_tres: str) -> dict[str, Any]:
 
 def from_sacct(client: SlurmClient, job: str) -> list[dict[str, str]] | None:
     """Every run of ``job`` the caller may read (oldest first); None when there is no accounting database."""
-    try:
-        out = client.run("sacct", "-n", "-P", f"--delimiter={_SEP}", "-X", "-D", "-j", job, "-o", ",".join(_FIELDS))
-    except SlurmError as exc:
-        if "disabled" in str(exc) or "accounting_storage/none" in str(exc):
-            return None
-        raise
-    runs = []
-    for line in out.splitlines():
-        parts = line.split(_SEP, len(_FIELDS) - 1)
-        if len(parts) == len(_FIELDS) and job in (parts[0], parts[1]):  # an array task: 100_4 (JobID) is 104
-            runs.append(dict(zip(_FIELDS, parts)))
-    return runs
+    return job_rows(client, job, _FIELDS)
 
 
 def from_scontrol(client: SlurmClient, job: str) -> list[dict[str, str]]:

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 from gpushare.agent.comment import run_summary
 from gpushare.atomic import read_json_object, write_json_atomic
 from gpushare.slurm import record as record_format
+from gpushare.slurm.accounting import job_rows
 from gpushare.slurm.client import SlurmError
 from gpushare.slurm.jobs import check_job_id
 
@@ -69,8 +70,7 @@ DELIVER_BUDGET_S = 30.0  # one delivery round run by the agent (main)
 SPOOL_MAX_BYTES = 64 * 1024
 _PERMANENT = ("no accounting database", "the newest run in the database is a later one",
               "the stored comments are not ours")
-_FIELDS = "JobIDRaw,State,Start,End,SystemComment,AdminComment"
-_SEP = "\x1f"  # sacct's column delimiter here: both comments are free text and may hold "|"
+_FIELDS = ("JobIDRaw", "State", "Start", "End", "SystemComment", "AdminComment")  # the comment last: free text
 _LIVE = ("PENDING", "RUNNING", "REQUEUED", "SUSPENDED", "COMPLETING", "CONFIGURING", "RESIZING")
 
 
@@ -114,19 +114,11 @@ def _time(text: str) -> float | None:
 
 def rows(client: SlurmClient, job: str) -> list[Row] | None:
     """Every run of ``job`` in the database, oldest first; None when Slurm has no accounting database."""
-    try:
-        out = client.run("sacct", "-n", "-P", f"--delimiter={_SEP}", "-X", "-D", "-j", check_job_id(job),
-                         "-o", _FIELDS)
-    except SlurmError as exc:
-        if "disabled" in str(exc) or "accounting_storage/none" in str(exc):
-            return None
-        raise
-    found = []
-    for line in out.splitlines():
-        parts = line.split(_SEP, 5)
-        if len(parts) == 6 and parts[0] == job:
-            found.append(Row(parts[0], parts[1], _time(parts[2]), _time(parts[3]), parts[5], parts[4]))
-    return found
+    found = job_rows(client, job, _FIELDS)
+    if found is None:
+        return None
+    return [Row(r["JobIDRaw"], r["State"], _time(r["Start"]), _time(r["End"]), r["AdminComment"], r["SystemComment"])
+            for r in found]
 
 
 def store(client: SlurmClient, job: str, record: dict[str, Any], tries: int = TRIES,
