@@ -103,7 +103,7 @@ def cluster() -> Iterator[CgroupCluster]:
     toml = (f'[agent]\nstate_dir = "{base}/agent-state"\nrecords_dir = "{base}/records"\nrun_dir = "{base}/run-agent"\n'
             f'device_backend = "sim:{base}/sim.json"\nlog_file = "{base}/log/agent.log"\nmetrics_port = 0\n'
             f'hardcap = "auto"\nhardcap_library = "{bin_dir}/libgpushare-hardcap.so"\nadmin_comment = "no"\n'
-            'collocation = "fraction"\nsample_period_s = 0.25\nwindow_samples = 4\nflush_every_s = 1.0\n')
+            'collocation = "fraction"\nbackstop_grace_s = 1.0\nsample_period_s = 0.25\nwindow_samples = 4\nflush_every_s = 1.0\n')
     SimBackend.from_scenario({"version": 1, "gpus": [{"model": "a100-40gb"}]}, base / "sim.json")
     made = CgroupCluster(base, node_names=(NODE,), gpus_per_node=1, bin_dir=os.path.dirname(sys.executable),
                          toml_extra=toml)
@@ -125,7 +125,7 @@ def cluster() -> Iterator[CgroupCluster]:
 def submit(cluster: CgroupCluster, name: str, command: str, mem: str = "4.5G") -> int:
     base = cluster.base
     text = (f"#!/bin/sh\n#GPUSHARE mem={mem}\n"
-            f"echo limit $GPUSHARE_MEM_LIMIT_MIB preload $LD_PRELOAD\n"
+            f"echo limit $GPUSHARE_MEM_LIMIT_MIB preload $LD_PRELOAD torch $PYTORCH_CUDA_ALLOC_CONF\n"
             f"export FAKE_CUDA_MEM={base}/devmem FAKE_CUDA_TOTAL={A100} LD_LIBRARY_PATH={base}/hardcap-bin/driver "
             f"FAKE_NVML_UUID={SimBackend.open(base / 'sim.json').gpu(0).uuid} "
             f"FAKE_CUDA_SIM_MIRROR=\"'{sys.executable}' '{HERE}/sim_mirror.py' {base}/sim.json $SLURM_JOB_GPUS\"\n"
@@ -166,6 +166,9 @@ def test_c_and_ctypes_jobs_stop_at_their_share_beside_a_neighbour(cluster: Cgrou
         got = words(out[name])
         share = int(got["limit"]) * MiB
         assert got["preload"].startswith(f"{cluster.base}/hardcap-bin/libgpushare-hardcap.so"), out[name]
+        # PyTorch's fraction is of the slice the shim shows as the device's total, not of the whole GPU
+        fraction = float(got["torch"].removeprefix("per_process_memory_fraction:"))
+        assert share // 2 < fraction * share <= share - CONTEXT_BYTES, out[name]
         allocated = int(got["allocated"] if name == "c" else got["ctypes"])
         assert allocated == share - CONTEXT_BYTES, out[name]  # every byte of the share, none past it
         if name == "c":
