@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -27,9 +26,9 @@ from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
     from gpushare.slurm.client import SlurmClient
+    from gpushare.slurm.gres_request import GresRequest
 
 log = logging.getLogger("gpushare.agent")
-_SHARD_RE = re.compile(r"^(?:gres[:/])?shard(?::[A-Za-z0-9_.-]+)?:(\d+)$")
 
 
 def stop_processes(job: str, pids: list[int], owner: Callable[[int], str | None]) -> list[int]:
@@ -92,13 +91,12 @@ def write_job_message(client: SlurmClient, job_id: str, uid: int, text: str, nod
     return wrote
 
 
-def bigger_share(tres_per_node: str, predicted_bytes: float, margin_gib: float = 1.0) -> int | None:
+def bigger_share(request: GresRequest, predicted_bytes: float, margin_gib: float = 1.0) -> int | None:
     """Shard count (GiB) for the rerun: the forecast peak + margin, when the job asked for shards."""
-    for item in tres_per_node.split(","):
-        match = _SHARD_RE.match(item.strip())
-        if match:
-            return max(int(match.group(1)) + 1, math.ceil(predicted_bytes / (1 << 30) + margin_gib))
-    return None
+    shards = request.named("shard")
+    if not shards:
+        return None
+    return max(shards[0].count + 1, math.ceil(predicted_bytes / (1 << 30) + margin_gib))
 
 
 def requeue_early(client: SlurmClient, job_id: str, predicted_bytes: float) -> bool:
@@ -108,7 +106,7 @@ def requeue_early(client: SlurmClient, job_id: str, predicted_bytes: float) -> b
         if job.requeue is False or not job.states or job.states[0] != "RUNNING":
             log.warning("job %s: not requeued early (state %s, requeue %s)", job_id, job.states, job.requeue)
             return False
-        shards = bigger_share(job.tres_per_node, predicted_bytes)
+        shards = bigger_share(job.gres_per_node, predicted_bytes)
         client.requeue_hold(job_id)
     except Exception as exc:  # noqa: BLE001
         log.error("job %s: early requeue failed before the hold: %s", job_id, exc)

@@ -31,7 +31,7 @@ from gpushare.epilog.ledger import Ledger
 from gpushare.epilog.recovery import merge_oom_comment
 from gpushare.slurm.admin_comment import merge_write
 from gpushare.slurm.client import JobGone, SlurmClient, SlurmError, check_job_id
-from gpushare.slurm.gres_request import plain_gres
+from gpushare.slurm.gres_request import GresRequest
 from gpushare.slurm.jobs import ENDED_STATES
 
 log = logging.getLogger("gpushare.epilog")
@@ -65,8 +65,11 @@ def execute(entry: dict[str, Any], client: SlurmClient, ledger: Ledger,
             return f"error: job {job_id} is {state}"
         mark("requeuehold")
     if "gres" not in steps and "gres-refused" not in steps:
+        new_gres = GresRequest.parse(entry["new_gres"])  # the ledger keeps the text recovery wrote; parsed here
+        if new_gres.error:  # recovery writes only requests it formatted itself: a damaged ledger entry
+            raise ValueError(f"job {job_id}: ledger's new_gres: {new_gres.error}")
         try:
-            client.update_job(job_id, gres=plain_gres(entry["new_gres"]))
+            client.update_job(job_id, gres=new_gres.plain())
             mark("gres")
         except SlurmError as exc:  # release anyway: a held job helps nobody
             log.error("job %s: GRES change to %s refused: %s; releasing unchanged", job_id, entry["new_gres"], exc)

@@ -114,16 +114,12 @@ def _would(record: dict[str, Any], run: dict[str, Any]) -> dict[str, Any] | None
     """What enforce would have done to an observed job: the submit side's request and the node's cap/stop."""
     if record.get("decision") != "observe" or record.get("would") != "shared":
         return None
-    from gpushare.slurm.gres_request import plain_gres
+    from gpushare.slurm.gres_request import GresRequest
 
     found = run.get("would")
     node: dict[str, Any] = found if isinstance(found, dict) else {}
-    new = record.get("new") if isinstance(record.get("new"), str) else None
-    try:
-        new = plain_gres(new) if new else None
-    except ValueError:
-        new = None
-    return {"new": new, **node}
+    request = GresRequest.parse(record.get("new") if isinstance(record.get("new"), str) else None)
+    return {"new": request.plain() if request.text and not request.error else None, **node}
 
 
 def _ended(state: str | None) -> bool:

@@ -77,6 +77,11 @@ class GresRequest:
         """The items of this GRES name (``gpu``, ``shard``, ...)."""
         return [item for item in self.items if item.name == name]
 
+    def plain(self) -> str:
+        """``shard:8,gpu:1``: the items without their ``gres:``/``gres/`` separators, as ``--gres`` and
+        ``scontrol update gres=`` take them on every release."""
+        return ",".join(item.plain() for item in self.items)
+
 
 def format_gres(items: list[GresItem]) -> str:
     return ",".join(item.format() for item in items)

@@ -15,10 +15,10 @@ from gpushare.agent.daemon import Agent
 from gpushare.agent.enforce import append_to_job_log, bigger_share, requeue_early, stop_processes
 from gpushare.agent.jobs import final_record
 from gpushare.config import parse_config
+from gpushare.gpus import GiB, MiB
 from gpushare.gres.sim_backend import SimBackend
+from gpushare.slurm.gres_request import GresRequest
 
-GiB = 1 << 30
-MiB = 1 << 20
 SCENARIO = {"version": 1, "name": "guard", "processes": [], "gpus": [{"model": "a100-40gb"}]}
 
 
@@ -167,9 +167,9 @@ def test_oom_message_names_the_numbers():
 
 
 def test_bigger_share():
-    assert bigger_share("gres:shard:6", 9.5 * GiB) == 11
-    assert bigger_share("gres/shard:6", 2 * GiB) == 7  # always at least one more
-    assert bigger_share("gres:gpu:1", 9 * GiB) is None
+    assert bigger_share(GresRequest.parse("gres:shard:6"), 9.5 * GiB) == 11
+    assert bigger_share(GresRequest.parse("gres/shard:6"), 2 * GiB) == 7  # always at least one more
+    assert bigger_share(GresRequest.parse("gres:gpu:1"), 9 * GiB) is None
 
 
 class FakeSlurm:
