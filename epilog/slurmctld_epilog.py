@@ -29,7 +29,6 @@ from gpushare.epilog.ledger import FINAL_STATES, Ledger
 from gpushare.epilog import task_epilog
 from gpushare.epilog.oom_detect import OomVerdict, classify, compile_patterns
 from gpushare.user_files import append_note, kept_name, keep_logs, read_tail
-from gpushare.slurm_plugins.protocol import ask
 from gpushare.epilog.learn import learn_from_oom
 from gpushare.epilog.recovery import RECOVERABLE_STATES, Action, JobFacts, decide, whole_gpu_shards
 from gpushare.config import Config, load_config
@@ -37,6 +36,7 @@ from gpushare.gpus import GiB
 from gpushare.slurm.client import SlurmClient, SlurmError, check_job_id
 from gpushare.slurm.hostlist import expand_hostlist, first_host
 from gpushare.slurm.jobs import Job, log_paths
+from gpushare.submitd_client import ask
 
 log = logging.getLogger("gpushare.epilog")
 

@@ -7,6 +7,8 @@ replacement. Non-UTF-8 scripts thus never break the parse.
 
 Reply: ``key=value`` lines ending with ``end``; trivial to parse in Lua, and a reply without ``end`` is
 garbage by definition, so the shim fails open. Values never contain newlines.
+
+Our own Python hooks send their requests through gpushare.submitd_client, which needs none of this module.
 """
 
 from __future__ import annotations
@@ -120,25 +122,3 @@ def decode_reply(data: bytes) -> dict[str, str]:
             raise ProtocolError(f"bad reply line {line[:60]!r}")
         reply[key] = value
     return reply
-
-
-def ask(socket_path: str, request: dict[str, Any], timeout_s: float = 5.0) -> dict[str, str]:
-    """One request to gpushare-submitd from Python (the shim's counterpart for our own hooks): the reply's
-    ``key=value`` lines. Raises OSError when the service cannot be reached or answers no ``end``."""
-    import socket
-
-    payload = (json.dumps(request, ensure_ascii=True) + "\n").encode("ascii")
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-        conn.settimeout(timeout_s)
-        conn.connect(socket_path)
-        conn.sendall(payload)
-        data = b""
-        while not data.endswith(b"end\n") and len(data) < 65536:
-            chunk = conn.recv(4096)
-            if not chunk:
-                break
-            data += chunk
-    if not data.endswith(b"end\n"):
-        raise OSError(f"{socket_path}: no complete answer")
-    lines = data.decode("utf-8", "replace").splitlines()[:-1]
-    return dict(line.split("=", 1) for line in lines if "=" in line)

@@ -25,7 +25,6 @@ LAYERS = {
 # The only imports between two packages of one layer: (importer, imported) -> why.
 PEERS = {
     ("gpushare.epilog", "gpushare.prolog"): "the node Epilog undoes the Prolog's setup with the Prolog's own helpers",
-    ("gpushare.epilog", "gpushare.slurm_plugins"): "EpilogSlurmctld asks gpushare-submitd to write the user's note",
 }
 PROGRAMS = {"gpushare.estimator_cli", "gpushare.mig_manager", "gpushare.agent",
             "gpushare.slurm_plugins", "gpushare.prolog", "gpushare.epilog"}
