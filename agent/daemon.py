@@ -38,7 +38,7 @@ from gpushare.agent.jobs import (build_entry, clean_facts, mps_corunners, regist
                                 tenants_of, time_left)
 from gpushare.agent.jobs import final_record
 from gpushare.agent.sampler import Sampler, process_job
-from gpushare.agent.store import JobStore, check_job
+from gpushare.agent.store import STORE_VERSION, JobStore, check_job
 from gpushare.agent.withhold import NodeFeature
 from gpushare.policy.withhold import node_open
 
@@ -77,6 +77,10 @@ class Agent:
         self.lock = threading.RLock()
         self._mps_lock = threading.Lock()  # MPS daemon starts and stops, taken after self.lock, never before
         self.store = JobStore(Path(cfg.state_dir) / "jobs")
+        # While the store cannot be written (a full disk): each registered job's entry is kept here, the
+        # job is watched from memory, and the entry is written at the first flush the disk takes again.
+        self._unsaved: dict[str, dict[str, Any]] = {}
+        self._store_error: str | None = None  # set from the first failed write until one succeeds: said once
         self.sampler = Sampler(backend, cfg.window_samples, cfg.sample_period_s, pid_job=pid_job, pid_uid=pid_uid)
         self.mps = backend.mps(str(cfg.run_dir))
         self.open: bool | None = None
@@ -152,11 +156,39 @@ class Agent:
             self._withhold(now)
 
     def flush(self) -> None:
-        """Persist every running job's accumulators (a crash loses at most one flush period)."""
+        """Persist every running job's accumulators (a crash loses at most one flush period). A full disk
+        fails open: the jobs stay watched from memory and are written at the first flush it takes again."""
         with self.lock:
+            wrote = False
             for acc in list(self.sampler.jobs.values()):
-                self.store.update(acc.job, _merged(acc.fields()), durable=False)
+                try:
+                    unsaved = self._unsaved.get(acc.job)
+                    if unsaved is not None:  # never written: the whole entry, durably, under its lock
+                        with self.store.locked(acc.job):
+                            self.store.put({**unsaved, **acc.fields()})
+                        del self._unsaved[acc.job]
+                        wrote = True
+                    else:
+                        wrote = self.store.update(acc.job, _merged(acc.fields()), durable=False) is not None or wrote
+                except OSError as exc:
+                    self._store_failed(exc)
+            if wrote:
+                self._store_writable()
             self._last_flush = self.clock()
+
+    def _store_failed(self, exc: OSError) -> None:
+        """One line when the job store stops taking writes (not one per flush); jobs go on being watched."""
+        if self._store_error is None:
+            log.error("job store not writable (%s: %s): running jobs are watched from memory, their records go "
+                      "to the Epilog from the agent, and entries are written when the disk takes them again",
+                      self.store.dir, exc.strerror or exc)
+        self._store_error = exc.strerror or str(exc)
+
+    def _store_writable(self) -> None:
+        if self._store_error is not None:
+            log.warning("job store writable again (%s); %d job(s) still waiting to be written",
+                        self.store.dir, len(self._unsaved))
+            self._store_error = None
 
     def _queue_annotations(self) -> None:
         """Run summaries into AdminComment while the job runs (Slurm refuses updates to a finished job):
@@ -464,7 +496,7 @@ class Agent:
         facts = clean_facts(raw)
         adopted = by == "agent-adopted"
         with self.lock:
-            existing = self.store.get(facts["job"])
+            existing = self.store.get(facts["job"]) or self._unsaved.get(facts["job"])
             if existing is not None and not existing.get("closed") and existing.get("restarts") == facts["restarts"]:
                 self.sampler.track(existing)  # a Prolog retried: idempotent
                 self._withhold(self.clock())
@@ -481,7 +513,13 @@ class Agent:
             if adopted:  # its start was not seen: no TTFK, and its GPU is not "warming" for it
                 entry = {**entry, "kernel_at": entry["start"], "ttfk_source": "adopted",
                          "caps": {**entry["caps"], "reason": "adopted running (its Prolog did not run): backstop only"}}
-            self.store.put(entry)
+            try:
+                self.store.put(entry)
+                self._unsaved.pop(entry["job"], None)
+                self._store_writable()
+            except OSError as exc:  # a full disk: the job runs with its caps, watched from memory
+                self._store_failed(exc)
+                self._unsaved[entry["job"]] = {**entry, "v": STORE_VERSION}
             self.sampler.track(entry)
             self._withhold(self.clock())
             if entry.get("would_mib"):
@@ -493,7 +531,18 @@ class Agent:
         job = check_job(job)
         with self.lock:
             acc = self.sampler.untrack(job)
-            entry = self.store.update(job, lambda e: {**e, **(acc.fields() if acc else {}), "closed": True})
+            fields = acc.fields() if acc else {}
+            unsaved = self._unsaved.pop(job, None)
+            try:
+                if unsaved is not None:
+                    with self.store.locked(job):
+                        entry = self.store.put({**unsaved, **fields, "closed": True})
+                else:
+                    entry = self.store.update(job, lambda e: {**e, **fields, "closed": True})
+            except OSError as exc:  # a full disk: the Epilog gets the entry from this answer all the same
+                self._store_failed(exc)
+                known = unsaved if unsaved is not None else self.store.get(job)
+                entry = {**known, **fields, "closed": True} if known is not None else None
             if acc:
                 self._stop_idle_mps(acc.gpus)
             self._annotated.discard(job)

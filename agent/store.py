@@ -101,9 +101,13 @@ class JobStore:
         else:
             tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(json.dumps(entry, separators=(",", ":")))  # dumps: the C encoder, one write
-            os.replace(tmp, path)
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                    handle.write(json.dumps(entry, separators=(",", ":")))  # dumps: the C encoder, one write
+                os.replace(tmp, path)
+            except BaseException:  # a full disk: the old entry stays, and no partial file is left taking space
+                tmp.unlink(missing_ok=True)
+                raise
         return entry
 
     def update(self, job: str, change: Callable[[dict[str, Any]], dict[str, Any] | None],

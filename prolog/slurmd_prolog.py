@@ -114,7 +114,11 @@ def _register_locally(facts: dict[str, Any], cfg: AgentSection, backend: GpuBack
     with store.locked(clean["job"]):
         tenants = tenants_of(store.all(), clean["gpus"], clean["job"])
         entry = build_entry(clean, cfg, backend, tenants, time.time(), by="prolog", mps_ok=False)
-        store.put(entry)
+        try:
+            store.put(entry)
+        except OSError as exc:  # a full disk: the caps still reach the job; the agent adopts it when back
+            log.error("job %s: not written to the job store %s (%s); the job runs with its caps, unrecorded "
+                      "until the agent adopts it", clean["job"], store.dir, exc.strerror or exc)
     return dict(entry["env"])
 
 

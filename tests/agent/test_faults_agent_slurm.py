@@ -15,6 +15,7 @@ import importlib.util
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -31,6 +32,7 @@ from gpushare.epilog.ledger import Ledger
 from gpushare.epilog.records import RecordLedger
 from gpushare.gres.sim_backend import SimBackend
 from gpushare.slurm.gres_request import plain_gres
+from gpushare.slurm.client import SlurmError
 from gpushare.slurm.jobs import ENDED_STATES
 
 pytestmark = [pytest.mark.slurm, pytest.mark.faults]
@@ -61,12 +63,20 @@ def cluster() -> Iterator[Any]:
             'forecast_action = "none"\n')
     SimBackend.from_scenario(helpers.two_gpus(), base / "sim.json")
     made = helpers.AgentCluster(base, bin_dir=os.path.dirname(sys.executable), toml_extra=toml)
+    # The agent's state directory on a small filesystem of its own (test_a_full_state_disk_...), mounted
+    # before the daemons start: a chroot release's private mount namespaces copy it (their binds are
+    # recursive), and all of them see the one tmpfs, so filling it from here fills it for every process.
+    (base / "agent-state").mkdir()
+    made.state_tmpfs = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m,mode=0755", "tmpfs",
+                                       str(base / "agent-state")], capture_output=True).returncode == 0
     try:
         made.start()
         made.start_agent()
         yield made
     finally:
         made.stop()
+        if made.state_tmpfs:
+            subprocess.run(["umount", "-l", str(base / "agent-state")], capture_output=True)
         shutil.rmtree(base, ignore_errors=True)
 
 
@@ -189,7 +199,10 @@ def test_a_node_lost_mid_job_leaves_slurms_outcome_and_nothing_held(cluster):
     cluster.wait_for(lambda: cluster.client.require_job(job_id).state == "NODE_FAIL"
                      and not cluster.client.require_job(job_id).completing, 60, "the job did not fail with its node")
     cluster._spawn(node, ["slurmd", "-D", "-N", node.removeprefix("slurmd-"), "-f", str(cluster.conf)])
-    cluster.client.run("scontrol", "update", f"nodename={node.removeprefix('slurmd-')}", "state=resume")
+    try:
+        cluster.client.run("scontrol", "update", f"nodename={node.removeprefix('slurmd-')}", "state=resume")
+    except SlurmError:  # slurmd's registration may have returned it first (ReturnToService): not DOWN any more
+        assert "DOWN" not in cluster.client.node_states()[node.removeprefix("slurmd-")].upper()
     cluster.start_agent()
     cluster.wait_for(lambda: (store.get(str(job_id)) or {}).get("closed") is True, 30, "restored run not closed")
     print(f"node lost mid-job: converged {time.monotonic() - started:.1f} s after the node went down")
@@ -203,3 +216,54 @@ def test_a_node_lost_mid_job_leaves_slurms_outcome_and_nothing_held(cluster):
     after = submit(cluster, out, "4G", "--mem-mib 1000 --seconds 2")
     assert cluster.wait_job(after, 60).state == "COMPLETED"
     shutil.rmtree(out, ignore_errors=True)
+
+
+def test_a_full_state_disk_fails_open_says_so_once_and_recovers(cluster):
+    """The agent's state directory (its job store) on a full filesystem: a shared job still registers, runs
+    with its caps, is watched by the agent and ends with its full record; the agent says once that its store
+    cannot be written; no torn or temporary file is left; once space returns the next job's entry is written
+    again, and the entry kept in memory meanwhile reaches the disk, with nothing restarted."""
+    if not cluster.state_tmpfs:
+        pytest.skip("a tmpfs cannot be mounted here (needs root)")
+    state = Path(cluster.agent_cfg().state_dir)
+    jobs_dir = state / "jobs"
+    jobs_dir.mkdir(exist_ok=True)
+    agent_log = cluster.base / "log" / "agent.log"
+    seen = agent_log.read_text(errors="replace") if agent_log.exists() else ""
+    subprocess.run(["dd", "if=/dev/zero", f"of={state}/filler", "bs=4k"], capture_output=True)
+    out = Path(tempfile.mkdtemp(prefix="gpushare-agent-faults-out-"))
+    os.chmod(out, 0o777)
+    store = JobStore(jobs_dir)
+    ledger = RecordLedger(cluster.agent_cfg().records_dir)
+    try:
+        full = submit(cluster, out, "4G", "--mem-mib 3000 --seconds 6")
+        cluster.wait_for(lambda: cluster.client.require_job(full).state == "RUNNING", 30, "job did not start")
+        cluster.wait_for(lambda: any(j["job"] == str(full) and j.get("kernel_at") is not None
+                                     for j in call(cluster.agent_socket, {"op": "status"})["jobs"]), 30,
+                         "the agent does not watch the job whose entry it could not write")
+        tracked = next(j for j in call(cluster.agent_socket, {"op": "status"})["jobs"] if j["job"] == str(full))
+        assert tracked["cap_bytes"] == 5 << 30 and tracked["mode"] != "none", tracked  # its caps, as usual
+        assert store.get(str(full)) is None  # the disk is full: nothing was written, nothing half-written
+        time.sleep(2.5)  # a couple of flushes against the full disk
+        assert cluster.wait_job(full, 60).state == "COMPLETED"
+        cluster.wait_for(lambda: bool(ledger.get(str(full))), 30, "no record for the job")
+        record = ledger.get(str(full))[0]
+        assert max(n.get("peak_bytes") or 0 for n in record["gpus"].values()) >= 3000 << 20, record  # measured
+        assert record["closed_by"] == "agent", record
+        leftovers = [p.name for p in jobs_dir.iterdir() if p.suffix != ".lock"]
+        assert leftovers == [], leftovers  # no entry, no temporary file
+        log = agent_log.read_text(errors="replace")[len(seen):]
+        assert log.count("job store not writable") == 1, log[-3000:]  # said once, not once per flush
+        assert "Traceback" not in log, log[-3000:]
+
+        (state / "filler").unlink()  # space returns
+        later = submit(cluster, out, "4G", "--mem-mib 1000 --seconds 3")
+        cluster.wait_for(lambda: (store.get(str(later)) or {}).get("kernel_at") is not None, 30,
+                         "no store entry after space returned")
+        assert cluster.wait_job(later, 60).state == "COMPLETED"
+        cluster.wait_for(lambda: bool(ledger.get(str(later))), 30, "no record after space returned")
+        log = agent_log.read_text(errors="replace")[len(seen):]
+        assert log.count("job store not writable") == 1 and log.count("job store writable again") == 1, log[-3000:]
+    finally:
+        (state / "filler").unlink(missing_ok=True)
+        shutil.rmtree(out, ignore_errors=True)
