@@ -152,7 +152,20 @@ class Executor:
             return self._rollback(journal, "" if journal.mode == "rollback" else
                                   "interrupted before any device change")
         self._note(journal, f"reconcile: continuing after step {journal.step}")
+        self._drain_again(journal)
         return self._forward(journal)
+
+    def _drain_again(self, journal: Journal) -> None:
+        """A node lost mid-reshape comes back undrained (set DOWN, then resumed by hand or by
+        ReturnToService), with Slurm still offering its old layout: drain it again with the run's Reason
+        before the rest of the reshape, so no job starts on an instance being changed. A node still DOWN,
+        or drained by someone else, is left as it is."""
+        if not journal.drain_reason or self.settings.drain == "none" or journal.step in ("planned", "resumed"):
+            return  # "resumed": the run had ended its reshape and resumed the node itself
+        status = self.slurm.status(self.node)
+        if not status.drained and "DOWN" not in status.flags:
+            self.slurm.drain(self.node, journal.drain_reason)
+            self._note(journal, f"{self.node} came back undrained mid-reshape ({status.state}): drained again")
 
     # --- forward -------------------------------------------------------------------------------
     def _forward(self, journal: Journal) -> Result:
