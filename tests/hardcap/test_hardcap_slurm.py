@@ -197,3 +197,19 @@ def test_c_and_ctypes_jobs_stop_at_their_share_beside_a_neighbour(cluster: Cgrou
     assert {k: guard[k] for k in SILENT} == {k: guard_before[k] for k in SILENT}, guard
     assert "agent-backstop" not in (cluster.base / "log" / "agent.out").read_text()
     print(f"three jobs in {time.monotonic() - started:.1f} s")
+
+
+def test_a_program_escaping_the_shim_is_stopped_by_the_backstop(cluster: CgroupCluster) -> None:
+    """The shim is cooperative (a program that drops LD_PRELOAD escapes it): the backstop, sampling the same
+    mirrored device, is what holds such a job, and it is live in this cluster, so the silence above is earned."""
+    started = time.monotonic()
+    before = call(cluster.agent_socket, {"op": "status"})["guard"]["backstop_stops"]
+    job = submit(cluster, "escape", f"env -u LD_PRELOAD {cluster.base}/hardcap-bin/alloc linked {MiB} 10000 3")
+    ledger = RecordLedger(str(cluster.base / "records"))
+    cluster._wait(lambda: any((r.get("oom") or {}).get("source") == "agent-backstop" for r in ledger.get(str(job))),
+                  60, "the backstop never stopped the escaping job")
+    oom = next(r["oom"] for r in ledger.get(str(job)) if r.get("oom"))
+    assert oom["action"] == "stop" and oom["peak_bytes"] == 10000 * MiB > oom["cap_bytes"] + oom["tolerance_bytes"]
+    assert call(cluster.agent_socket, {"op": "status"})["guard"]["backstop_stops"] == before + 1
+    cluster.wait_job(job, 90)  # its recovery rerun ends before the cluster stops
+    print(f"escaping job stopped in {time.monotonic() - started:.1f} s")
