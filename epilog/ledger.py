@@ -41,7 +41,7 @@ from gpushare.errors import GpushareError
 from gpushare.atomic import flock_within, read_json_object, write_json_atomic
 
 LEDGER_VERSION = 1
-FINAL_STATES = ("done", "stay_failed", "gone")
+FINAL_STATES = ("done", "stay_failed", "gone", "observed")  # observed: [policy] mode = observe, nothing done
 _JOB_RE = re.compile(r"^\d{1,10}(?:_\d{1,10})?$")
 
 

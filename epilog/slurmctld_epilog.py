@@ -28,6 +28,8 @@ from gpushare.epilog.executor import execute, finish, resume_unfinished, spawn_f
 from gpushare.epilog.ledger import FINAL_STATES, Ledger
 from gpushare.epilog import task_epilog
 from gpushare.epilog.oom_detect import OomVerdict, classify, compile_patterns
+from gpushare.epilog.oom_observe import would_requeue
+from gpushare.oom_counts import count
 from gpushare.user_files import append_note, kept_name, keep_logs, read_tail
 from gpushare.epilog.learn import learn_from_oom
 from gpushare.epilog.recovery import RECOVERABLE_STATES, Action, JobFacts, decide, whole_gpu_shards
@@ -183,11 +185,16 @@ def _handle_heavy(job_id: str, env: Mapping[str, str], client: SlurmClient, cfg:
                             collateral=collateral)
             if action.kind == "none":
                 return f"none: {action.reason}"
+            if action.kind == "requeue" and cfg.policy.mode != "enforce":  # a pilot: record, requeue nothing
+                if cfg.policy.mode == "off":
+                    return f"none: [policy] mode = off (enforce would requeue: {action.reason})"
+                return would_requeue(job, verdict, action, ledger, client)
             if action.learn:
                 _learn(job, cfg, client)
             if action.kind == "requeue" and action.charged:
                 ledger.note_user_recovery(job.uid)
             entry = ledger.put(_entry(job, verdict, action))
+            count(ledger.dir, action.kind)  # gpushare_oom_recoveries_total{outcome} on submitd's endpoint
             ledger.append_history({"job": job.job_id, "restarts": job.restarts, "event": action.kind,
                                    "reason": action.reason, "message": verdict.message})
             if action.kind == "stay_failed":

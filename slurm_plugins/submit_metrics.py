@@ -22,7 +22,7 @@ class SubmitMetrics:
     """``gpushare_submit_decisions_total{decision,mode}``, ``gpushare_submit_fail_open_total{reason}``,
     ``gpushare_submit_held_total`` (jobs held for asynchronous estimation) on one registry."""
 
-    def __init__(self) -> None:
+    def __init__(self, oom_dir: str = "") -> None:
         from prometheus_client import CollectorRegistry, Counter
 
         self.registry = CollectorRegistry()
@@ -33,6 +33,8 @@ class SubmitMetrics:
                                  ["reason"], registry=self.registry)
         self.held = Counter("gpushare_submit_held", "jobs held until their asynchronous estimate lands",
                             registry=self.registry)
+        if oom_dir:
+            self.registry.register(_OomCounts(oom_dir))
 
     def decided(self, decision: Decision, mode: str) -> None:
         record = decision.record or {}
@@ -47,12 +49,32 @@ class SubmitMetrics:
         self.fail_open.labels(reason=reason).inc()
 
 
+class _OomCounts:
+    """``gpushare_oom_recoveries_total{outcome}`` from the EpilogSlurmctld's counts file, read at each scrape
+    (the hook is a short process of its own; gpushare/oom_counts.py)."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily
+
+        from gpushare.oom_counts import read_counts
+
+        family = CounterMetricFamily("gpushare_oom_recoveries", "OOM recoveries by outcome (would_requeue: "
+                                     "[policy] mode = observe recorded one and requeued nothing)",
+                                     labels=["outcome"])
+        for outcome, value in sorted(read_counts(self.directory).items()):
+            family.add_metric([outcome], value)
+        yield family
+
+
 def start(cfg: Config) -> tuple[SubmitMetrics | None, Any]:
     """(metrics, http server) when ``[submit] metrics_port`` is set and the endpoint could start; else None."""
     if not cfg.submit.metrics_port:
         return None, None
     try:
-        metrics = SubmitMetrics()
+        metrics = SubmitMetrics(cfg.oom.ledger_dir)
         from prometheus_client import start_http_server
 
         server = start_http_server(cfg.submit.metrics_port, addr=cfg.submit.metrics_address,

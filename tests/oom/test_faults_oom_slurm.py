@@ -7,7 +7,8 @@ the ledger saying which), slurmctld is restarted, and the resume timer's command
 (etc/systemd/gpushare-oom-resume.service). Each job must then be requeued exactly once (one more run, on the
 new GRES, to COMPLETED), recorded once in the ledger's history, and a second resume must change nothing.
 
-One module-scoped single-host cluster: the fault is the controller's alone.
+One module-scoped single-host cluster: the fault is the controller's alone. The same cluster also serves the
+observe-mode test (an OOM requeue recorded as "would have", none made), which needs only a real EpilogSlurmctld.
 """
 
 from __future__ import annotations
@@ -193,3 +194,70 @@ def test_a_full_ledger_disk_fails_open_and_recovers(cluster):
         assert entry["state"] == "done" and entry["steps"].count("boost") == 1
     finally:
         _as_controller(cluster, f"umount -l '{ledger.dir}' || true")
+
+
+def test_observe_records_the_requeue_it_would_make_and_requeues_nothing(cluster):
+    """``[policy] mode = "observe"`` (on this module's cluster for this test only; the hook reads the
+    file per run): the OOM is decided as enforce would, recorded as "would have requeued with …" in the
+    job's record, the ledger and its history, the oom log and the counter submitd exports, and the job
+    stays as Slurm ended it: FAILED, not requeued, on its shards, its logs without a note or kept copy."""
+    from prometheus_client import generate_latest
+
+    from gpushare.oom_counts import read_counts
+    from gpushare.slurm_plugins.submit_metrics import SubmitMetrics
+
+    conf = cluster.gpushare_conf
+    original = conf.read_text()
+    conf.write_text(original.replace("[policy]\n", '[policy]\nmode = "observe"\n', 1) if "[policy]\n" in original
+                    else original + '\n[policy]\nmode = "observe"\n')
+    try:
+        out = cluster.base / "oom-observe"
+        out.mkdir(exist_ok=True)
+        os.chmod(out, 0o777)
+        message = (tests_dir() / "messages" / "pos_pytorch_allocator_2x.txt").read_text()
+        started = time.monotonic()
+        job_id, _ = cluster.client.sbatch("--gres=shard:4", "-o", str(out / "job-%j.out"), "-e",
+                                          str(out / "job-%j.err"),
+                                          script=f"#!/bin/sh\ncat >&2 <<'EOF'\n{message}EOF\nexit 1\n")
+        ledger = Ledger(cluster.config().oom.ledger_dir)
+        deadline = time.monotonic() + 60
+        while ledger.get(str(job_id), 0) is None:
+            assert time.monotonic() < deadline, f"no decision for {job_id}: {_log(cluster)}"
+            time.sleep(0.2)
+        decided_s = time.monotonic() - started
+        entry = ledger.get(str(job_id), 0)
+        assert (entry["action"], entry["state"], plain_gres(entry["new_gres"])) == (
+            "would_requeue", "observed", exclusive_gres(cluster)), entry
+        time.sleep(1.0)  # were anything requeued, it would be held or pending by now
+        job = cluster.client.require_job(job_id)
+        assert (job.state, job.restarts, job.priority != 0) == ("FAILED", 0, True), job.states
+        assert plain_gres(job.tres_per_node) == "shard:4"
+        # the job's record: slurmctld refuses an AdminComment update once the job ended, and this cluster
+        # has no slurmdbd, so the record says where it went (the database path: tests/accounting)
+        record = parse_record(job.admin_comment) or {}
+        if "oom_would" in record:
+            would = record["oom_would"]
+            assert (would["do"], plain_gres(would["to"]), plain_gres(would["from"])) == (
+                "requeue", exclusive_gres(cluster), "shard:4"), job.admin_comment
+        else:
+            assert "recorded: nowhere in the job: no accounting database" in _log(cluster), _log(cluster)
+        assert "oom" not in record  # no recovery recorded as made
+        assert [h["event"] for h in ledger.history() if h["job"] == str(job_id)] == ["would_requeue"]
+        assert "would have requeued with" in _log(cluster) and f"job {job_id}" in _log(cluster)
+        assert read_counts(ledger.dir) == {"would_requeue": 1}
+        assert 'gpushare_oom_recoveries_total{outcome="would_requeue"} 1.0' in \
+            generate_latest(SubmitMetrics(str(ledger.dir)).registry).decode()
+        assert "requeued" not in (out / f"job-{job_id}.err").read_text()  # no note to the user
+        assert not list(out.glob("*.oom-run*"))  # no kept copy: nothing will truncate the log
+        print(f"\nobserve: OOM decided and recorded {decided_s:.1f} s after submission")
+    finally:
+        conf.write_text(original)
+
+
+def tests_dir() -> Path:
+    return Path(__file__).resolve().parent
+
+
+def _log(cluster: LocalCluster) -> str:
+    path = Path(cluster.config().oom.log_file)
+    return path.read_text()[-3000:] if path.exists() else "(no oom.log)"
