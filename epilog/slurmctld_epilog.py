@@ -185,7 +185,10 @@ def _handle_heavy(job_id: str, env: Mapping[str, str], client: SlurmClient, cfg:
                             collateral=collateral)
             if action.kind == "none":
                 return f"none: {action.reason}"
-            if action.kind == "requeue" and cfg.policy.mode != "enforce":  # a pilot: record, requeue nothing
+            # a pilot: record, requeue nothing; a job rewritten to shards under enforce before the switch keeps
+            # its recovery until it ends, as it keeps its caps and backstop (docs/submit-path.md)
+            if action.kind == "requeue" and cfg.policy.mode != "enforce" and \
+                    (job.record or {}).get("decision") != "shared":
                 if cfg.policy.mode == "off":
                     return f"none: [policy] mode = off (enforce would requeue: {action.reason})"
                 return would_requeue(job, verdict, action, ledger, client)
