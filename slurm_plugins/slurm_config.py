@@ -251,6 +251,11 @@ def render_slurm_conf(cfg: Config, hook_dir: str, version: SlurmVersion | None =
         lines.append(f"{key}={chains.get(key) or (wrappers or {}).get(key) or f'{hook_dir}/{entry}'}")
     if "MailProg" in chains:
         lines.append(f"MailProg={chains['MailProg']}")
+    if any(group.mig for group in cfg.nodes):
+        lines.append(f"# MIG nodes: their NodeName= lines below go into {cfg.mig.slurm_include} and their gres.conf "
+                     f"lines into {cfg.mig.gres_include}, the only files the MIG executor writes (beside slurm.conf "
+                     "and gres.conf unless absolute); slurm.conf and gres.conf each get one Include line for them "
+                     "(docs/mig.md, Slurm setup)")
     for group in cfg.nodes:
         extra = ""
         if group.cpus:

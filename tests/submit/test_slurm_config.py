@@ -86,6 +86,7 @@ def test_mig_nodes_get_lines_of_their_own_and_a_standby_node_declaring_every_pro
     assert ("NodeName=gpushare-mig-standby-gpu State=FUTURE Gres=gpu:1g.5gb:14,gpu:1g.10gb:8,gpu:2g.10gb:6,"
             "gpu:3g.20gb:4,gpu:4g.20gb:2,gpu:7g.40gb:2 CPUs=64 RealMemory=4194304") in out
     assert "PartitionName=gpu Nodes=gpu[01-02],mig[08-10],gpushare-mig-standby-gpu State=UP" in out
+    assert "go into gpushare-mig.conf and their gres.conf lines into gpushare-mig-gres.conf" in out
 
 
 @pytest.mark.parametrize("text, needle", [
