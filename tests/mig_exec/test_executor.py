@@ -213,3 +213,20 @@ def test_a_gpu_emptied_by_a_reset_gets_its_last_layout_back_despite_the_rate_lim
     assert result is not None and result.outcome == "applied", result
     assert format_layout(read_layout(backend, 0)) == TARGET_TEXT
     assert gpu_counts(slurm.ctld_gres) == WANT_COUNTS and not slurm.drained
+
+
+def test_observe_proposes_the_reshape_and_off_plans_nothing(tmp_path: Path) -> None:
+    import json
+
+    ex, backend, slurm, _ = make(tmp_path, mode="observe")
+    before = format_layout(read_layout(backend, 0))
+    result = ex.apply(TARGET)
+    assert result.outcome == "proposed" and "would reshape" in result.detail, result
+    proposal = json.loads((ex.store.directory / f"{NODE}.proposal.json").read_text())
+    assert (proposal["before"], proposal["target"], proposal["ops"][0]) == (
+        {"0": before}, {"0": TARGET_TEXT}, "destroy 7g.40gb@0 on GPU 0")
+    assert format_layout(read_layout(backend, 0)) == before and slurm.events == []  # no drain, write, restart
+    assert not ex.store.load(NODE).history  # the rate limit's count is unchanged
+    off, _, off_slurm, _ = make(tmp_path / "off", mode="off")
+    assert off.apply(TARGET).outcome == "nothing" and off_slurm.events == []
+    assert not (off.store.directory / f"{NODE}.proposal.json").exists()
