@@ -38,7 +38,7 @@ from gpushare.mig_manager.reshape import (build_executor, node_name, reshape_for
 from gpushare.mig_manager.slurm_actions import command_runner
 from gpushare.slurm.client import SlurmClient, SlurmError
 
-_OK = {"applied", "already", "nothing"}
+_OK = {"applied", "already", "nothing", "proposed"}  # proposed: [policy] mode = observe recorded it
 
 
 class RunError(click.ClickException):
