@@ -160,6 +160,42 @@ def accounting_check(keys: dict[str, str]) -> Check | None:
     return Check("accounting", OK, "AccountingStorageTRES counts gres/gpu and gres/shard")
 
 
+def enforce_check(keys: dict[str, str]) -> Check | None:
+    """QOS limits (a GPU limit written as docs/deployment.md says) hold only under AccountingStorageEnforce."""
+    if "slurmdbd" not in keys.get("accountingstoragetype", ""):
+        return None
+    enforce = keys.get("accountingstorageenforce", "").lower().split(",")
+    if "limits" in enforce or "safe" in enforce:
+        return Check("limits", OK, f"AccountingStorageEnforce={','.join(enforce)}: QOS limits apply")
+    return Check("limits", NOTE, "AccountingStorageEnforce has no limits: QOS GPU limits bound no job, shared or not; "
+                                 "AccountingStorageEnforce=limits,qos applies them (docs/deployment.md)")
+
+
+def mig_files_check(cfg: Config, conf_path: str) -> Check | None:
+    """MIG nodes: the site's slurm.conf and gres.conf include the executor's own files and leave the nodes to
+    them (gpushare.mig_manager.gres_files.check_site_files, the check every reshape makes before writing)."""
+    from gpushare.mig_manager.gres_files import GresFileError, check_site_files, own_files
+    from gpushare.slurm.hostlist import HostlistError, expand_hostlist
+
+    try:
+        nodes = [n for group in cfg.nodes if group.mig for n in expand_hostlist(group.names, strict=True)]
+    except HostlistError as exc:
+        return Check("mig files", PROBLEM, str(exc))
+    if not nodes:
+        return None
+    site_slurm = Path(conf_path)
+    site_gres = Path(cfg.mig.gres_conf) if cfg.mig.gres_conf else site_slurm.with_name("gres.conf")
+    own_slurm, own_gres = own_files(site_slurm, site_gres, cfg.mig.slurm_include, cfg.mig.gres_include)
+    for node in nodes:
+        try:
+            check_site_files(site_slurm, site_gres, own_slurm, own_gres, node)
+            if not re.search(rf"(?mi)^NodeName={re.escape(node)}(\s|$)", own_slurm.read_text(encoding="utf-8")):
+                raise GresFileError(f"{own_slurm} has no NodeName={node} line; move it there from slurm.conf")
+        except (GresFileError, OSError) as exc:
+            return Check("mig files", PROBLEM, f"MIG reshapes of {node} will be refused: {exc}")
+    return Check("mig files", OK, f"MIG nodes' lines in {own_slurm} and {own_gres}, included by the site's files")
+
+
 def timer_checks(cfg: Config) -> list[Check]:
     timers = ["gpushare-oom-resume.timer"]
     if cfg.estimation.partition:
@@ -189,9 +225,7 @@ def controller_checks(cfg: Config, force: bool = False) -> list[Check]:
         return []
     checks = [Check("slurmuser", OK, f"slurmctld runs as {account.name} (uid {account.uid}, group {account.group})"),
               socket_check(cfg, account), lua_check(keys), *hook_lines_check(keys, conf_path)]
-    accounting = accounting_check(keys)
-    if accounting:
-        checks.append(accounting)
+    checks += [c for c in (accounting_check(keys), enforce_check(keys), mig_files_check(cfg, conf_path)) if c]
     checks += timer_checks(cfg)
     owners = ownership_problems(cfg, account)
     checks += [Check("owners", PROBLEM, line) for line in owners] or [

@@ -169,3 +169,16 @@ def test_a_glob_include_counts(tmp_path: Path) -> None:
     site, gres = _site(tmp_path)
     site.write_text(site.read_text().replace(f"{tmp_path}/gpushare-mig.conf", f"{tmp_path}/gpushare-*.conf"))
     assert rewrite_site_node_gres(site, gres, "n1", NEW, "gpu:3g.20gb:1")
+
+
+def test_doctor_names_a_missing_include_and_accepts_the_documented_setup(tmp_path: Path) -> None:
+    from gpushare.config import parse_config
+    from gpushare.slurm_plugins.controller_doctor import mig_files_check
+
+    site, _ = _site(tmp_path)
+    cfg = parse_config({"slurm": {"conf": str(site)}, "nodes": [{"names": "n1", "gpu": "a100-40gb", "mig": True}]})
+    check = mig_files_check(cfg, str(site))
+    assert check is not None and check.status == "ok", check
+    site.write_text(site.read_text().replace("Include", "#Include"))
+    check = mig_files_check(cfg, str(site))
+    assert check is not None and check.status != "ok" and "has no line 'Include" in check.detail, check
