@@ -176,6 +176,26 @@ class Agent:
                 self._store_writable()
             self._last_flush = self.clock()
 
+    def _entry(self, job: str) -> dict[str, Any]:
+        """A job's entry: the store's, or the one kept in memory while the disk refused it ({}: neither)."""
+        return self.store.get(job) or self._unsaved.get(job) or {}
+
+    def _update(self, job: str, change: Callable[[dict[str, Any]], dict[str, Any] | None]) -> dict[str, Any] | None:
+        """``JobStore.update`` that fails open: an entry kept in memory is changed there (and written at the
+        next flush the disk takes), a write the disk refuses is said once and the change kept in memory."""
+        unsaved = self._unsaved.get(job)
+        if unsaved is None:
+            try:
+                return self.store.update(job, change)
+            except OSError as exc:
+                self._store_failed(exc)
+                unsaved = self.store.get(job)
+                if unsaved is None:
+                    return None
+        changed = change(dict(unsaved))
+        self._unsaved[job] = changed if changed is not None else unsaved
+        return self._unsaved[job]
+
     def _store_failed(self, exc: OSError) -> None:
         """One line when the job store stops taking writes (not one per flush); jobs go on being watched."""
         if self._store_error is None:
@@ -207,7 +227,7 @@ class Agent:
             evidence = self._evidence_due(acc.job, peak)
             if (acc.kernel_at is not None and acc.job not in self._annotated) or evidence:
                 self._annotated.add(acc.job)
-                entry = self.store.get(acc.job) or {}
+                entry = self._entry(acc.job)
                 record: dict[str, Any] = {"job": acc.job, "node": node_name(self.cfg), "caps": entry.get("caps"),
                                           "would": observe_summary(entry.get("would_mib"), entry.get("would_stop"))}
                 if acc.kernel_at is not None:
@@ -220,7 +240,7 @@ class Agent:
     def _evidence_due(self, job: str, peak: int) -> bool:
         """Whether ``peak`` should be written now: at or above the evidence share, and new by 5 % of the share."""
         if job not in self._shares:  # read once per job: the store is a file per job
-            self._shares[job] = share_bytes(self.store.get(job) or {})
+            self._shares[job] = share_bytes(self._entry(job))
         share = self._shares[job]
         if not share or peak < self.evidence_fraction * share:
             return False
@@ -281,7 +301,7 @@ class Agent:
                 log.warning("job %s: %s", action.job, forecast_message(action.job, record).strip())
                 text = forecast_message(action.job, record)
             field_name = action.kind
-            self.store.update(action.job, _merged({field_name: record}))
+            self._update(action.job, _merged({field_name: record}))
             self._followups.put((Action(action.kind, action.job, action.gpu, record, action.pids), text))
         jobs = list(self.sampler.jobs.values())
         self._mark_collateral(now, self.guard.over_now(jobs, holders, self.sampler.unattributed))
@@ -300,7 +320,7 @@ class Agent:
         have made, and make none."""
         for acc in list(self.sampler.jobs.values()):
             if acc.job not in self._would:
-                entry = self.store.get(acc.job) or {}
+                entry = self._entry(acc.job)
                 self._would[acc.job] = int(entry.get("would_mib") or 0) << 20
             used = {gpu: b for gpu, b in acc.now_bytes.items() if acc.now_pids.get(gpu)}
             record = self.shadow.check(now, acc.job, self._would[acc.job], used)
@@ -308,7 +328,7 @@ class Agent:
                 continue
             self.counters["observe_would_stop"] += 1
             log.warning("%s", stop_message(acc.job, record))
-            entry = self.store.update(acc.job, _merged({"would_stop": record})) or {}
+            entry = self._update(acc.job, _merged({"would_stop": record})) or {}
             if self.slurm is not None and self.cfg.admin_comment == "yes":  # into its record now, while Slurm takes it
                 self._annotate.put({"job": acc.job, "node": node_name(self.cfg),
                                     "would": observe_summary(entry.get("would_mib"), record),
@@ -334,7 +354,7 @@ class Agent:
                     continue
                 self._collateral.add((acc.job, offender))
                 record = {"by": offender, "gpu": gpu, "at": round(now, 3)}
-                self.store.update(acc.job, _merged({"collateral": record}))
+                self._update(acc.job, _merged({"collateral": record}))
                 log.warning("job %s: %s is over its GPU memory cap on GPU %d beside it; an OOM of job %s now "
                             "is collateral", acc.job, offender, gpu, acc.job)
                 self._followups.put((Action("collateral", acc.job, gpu, record), ""))
@@ -375,7 +395,7 @@ class Agent:
             if self.slurm is None:
                 log.warning("job %s: no Slurm client; message only in the agent log", action.job)
                 continue
-            entry = self.store.get(action.job) or {}
+            entry = self._entry(action.job)
             stopping = action.kind == "oom" and action.record.get("action") == "stop"
             if stopping:
                 self._leave_evidence(action, entry)
@@ -415,11 +435,11 @@ class Agent:
         stopped = stop_processes(action.job, list(action.pids), self._owner(action.gpu))
         self.counters["backstop_stops"] += 1
         with self.lock:
-            self.store.update(action.job, lambda e: {**e, "oom": {**(e.get("oom") or {}), "pids": stopped}})
+            self._update(action.job, lambda e: {**e, "oom": {**(e.get("oom") or {}), "pids": stopped}})
 
     def _forecast_outcome(self, job: str, outcome: str) -> None:
         with self.lock:
-            self.store.update(job, lambda e: {**e, "forecast": {**(e.get("forecast") or {}), "outcome": outcome}})
+            self._update(job, lambda e: {**e, "forecast": {**(e.get("forecast") or {}), "outcome": outcome}})
 
     def annotate_pending(self, block_s: float = 0.0) -> int:
         """Write queued run summaries to Slurm (off the sampling lock); returns how many were tried."""
@@ -563,7 +583,7 @@ class Agent:
         """A registered, open lane job's lane facts, with its GPU's memory left to lane jobs (the GPU's
         memory less the caps of the non-lane jobs on it) and its time limit left; LaneRefused otherwise."""
         with self.lock:
-            entry = self.store.get(job)
+            entry = self.store.get(job) or self._unsaved.get(job)  # kept in memory on a full disk
             if entry is None or entry.get("closed"):
                 raise LaneRefused(f"job {job} is not running here")
             if not entry.get("lanes") or len(entry.get("gpus") or []) != 1:
@@ -627,7 +647,7 @@ class Agent:
             return unknown
         with self.lock:
             acc = self.sampler.jobs.get(job)
-            entry = self.store.get(job) if acc is not None else None
+            entry = (self.store.get(job) or self._unsaved.get(job)) if acc is not None else None
             if acc is None or entry is None or entry.get("closed") or uid not in (0, int(entry.get("uid", -1))):
                 return unknown
             now = self.clock()

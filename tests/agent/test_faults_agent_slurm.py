@@ -204,7 +204,7 @@ def test_a_node_lost_mid_job_leaves_slurms_outcome_and_nothing_held(cluster):
     except SlurmError:  # slurmd's registration may have returned it first (ReturnToService): not DOWN any more
         assert "DOWN" not in cluster.client.node_states()[node.removeprefix("slurmd-")].upper()
     cluster.start_agent()
-    cluster.wait_for(lambda: (store.get(str(job_id)) or {}).get("closed") is True, 30, "restored run not closed")
+    cluster.wait_for(lambda: "lost" in (store.get(str(job_id)) or {}), 30, "restored run not closed")  # closed, then lost
     print(f"node lost mid-job: converged {time.monotonic() - started:.1f} s after the node went down")
     assert "NODE_FAIL" in store.get(str(job_id))["lost"] and not caps_file.exists()
     assert str(job_id) not in [j["job"] for j in call(cluster.agent_socket, {"op": "status"})["jobs"]]
@@ -230,7 +230,9 @@ def test_a_full_state_disk_fails_open_says_so_once_and_recovers(cluster):
     jobs_dir.mkdir(exist_ok=True)
     agent_log = cluster.base / "log" / "agent.log"
     seen = agent_log.read_text(errors="replace") if agent_log.exists() else ""
-    subprocess.run(["dd", "if=/dev/zero", f"of={state}/filler", "bs=4k"], capture_output=True)
+    for filler in ("filler", "filler-2"):  # the second takes what a write under way when the first ended freed
+        subprocess.run(["dd", "if=/dev/zero", f"of={state}/{filler}", "bs=4k"], capture_output=True)
+        time.sleep(0.5)
     out = Path(tempfile.mkdtemp(prefix="gpushare-agent-faults-out-"))
     os.chmod(out, 0o777)
     store = JobStore(jobs_dir)
@@ -250,13 +252,15 @@ def test_a_full_state_disk_fails_open_says_so_once_and_recovers(cluster):
         record = ledger.get(str(full))[0]
         assert max(n.get("peak_bytes") or 0 for n in record["gpus"].values()) >= 3000 << 20, record  # measured
         assert record["closed_by"] == "agent", record
-        leftovers = [p.name for p in jobs_dir.iterdir() if p.suffix != ".lock"]
+        leftovers = [p.name for p in jobs_dir.iterdir()
+                     if p.name.endswith(".tmp") or (p.name.startswith(f"{full}.") and p.suffix != ".lock")]
         assert leftovers == [], leftovers  # no entry, no temporary file
         log = agent_log.read_text(errors="replace")[len(seen):]
         assert log.count("job store not writable") == 1, log[-3000:]  # said once, not once per flush
         assert "Traceback" not in log, log[-3000:]
 
-        (state / "filler").unlink()  # space returns
+        for filler in ("filler", "filler-2"):
+            (state / filler).unlink()  # space returns
         later = submit(cluster, out, "4G", "--mem-mib 1000 --seconds 3")
         cluster.wait_for(lambda: (store.get(str(later)) or {}).get("kernel_at") is not None, 30,
                          "no store entry after space returned")
@@ -265,5 +269,68 @@ def test_a_full_state_disk_fails_open_says_so_once_and_recovers(cluster):
         log = agent_log.read_text(errors="replace")[len(seen):]
         assert log.count("job store not writable") == 1 and log.count("job store writable again") == 1, log[-3000:]
     finally:
-        (state / "filler").unlink(missing_ok=True)
+        for filler in ("filler", "filler-2"):
+            (state / filler).unlink(missing_ok=True)
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def test_lane_jobs_keep_their_lane_across_an_agent_kill_and_count_once(cluster):
+    """Two ``#GPUSHARE lanes`` jobs taking turns on one GPU when the agent is SIGKILLed and started again. The
+    lanes live in the agent's memory only: each job's lanes client notices the lost session, joins its lane
+    again on the new agent and goes on taking turns (no refusal, lanes never switched off); the new agent
+    has each job once on one lane, every step runs once, turns never overlap again, and each job ends with
+    one record."""
+    pytest.importorskip("torch")
+    sys.path.insert(0, str(Path(__file__).parent))
+    from lane_log import completed_turns
+
+    out = Path(tempfile.mkdtemp(prefix="gpushare-agent-faults-lanes-"))
+    os.chmod(out, 0o777)
+    (out / "est.json").write_text('{"targets": [{"gpu": "a100-40gb", "peak_total_bytes": 3221225472, '
+                                  '"persistent_bytes": 1073741824, "ephemeral_bytes": 2147483648}]}')
+    text = ("#!/bin/sh\n#GPUSHARE lanes\n#GPUSHARE estimate=est.json\n"
+            f"exec '{sys.executable}' '{Path(__file__).with_name('lane_worker.py')}' "
+            "\"$GPUSHARE_TEST_OUT/$SLURM_JOB_ID.log\" 30 0.1\n")
+    export = f"--export=ALL,GPUSHARE_TEST_OUT={out},GPUSHARE_CONFIG={cluster.gpushare_conf}"
+    jobs = [cluster.client.sbatch("-D", str(out), "-o", str(out / "job-%j.out"), export, "--gres=gpu:1",
+                                  script=text)[0] for _ in range(2)]
+
+    def turns() -> list[tuple[float, float, int]]:
+        return completed_turns({j: (out / f"{j}.log").read_text().splitlines() if (out / f"{j}.log").exists() else []
+                                for j in jobs})
+
+    def lanes() -> list[dict[str, Any]]:
+        return [lane for lane in call(cluster.agent_socket, {"op": "status"})["lanes"]["lanes"] if lane["jobs"]]
+    try:
+        cluster.wait_for(lambda: all(sum(1 for t in turns() if t[2] == j) >= 3 for j in jobs), 90,
+                         "the lane jobs did not take turns")
+        assert [sorted(lane["jobs"]) for lane in lanes()] == [sorted(str(j) for j in jobs)]  # one lane, both
+        cluster.stop_agent(signal.SIGKILL)
+        cluster.start_agent()
+        restarted_at = time.time()
+        cluster.wait_for(lambda: [sorted(lane["jobs"]) for lane in lanes()] == [sorted(str(j) for j in jobs)], 30,
+                         "the lane jobs did not join their lane on the restarted agent")
+        print(f"lanes rejoined {time.time() - restarted_at:.1f} s after the agent's restart")
+        for job in jobs:
+            assert cluster.wait_job(job, 120).state == "COMPLETED", (out / f"job-{job}.out").read_text()
+        for job in jobs:
+            errors = (out / f"job-{job}.out").read_text()
+            assert "joined the lane again" in errors and "off for this run" not in errors, errors
+            assert "GPU out of memory" not in errors, errors
+        order = turns()
+        assert len(order) == 60  # every step once
+        later = [t for t in order if t[0] > restarted_at + 1.0]
+        assert len(later) > 10
+        for (_, end, _), (start, _, _) in zip(later, later[1:]):
+            assert end <= start, "two jobs of one lane ran an iteration at the same time after the restart"
+        ledger = RecordLedger(cluster.agent_cfg().records_dir)
+        cluster.wait_for(lambda: all(ledger.get(str(j)) for j in jobs), 30, "no records")
+        for job in jobs:
+            records = ledger.get(str(job))
+            assert len(records) == 1, records  # one run, one record
+            for numbers in records[0]["gpus"].values():  # the workers train on the CPU: no share unless measured
+                share = numbers.get("share_j")
+                assert share is None or share <= numbers["energy_j"] * 1.001, (job, numbers)  # never twice
+        assert lanes() == []  # nothing left on the lanes once both ended
+    finally:
         shutil.rmtree(out, ignore_errors=True)
