@@ -274,6 +274,7 @@ def test_a_full_state_disk_fails_open_says_so_once_and_recovers(cluster):
         shutil.rmtree(out, ignore_errors=True)
 
 
+@pytest.mark.torch  # the lane jobs' processes import torch
 def test_lane_jobs_keep_their_lane_across_an_agent_kill_and_count_once(cluster):
     """Two ``#GPUSHARE lanes`` jobs taking turns on one GPU when the agent is SIGKILLed and started again. The
     lanes live in the agent's memory only: each job's lanes client notices the lost session, joins its lane
