@@ -553,6 +553,7 @@ class Agent:
             acc = self.sampler.untrack(job)
             fields = acc.fields() if acc else {}
             unsaved = self._unsaved.pop(job, None)
+            entry: dict[str, Any] | None
             try:
                 if unsaved is not None:
                     with self.store.locked(job):
