@@ -99,17 +99,6 @@ def allocator_fraction(allocator_bytes: float, gpu_total_bytes: int) -> float:
     return max(1e-6, min(1.0, math.floor(share * 1e6) / 1e6))
 
 
-def slice_fraction(fraction: float, gpu_total_bytes: int, slice_bytes: int, context_bytes: int = 0) -> float:
-    """The framework fraction for a job whose device shows only its slice.
-
-    PyTorch multiplies ``per_process_memory_fraction`` by the total ``cudaMemGetInfo`` reports, and the hard
-    cap shim reports the job's share as total (docs/isolation.md): the GPU-relative ``fraction`` would cap
-    the allocator at a fraction of the slice. The same allocator bytes over the slice instead, and no more
-    than the slice less the shim's per-process context charge, so the framework's own OOM comes first."""
-    allocator = min(fraction * gpu_total_bytes, slice_bytes - context_bytes)
-    return allocator_fraction(allocator, slice_bytes)
-
-
 def decide_caps(policy: str, *, shared: bool, gpus: int, uid: int, need: int | None, gpu_total_bytes: int,
                 tenants: list[tuple[int, str]], thread_percentage: int = 100, outside_allocator_bytes: int = 0) -> Caps:
     """Caps of one job. ``tenants``: (uid, caps mode) of the other jobs already on its GPU;

@@ -243,30 +243,6 @@ def apply(job: str, uid: int, gpus: Sequence[int], exports: Mapping[str, str], m
         return ""
 
 
-def slice_exports(exports: Mapping[str, str], gpus: Sequence[int], backend: GpuBackend | None = None,
-                  device_backend: str | None = None) -> dict[str, str]:
-    """``GPUSHARE_MEMORY_FRACTION`` over the slice, for a job the shim caps (its ``cuMemGetInfo`` total is
-    the share, so a fraction of the whole GPU would give PyTorch a fraction of the slice); {} where the
-    GPU's size or the job's fraction is unknown (the GPU-relative fraction stays: stricter, never looser)."""
-    from gpushare.agent.caps import slice_fraction
-    from gpushare.agent.framework_caps import fraction_text
-
-    try:
-        fraction = float(str(exports.get("GPUSHARE_MEMORY_FRACTION", "")))
-        limit = int(str(exports.get("GPUSHARE_MEM_LIMIT_MIB", ""))) << 20
-        if backend is None:
-            from gpushare.gres import open_backend
-
-            backend = open_backend(device_backend)
-        total = int(backend.gpu(gpus[0]).total_bytes)
-    except Exception as exc:  # noqa: BLE001 - the cap holds without it; the framework's fraction is stricter
-        log.info("framework fraction left relative to the whole GPU (%s)", exc)
-        return {}
-    if not 0.0 < fraction <= 1.0 or limit <= 0 or total <= 0:
-        return {}
-    return {"GPUSHARE_MEMORY_FRACTION": fraction_text(slice_fraction(fraction, total, min(limit, total), CONTEXT_BYTES))}
-
-
 def _uuids(gpus: Sequence[int], backend: GpuBackend | None, device_backend: str | None) -> list[str]:
     """The GPUs' UUIDs for the shim's NVML clamp; [] when the device backend cannot say (not clamped)."""
     try:

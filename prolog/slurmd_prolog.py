@@ -76,13 +76,13 @@ def register(env: Mapping[str, str], cfg: AgentSection, client: SlurmClient | No
         log.warning("job %s: agent unavailable (%s); registering from the Prolog", job.job, exc)
         exports = _register_locally(facts, cfg, backend)
     if cfg.hardcap != "off":
-        from gpushare.prolog.hardcap import apply, slice_exports
+        from gpushare.prolog.hardcap import apply
 
         if apply(job.job, job.uid, job.gpus, exports, cfg.hardcap, backend=backend,
                  device_backend=cfg.device_backend or None) == "shim":
             exports["GPUSHARE_HARDCAP"] = "1"  # read (not exported) by the TaskProlog: preload the shim
-            # the shim shows the job its slice as the device: framework fractions are taken of that
-            exports.update(slice_exports(exports, job.gpus, backend, cfg.device_backend or None))
+            # the framework fraction stays of the whole GPU: PyTorch multiplies it by the device's total memory
+            # property, which the shim leaves alone (measured on an H200, docs/isolation.md)
     write_caps(cfg.run_dir, job.job, exports)
     log.info("job %s registered on GPUs %s: %s", job.job, job.gpus, exports.get("GPUSHARE_CAPS_MODE"))
     return exports

@@ -166,9 +166,10 @@ def test_c_and_ctypes_jobs_stop_at_their_share_beside_a_neighbour(cluster: Cgrou
         got = words(out[name])
         share = int(got["limit"]) * MiB
         assert got["preload"].startswith(f"{cluster.base}/hardcap-bin/libgpushare-hardcap.so"), out[name]
-        # PyTorch's fraction is of the slice the shim shows as the device's total, not of the whole GPU
+        # PyTorch's fraction stays of the whole GPU (it is taken of the device's total memory property, which
+        # the shim leaves alone: measured on an H200, docs/isolation.md): far below 1 for a share of one GPU
         fraction = float(got["torch"].removeprefix("per_process_memory_fraction:"))
-        assert share // 2 < fraction * share <= share - CONTEXT_BYTES, out[name]
+        assert 0 < fraction < 0.5, out[name]
         allocated = int(got["allocated"] if name == "c" else got["ctypes"])
         assert allocated == share - CONTEXT_BYTES, out[name]  # every byte of the share, none past it
         if name == "c":

@@ -73,28 +73,3 @@ def test_prolog_files_are_what_the_shim_reads(tmp_path: Path) -> None:
     out = subprocess.run([str(tmp_path / "alloc"), "dlopen", "10000", "100"], env=env, capture_output=True, text=True,
                          timeout=30)
     assert out.stdout.startswith("allocated 90000 result 2"), out.stderr
-
-
-def test_framework_fraction_is_taken_of_the_slice_the_shim_shows() -> None:
-    from gpushare.agent.caps import allocator_fraction, slice_fraction
-    from gpushare.gres.sim_backend import SimBackend
-    from gpushare.prolog.task_prolog import framework_lines
-
-    gib, total = 1 << 30, 40960 << 20  # an A100-40GB; a 4.5 GiB share of which 3.9 GiB for the allocator
-    gpu_fraction = allocator_fraction(3.9 * gib, total)
-    in_slice = slice_fraction(gpu_fraction, total, int(4.5 * gib), hardcap.CONTEXT_BYTES)
-    # PyTorch multiplies the fraction by cuMemGetInfo's total, which under the shim is the share: the same
-    # allocator bytes (to its rounding down), not a tenth of them
-    assert 3.9 * gib - 64 * 1024 <= in_slice * 4.5 * gib <= 3.9 * gib
-    # never past the slice less the shim's context charge, never 0
-    assert slice_fraction(0.5, total, 4 * gib, hardcap.CONTEXT_BYTES) * 4 * gib <= 4 * gib - hardcap.CONTEXT_BYTES
-    assert slice_fraction(1e-6, total, 4 * gib) > 0
-    sim = SimBackend.from_scenario({"version": 1, "gpus": [{"model": "a100-40gb"}]})
-    job = {"GPUSHARE_CAPS_MODE": "fraction", "GPUSHARE_MEM_LIMIT_MIB": "4608", "GPUSHARE_MEMORY_FRACTION": str(gpu_fraction)}
-    fixed = hardcap.slice_exports(job, [0], sim)
-    assert float(fixed["GPUSHARE_MEMORY_FRACTION"]) == in_slice
-    torch = dict(line.removeprefix("export ").split("=", 1) for line in framework_lines({}, fixed["GPUSHARE_MEMORY_FRACTION"]))
-    assert torch["PYTORCH_CUDA_ALLOC_CONF"] == f"per_process_memory_fraction:{fixed['GPUSHARE_MEMORY_FRACTION']}"
-    # unknown GPU size or fraction: the whole-GPU fraction stays (stricter under the shim, never looser)
-    assert hardcap.slice_exports(job, [3], sim) == {}
-    assert hardcap.slice_exports(dict(job, GPUSHARE_MEMORY_FRACTION="x"), [0], sim) == {}
