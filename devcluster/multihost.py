@@ -324,8 +324,16 @@ class MultiHostCluster:
                 self.path_on(host.name, sub).mkdir(parents=True, exist_ok=True)
             write_text_atomic(self.path_on(host.name, GPUSHARE_CONF), cfg_text)
             if not host.configless:
-                write_text_atomic(self.path_on(host.name, SLURM_CONF), slurm_conf)
-                write_text_atomic(self.path_on(host.name, "/etc/slurm/gres.conf"), self._gres_conf(cfg))
+                # a MIG node's lines live in gpushare's own include files, which the site's files Include
+                # (docs/mig.md, "Slurm setup"; relative, so slurmctld serves them to configless nodes too): the
+                # MIG executor writes only those
+                site_conf, mig_conf = _split_includes(slurm_conf, self._mig_hosts(), "gpushare-mig.conf")
+                site_gres, mig_gres = _split_includes(self._gres_conf(cfg), self._mig_hosts(),
+                                                      "gpushare-mig-gres.conf")
+                write_text_atomic(self.path_on(host.name, SLURM_CONF), site_conf)
+                write_text_atomic(self.path_on(host.name, "/etc/slurm/gres.conf"), site_gres)
+                write_text_atomic(self.path_on(host.name, "/etc/slurm/gpushare-mig.conf"), mig_conf)
+                write_text_atomic(self.path_on(host.name, "/etc/slurm/gpushare-mig-gres.conf"), mig_gres)
                 if self.slurm_at_least("23.02"):
                     write_text_atomic(self.path_on(host.name, "/etc/slurm/cgroup.conf"), "CgroupPlugin=disabled\n")
             if host.has("controller"):  # slurmctld runs as SlurmUser: its directories, as the packages lay them out
@@ -365,6 +373,9 @@ class MultiHostCluster:
         for name in ("sim.json", "sim.json.lock"):
             (sim / name).touch()
             os.chmod(sim / name, 0o666)
+
+    def _mig_hosts(self) -> set[str]:
+        return {h.name for h in self.with_role("gpu") if h.mig}
 
     def _node_gpus(self, host: Host) -> list:
         """A MIG host's GPUs as gres.conf sees them, from its simulated state."""
@@ -672,3 +683,19 @@ class HostAccounting(Accounting):
         root = self.host_etc.parents[1]  # the controller's /, as the harness reaches it
         own_by_slurm(root / "var/log/slurm/slurmdbd.log", 0o640, directory=False)
         own_by_slurm(root / "run/slurmdbd", 0o755)
+
+
+def _split_includes(text: str, nodes: set[str], include: str) -> tuple[str, str]:
+    """(the site's file with ``Include <include>`` where ``nodes``' lines were, the include file with them)."""
+    site: list[str] = []
+    own: list[str] = []
+    for line in text.splitlines():
+        if line.startswith("NodeName=") and line.split()[0].split("=", 1)[1] in nodes:
+            if not own:
+                site.append(f"Include {include}")
+            own.append(line)
+        else:
+            site.append(line)
+    if not own:
+        site.append(f"Include {include}")
+    return "\n".join(site) + "\n", "\n".join(own) + "\n"

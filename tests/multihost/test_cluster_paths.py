@@ -137,7 +137,7 @@ def test_the_check_command_names_the_node_whose_configuration_differs_or_is_miss
     agents' metrics endpoints: nothing shared between the hosts."""
     cluster = multihost()
     edited = cluster.path_on("gpu1", "/etc/slurm/gpushare.toml")
-    edited.write_text(edited.read_text().replace("version = 1\n", "version = 1\n[policy]\nmargin_fraction = 0.3\n", 1))
+    edited.write_text(edited.read_text().replace("[policy]\n", "[policy]\nmargin_fraction = 0.3\n", 1))
     cluster.path_on("mig1", "/etc/slurm/gpushare.toml").unlink()
     cluster.start_agent("gpu1")
     # on defaults its GPUs would be NVML's; the simulated driver stands in, named by environment
@@ -201,7 +201,9 @@ def test_pending_mig_jobs_reshape_the_configless_node_and_run_on_their_profiles(
         timer.join(30)
     assert applied["outcome"] == "applied", (applied, passes)
     assert not cluster.path_on("mig1", "/etc/slurm/slurm.conf").exists()  # still configless
-    gres = cluster.path_on("ctl", "/etc/slurm/gres.conf").read_text()
+    # mig1's lines are in gpushare's own include file; the site's gres.conf only includes it
+    assert "NodeName=mig1 " not in cluster.path_on("ctl", "/etc/slurm/gres.conf").read_text()
+    gres = cluster.path_on("ctl", "/etc/slurm/gpushare-mig-gres.conf").read_text()
     lines = [line for line in gres.splitlines() if line.startswith("NodeName=mig1 ")]
     assert sorted(line.split("Type=")[1].split()[0] for line in lines) == sorted(MIG_WANTED), gres
     seen, blind = set(), []
