@@ -353,7 +353,7 @@ class LocalCluster:
 
     def start_submitd(self) -> None:
         self._spawn("submitd", [f"{self.bin_dir}/gpushare-submitd", "--config", str(self.gpushare_conf)])
-        self._wait(lambda: self.submitd_socket.exists(), 15, "gpushare-submitd did not listen")
+        self._wait(lambda: self.submitd_socket.exists(), 60, "gpushare-submitd did not listen")
 
     def stop_process(self, name: str) -> None:
         pid = self.pids.pop(name, None)

@@ -556,7 +556,7 @@ exec {squash}{enter} /bin/sh -c 'cd "$1" && shift && exec "$@"' sh "$cwd" "$@"
         ctl = self.controller.name
         if services:
             self.spawn(ctl, "submitd", [f"{self.bin_dir}/gpushare-submitd"])
-            self._wait(lambda: self.path_on(ctl, "/run/gpushare/submitd.sock").exists(), 15,
+            self._wait(lambda: self.path_on(ctl, "/run/gpushare/submitd.sock").exists(), 60,
                        "gpushare-submitd did not listen")
         if self.acct is not None:  # before slurmctld, which registers with it
             (self.acct.base / "log").mkdir(parents=True, exist_ok=True)
