@@ -13,46 +13,26 @@ Same simulated A100 and real daemons as test_mig_controller_slurm.py.
 
 from __future__ import annotations
 
-import os
 import shutil
-import sys
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 from gpushare.config import parse_config
-from gpushare.gres.sim_backend import SimBackend
 from gpushare.mig_manager.coordination import controller_pass
-from gpushare.mig_manager.device_ops import create_instance
-from gpushare.mig_manager.journal import JournalStore, Op
+from gpushare.mig_manager.journal import JournalStore
 from gpushare.mig_manager.node_record import parse_report, parse_target, read_records
 from gpushare.mig_manager.reshape import build_executor, reshape_for_demand
 from gpushare.mig_manager.slurm_actions import gpu_counts
 from test_mig_controller_slurm import SplitCluster
-from test_mig_slurm import WANTED
+from test_mig_slurm import WANTED, start_mig_cluster
 
 pytestmark = [pytest.mark.slurm, pytest.mark.faults]
 
 
 def test_slurmctld_restarted_twice_during_a_controller_coordinated_reshape_applies_it_once() -> None:
-    from devcluster.local_cluster import missing_requirements
-
-    if missing_requirements():
-        pytest.skip(f"real Slurm unavailable: {missing_requirements()}")
-    base = Path(tempfile.mkdtemp(prefix="gpushare-slurm-migfault-", dir="/tmp"))
-    os.chmod(base, 0o755)
-    state = base / "gpus.json"
-    SimBackend.from_scenario({"version": 1, "name": "mig-node", "gpus": [{"model": "a100-40gb", "mig_mode": True}]},
-                             state)
-    sim = SimBackend.open(state)
-    create_instance(sim, Op("create", 0, "7g.40gb", 0))
-    cluster = SplitCluster(base, gpus_per_node=1, with_hook=False, with_submitd=False,
-                           bin_dir=os.path.dirname(sys.executable))
-    cluster.state_path = state
-    cluster.start()
+    base, state, sim, cluster = start_mig_cluster("gpushare-slurm-migfault-", SplitCluster)
     try:
         client = cluster.client
         gres_conf = base / "etc" / "gres.conf"

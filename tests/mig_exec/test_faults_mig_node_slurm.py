@@ -15,22 +15,17 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import sys
-import tempfile
 import time
-from pathlib import Path
 
 import pytest
 
 from gpushare.config import parse_config
 from gpushare.gres.gres_conf import node_gpus
-from gpushare.gres.sim_backend import SimBackend
-from gpushare.mig_manager.device_ops import create_instance
-from gpushare.mig_manager.journal import JournalStore, Op
+from gpushare.mig_manager.journal import JournalStore
 from gpushare.mig_manager.reshape import build_executor, reshape_for_demand
 from gpushare.mig_manager.slurm_actions import SlurmNodeActions, gpu_counts
 from gpushare.slurm.client import SlurmError
-from test_mig_slurm import WANTED, MigNodeCluster
+from test_mig_slurm import WANTED, start_mig_cluster
 
 pytestmark = [pytest.mark.slurm, pytest.mark.faults]
 
@@ -40,21 +35,7 @@ class NodeLost(Exception):
 
 
 def test_a_node_lost_mid_reshape_is_finished_once_on_a_drained_node() -> None:
-    from devcluster.local_cluster import missing_requirements
-
-    if missing_requirements():
-        pytest.skip(f"real Slurm unavailable: {missing_requirements()}")
-    base = Path(tempfile.mkdtemp(prefix="gpushare-slurm-mignode-", dir="/tmp"))
-    os.chmod(base, 0o755)
-    state = base / "gpus.json"
-    SimBackend.from_scenario({"version": 1, "name": "mig-node", "gpus": [{"model": "a100-40gb", "mig_mode": True}]},
-                             state)
-    sim = SimBackend.open(state)
-    create_instance(sim, Op("create", 0, "7g.40gb", 0))
-    cluster = MigNodeCluster(base, gpus_per_node=1, with_hook=False, with_submitd=False,
-                             bin_dir=os.path.dirname(sys.executable))
-    cluster.state_path = state
-    cluster.start()
+    base, state, sim, cluster = start_mig_cluster("gpushare-slurm-mignode-")
     try:
         client = cluster.client
         cfg = parse_config({"agent": {"device_backend": f"sim:{state}"}, "mig": {

@@ -17,22 +17,18 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 from gpushare.config import parse_config
-from gpushare.gres.sim_backend import SimBackend
 from gpushare.mig_manager.coordination import controller_pass
-from gpushare.mig_manager.device_ops import create_instance
-from gpushare.mig_manager.journal import JournalStore, Op
+from gpushare.mig_manager.journal import JournalStore
 from gpushare.mig_manager.node_record import parse_report, parse_target, read_records
 from gpushare.mig_manager.reshape import build_executor, reshape_for_demand
 from gpushare.mig_manager.slurm_actions import gpu_counts
-from test_mig_slurm import WANTED, MigNodeCluster
+from test_mig_slurm import WANTED, MigNodeCluster, start_mig_cluster
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -50,21 +46,7 @@ class SplitCluster(MigNodeCluster):
 
 
 def test_controller_decides_and_writes_the_files_while_the_node_only_changes_its_gpus() -> None:
-    from devcluster.local_cluster import missing_requirements
-
-    if missing_requirements():
-        pytest.skip(f"real Slurm unavailable: {missing_requirements()}")
-    base = Path(tempfile.mkdtemp(prefix="gpushare-slurm-migctl-", dir="/tmp"))
-    os.chmod(base, 0o755)
-    state = base / "gpus.json"
-    SimBackend.from_scenario({"version": 1, "name": "mig-node", "gpus": [{"model": "a100-40gb", "mig_mode": True}]},
-                             state)
-    sim = SimBackend.open(state)
-    create_instance(sim, Op("create", 0, "7g.40gb", 0))
-    cluster = SplitCluster(base, gpus_per_node=1, with_hook=False, with_submitd=False,
-                           bin_dir=os.path.dirname(sys.executable))
-    cluster.state_path = state
-    cluster.start()
+    base, state, sim, cluster = start_mig_cluster("gpushare-slurm-migctl-", SplitCluster)
     try:
         client = cluster.client
         gres_conf = base / "etc" / "gres.conf"

@@ -16,6 +16,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -63,22 +64,29 @@ class MigNodeCluster(LocalCluster):
         self.conf.write_text(text)
 
 
-def test_pending_mig_jobs_reshape_the_node_and_run_on_their_profiles(tmp_path: Path) -> None:
+def start_mig_cluster(prefix: str, cls: type[MigNodeCluster] = MigNodeCluster
+                      ) -> tuple[Path, Path, SimBackend, MigNodeCluster]:
+    """(folder, GPU state, simulated backend, started cluster) of one node whose simulated A100-40GB in MIG mode
+    holds one 7g.40gb, the layout a freshly partitioned node has; the test is skipped without real Slurm."""
     from devcluster.local_cluster import missing_requirements
 
     if missing_requirements():
         pytest.skip(f"real Slurm unavailable: {missing_requirements()}")
-    base = Path(__import__("tempfile").mkdtemp(prefix="gpushare-slurm-mig-", dir="/tmp"))
+    base = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
     os.chmod(base, 0o755)
     state = base / "gpus.json"
     SimBackend.from_scenario({"version": 1, "name": "mig-node", "gpus": [{"model": "a100-40gb", "mig_mode": True}]},
                              state)
     sim = SimBackend.open(state)
     create_instance(sim, Op("create", 0, "7g.40gb", 0))
-    cluster = MigNodeCluster(base, gpus_per_node=1, with_hook=False, with_submitd=False,
-                             bin_dir=os.path.dirname(sys.executable))
+    cluster = cls(base, gpus_per_node=1, with_hook=False, with_submitd=False, bin_dir=os.path.dirname(sys.executable))
     cluster.state_path = state
     cluster.start()
+    return base, state, sim, cluster
+
+
+def test_pending_mig_jobs_reshape_the_node_and_run_on_their_profiles(tmp_path: Path) -> None:
+    base, state, sim, cluster = start_mig_cluster("gpushare-slurm-mig-")
     try:
         client = cluster.client
         gres_now = lambda: SlurmNodeActions(client, cluster.conf, base / "etc" / "gres.conf",  # noqa: E731
