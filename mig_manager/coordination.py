@@ -124,10 +124,20 @@ class RecordSlurmActions(SlurmNodeQueries):
         return True
 
     def await_controller(self) -> None:
-        """Return once the controller has acknowledged this node's published files (or none are pending)."""
+        """Return once the controller has acknowledged this node's published files (or none are pending).
+
+        Slurm failing to answer meanwhile is waited through, up to the same deadline: the controller may be
+        restarting to apply these very files (24.11's scontrol then fails at once with "Connection reset by
+        peer" where 22.05 and 26.05 wait for it)."""
         deadline = self.clock() + self.wait_s
         while True:
-            record = read_records(self.client, self.node)[0]
+            try:
+                record = read_records(self.client, self.node)[0]
+            except SlurmError:
+                if self.clock() >= deadline:
+                    raise
+                self.sleep(self.poll_s)
+                continue
             report = parse_report(record.comment, self.node)
             target = parse_target(record.extra, self.node)
             if report is None or report.state != "files" or (target is not None and target.written == report.files):
