@@ -112,7 +112,7 @@ def test_a_requeue_half_done_across_a_controller_restart_happens_once(cluster, s
         job = cluster.client.require_job(job_id)
         if job.state == "COMPLETED" and not job.completing:
             break
-        assert time.monotonic() < deadline, f"job {job_id}: {job.states} restarts {job.restarts}"
+        assert time.monotonic() < deadline, f"job {job_id}: {job.states} ({job.reason}) restarts {job.restarts}"
         time.sleep(0.25)
     print(f"requeue half done at {'/'.join(steps) or 'decided'}: converged {time.monotonic() - started:.1f} s "
           "after the restart")
@@ -161,7 +161,7 @@ def _settled(cluster: LocalCluster, job_id: int, restarts: int, state: str, time
             again = cluster.client.require_job(job_id)
             if (again.state, again.restarts) == (state, restarts):
                 return
-        assert time.monotonic() < deadline, f"job {job_id}: {job.states} restarts {job.restarts}"
+        assert time.monotonic() < deadline, f"job {job_id}: {job.states} ({job.reason}) restarts {job.restarts}"
         time.sleep(0.25)
 
 
