@@ -4,15 +4,18 @@
     python benchmarks/do_no_harm.py --best-of [--loads 1.0 1.2] [--seeds 0 1 2]
 
 benchmarks/simulator_scale.py's synthetic trace (1-8 GPUs per job, nodes of 8 x A100-80GB, trace seeds 0-2) at
-each offered load, utilisation fitted to CARMA's measured runs (``--util carma-fit``), Slurm 22.05
-(first-fit shards) and 24.11+ (``LL_SHARED_GRES``). Rows: ``--policy live`` with the shipped defaults
-except the two settings compared, ``[policy] share_when`` (``always``: shared whatever the queue;
-``queued``: shared only while the job would wait, ``gpushare.policy.share_gate``) and
-``[policy] compute_sizing``; each against Exclusive on the same trace. The goal: at every load, mean JCT
-and energy no worse than Exclusive + 2 %; at load >= 1.0, a gain.
+each offered load, utilisation fitted to CARMA's measured runs (``--util carma-fit``), Slurm 22.05 and
+24.11+. Shard placement is what ``gpushare slurm-config`` advises (``gpushare.simulator.live.advised_placement``):
+first-fit on 22.05, and on 24.11+ ``LL_SHARED_GRES`` (least-loaded) with ``share_when = "always"``, first-fit
+with ``queued``; one more 24.11+ row, ``queued`` with ``LL_SHARED_GRES`` all the same, shows what a site that
+keeps it gets. Rows: ``--policy live`` with the shipped defaults except the settings compared,
+``[policy] share_when`` (``always``: shared whatever the queue; ``queued``: shared only while the job would
+wait, ``gpushare.policy.share_gate``) and ``[policy] compute_sizing``; each against Exclusive on the same
+trace. The goal: at every load, mean JCT and energy no worse than Exclusive + 2 %; at load >= 1.0, a gain.
 
 ``--best-of``: the queue-bound goal instead. At each load, ``--policy live`` with the shipped defaults
-(``share_when = "queued"``, ``compute_sizing`` off) on both releases against Exclusive and against the best
+(``share_when = "queued"``, ``compute_sizing`` off, the advised shard placement: first-fit on both releases;
+``--placement least-loaded`` for 24.11+ with ``LL_SHARED_GRES``) against Exclusive and against the best
 of CARMA's policies with the oracle estimator (``magm``, ``lug``, ``ff``, ``bf``; ``rr`` has no memory
 precondition, so no estimator), the runs docs/simulator.md (*Calibration*) calibrates; "% of best" is live's
 gain over Exclusive as a share of the best policy's gain, for makespan and for mean JCT (each metric's own
@@ -22,7 +25,6 @@ best). The goal: at least 90 % at load >= 1.0.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import tempfile
 from statistics import mean
@@ -35,10 +37,12 @@ from gpushare.config import parse_config  # noqa: E402
 from gpushare.simulator import batch  # noqa: E402
 from gpushare.simulator.cli import THROUGHPUTS_NAME, data_dir  # noqa: E402
 from gpushare.simulator.engine import SimConfig  # noqa: E402
-from gpushare.simulator.live import setup  # noqa: E402
+from gpushare.simulator.live import PLACEMENTS, setup  # noqa: E402
+from gpushare.slurm.version import SlurmVersion  # noqa: E402
 from simulator_scale import synthetic_trace  # noqa: E402
 
-VARIANTS = (("always", False), ("queued", False), ("queued", True))
+VARIANTS = (("always", False, "advised"), ("queued", False, "advised"), ("queued", True, "advised"))
+LL_VARIANT = ("queued", False, "least-loaded")  # 24.11+ only: a site that keeps LL_SHARED_GRES
 CARMA_RUNS = (("magm", "oracle"), ("lug", "oracle"), ("rr", "none"), ("ff", "oracle"), ("bf", "oracle"))
 
 
@@ -47,16 +51,19 @@ def table(jobs: int, gpus: int, loads: list[float], releases: list[str], seeds: 
     data = data_dir(None)
     print(f"synthetic trace, {jobs:,} jobs, {gpus // 8} x 8 A100-80GB, trace seeds {seeds}, --util carma-fit: "
           "--policy live against Exclusive (change in %, mean over the seeds; worst seed in brackets)\n")
-    print("| load | Slurm | share_when | compute_sizing | mean JCT | energy | makespan | OOMs |")
-    print("|---:|---|---|---|---:|---:|---:|---:|")
+    print("| load | Slurm | share_when | compute_sizing | shards | mean JCT | energy | makespan | OOMs |")
+    print("|---:|---|---|---|---|---:|---:|---:|---:|")
     common = {"nodes": gpus // 8, "gpus_per_node": 8, "gpu": "a100-80gb", "util": "carma-fit",
               "throughputs": data / THROUGHPUTS_NAME}
-    labels = [(release if release == "22.05" else f"{release}+", share_when, "on" if sizing else "off")
-              for release in releases for share_when, sizing in VARIANTS]
+    labels = []
     configs = [SimConfig(policy="exclusive", estimator="none", **common)]
     for release in releases:
-        for share_when, sizing in VARIANTS:
-            live = dataclasses.replace(setup(parse_config({}), release), share_when=share_when, compute_sizing=sizing)
+        variants = VARIANTS + ((LL_VARIANT,) if SlurmVersion.parse(release).least_loaded_shared_gres else ())
+        for share_when, sizing, placement in variants:
+            cfg = parse_config({"policy": {"share_when": share_when, "compute_sizing": sizing}})
+            live = setup(cfg, release, placement)
+            labels.append((release if release == "22.05" else f"{release}+", share_when, "on" if sizing else "off",
+                           "least-loaded" if live.least_loaded else "first-fit"))
             configs.append(SimConfig(policy="live", estimator="measured", caps=live.caps, recovery=live.recovery,
                                      live=live, **common))
     for load in loads:
@@ -67,19 +74,20 @@ def table(jobs: int, gpus: int, loads: list[float], releases: list[str], seeds: 
                 path.write_text(synthetic_trace(jobs, gpus, load, seed))
                 per_seed.append(batch.run_all(batch.Source(str(path)), configs, workers))
         base = [runs[0] for runs in per_seed]
-        print(f"| {load} | Exclusive | | | {mean(b['jct_mean_s'] for b in base):.0f} s | "
+        print(f"| {load} | Exclusive | | | | {mean(b['jct_mean_s'] for b in base):.0f} s | "
               f"{mean(b['energy_mj'] for b in base):.0f} MJ | {mean(b['makespan_s'] for b in base) / 3600:.1f} h | |")
-        for k, (release, share_when, sizing_label) in enumerate(labels, start=1):
+        for k, (release, share_when, sizing_label, shards) in enumerate(labels, start=1):
             cells = []
             for key in ("jct_mean_s", "energy_mj", "makespan_s"):
                 changes = [runs[k][key] / runs[0][key] - 1 for runs in per_seed]
                 cells.append(f"{mean(changes):+.1%}" + (f" ({max(changes):+.1%})" if len(changes) > 1 else ""))
             ooms = sum(runs[k]["ooms"] for runs in per_seed)
-            print(f"| {load} | {release} | {share_when} | {sizing_label} | {' | '.join(cells)} | {ooms} |", flush=True)
+            print(f"| {load} | {release} | {share_when} | {sizing_label} | {shards} | {' | '.join(cells)} | {ooms} |",
+                  flush=True)
 
 
 def best_of(jobs: int, gpus: int, loads: list[float], releases: list[str], seeds: list[int],
-            workers: int | None) -> None:
+            workers: int | None, placement: str = "advised") -> None:
     """Live (shipped defaults) against Exclusive and against the best CARMA policy, per load and trace seed."""
     data = data_dir(None)
     print(f"synthetic trace, {jobs:,} jobs, {gpus // 8} x 8 A100-80GB, trace seeds {seeds}, --util carma-fit: "
@@ -91,8 +99,11 @@ def best_of(jobs: int, gpus: int, loads: list[float], releases: list[str], seeds
               "throughputs": data / THROUGHPUTS_NAME}
     configs = [SimConfig(policy="exclusive", estimator="none", **common)]
     configs += [SimConfig(policy=policy, estimator=estimator, **common) for policy, estimator in CARMA_RUNS]
+    live_ll = {}
     for release in releases:
-        live = setup(parse_config({}), release)
+        live = setup(parse_config({}), release,
+                     placement if SlurmVersion.parse(release).least_loaded_shared_gres else "advised")
+        live_ll[release] = live.least_loaded
         configs.append(SimConfig(policy="live", estimator="measured", caps=live.caps, recovery=live.recovery,
                                  live=live, **common))
     names = [p for p, _ in CARMA_RUNS]
@@ -115,7 +126,8 @@ def best_of(jobs: int, gpus: int, loads: list[float], releases: list[str], seeds
                     gain, best_gain = -change(run, key), -change(best[key][1], key)
                     share = f"{gain / best_gain:.0%}" if best_gain > 0 else "no gain to share"
                     cells += [f"{change(run, key):+.1%}", share]
-                label = release if release == "22.05" else f"{release}+"
+                label = (release if release == "22.05" else f"{release}+") + (
+                    " LL_SHARED_GRES" if live_ll[release] else "")
                 print(f"| {load} | {seed} | {base['makespan_s'] / 3600:.1f} h | {base['jct_mean_s']:.0f} s | {spans} "
                       f"| {change(best['makespan_s'][1], 'makespan_s'):+.1%} ({best['makespan_s'][0]}) "
                       f"| {change(best['jct_mean_s'][1], 'jct_mean_s'):+.1%} ({best['jct_mean_s'][0]}) | {label} "
@@ -130,11 +142,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--releases", nargs="+", default=["22.05", "24.11"])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--workers", type=int, default=None)
+    parser.add_argument("--placement", choices=PLACEMENTS, default="advised",
+                        help="--best-of: 24.11+'s shard placement (default: what gpushare slurm-config advises)")
     parser.add_argument("--best-of", action="store_true",
                         help="live (shipped defaults) against the best CARMA policy instead of the share_when table")
     args = parser.parse_args(argv)
     if args.best_of:
-        best_of(args.jobs, args.gpus, args.loads, args.releases, args.seeds, args.workers)
+        best_of(args.jobs, args.gpus, args.loads, args.releases, args.seeds, args.workers, args.placement)
         return 0
     table(args.jobs, args.gpus, args.loads, args.releases, args.seeds, args.workers)
     return 0

@@ -23,7 +23,7 @@ from gpushare.simulator.engine import SimConfig
 from gpushare.simulator.runner import simulation
 from gpushare.simulator.sweep import hyperparameter_sweep
 from gpushare.simulator.interference import MODES
-from gpushare.simulator.live import LiveSetup, setup
+from gpushare.simulator.live import PLACEMENTS, LiveSetup, setup
 from gpushare.simulator.trace import TraceError, read
 
 TRACE_NAME = "philly_trace_60_tasks.csv"
@@ -82,7 +82,10 @@ def _check(policy: str, estimator: str, gpu: str) -> None:
               help="--policy live: the gpushare.toml to deploy (default: $GPUSHARE_CONFIG, else /etc/slurm/gpushare.toml, "
                    "else defaults)")
 @click.option("--slurm", "release", type=click.Choice(SUPPORTED), default="22.05", show_default=True,
-              help="--policy live: the Slurm release (its shard placement)")
+              help="--policy live: the Slurm release")
+@click.option("--shard-placement", "placement", type=click.Choice(PLACEMENTS), default="advised", show_default=True,
+              help="--policy live: the site's shard placement: what gpushare slurm-config advises for the release "
+                   "and share_when, first-fit (no LL_SHARED_GRES) or least-loaded (LL_SHARED_GRES, 24.11+)")
 @click.option("--seeds", default=None, help="several seeds, e.g. 0-4 or 0,2,7 (instead of --seed): a table of runs")
 @click.option("--workers", type=click.IntRange(1), default=None,
               help="processes for several runs (default: one per core)")
@@ -92,14 +95,15 @@ def command(trace_path: str | None, nodes: int, gpus_per_node: int, gpu: str, po
             seed: int, interference: str, throughputs: str | None, data_dir_flag: str | None, no_recovery: bool,
             as_json: bool, plot_dir: str | None, caps: bool | None, sweep_jobs: int = 0, seeds: str | None = None,
             workers: int | None = None, progress: bool | None = None, config_file: str | None = None,
-            release: str = "22.05", sacct_path: str | None = None, util_profile: str = "classes") -> None:
+            release: str = "22.05", sacct_path: str | None = None, util_profile: str = "classes",
+            placement: str = "advised") -> None:
     """Replay a job trace against simulated GPUs through placement policies (several: comma-separated)."""
     data = data_dir(data_dir_flag)
     policies = [p.strip() for p in policy.lower().split(",") if p.strip()]
     seed_list = _seeds(seeds) if seeds else [seed]
     for name in policies:
         _check(name, estimator or "oracle", gpu)
-    deployed = _live(config_file, release) if "live" in policies else None
+    deployed = _live(config_file, release, placement) if "live" in policies else None
     path = Path(trace_path) if trace_path else data / TRACE_NAME
     try:
         if sacct_path:
@@ -154,11 +158,15 @@ def _from_sacct(path: Path, seed: int) -> list[Any]:
     return parse(convert(text, str(path)), str(path), seed)
 
 
-def _live(config_file: str | None, release: str) -> LiveSetup:
+def _live(config_file: str | None, release: str, placement: str = "advised") -> LiveSetup:
     try:
-        return setup(load_config(config_file), release)
+        cfg = load_config(config_file)
     except ConfigError as exc:
         raise click.BadParameter(str(exc), param_hint="--config") from None
+    try:
+        return setup(cfg, release, placement)
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc), param_hint="--shard-placement") from None
 
 
 def _settings(deployed: LiveSetup | None, estimator: str | None, caps: bool | None,

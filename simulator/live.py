@@ -5,8 +5,10 @@ Gimbal's caps); what a site runs is a combination of settings, and the admin's t
 is that combination. Each setting maps to the model of the part that implements it:
 
 =====================================  ==========================================================================
-placement                              Slurm's own shard selection: first-fit on 22.05, least-loaded
-                                       (``LL_SHARED_GRES``, which ``gpushare slurm-config`` offers) on 24.11+
+placement                              Slurm's own shard selection: first-fit (every release without
+                                       ``LL_SHARED_GRES``), or least-loaded (24.11+ with it); by default
+                                       what ``gpushare slurm-config`` advises for the release and
+                                       ``share_when`` (``advised_placement``), else as the site says
 ``[agent] withhold = "feature"``       the agent closes a node to shared jobs while any (``withhold_node_when``
                                        ``any``) or every (``all``) GPU not held whole is risky or warming
                                        (``gpushare.agent.withhold.node_open``, the agent's own function)
@@ -25,8 +27,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpushare.config import Config
+from gpushare.config import Config, ConfigError
 from gpushare.slurm.version import SlurmVersion
+
+PLACEMENTS = ("advised", "first-fit", "least-loaded")
 
 
 @dataclass(frozen=True)
@@ -34,7 +38,7 @@ class LiveSetup:
     """The settings of the deployed stack that change what the simulation does."""
 
     release: str = "22.05"
-    least_loaded: bool = False  # Slurm 24.11+: LL_SHARED_GRES
+    least_loaded: bool = False  # Slurm 24.11+ with SelectTypeParameters=LL_SHARED_GRES
     withhold: str = "none"  # or "feature"
     withhold_when: str = "any"
     thread_policy: str = "fixed"  # or gimbal-jct / gimbal-makespan
@@ -58,12 +62,33 @@ class LiveSetup:
                 + (", heavy jobs over half a GPU" if self.compute_sizing else ""))
 
 
-def setup(cfg: Config, release: str = "22.05") -> LiveSetup:
-    """What ``cfg`` and Slurm ``release`` deploy."""
+def advised_placement(cfg: Config, version: SlurmVersion) -> str:
+    """The shard placement ``gpushare slurm-config`` advises: ``least-loaded`` where the release offers
+    ``LL_SHARED_GRES`` and jobs are shared whatever the queue; ``first-fit`` otherwise.
+
+    Why first-fit with ``share_when = "queued"``: a job is then shared only when no GPU is idle, and
+    first-fit keeps the GPUs that do come free whole for jobs of several GPUs, where least-loaded spreads
+    shards over every GPU (slurm_plugins/slurm_config.py's comment, measured in docs/benchmarks.md).
+    Without ``LL_SHARED_GRES`` Slurm walks a node's GPUs in index order and takes the first with enough
+    shards free, on every release."""
+    return "least-loaded" if version.least_loaded_shared_gres and cfg.policy.share_when != "queued" else "first-fit"
+
+
+def setup(cfg: Config, release: str = "22.05", placement: str = "advised") -> LiveSetup:
+    """What ``cfg`` and Slurm ``release`` deploy; ``placement`` is the site's ``SelectTypeParameters``:
+    ``advised`` (what ``gpushare slurm-config`` advises), ``first-fit`` or ``least-loaded``
+    (``LL_SHARED_GRES``, 24.11+ only)."""
     version = SlurmVersion.parse(release)
+    if placement not in PLACEMENTS:
+        raise ConfigError(f"shard placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
+    if placement == "least-loaded" and not version.least_loaded_shared_gres:
+        raise ConfigError(f"least-loaded shard placement (LL_SHARED_GRES) needs Slurm 24.11 or later, "
+                          f"not {release}")
+    if placement == "advised":
+        placement = advised_placement(cfg, version)
     agent = cfg.agent
     return LiveSetup(
-        release=release, least_loaded=version.least_loaded_shared_gres, withhold=agent.withhold,
+        release=release, least_loaded=placement == "least-loaded", withhold=agent.withhold,
         withhold_when=agent.withhold_node_when, thread_policy=agent.thread_policy,
         caps=agent.framework_caps == "yes" or agent.backstop == "stop", recovery=cfg.oom.max_retries > 0,
         margin_fraction=cfg.policy.margin_fraction, margin_min_gib=cfg.policy.margin_min_gib,

@@ -18,7 +18,13 @@ def test_settings_map_to_the_parts_that_implement_them():
     shipped = setup(parse_config({}), "22.05")
     assert (shipped.least_loaded, shipped.withhold, shipped.thread_policy, shipped.caps, shipped.recovery) == (
         False, "none", "fixed", True, True)
-    assert setup(parse_config({}), "24.11").least_loaded and setup(parse_config({}), "26.05").least_loaded
+    # shard placement: what gpushare slurm-config advises unless the site says otherwise
+    assert not setup(parse_config({}), "24.11").least_loaded and not setup(parse_config({}), "26.05").least_loaded
+    always = parse_config({"policy": {"share_when": "always"}})
+    assert setup(always, "24.11").least_loaded and setup(always, "26.05").least_loaded
+    assert not setup(always, "22.05").least_loaded
+    assert setup(parse_config({}), "24.11", "least-loaded").least_loaded
+    assert not setup(always, "26.05", "first-fit").least_loaded
     changed = setup(parse_config({
         "agent": {"withhold": "feature", "withhold_node_when": "all", "thread_policy": "gimbal-jct",
                   "framework_caps": "no", "backstop": "none"},
@@ -68,6 +74,27 @@ def test_cli_runs_the_configured_stack(tmp_path):
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)["summary"]
     assert summary["estimator"] == "measured" and summary["caps"] is True and summary["completed"] == 2
-    assert "Slurm 24.11 least-loaded shards, withhold any, threads gimbal-jct" in summary["live"]
+    assert "Slurm 24.11 first-fit shards, withhold any, threads gimbal-jct" in summary["live"]  # as advised, queued
+    placed = CliRunner().invoke(command, ["--trace", str(trace), "--policy", "live", "--config", str(conf),
+                                          "--slurm", "24.11", "--shard-placement", "least-loaded", "--json"])
+    assert placed.exit_code == 0, placed.output
+    assert "Slurm 24.11 least-loaded shards" in json.loads(placed.stdout)["summary"]["live"]
+    old = CliRunner().invoke(command, ["--trace", str(trace), "--policy", "live", "--config", str(conf),
+                                       "--slurm", "22.05", "--shard-placement", "least-loaded"])
+    assert old.exit_code == 2 and "--shard-placement" in old.output and "24.11 or later, not 22.05" in old.output
     bad = CliRunner().invoke(command, ["--trace", str(trace), "--policy", "live", "--config", str(tmp_path / "no.toml")])
     assert bad.exit_code == 2 and "no.toml" in bad.output
+
+
+def test_advised_placement_is_what_slurm_config_advises():
+    """The simulator's default follows the advice ``gpushare slurm-config`` writes into slurm.conf."""
+    from gpushare.simulator.live import advised_placement
+    from gpushare.slurm.version import SlurmVersion
+    from gpushare.slurm_plugins.slurm_config import render_slurm_conf
+
+    for share_when in ("queued", "always"):
+        cfg = parse_config({"policy": {"share_when": share_when}})
+        for version in (SlurmVersion(22, 5), SlurmVersion(24, 11), SlurmVersion(26, 5)):
+            conf = render_slurm_conf(cfg, "/etc/slurm", version)
+            offered = "add LL_SHARED_GRES" in conf and "leave it out" not in conf
+            assert (advised_placement(cfg, version) == "least-loaded") == offered, (share_when, version)
