@@ -34,7 +34,6 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 MiB = 1 << 20
-CONTEXT_MIB = 256  # the shim's per-process context charge in the limits file (prolog/hardcap.CONTEXT_BYTES)
 
 _GROW = r"""
 import json, os, subprocess, sys, torch
@@ -115,11 +114,21 @@ def build_shim(out: Path) -> Path:
     return shim
 
 
+def context_charge_mib() -> int:
+    """The shim's per-process context charge the Prolog writes for this GPU (gpushare.prolog.hardcap.context_charge:
+    gpushare.cuda_context's figure for the GPU's generation, named by its marketing name as NVML reports it)."""
+    import torch
+
+    from gpushare.cuda_context import context_bytes_for, sm_arch_of
+
+    return context_bytes_for(sm_arch_of("", torch.cuda.get_device_name(0))) // MiB
+
+
 def job_dirs(base: Path, share_mib: int, job: int) -> dict[str, str]:
     """A limits folder and a cgroup file for job ``job``: what the Prolog and slurmstepd would give it."""
     limits = base / "limits" / f"job_{job}"
     limits.mkdir(parents=True, exist_ok=True)
-    (limits / "gpu0").write_text(f"{share_mib * MiB} {CONTEXT_MIB * MiB}\n")
+    (limits / "gpu0").write_text(f"{share_mib * MiB} {context_charge_mib() * MiB}\n")
     cgroup = base / f"cgroup.{job}"
     cgroup.write_text(f"0::/system.slice/slurmstepd.scope/job_{job}/step_0\n")
     return {"GPUSHARE_HARDCAP_DIR": str(base / "limits"), "GPUSHARE_HARDCAP_CGROUP": str(cgroup)}
@@ -157,7 +166,7 @@ def main() -> int:
     base = Path(tempfile.mkdtemp(prefix="hardcap-gpu-"))
     shim = build_shim(base)
     fw = framework_env(opts.share_mib)
-    results: dict[str, Any] = {"share_mib": opts.share_mib, "context_charge_mib": CONTEXT_MIB, "framework": fw}
+    results: dict[str, Any] = {"share_mib": opts.share_mib, "context_charge_mib": context_charge_mib(), "framework": fw}
     plain = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "PYTORCH_CUDA_ALLOC_CONF")}
     capped = {**plain, **job_dirs(base, opts.share_mib, 41), "LD_PRELOAD": str(shim)}
     for name, conf in (("default allocator", ""), ("expandable_segments", "expandable_segments:True"),

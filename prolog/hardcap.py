@@ -10,10 +10,10 @@ Two backends, chosen by ``[agent] hardcap`` for each fraction-capped shared job:
   changes, and ``auto`` falls back to the shim. What was set is recorded in the job's directory for the
   Epilog, which clears it (removing the cgroup would too, but Slurm may remove it after the Epilog).
 - ``shim`` (gres/hardcap/hardcap.c): ``<dir>/job_<id>/gpu<ordinal>`` = ``"<limit_bytes> <context_bytes> <uuid>"``
-  for each of the job's GPUs as the job numbers them (0..n-1: Slurm's device cgroup and
-  ``CUDA_VISIBLE_DEVICES`` renumber them), root-owned 0644 (the shim ignores anything else), and the job's
-  shared usage files ``gpu<ordinal>.state`` owned by the job's user, 0600 (the shim maps them from inside
-  the job). The TaskProlog then preloads the library (``preload_line``).
+  (``context_bytes``: ``context_charge`` of that GPU) for each of the job's GPUs as the job numbers them
+  (0..n-1: Slurm's device cgroup and ``CUDA_VISIBLE_DEVICES`` renumber them), root-owned 0644 (the shim
+  ignores anything else), and the job's shared usage files ``gpu<ordinal>.state`` owned by the job's user,
+  0600 (the shim maps them from inside the job). The TaskProlog then preloads the library (``preload_line``).
 
 Everything here runs as root: the job id is checked against digits before it becomes a path, the cgroup
 is found by globbing that id under the cgroup root (never taken from the job's environment), and the
@@ -32,14 +32,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 from gpushare.atomic import flock_within, write_json_atomic, write_text_atomic
+from gpushare.cuda_context import DEFAULT_SM_ARCH, context_bytes_for, sm_arch_of
 
 if TYPE_CHECKING:
-    from gpushare.gres.device import GpuBackend
+    from gpushare.gres.device import GpuBackend, GpuInfo
 
 HARDCAP_DIR = "/run/gpushare/hardcap"  # compiled into the shim (HARDCAP_DIR in hardcap.c)
-# Charged once per process and GPU for the CUDA context, which the driver allocates out of the shim's
-# sight but which counts against the job's share on the device (and in the backstop's samples).
-CONTEXT_BYTES = 256 << 20
+# Charged once per process and GPU for the CUDA context and the library kernels loaded into it, which the
+# driver allocates out of the shim's sight but which count against the job's share on the device (and in the
+# backstop's samples). Per GPU it is gpushare.cuda_context's figure for the GPU's generation (``context_charge``):
+# the same number the estimator adds to a job's need and the agent subtracts from it for PyTorch's fraction, so
+# the three agree on what a job's allocations may take. This is the figure for a GPU the backend cannot name.
+CONTEXT_BYTES = context_bytes_for(DEFAULT_SM_ARCH)
 _JOB_RE = re.compile(r"^\d{1,10}$")
 _PATH_RE = re.compile(r"^[A-Za-z0-9_./+@-]{1,4096}$")
 _UUID_RE = re.compile(r"^(GPU|MIG)-[0-9A-Za-z-]{1,80}$")
@@ -56,14 +60,26 @@ def job_dir(job: str, root: str = HARDCAP_DIR) -> Path:
     return Path(root) / f"job_{job}"
 
 
+def context_charge(info: GpuInfo) -> int:
+    """The shim's per-process charge on this GPU: its CUDA context and library kernels, by compute
+    capability (as the agent's ``outside_allocator_bytes`` in gpushare.agent.jobs.build_entry)."""
+    return context_bytes_for(sm_arch_of(info.model, info.name))
+
+
 def write_limits(job: str, uid: int, gpus: int, limit_bytes: int, root: str = HARDCAP_DIR,
-                 context_bytes: int = CONTEXT_BYTES, uuids: Sequence[str] = ()) -> Path:
+                 context_bytes: int | Sequence[int] = CONTEXT_BYTES, uuids: Sequence[str] = ()) -> Path:
     """Write the limits and usage files of ``job``'s ``gpus`` GPUs; returns the job's directory.
 
-    ``uuids`` (the GPUs' in the job's order) go into the limits files as a third field: the shim matches
-    NVML's devices by them to clamp NVML's memory info; without them NVML is not clamped."""
+    ``context_bytes``: the per-process context charge, one for all GPUs or one per GPU in the job's order
+    (``CONTEXT_BYTES`` for a GPU without one). ``uuids`` (the GPUs' in the job's order) go into the limits
+    files as a third field: the shim matches NVML's devices by them to clamp NVML's memory info; without
+    them NVML is not clamped."""
     if uid < 0 or gpus < 1 or limit_bytes <= 0:
         raise ValueError(f"job {job}: uid {uid}, {gpus} GPUs, limit {limit_bytes} B: nothing to cap")
+    contexts = [context_bytes] * gpus if isinstance(context_bytes, int) else list(context_bytes)
+    contexts += [CONTEXT_BYTES] * (gpus - len(contexts))
+    if not all(isinstance(c, int) and 0 <= c < 1 << 40 for c in contexts):
+        raise ValueError(f"job {job}: context charges {contexts} are not byte counts")
     directory = job_dir(job, root)
     directory.mkdir(mode=0o755, parents=True, exist_ok=True)
     if directory.is_symlink() or (directory.stat().st_uid != 0 and os.geteuid() == 0):
@@ -71,7 +87,8 @@ def write_limits(job: str, uid: int, gpus: int, limit_bytes: int, root: str = HA
     os.chmod(directory, 0o755)
     for ordinal in range(gpus):
         uuid = uuids[ordinal] if ordinal < len(uuids) and _UUID_RE.match(uuids[ordinal]) else ""
-        write_text_atomic(directory / f"gpu{ordinal}", f"{limit_bytes} {context_bytes} {uuid}".rstrip() + "\n", mode=0o644)
+        write_text_atomic(directory / f"gpu{ordinal}", f"{limit_bytes} {contexts[ordinal]} {uuid}".rstrip() + "\n",
+                          mode=0o644)
         state = directory / f"gpu{ordinal}.state"
         fd = os.open(state, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
@@ -236,24 +253,29 @@ def apply(job: str, uid: int, gpus: Sequence[int], exports: Mapping[str, str], m
             _say_once(root, job, why, "using the shim" if mode == "auto" else "not hard-capped (the backstop holds)")
             if mode == "driver":
                 return ""
-        write_limits(job, uid, len(gpus), limit, root, uuids=_uuids(gpus, backend, device_backend))
+        uuids, contexts = _gpu_facts(gpus, backend, device_backend)
+        write_limits(job, uid, len(gpus), limit, root, context_bytes=contexts, uuids=uuids)
         return "shim"
     except (OSError, ValueError) as exc:
         log.warning("job %s: hard cap not set (%s); the job runs without the hard cap", job, exc)
         return ""
 
 
-def _uuids(gpus: Sequence[int], backend: GpuBackend | None, device_backend: str | None) -> list[str]:
-    """The GPUs' UUIDs for the shim's NVML clamp; [] when the device backend cannot say (not clamped)."""
+def _gpu_facts(gpus: Sequence[int], backend: GpuBackend | None,
+               device_backend: str | None) -> tuple[list[str], list[int]]:
+    """The GPUs' UUIDs for the shim's NVML clamp and their context charges (``context_charge``); ([], [])
+    when the device backend cannot say: NVML is not clamped and each GPU is charged ``CONTEXT_BYTES``."""
     try:
         if backend is None:
             from gpushare.gres import open_backend
 
             backend = open_backend(device_backend)
-        return [backend.gpu(index).uuid for index in gpus]
+        infos = [backend.gpu(index) for index in gpus]
+        return [info.uuid for info in infos], [context_charge(info) for info in infos]
     except Exception as exc:  # noqa: BLE001 - the cap itself does not need them
-        log.info("GPU UUIDs unavailable (%s); NVML's memory info is not clamped", exc)
-        return []
+        log.info("GPU facts unavailable (%s); NVML's memory info is not clamped, the context charge is %d MiB",
+                 exc, CONTEXT_BYTES >> 20)
+        return [], []
 
 
 def preload_line(env: Mapping[str, str], library: str) -> list[str]:

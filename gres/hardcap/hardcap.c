@@ -13,7 +13,8 @@
  * flock, which the kernel releases when a holder dies). Anything wrong: one line on stderr, shim passive.
  *
  * Charged: cuMemAlloc_v2, cuMemAllocPitch_v2, cuMemAllocAsync (requested size), device-located
- * cuMemCreate, and a fixed context charge per process. Not charged: managed, host and imported memory.
+ * cuMemCreate, and the limits file's context charge (the Prolog's figure for the GPU's generation) once per
+ * process. Not charged: managed, host and imported memory.
  * cuMemGetInfo_v2 reports the slice (never an error of its own), and so does NVML's memory info for the
  * job's GPUs (matched by UUID). See docs/isolation.md for what escapes. */
 #define _GNU_SOURCE

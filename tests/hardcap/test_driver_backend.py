@@ -68,7 +68,8 @@ def test_auto_falls_back_to_the_shim_and_says_why_once(clock, roots: tuple[str, 
         assert hardcap.apply("52", os.geteuid(), [0], FRACTION, "auto", root, backend=sim, cgroup_root=cg) == "shim"
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "r615" in warnings[0] and "using the shim" in warnings[0], warnings
-    assert (Path(root) / "job_51" / "gpu0").read_text() == f"{2 * GiB} {hardcap.CONTEXT_BYTES} {sim.gpu(0).uuid}\n"
+    # the shim's context charge is the H100's (compute capability 9.0: 610 MiB context + 152 MiB of libraries)
+    assert (Path(root) / "job_51" / "gpu0").read_text() == f"{2 * GiB} {762 << 20} {sim.gpu(0).uuid}\n"
     assert (Path(root) / "job_52" / "gpu0").exists()
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="gpushare.prolog"):  # another reason is said again

@@ -26,7 +26,7 @@ from gpushare.agent.api import AgentUnavailable, call
 from gpushare.atomic import write_text_atomic
 from gpushare.epilog.records import RecordLedger
 from gpushare.gres.sim_backend import SimBackend
-from gpushare.prolog.hardcap import CONTEXT_BYTES, HARDCAP_DIR, UNAVAILABLE_NOTE
+from gpushare.prolog.hardcap import HARDCAP_DIR, UNAVAILABLE_NOTE, context_charge
 
 pytestmark = [pytest.mark.slurm, pytest.mark.hardcap]
 HERE = Path(__file__).parent
@@ -157,6 +157,9 @@ def test_c_and_ctypes_jobs_stop_at_their_share_beside_a_neighbour(cluster: Cgrou
     jobs = {"c": submit(cluster, "c", f"{alloc} linked {MiB} 100000 6"),  # holds its memory 6 s
             "py": submit(cluster, "py", ctypes_job),
             "neighbour": submit(cluster, "neighbour", f"sleep 2; {alloc} linked {MiB} 2000 4", mem="3G")}
+    # the shim's per-process context charge the Prolog wrote: the simulated A100's (compute capability 8.0)
+    charge = context_charge(SimBackend.open(cluster.base / "sim.json").gpu(0))
+    assert charge == 612 * MiB
     out = {}
     for name, job in jobs.items():
         log = cluster.base / f"{name}-{job}.out"
@@ -171,7 +174,7 @@ def test_c_and_ctypes_jobs_stop_at_their_share_beside_a_neighbour(cluster: Cgrou
         fraction = float(got["torch"].removeprefix("per_process_memory_fraction:"))
         assert 0 < fraction < 0.5, out[name]
         allocated = int(got["allocated"] if name == "c" else got["ctypes"])
-        assert allocated == share - CONTEXT_BYTES, out[name]  # every byte of the share, none past it
+        assert allocated == share - charge, out[name]  # every byte of the share, none past it
         if name == "c":
             assert got["result"] == "2" and int(got["total"]) == share  # CUDA_ERROR_OUT_OF_MEMORY; the slice shown
         else:  # NVML inside the job shows the job's slice and its charge, not the GPU's
@@ -190,7 +193,7 @@ def test_c_and_ctypes_jobs_stop_at_their_share_beside_a_neighbour(cluster: Cgrou
     cluster._wait(lambda: all(ledger.get(str(job)) for job in jobs.values()), 30, "the agent wrote no record")
     peaks = {name: ledger.get(str(job))[0]["gpus"]["0"]["peak_bytes"] for name, job in jobs.items()}
     limits = {name: int(words(out[name])["limit"]) * MiB for name in jobs}
-    assert peaks["c"] == peaks["py"] == limits["c"] - CONTEXT_BYTES, (peaks, limits)
+    assert peaks["c"] == peaks["py"] == limits["c"] - charge, (peaks, limits)
     assert peaks["neighbour"] == 2000 * MiB, peaks
     # ... and its backstop stayed silent: no job was over its cap, nothing was stopped or recorded
     assert [ledger.get(str(job))[0].get("oom") for job in jobs.values()] == [None] * 3

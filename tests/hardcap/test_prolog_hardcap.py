@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from gpushare.gres.sim_backend import SimBackend
 from gpushare.prolog import hardcap
 from gpushare.prolog.slurmd_prolog import write_caps
 from gpushare.prolog.task_prolog import exports
@@ -28,6 +29,22 @@ def test_prolog_files_cap_a_real_process(tmp_path: Path) -> None:
     assert st.st_uid == 65534 and st.st_mode & 0o777 == 0o600
     hardcap.clear("77", str(tmp_path))
     assert not d.exists()
+
+
+def test_the_context_charge_follows_each_gpus_generation(tmp_path: Path) -> None:
+    """Each limits file charges its GPU's context (gpushare.cuda_context, as the agent's framework cap counts
+    it); a GPU the backend cannot describe gets the default generation's charge."""
+    sim = SimBackend.from_scenario({"version": 1, "gpus": [{"model": "a100-40gb"}, {"model": "h200-141gb"},
+                                                            {"model": "v100-32gb"}]})
+    assert hardcap.apply("78", os.geteuid(), [1, 0, 2], FRACTION, "shim", str(tmp_path), backend=sim) == "shim"
+    charged = [int((tmp_path / "job_78" / f"gpu{i}").read_text().split()[1]) >> 20 for i in range(3)]
+    assert charged == [762, 612, 502]  # as the job numbers them: the H200, the A100, the V100
+    assert charged == [hardcap.context_charge(sim.gpu(i)) >> 20 for i in (1, 0, 2)]
+    assert hardcap.CONTEXT_BYTES == hardcap.context_charge(sim.gpu(0))  # compute capability 8.0, the default
+    hardcap.write_limits("79", os.geteuid(), 2, 1 << 30, str(tmp_path), context_bytes=[5000])
+    assert [(tmp_path / "job_79" / f"gpu{i}").read_text().split()[1] for i in (0, 1)] == ["5000", str(hardcap.CONTEXT_BYTES)]
+    with pytest.raises(ValueError, match="context charges"):
+        hardcap.write_limits("80", os.geteuid(), 1, 1 << 30, str(tmp_path), context_bytes=[-1])
 
 
 def test_only_fraction_capped_jobs_under_a_hardcap_mode(tmp_path: Path) -> None:
