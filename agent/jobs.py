@@ -20,6 +20,7 @@ from gpushare.gres.mps import mps_dirs
 from gpushare.agent.caps import Caps, decide_caps, need_mib, task_env
 from gpushare.policy.observe import summary as observe_summary, would_share
 from gpushare.agent.store import check_job
+from gpushare.slurm.gres_request import GresRequest
 
 if TYPE_CHECKING:
     from gpushare.gres.device import GpuBackend, Number
@@ -30,15 +31,20 @@ RECORD_VERSION = 1  # the per-run job record (docs/formats.md); gpushare.epilog.
 
 log = logging.getLogger("gpushare.agent")
 _USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@-]{0,63}$")
-_SHARD_RE = re.compile(r"(?:^|,)(?:gres[:/])?shard(?::[A-Za-z0-9_.-]+)?:(\d{1,6})(?:,|$)")
+_MAX_SHARDS = 1 << 20  # clean_facts' bound on a registration's shard count
 
 
-def shards_of(tres: str | None) -> int | None:
-    """Shard count of a TRES string like ``gres:shard:12`` / ``gres/shard:12`` (None if no shards)."""
-    if not tres:
-        return None
-    match = _SHARD_RE.search(tres.strip())
-    return int(match.group(1)) if match else None
+def shards_of(request: str | GresRequest | None) -> int | None:
+    """Shard count of a job's per-node GRES request (None if it asks for no shards, or is not understood).
+
+    Through the one GRES parser (gpushare.slurm.gres_request), which reads every form Slurm prints in
+    ``tres_per_node``: ``gres:shard:12`` (22.05), ``gres/shard:12`` (23.02+), typed ``gres:shard:tesla:12`` /
+    ``gres/shard:tesla:12``, and ``shard:12`` as typed to ``--gres``. Text it rejects counts as no shards,
+    as does a count past what a registration accepts: the job registers unshared (uncapped), never refused."""
+    if not isinstance(request, GresRequest):
+        request = GresRequest.parse(request.strip() if isinstance(request, str) else None)
+    counts = [item.count for item in request.named("shard")]
+    return counts[0] if counts and 0 <= counts[0] < _MAX_SHARDS else None
 
 
 def registration_facts(job: str, uid: int, user: str, gpus: list[int], slurm_job: "Job | None") -> dict[str, Any]:
@@ -48,7 +54,7 @@ def registration_facts(job: str, uid: int, user: str, gpus: list[int], slurm_job
     from gpushare.slurm.jobs import number
     from gpushare.slurm.record import parse as parse_record
 
-    shards = shards_of(slurm_job.tres_per_node if slurm_job else None)
+    shards = shards_of(slurm_job.gres_per_node if slurm_job else None)
     record = parse_record(slurm_job.admin_comment if slurm_job else None) or {}
     limit_min = number(slurm_job.raw.get("time_limit")) if slurm_job else None
     facts: dict[str, Any] = {

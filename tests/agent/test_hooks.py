@@ -61,6 +61,19 @@ def test_hook_env_and_slurm_record():
     assert shards_of("gres:gpu:1") is None and shards_of("gres/shard:12") == 12
 
 
+@pytest.mark.parametrize(("tres", "shards"), [
+    ("gres:shard:5", 5), ("gres:shard:tesla:5", 5),  # 22.05, untyped and typed
+    ("gres/shard:5", 5), ("gres/shard:tesla:5", 5),  # 23.02+ (24.11, 26.05)
+    ("shard:5", 5), ("shard:a100:5", 5),  # as typed to --gres
+    ("gres/gpu:1,gres/shard:3g.20gb:12", 12), (" gres:shard:0 ", 0),
+    ("gres:gpu:1", None), ("gres/gpu:tesla:2", None), ("", None), (None, None),
+    ("gres:shard:5;rm -rf /", None), ("gres:shard:" + "9" * 9, None),  # not understood / past a registration's bound
+])
+def test_shards_of_reads_every_form_slurm_prints(tres, shards):
+    assert shards_of(tres) == shards
+    assert shards_of(job_from_json({"tres_per_node": tres or ""}).gres_per_node) == shards
+
+
 def test_task_prolog_exports_only_known_safe_values(tmp_path):
     write_caps(str(tmp_path), "42", {"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=5120M",
                                      "CUDA_MPS_PIPE_DIRECTORY": "/run/x; touch /tmp/pwned",
