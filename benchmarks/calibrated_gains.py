@@ -66,7 +66,8 @@ def synthetic(jobs: int, gpus: int, loads: list[float], workers: int | None) -> 
                           "throughputs": data / THROUGHPUTS_NAME}
                 configs, labels = [SimConfig(policy="exclusive", estimator="none", **common)], ["Exclusive"]
                 for release, label in (("22.05", "live, 22.05"), ("24.11", "live, 24.11+")):
-                    live = setup(parse_config({}), release)
+                    # 24.11+ as recorded in docs/benchmarks.md: LL_SHARED_GRES
+                    live = setup(parse_config({}), release, "first-fit" if release == "22.05" else "least-loaded")
                     configs.append(SimConfig(policy="live", estimator="measured", caps=live.caps,
                                              recovery=live.recovery, live=live, **common))
                     labels.append(label)

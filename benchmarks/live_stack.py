@@ -33,6 +33,8 @@ from gpushare.simulator.live import setup  # noqa: E402
 from gpushare.simulator.workload import UTIL_CLASSES  # noqa: E402
 
 DEFAULTS = setup(parse_config({}), "22.05")
+# the 24.11+ rows are LL_SHARED_GRES, as recorded in docs/benchmarks.md (not what slurm-config now advises)
+_PLACEMENT = {"22.05": "first-fit", "24.11": "least-loaded"}
 VARIANTS = [  # (label, release, changes to the shipped defaults)
     ("shipped defaults, 22.05 (first-fit)", "22.05", {}),
     ("shipped defaults, 24.11+ (LL_SHARED_GRES)", "24.11", {}),
@@ -63,7 +65,7 @@ def synthetic(jobs: int, gpus: int, workers: int | None, data: Path) -> None:
         common = {"nodes": gpus // 8, "gpus_per_node": 8, "gpu": "a100-80gb", "throughputs": data / THROUGHPUTS_NAME}
         configs = [SimConfig(policy="exclusive", estimator="none", **common)]
         for _, release, changes in VARIANTS:
-            live = dataclasses.replace(setup(parse_config({}), release), **changes)
+            live = dataclasses.replace(setup(parse_config({}), release, _PLACEMENT[release]), **changes)
             configs.append(SimConfig(policy="live", estimator="measured", caps=live.caps, recovery=live.recovery,
                                      live=live, **common))
         runs = batch.run_all(batch.Source(str(path)), configs, workers)
@@ -94,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     common = {"nodes": 1, "gpus_per_node": 3, "gpu": "a100-40gb", "throughputs": data / THROUGHPUTS_NAME}
     configs = [SimConfig(policy="exclusive", estimator="none", seed=s, **common) for s in args.seeds]
     for _, release, changes in VARIANTS:
-        live = dataclasses.replace(setup(parse_config({}), release), **changes)
+        live = dataclasses.replace(setup(parse_config({}), release, _PLACEMENT[release]), **changes)
         configs += [SimConfig(policy="live", estimator="measured", seed=s, caps=live.caps, recovery=live.recovery,
                               live=live, **common) for s in args.seeds]
     runs = batch.run_all(batch.Source(str(data / TRACE_NAME)), configs, args.workers)
