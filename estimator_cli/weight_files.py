@@ -190,7 +190,16 @@ def _header_open_for(original: Any) -> Any:
 def header_only_weights() -> Iterator[None]:
     """Replace ``safe_open`` in safetensors and in every loaded module that imported it by name (a preloaded
     transformers did: ``from safetensors import safe_open``); modules imported later find the replacement
-    in safetensors itself. Restored on exit."""
+    in safetensors itself. Restored on exit. ``torch.load`` of a ``torch.save`` checkpoint gets the same
+    treatment from its pickle (estimator_cli/checkpoint_files.py)."""
+    from gpushare.estimator_cli.checkpoint_files import pickle_only_checkpoints
+
+    with pickle_only_checkpoints(), _header_only_safetensors():
+        yield
+
+
+@contextlib.contextmanager
+def _header_only_safetensors() -> Iterator[None]:
     try:
         import safetensors
         import safetensors.torch  # noqa: F401 - binds its own safe_open: replaced below
