@@ -39,9 +39,10 @@ VARIANTS = (("exclusive", "22.05", None), ("live", "22.05", None), ("live", "24.
 def run(jobs: list[trace.JobSpec], policy: str, release: str, nodes: int, share_when: str | None = None) -> dict[str, float]:
     extra: dict[str, object] = {"estimator": "oracle"}
     if policy == "live":
-        live = setup(load_config(None), release)
-        if share_when is not None:
-            live = dataclasses.replace(live, share_when=share_when)
+        cfg = load_config(None)
+        if share_when is not None:  # through the settings, so that the shard placement is the one advised for it
+            cfg = dataclasses.replace(cfg, policy=dataclasses.replace(cfg.policy, share_when=share_when))
+        live = setup(cfg, release)
         extra = {"estimator": "measured", "caps": live.caps, "recovery": live.recovery, "live": live}
     config = SimConfig(nodes=nodes, gpus_per_node=PER_NODE, gpu=GPU, policy=policy,
                        throughputs=data_dir(None) / THROUGHPUTS_NAME, **extra)  # type: ignore[arg-type]
