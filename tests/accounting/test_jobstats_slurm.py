@@ -8,13 +8,13 @@ what they left. Shipped defaults except the agent's simulated GPUs and its quick
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,56 +32,26 @@ SIMJOB = Path(__file__).parents[1] / "agent" / "simjob.py"
 OTHER_USER = "gpushare-test2"
 
 
-def _agent_helpers() -> Any:
-    """tests/agent/conftest.py (AgentCluster, two_gpus), loaded under its own name."""
-    path = Path(__file__).parents[1] / "agent" / "conftest.py"
-    spec = importlib.util.spec_from_file_location("gpushare_agent_test_helpers", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def script(directive: str, args: str) -> str:
     return f"#!/bin/sh\n#GPUSHARE {directive}\n'{sys.executable}' '{SIMJOB}' {args}\n"
 
 
 @pytest.fixture(scope="module")
-def cluster(request: pytest.FixtureRequest) -> Any:
+def cluster(request: pytest.FixtureRequest, acct: Any) -> Iterator[Any]:
     problem = missing_requirements() or accounting.missing_requirements()
     if problem:
         pytest.skip(f"real Slurm with accounting unavailable: {problem}")
     owner, other = ensure_login_user(), ensure_login_user(OTHER_USER)
-    helpers = _agent_helpers()
     base = Path(tempfile.mkdtemp(prefix="gpushare-acct-", dir="/tmp"))
     os.chmod(base, 0o755)
-    toml = (f'[agent]\nstate_dir = "{base}/agent-state"\nrecords_dir = "{base}/records"\n'
-            f'run_dir = "{base}/run-agent"\ndevice_backend = "sim:{base}/sim.json"\nwithhold = "none"\n'
-            f"metrics_port = 0\nwindow_samples = 4\nsample_period_s = 0.25\nflush_every_s = 1.0\n"
-            f'log_file = "{base}/log/agent.log"\n')
-    SimBackend.from_scenario(helpers.two_gpus(), base / "sim.json")
-    made = helpers.AgentCluster(base, bin_dir=BIN_DIR, toml_extra=toml, accounting=True,
-                                accounting_users=("root", owner.pw_name, other.pw_name),
-                                mail_prog=str(base / "bin" / "mailprog"))
+    SimBackend.from_scenario(acct.agent.two_gpus(), base / "sim.json")
+    made = acct.agent.AgentCluster(base, bin_dir=BIN_DIR, toml_extra=acct.agent_toml(base), accounting=True,
+                                   accounting_users=("root", owner.pw_name, other.pw_name),
+                                   mail_prog=str(base / "bin" / "mailprog"))
     write_mail_programs(base, made)
-    failed_before = request.session.testsfailed
-    try:
-        made.start()
-        made.start_agent()
-        os.chmod(base, 0o777)  # the users' simulated processes register in sim.json (replaced atomically)
-        for name in ("sim.json", "sim.json.lock", "log/hooks.log"):
-            (base / name).touch()
-            os.chmod(base / name, 0o666)
-        made.owner, made.other = owner, other
+    made.owner, made.other = owner, other
+    with acct.running(made, request):
         yield made
-    finally:
-        made.stop()
-        if request.session.testsfailed > failed_before:
-            for log in sorted((base / "log").glob("*")):
-                tail = log.read_text(errors="replace").splitlines()[-20:]
-                sys.stderr.write(f"== {log.name}\n" + "\n".join(tail) + "\n")
-        else:
-            shutil.rmtree(base, ignore_errors=True)
 
 
 def write_mail_programs(base: Path, cluster: Any) -> None:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import base64
 import gzip
-import importlib.util
 import json
 import os
 import shutil
@@ -88,15 +87,6 @@ exit 0
 """
 
 
-def _agent_helpers() -> Any:
-    path = Path(__file__).parents[1] / "agent" / "conftest.py"
-    spec = importlib.util.spec_from_file_location("gpushare_agent_test_helpers", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def princeton_summary(job: int) -> str:
     """What `jobstats -f -b` prints: base64 of gzip'd JSON (mixed case, '+', '/' and '=' included)."""
     stats = {"gpus": 1, "nodes": {"n1": {"cpus": 1, "gpu_total_memory": {"0": 42949672960},
@@ -106,21 +96,16 @@ def princeton_summary(job: int) -> str:
 
 
 @pytest.fixture(scope="module")
-def cluster(request: pytest.FixtureRequest) -> Iterator[Any]:
+def cluster(request: pytest.FixtureRequest, acct: Any) -> Iterator[Any]:
     problem = missing_requirements() or accounting.missing_requirements()
     if problem:
         pytest.skip(f"real Slurm with accounting unavailable: {problem}")
     owner = ensure_login_user()
-    helpers = _agent_helpers()
     base = Path(tempfile.mkdtemp(prefix="gpushare-js1-", dir="/tmp"))
     os.chmod(base, 0o755)
-    toml = (f'[agent]\nstate_dir = "{base}/agent-state"\nrecords_dir = "{base}/records"\n'
-            f'run_dir = "{base}/run-agent"\ndevice_backend = "sim:{base}/sim.json"\nwithhold = "none"\n'
-            f"metrics_port = 0\nwindow_samples = 4\nsample_period_s = 0.25\nflush_every_s = 1.0\n"
-            f'log_file = "{base}/log/agent.log"\nbackstop_grace_s = 1.0\n')
-    SimBackend.from_scenario(helpers.two_gpus(), base / "sim.json")
+    SimBackend.from_scenario(acct.agent.two_gpus(), base / "sim.json")
 
-    class SiteCluster(helpers.AgentCluster):  # type: ignore[misc, name-defined]
+    class SiteCluster(acct.agent.AgentCluster):  # type: ignore[misc, name-defined]
         """The site's Epilog and EpilogSlurmctld in slurm.conf, chained with ours as slurm-config writes it."""
 
         def _slurm_conf(self, cfg: Any) -> str:
@@ -136,29 +121,14 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Any]:
             return "\n".join(f"{line.partition('=')[0]}={chains[line.partition('=')[0]]}"
                              if line.partition("=")[0] in chains else line for line in text.splitlines()) + "\n"
 
-    made = SiteCluster(base, bin_dir=BIN_DIR, toml_extra=toml, accounting=True,
-                       accounting_users=("root", owner.pw_name))
+    made = SiteCluster(base, bin_dir=BIN_DIR, toml_extra=acct.agent_toml(base, "backstop_grace_s = 1.0\n"),
+                       accounting=True, accounting_users=("root", owner.pw_name))
     (base / "site").mkdir(mode=0o755)
     (base / "site" / "seen").touch(mode=0o666)
     os.chmod(base / "site" / "seen", 0o666)
-    failed_before = request.session.testsfailed
-    try:
-        made.start()
-        made.start_agent()
-        os.chmod(base, 0o777)  # the user's simulated processes register in sim.json (replaced atomically)
-        for name in ("sim.json", "sim.json.lock", "log/hooks.log"):
-            (base / name).touch()
-            os.chmod(base / name, 0o666)
-        made.owner = owner
+    made.owner = owner
+    with acct.running(made, request, more_logs=[base / "site" / "seen"]):
         yield made
-    finally:
-        made.stop()
-        if request.session.testsfailed > failed_before:
-            for log in [*sorted((base / "log").glob("*")), base / "site" / "seen"]:
-                tail = log.read_text(errors="replace").splitlines()[-20:]
-                sys.stderr.write(f"== {log.name}\n" + "\n".join(tail) + "\n")
-        else:
-            shutil.rmtree(base, ignore_errors=True)
 
 
 def _row(cluster: Any, job: int) -> tuple[str, str, str]:
