@@ -21,9 +21,11 @@ FRACTION = {"GPUSHARE_CAPS_MODE": "fraction", "GPUSHARE_MEM_LIMIT_MIB": "1", "GP
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the files are root's")
 def test_prolog_files_cap_a_real_process(tmp_path: Path) -> None:
-    assert hardcap.apply("77", 65534, [0, 1], FRACTION, "shim", str(tmp_path)) == "shim"
+    # a device backend that cannot open: no UUIDs, and each GPU is charged the default generation's context
+    absent = f"sim:{tmp_path / 'absent.json'}"
+    assert hardcap.apply("77", 65534, [0, 1], FRACTION, "shim", str(tmp_path), device_backend=absent) == "shim"
     d = tmp_path / "job_77"
-    assert (d / "gpu0").read_text().split()[:2] == [str(1 << 20), str(hardcap.CONTEXT_BYTES)] and (d / "gpu1").exists()
+    assert (d / "gpu0").read_text() == f"{1 << 20} {hardcap.CONTEXT_BYTES}\n" and (d / "gpu1").exists()
     assert (d / "gpu0").stat().st_uid == 0 and (d / "gpu0").stat().st_mode & 0o777 == 0o644
     st = (d / "gpu0.state").stat()
     assert st.st_uid == 65534 and st.st_mode & 0o777 == 0o600
