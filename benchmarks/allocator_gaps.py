@@ -11,7 +11,8 @@ sides can be split apart with PyTorch's own record of every allocation:
 * here, this script reads that record, **replays the real allocation trace through the allocator model**
   (error = the model's alone), and compares the real trace with the one ``gpu-estimate --snapshot`` captures
   on the CPU (error = the capture's), naming the allocation sizes live at the real peak that the capture
-  lacks or has in excess.
+  lacks or has in excess; the last two columns are the estimate itself (``peak_reserved_bytes`` of
+  ``gpu-estimate --json``) against the real ``max_memory_reserved``, both errors together.
 
     python benchmarks/allocator_gaps.py gt.json --history DIR [--gpu h200-141gb] [--only TEXT]
 """
@@ -140,8 +141,9 @@ def main() -> int:
         measured = json.load(f)
     only = [o for o in opts.only.split(",") if o]
     print("| workload | real reserved | model on real trace | model error | real peak allocated | captured peak "
-          "allocated | capture error | real segments | captured segments | live at the real peak, real − captured |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+          "allocated | capture error | real segments | captured segments | live at the real peak, real − captured "
+          "| estimated reserved | estimate error |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|")
     for row in measured["workloads"]:
         label = row["label"]
         path = os.path.join(opts.history, history_name(label))
@@ -154,7 +156,7 @@ def main() -> int:
         real_peak, real_live = live_at_peak(real_trace)
         real_segs, real_seg_bytes = segments(real_trace)
         try:
-            _doc, snap = capture(here[label], opts.gpu)
+            doc, snap = capture(here[label], opts.gpu)
         except (RuntimeError, subprocess.TimeoutExpired) as exc:
             print(f"| {label} | {real_reserved / MiB:.0f} | {modelled.peak_reserved_bytes / MiB:.0f} | | "
                   f"{real_peak / MiB:.0f} | | | {real_segs} | | capture failed: {exc} |")
@@ -164,9 +166,11 @@ def main() -> int:
         cap_segs, _ = segments(cap_trace)
         model_err = (modelled.peak_reserved_bytes - real_reserved) / real_reserved
         cap_err = (cap_peak - real_peak) / real_peak if real_peak else 0.0
+        estimated = doc["targets"][0]["peak_reserved_bytes"]
         print(f"| {label} | {real_reserved / MiB:.0f} | {modelled.peak_reserved_bytes / MiB:.0f} | {model_err:+.1%} | "
               f"{real_peak / MiB:.0f} | {cap_peak / MiB:.0f} | {cap_err:+.1%} | {real_segs} ({real_seg_bytes / MiB:.0f} MiB) "
-              f"| {cap_segs} | {differences(real_live, cap_live)} |", flush=True)
+              f"| {cap_segs} | {differences(real_live, cap_live)} | {estimated / MiB:.0f} "
+              f"| {(estimated - real_reserved) / real_reserved:+.1%} |", flush=True)
     return 0
 
 

@@ -28,8 +28,9 @@ RELEVANT_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CUBLAS_WORKSPA
 # from convolution geometry (estimator_cli/conv_workspace.py). 4: documents carry the persistent/ephemeral
 # split (estimator_cli/persistent.py), which an older entry lacks. 5: fake mode answers host copies of GPU
 # values and fast-forwards repeated passes, so a script that fell back to profile mode before is captured
-# in fake mode now (estimator_cli/value_use.py, repeat_passes.py).
-MODEL_VERSION = 5
+# in fake mode now (estimator_cli/value_use.py, repeat_passes.py). 6: CUDA reductions' staging buffers
+# (estimator_cli/reduce_buffer.py).
+MODEL_VERSION = 6
 
 
 MAX_ARG_FILE_BYTES = 4 << 20

@@ -16,6 +16,7 @@ from gpushare.estimator_cli.device_model import DeviceModel, device_for
 from gpushare.estimator_cli.events import Capture
 from gpushare.estimator_cli.orchestrate import Orchestrated, orchestrate
 from gpushare.estimator_cli.persistent import MemorySplit, split_peak
+from gpushare.estimator_cli.reduce_buffer import max_threads_per_sm
 from gpushare.estimator_cli.recommend import Recommendation, recommend
 from gpushare.config import Config
 
@@ -74,7 +75,8 @@ def estimate_target(capture: Capture, target: str, cfg: Config, env: Mapping[str
                     keep_trace: bool = False) -> TargetEstimate:
     env = os.environ if env is None else env
     probe = device_for(target, cfg.gpus, cublas_workspace_config=env.get("CUBLAS_WORKSPACE_CONFIG"))
-    orch = orchestrate(capture, probe.cublas_workspace_bytes)
+    orch = orchestrate(capture, probe.cublas_workspace_bytes,
+                       reduce_target=(probe.sm_count, max_threads_per_sm(probe.sm_arch)))
     device = device_for(target, cfg.gpus, uses_cublas=orch.uses_cublas, uses_cudnn=orch.uses_cudnn,
                         cublas_workspace_config=env.get("CUBLAS_WORKSPACE_CONFIG"))
     config = allocator_config(env)

@@ -69,6 +69,10 @@ class Alloc:
     # :class:`ConvGeometry`. The orchestrator needs it for cuDNN's workspace, which depends on the
     # input and filter shapes, not only on the output's size.
     conv: list[int] | None = None
+    # When a ``sum``/``mean`` made this block (fake mode only): the device-independent part of the CUDA
+    # reduction's launch configuration (:func:`gpushare.estimator_cli.reduce_buffer.geometry_of`), from
+    # which the orchestrator sizes the staging buffer the kernel allocates for the target GPU.
+    reduce: list[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -126,7 +130,8 @@ class Capture:
             "version": self.version, "mode": self.mode, "steps": self.steps, "stopped": self.stopped,
             "events": [[op, i] for op, i in self.events],
             "allocs": [[a.id, a.size, a.module, a.phase, a.iteration, a.op, a.kind]
-                       + ([a.conv] if a.conv is not None else []) for a in self.allocs.values()],
+                       + ([a.conv, a.reduce] if a.reduce is not None else [a.conv] if a.conv is not None else [])
+                       for a in self.allocs.values()],
             "zero_grads": self.zero_grads, "item_placeholders": self.item_placeholders,
             "value_reads": self.value_reads, "fast_forwarded_passes": self.fast_forwarded_passes,
         }

@@ -24,6 +24,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from gpushare.estimator_cli.conv_workspace import geometries_for
 from gpushare.estimator_cli.events import DEFAULT_KIND, Alloc, ConvGeometry, Kind, Phase
 from gpushare.estimator_cli.meta_cache import MetaCache
+from gpushare.estimator_cli.reduce_buffer import geometry_of
 
 
 _BASE_DISPATCH = getattr(torch.Tensor.__torch_dispatch__, "__func__", torch.Tensor.__torch_dispatch__)
@@ -75,7 +76,8 @@ class FakeRecorder(TorchDispatchMode):
             self.events.append(("free", alloc_id))
             self.live -= size
 
-    def _track(self, out: Any, op: str, geometries: list[ConvGeometry | None] | None = None) -> None:
+    def _track(self, out: Any, op: str, geometries: list[ConvGeometry | None] | None = None,
+               reduce: list[int] | None = None) -> None:
         conv_of: dict[int, ConvGeometry] = {}  # id(output tensor) -> geometry, for convolution ops
         if geometries:
             outs = out if isinstance(out, (list, tuple)) else (out,)
@@ -101,7 +103,8 @@ class FakeRecorder(TorchDispatchMode):
             phase, iteration, module = self.context()
             geometry = conv_of.get(id(t))
             self.allocs[alloc_id] = Alloc(alloc_id, size, module, phase.value, iteration, op,
-                                          conv=geometry.to_list() if geometry is not None else None)
+                                          conv=geometry.to_list() if geometry is not None else None,
+                                          reduce=reduce)
             self.events.append(("alloc", alloc_id))
             self.live += size
             self.peak = max(self.peak, self.live)
@@ -113,7 +116,7 @@ class FakeRecorder(TorchDispatchMode):
         alloc_id = next(self._counter)
         _, iteration, _ = self.context()
         self.allocs[alloc_id] = Alloc(alloc_id, template.size, template.module, template.phase, iteration,
-                                      template.op, conv=template.conv)
+                                      template.op, conv=template.conv, reduce=template.reduce)
         self.events.append(("alloc", alloc_id))
         self.live += template.size
         self.peak = max(self.peak, self.live)
@@ -131,7 +134,11 @@ class FakeRecorder(TorchDispatchMode):
             # a tensor subclass (FSDP2's DTensor) decides first; its ops on plain tensors come back here
             return NotImplemented
         out = self.cache.call(func, args, kwargs, lambda: func(*args, **kwargs))
-        self._track(out, func.__name__, geometries_for(func.__name__, args) if self.recording else None)
+        name = func.__name__
+        if self.recording:
+            self._track(out, name, geometries_for(name, args), geometry_of(name, args))
+        else:
+            self._track(out, name)
         return out
 
     def finish(self) -> None:

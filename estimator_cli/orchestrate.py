@@ -16,6 +16,9 @@ What the GPU adds that the capture cannot see, from the device model:
   exists). Its size comes from the convolution's geometry (:mod:`gpushare.estimator_cli.conv_workspace`); a
   convolution captured without geometry (not 2-D) keeps the older proportional guess,
   :data:`CUDNN_WORKSPACE_FRACTION` of the output, at most :data:`CUDNN_WORKSPACE_CAP`.
+- The staging buffer and semaphores of a CUDA reduction split across thread blocks (the bias gradient's
+  column sum): two temporary blocks right after the ``sum``/``mean`` output, released at once, sized for
+  the target's SM count (:mod:`gpushare.estimator_cli.reduce_buffer`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from dataclasses import dataclass
 
 from gpushare.estimator_cli.conv_workspace import workspace_bytes
 from gpushare.estimator_cli.events import Alloc, Capture, ConvGeometry, Kind, Phase
+from gpushare.estimator_cli.reduce_buffer import staging_bytes
 
 # Ops whose GPU kernels are cuBLAS GEMMs (their output allocation marks the first use of a handle).
 GEMM_OPS = ("mm", "addmm", "bmm", "baddbmm", "addbmm", "_scaled_mm", "linear", "matmul", "addmv", "mv")
@@ -49,7 +53,10 @@ def _base_op(op: str) -> str:
     return op.split(".")[0]
 
 
-def orchestrate(capture: Capture, cublas_workspace_bytes: int) -> Orchestrated:
+def orchestrate(capture: Capture, cublas_workspace_bytes: int,
+                reduce_target: tuple[int, int] | None = None) -> Orchestrated:
+    """The replay events of ``capture``; ``reduce_target`` = (SM count, max threads per SM) of the target
+    GPU sizes the reductions' staging buffers (None: none added)."""
     allocs = dict(capture.allocs)
     events: list[tuple[str, int, int, int]] = []
     next_key = WORKSPACE_KEY_BASE
@@ -85,6 +92,12 @@ def orchestrate(capture: Capture, cublas_workspace_bytes: int) -> Orchestrated:
             size = _cudnn_workspace(alloc)
             if size > 0:
                 add_block(size, alloc, "cuDNN workspace", keep=False)
+        if alloc.reduce is not None and reduce_target is not None:
+            buffer, semaphores = staging_bytes(alloc.reduce, *reduce_target)
+            if buffer > 0:
+                add_block(buffer, alloc, "reduction staging buffer", keep=False)
+                add_block(semaphores, alloc, "reduction semaphores", keep=False)
+                pending_frees.reverse()  # PyTorch frees the semaphores first (reverse declaration order)
         events.extend(("free", key, 0, 0) for key in pending_frees)
     return Orchestrated(events, allocs, uses_cudnn, uses_cublas)
 
