@@ -22,15 +22,16 @@ from gpushare.atomic import write_json_atomic
 
 # Environment that changes what the GPU run allocates (allocator behaviour, cuBLAS workspace, lazy loading).
 RELEVANT_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CUBLAS_WORKSPACE_CONFIG",
-                "CUDA_MODULE_LOADING", "CUBLASLT_WORKSPACE_SIZE", "PYTORCH_NO_CUDA_MEMORY_CACHING")
+                "CUDA_MODULE_LOADING", "CUBLASLT_WORKSPACE_SIZE", "PYTORCH_NO_CUDA_MEMORY_CACHING",
+                "TORCH_CUBLASLT_UNIFIED_WORKSPACE")
 # Version of the estimate's model (orchestrator, device model). Bump it when the same capture would give a
 # different estimate, so entries made by an older model are not served as current. 2: cuDNN workspaces
 # from convolution geometry (estimator_cli/conv_workspace.py). 4: documents carry the persistent/ephemeral
 # split (estimator_cli/persistent.py), which an older entry lacks. 5: fake mode answers host copies of GPU
 # values and fast-forwards repeated passes, so a script that fell back to profile mode before is captured
 # in fake mode now (estimator_cli/value_use.py, repeat_passes.py). 6: CUDA reductions' staging buffers
-# (estimator_cli/reduce_buffer.py).
-MODEL_VERSION = 6
+# (estimator_cli/reduce_buffer.py). 7: the cuBLASLt workspace kept after the first addmm (device_model.py).
+MODEL_VERSION = 7
 
 
 MAX_ARG_FILE_BYTES = 4 << 20

@@ -15,9 +15,14 @@ Numbers and their sources (all MiB unless said otherwise):
   Hopper and Blackwell (compute capability 9.x/10.x/12.x; torch 2.4-2.5 only checked sm_90);
   ``CUBLAS_WORKSPACE_CONFIG=:SIZE_KiB:COUNT[:SIZE:COUNT...]`` overrides it. It is allocated **through the
   caching allocator** (``getNewWorkspace``/``allocateCUDABlasWorkspace``), once per (handle, stream), so
-  the orchestrator adds it to the replayed events rather than to ``reserved_elsewhere``. The cuBLASLt
-  workspace (``CUBLASLT_WORKSPACE_SIZE``, 1024 KiB default) is served from the cuBLAS one in recent torch
-  (``TORCH_CUBLASLT_UNIFIED_WORKSPACE``), so it adds nothing by default.
+  the orchestrator adds it to the replayed events rather than to ``reserved_elsewhere``.
+* cuBLASLt workspace: ``getCUDABlasLtWorkspace`` (same file) keeps one more block per (handle, stream),
+  of ``getCUDABlasLtWorkspaceSize()`` = ``CUBLASLT_WORKSPACE_SIZE`` KiB, 1024 KiB by default, allocated
+  through the caching allocator on the first cuBLASLt call (``addmm`` with a bias goes through
+  ``gemm_and_bias``) and kept. It is served from the cuBLAS workspace instead only when
+  ``TORCH_CUBLASLT_UNIFIED_WORKSPACE`` unifies the two. Measured on an H200 with PyTorch 2.11 (all 20
+  traces of ``benchmarks/results/gpu_ground_truth_h200_history.json``): one never-freed 1 MiB block right
+  after the forward thread's first 32 MiB cuBLAS workspace, none for the backward thread (plain ``mm``).
 * MIG: the capacity is the profile's usable memory from the catalogue; the context is the same order of
   size inside a slice.
 """
@@ -36,6 +41,7 @@ CUBLAS_WORKSPACE_DEFAULT = 4096 * KiB * 2 + 16 * KiB * 8  # ":4096:2:16:8" = 8,5
 CUBLAS_WORKSPACE_LARGE = 4096 * KiB * 8  # ":4096:8" = 32 MiB on Hopper/Blackwell
 _LARGE_WORKSPACE_MAJORS = frozenset({9, 10, 11, 12})
 CUBLASLT_WORKSPACE_DEFAULT = 1024 * KiB  # parseCUDABlasLtWorkspaceSize default
+_TRUE = frozenset({"1", "true", "yes", "on", "y"})
 
 
 @dataclass(frozen=True)
@@ -81,6 +87,20 @@ def cublas_workspace_bytes(sm_arch: tuple[int, int], env: str | None = None) -> 
     return sum(int(size) * KiB * int(count) for size, count in pairs)
 
 
+def cublaslt_workspace_bytes(size_env: str | None = None, unified_env: str | None = None) -> int:
+    """The extra cuBLASLt workspace per (handle, stream): 0 when ``TORCH_CUBLASLT_UNIFIED_WORKSPACE`` is set
+    true, else ``CUBLASLT_WORKSPACE_SIZE`` KiB (1024 by default; an unparsable value keeps the default, as
+    PyTorch does after a warning)."""
+    if unified_env is not None and unified_env.strip().lower() in _TRUE:
+        return 0
+    if size_env is not None:
+        try:
+            return int(size_env.strip()) * KiB
+        except ValueError:
+            pass
+    return CUBLASLT_WORKSPACE_DEFAULT
+
+
 def device_for(
     target: str,
     catalogue: dict[str, GpuModel] | None = None,
@@ -88,7 +108,8 @@ def device_for(
     uses_cublas: bool = True,
     uses_cudnn: bool = True,
     cublas_workspace_config: str | None = None,
-    cublaslt_unified: bool = True,
+    cublaslt_workspace_size: str | None = None,
+    cublaslt_unified: str | None = None,
 ) -> DeviceModel:
     """The device model of a target name such as ``"h100-80gb"`` or ``"a100-40gb:3g.20gb"``.
 
@@ -105,7 +126,7 @@ def device_for(
         capacity_bytes=capacity_bytes(model, profile),
         context_bytes=context_bytes_for(arch, uses_cublas=uses_cublas, uses_cudnn=uses_cudnn),
         cublas_workspace_bytes=cublas_workspace_bytes(arch, cublas_workspace_config),
-        cublaslt_workspace_bytes=0 if cublaslt_unified else CUBLASLT_WORKSPACE_DEFAULT,
+        cublaslt_workspace_bytes=cublaslt_workspace_bytes(cublaslt_workspace_size, cublaslt_unified),
         sm_arch=arch,
         sm_count=model.sms if profile is None else profile.sms,
     )
@@ -118,6 +139,7 @@ __all__ = [
     "DeviceModel",
     "context_bytes_for",
     "cublas_workspace_bytes",
+    "cublaslt_workspace_bytes",
     "device_for",
     "sm_arch_for",
 ]

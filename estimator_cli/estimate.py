@@ -74,9 +74,12 @@ def _breakdown(orch: Orchestrated, keys: list[int]) -> tuple[list, list, list]:
 def estimate_target(capture: Capture, target: str, cfg: Config, env: Mapping[str, str] | None = None,
                     keep_trace: bool = False) -> TargetEstimate:
     env = os.environ if env is None else env
-    probe = device_for(target, cfg.gpus, cublas_workspace_config=env.get("CUBLAS_WORKSPACE_CONFIG"))
+    probe = device_for(target, cfg.gpus, cublas_workspace_config=env.get("CUBLAS_WORKSPACE_CONFIG"),
+                       cublaslt_workspace_size=env.get("CUBLASLT_WORKSPACE_SIZE"),
+                       cublaslt_unified=env.get("TORCH_CUBLASLT_UNIFIED_WORKSPACE"))
     orch = orchestrate(capture, probe.cublas_workspace_bytes,
-                       reduce_target=(probe.sm_count, max_threads_per_sm(probe.sm_arch)))
+                       reduce_target=(probe.sm_count, max_threads_per_sm(probe.sm_arch)),
+                       cublaslt_workspace_bytes=probe.cublaslt_workspace_bytes)
     device = device_for(target, cfg.gpus, uses_cublas=orch.uses_cublas, uses_cudnn=orch.uses_cudnn,
                         cublas_workspace_config=env.get("CUBLAS_WORKSPACE_CONFIG"))
     config = allocator_config(env)

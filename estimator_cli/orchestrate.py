@@ -11,6 +11,9 @@ What the GPU adds that the capture cannot see, from the device model:
   one for the thread running forward and one for the autograd engine's device thread that runs backward
   (``torch/csrc/autograd/engine.cpp`` runs CUDA backward on a per-device worker thread;
   ``aten/src/ATen/cuda/CublasHandlePool.cpp`` keys workspaces by (handle, stream) and handles are per thread).
+- The cuBLASLt workspace (when not unified with the cuBLAS one, :mod:`gpushare.estimator_cli.device_model`):
+  allocated right after the cuBLAS workspace on a thread's first ``addmm`` (the bias GEMM goes through
+  cuBLASLt's ``gemm_and_bias``) and kept.
 - cuDNN convolution workspaces: a temporary block right after each output of a convolution op, released
   at once (``Conv_v8.cpp``'s ``run_conv_plan`` allocates it through the caching allocator once the output
   exists). Its size comes from the convolution's geometry (:mod:`gpushare.estimator_cli.conv_workspace`); a
@@ -30,6 +33,7 @@ from gpushare.estimator_cli.events import Alloc, Capture, ConvGeometry, Kind, Ph
 from gpushare.estimator_cli.reduce_buffer import staging_bytes
 
 # Ops whose GPU kernels are cuBLAS GEMMs (their output allocation marks the first use of a handle).
+LT_OPS = ("addmm", "_addmm_activation")  # a bias epilogue: at::cuda::blas::gemm_and_bias (cuBLASLt)
 GEMM_OPS = ("mm", "addmm", "bmm", "baddbmm", "addbmm", "_scaled_mm", "linear", "matmul", "addmv", "mv")
 CONV_OPS = ("convolution", "convolution_backward", "cudnn_convolution", "_convolution")
 # Fallback for convolutions captured without geometry (not 2-D): a workspace of the order of the output
@@ -54,13 +58,14 @@ def _base_op(op: str) -> str:
 
 
 def orchestrate(capture: Capture, cublas_workspace_bytes: int,
-                reduce_target: tuple[int, int] | None = None) -> Orchestrated:
+                reduce_target: tuple[int, int] | None = None, cublaslt_workspace_bytes: int = 0) -> Orchestrated:
     """The replay events of ``capture``; ``reduce_target`` = (SM count, max threads per SM) of the target
     GPU sizes the reductions' staging buffers (None: none added)."""
     allocs = dict(capture.allocs)
     events: list[tuple[str, int, int, int]] = []
     next_key = WORKSPACE_KEY_BASE
     gemm_threads: set[str] = set()
+    lt_threads: set[str] = set()
     uses_cudnn = False
     uses_cublas = False
 
@@ -86,6 +91,9 @@ def orchestrate(capture: Capture, cublas_workspace_bytes: int,
             gemm_threads.add(thread)
             uses_cublas = True
             add_block(cublas_workspace_bytes, alloc, f"cuBLAS workspace ({thread} thread)", keep=True)
+        if base in LT_OPS and thread not in lt_threads and cublaslt_workspace_bytes > 0:
+            lt_threads.add(thread)
+            add_block(cublaslt_workspace_bytes, alloc, f"cuBLASLt workspace ({thread} thread)", keep=True)
         events.append(("alloc", alloc_id, alloc.size, 0))
         if base in CONV_OPS:
             uses_cudnn = True

@@ -87,8 +87,12 @@ def test_hopper_context_is_the_h200_measurement():
 
 
 def test_cublaslt_workspace_only_when_not_unified():
-    assert device_for("a100-40gb").cublaslt_workspace_bytes == 0
-    assert device_for("a100-40gb", cublaslt_unified=False).cublaslt_workspace_bytes == MiB
+    """One 1 MiB block per process on the H200 with PyTorch 2.11 (device_model.py says where)."""
+    assert device_for("a100-40gb").cublaslt_workspace_bytes == MiB
+    assert device_for("h200-141gb", cublaslt_workspace_size="4096").cublaslt_workspace_bytes == 4 * MiB
+    assert device_for("h200-141gb", cublaslt_workspace_size="lots").cublaslt_workspace_bytes == MiB
+    assert device_for("a100-40gb", cublaslt_unified="1").cublaslt_workspace_bytes == 0
+    assert device_for("a100-40gb", cublaslt_unified="0").cublaslt_workspace_bytes == MiB
 
 
 def test_site_added_models_from_a_config_catalogue():

@@ -83,3 +83,16 @@ def test_an_older_capture_without_reduce_geometry_still_loads() -> None:
                              "events": [["alloc", 0]], "allocs": [row]})
     assert cap.allocs[0] == Alloc(0, 100, "m", "forward", 0, "sum.dim_IntList", "activation")
     assert _staging(cap) == []
+
+
+def test_cublaslt_workspace_follows_the_first_bias_gemm_of_a_thread_and_is_kept() -> None:
+    """H200, PyTorch 2.11: a never-freed 1 MiB block right after the forward thread's 32 MiB cuBLAS
+    workspace, and none for the backward thread, whose GEMMs are plain ``mm``."""
+    orch = orchestrate(_linear_step(torch.float16, 64), 32 * MiB, cublaslt_workspace_bytes=MiB)
+    made = [orch.allocs[key].op for op, key, _size, _s in orch.events if op == "alloc" and key < 0]
+    assert made == ["cuBLAS workspace (forward thread)", "cuBLASLt workspace (forward thread)",
+                    "cuBLAS workspace (backward thread)"]
+    freed = {key for op, key, _size, _s in orch.events if op == "free"}
+    assert not any(key in freed for key, a in orch.allocs.items() if a.op.startswith("cuBLAS"))
+    assert [a.op for a in orchestrate(_linear_step(torch.float16, 64), 32 * MiB).allocs.values()
+            if a.op.startswith("cuBLASLt")] == []
