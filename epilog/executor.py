@@ -114,6 +114,8 @@ def finish(entry: dict[str, Any], client: SlurmClient, ledger: Ledger, wait_s: f
     while job.completing and time.monotonic() < deadline:
         sleep(0.5)
         job = client.require_job(job_id)
+    if job.completing:  # PENDING+COMPLETING too: a start time set now is replaced when completion ends
+        return f"requeue: job {job_id} still completing after {wait_s:.0f} s; eligible after Slurm's delay"
     state = job.state
     if job.pending:
         wait_past_revocation(clock(), clock, sleep)
@@ -121,8 +123,6 @@ def finish(entry: dict[str, Any], client: SlurmClient, ledger: Ledger, wait_s: f
         if entry.get("nice") is not None:  # the job's own nice back (release reset it), minus any boost
             updates["nice"] = entry["nice"]
         client.update_job(job_id, **updates)
-    elif job.completing:
-        return f"requeue: job {job_id} still completing after {wait_s:.0f} s; eligible after Slurm's delay"
     if entry.get("oom") and state in ("PENDING", "RUNNING"):
         apply_comment(client, job_id, entry["oom"])  # again: the node Epilog may have rewritten it meanwhile
     steps = [*entry.get("steps", []), "boost"]
@@ -153,8 +153,15 @@ def spawn_finisher(job_id: str, restarts: int) -> None:
                      start_new_session=True, close_fds=True, env=env, cwd="/")
 
 
-def resume_unfinished(client: SlurmClient, ledger: Ledger, skip: str = "", min_age_s: float = 30.0) -> None:
-    """Finish recoveries a crash (ours or slurmctld's) left half done, so no job stays held."""
+def resume_unfinished(client: SlurmClient, ledger: Ledger, skip: str = "", min_age_s: float = 30.0,
+                      finish_later: Callable[[str, int], None] | None = spawn_finisher) -> None:
+    """Finish recoveries a crash (ours or slurmctld's) left half done, so no job stays held.
+
+    A job requeued here may come back COMPLETING: Slurm 24.11 keeps a finished job's node count across a
+    slurmctld restart, so requeueing it then leaves it PENDING+COMPLETING until slurmctld's periodic
+    re-kill (KillWait + 2 x MessageTimeout, looked at once a minute) clears it, and only then applies its
+    requeue delay. ``finish_later`` (a detached ``finish``) makes it eligible when that happens, as the
+    hook does for a job still completing; None leaves the boost to the next resume."""
     for entry in ledger.unfinished(min_age_s):
         if str(entry.get("job")) == skip:
             continue
@@ -162,7 +169,8 @@ def resume_unfinished(client: SlurmClient, ledger: Ledger, skip: str = "", min_a
             with ledger.claim(entry["job"], int(entry["restarts"])) as mine:
                 if mine:
                     log.warning("job %s: finishing an interrupted recovery", entry["job"])
-                    execute(ledger.get(entry["job"], int(entry["restarts"])) or entry, client, ledger)
+                    execute(ledger.get(entry["job"], int(entry["restarts"])) or entry, client, ledger,
+                            finish_later)
         except SlurmError as exc:
             if isinstance(exc, JobGone) or "Invalid job id" in str(exc):  # purged from slurmctld (MinJobAge): nothing left to finish
                 ledger.put({**entry, "state": "gone", "error": str(exc)[:300]})

@@ -360,7 +360,7 @@ def run(env: Mapping[str, str], client: SlurmClient | None = None, cfg: Config |
     except OSError as exc:
         log.warning("ledger not pruned: %s", exc)
     client = client or _client(cfg)
-    resume_unfinished(client, ledger, skip=job_id)
+    resume_unfinished(client, ledger, skip=job_id, finish_later=finish_later)
     return handle(job_id, env, client, cfg, ledger, finish_later, resume_later=resume_later)
 
 

@@ -219,3 +219,31 @@ def test_boost_waits_for_the_second_after_slurmds_credential_revocation(complete
         assert slept == []
     else:
         assert slept == [pytest.approx(expected_sleep)]
+
+
+def test_a_requeue_that_leaves_the_job_pending_but_completing_is_boosted_only_after_completion(setup) -> None:  # type: ignore[no-untyped-def]
+    """Slurm 24.11 after a slurmctld restart: requeueing the recovered FAILED job leaves it PENDING+COMPLETING,
+    and a start time set then is replaced by Slurm's requeue delay when completion ends. The resume hands the
+    boost to the detached finisher, which sets it once completion has ended."""
+    cfg, fake, _ = setup
+    fake.fields["JobState"] = "FAILED"
+    requeue_hold = fake.requeue_hold
+
+    def stale_completion(job_id: str) -> None:
+        requeue_hold(job_id)
+        fake.fields["JobState"] = "PENDING,COMPLETING"
+
+    fake.requeue_hold = stale_completion
+    ledger = Ledger(cfg.oom.ledger_dir)
+    ledger.ensure()
+    ledger.put({"job": "1", "restarts": 0, "action": "requeue", "state": "decided", "reason": "r",
+                "new_gres": "gres:shard:40", "nice": 0, "oom": None, "steps": []})
+    later: list[tuple[str, int]] = []
+    resume_unfinished(fake, ledger, min_age_s=0, finish_later=lambda job, restarts: later.append((job, restarts)))
+    assert later == [("1", 0)] and not any("starttime=now" in call for call in fake.calls)
+    entry = ledger.get("1", 0)
+    assert hook.finish(entry, fake, ledger, wait_s=0).startswith("requeue: job 1 still completing")
+    assert not any("starttime=now" in call for call in fake.calls) and ledger.get("1", 0)["state"] == "requeued"
+    fake.fields["JobState"] = "PENDING"  # slurmctld's re-kill ended the completion
+    hook.finish(ledger.get("1", 0), fake, ledger, wait_s=0)
+    assert [c for c in fake.calls if "starttime=now" in c] and ledger.get("1", 0)["state"] == "done"
