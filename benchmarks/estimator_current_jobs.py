@@ -1,8 +1,8 @@
 """gpu-estimate on the jobs researchers run now (benchmarks/current_jobs/): estimated or failed, mode, seconds.
 
 Each corpus script is written in the manner of a current public example of its library — Hugging Face
-Trainer, PEFT LoRA/DoRA, TRL SFT (packing) and DPO (frozen reference copy), diffusers text-to-image full and
-LoRA fine-tuning, accelerate, a 3D U-Net, PyTorch Geometric, torchrun DDP and FSDP2 — and loads its weights
+Trainer, PEFT LoRA/DoRA and QLoRA (bitsandbytes 4-bit), TRL SFT (packing) and DPO (frozen reference copy),
+diffusers text-to-image full and LoRA fine-tuning, accelerate, a 3D U-Net, PyTorch Geometric, torchrun DDP and FSDP2 — and loads its weights
 from a local pretrained directory that ``benchmarks/current_jobs/make_pretrained.py`` writes first with
 ``save_pretrained`` (small configurations, random weights, no download). Multi-GPU scripts are given as the
 batch script's launcher line (``torchrun --nproc_per_node=N ...``). Each is estimated unmodified:
@@ -35,6 +35,8 @@ JOBS: dict[str, tuple[str, list[str], list[str], str, str | None, list[str]]] = 
     "peft_lora": ("PEFT LoRA r=16 on all projections, Trainer, fp16", ["peft", "datasets"], [],
                   "peft_lora_trainer.py", "llama", []),
     "peft_dora": ("PEFT DoRA, Trainer, fp16", ["peft", "datasets"], [], "peft_lora_trainer.py", "llama", ["--dora"]),
+    "peft_qlora": ("QLoRA: 4-bit NF4 base (bitsandbytes), PEFT LoRA r=64, Trainer, bf16, paged 8-bit AdamW",
+                   ["peft", "datasets", "bitsandbytes"], [], "peft_qlora.py", "llama", []),
     "trl_sft": ("TRL SFTTrainer, chat template, packing, bf16", ["trl", "datasets"], [], "trl_sft_packing.py",
                 "llama", []),
     "trl_dpo": ("TRL DPOTrainer, frozen reference copy, bf16", ["trl", "datasets"], [], "trl_dpo.py", "llama", []),

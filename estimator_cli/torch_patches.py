@@ -17,6 +17,8 @@ Each one exists because the CPU run would otherwise allocate differently from th
   as scripts that unwrap the compiled module expect). Eager memory is an upper bound for compiled
   training: AOTAutograd's min-cut partitioner (``torch/_functorch/partitioners.py``) saves at most what
   eager autograd saves, and Inductor fuses pointwise temporaries away.
+- bitsandbytes: imported as the real host sees CUDA (estimator_cli/quantized.py), so it loads and its
+  operators' fake kernels serve the GPU side.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ import torch.optim.optimizer as optim_mod
 import torch.utils._foreach_utils as foreach_utils
 import torch.utils.data as data_mod
 import torch.utils.data._utils.pin_memory as pin_mod
+
+from gpushare.estimator_cli.quantized import host_imported_bitsandbytes
 
 
 @contextlib.contextmanager
@@ -80,7 +84,8 @@ def gpu_path_patches(extra_device: str, fake: bool) -> Iterator[None]:
 
         patch(torch.amp.GradScaler, "_maybe_opt_step", maybe_opt_step)
     try:
-        yield
+        with host_imported_bitsandbytes():
+            yield
     finally:
         for owner, name, old in reversed(saved):
             setattr(owner, name, old)
