@@ -105,6 +105,15 @@ def est_cluster(user: pwd.struct_passwd, est_root: Path, request: pytest.Fixture
             sys.stderr.write(f"logs copied to {kept}\n")
 
 
+@pytest.fixture
+def work(est_root: Path, user: pwd.struct_passwd, request: pytest.FixtureRequest) -> Path:
+    """A working directory the test user owns (jobs write their output there), one per test."""
+    path = est_root / f"work-{request.node.name}"
+    path.mkdir(mode=0o755)
+    os.chown(path, user.pw_uid, user.pw_gid)
+    return path
+
+
 def _dump_logs(cluster: LocalCluster) -> None:
     sys.stderr.write(f"\n--- logs kept in {cluster.base / 'log'} ---\n")
     for log in sorted((cluster.base / "log").glob("*")):

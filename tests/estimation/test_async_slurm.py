@@ -45,15 +45,6 @@ SHARDS_PROBE = "env | grep -E '^SLURM_SHARDS_ON_NODE=' || true\n"
 STUBS = "torchrun() { true; }\naccelerate() { true; }\npython() { true; }\n"
 
 
-@pytest.fixture
-def work(est_root: Path, user: Any, request: pytest.FixtureRequest) -> Path:
-    """A working directory the test user owns (jobs write their output there)."""
-    path = est_root / f"work-{request.node.name}"
-    path.mkdir(mode=0o755)
-    os.chown(path, user.pw_uid, user.pw_gid)
-    return path
-
-
 def write(work: Path, name: str, text: str, user: Any) -> Path:
     path = work / name
     path.write_text(text)

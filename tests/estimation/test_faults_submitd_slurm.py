@@ -37,14 +37,6 @@ STUBS = "python() { true; }\n"  # the job itself only has to start and exit 0
 SHIM_LIMIT_S = 5.0  # one sbatch, shim deadline ([submit] timeout_ms = 250) and a loaded 2-core host included
 
 
-@pytest.fixture
-def work(est_root: Path, user: Any, request: pytest.FixtureRequest) -> Path:
-    path = est_root / f"work-{request.node.name}"
-    path.mkdir(mode=0o755)
-    os.chown(path, user.pw_uid, user.pw_gid)
-    return path
-
-
 def write(work: Path, name: str, text: str, user: Any) -> None:
     path = work / name
     path.write_text(text)

@@ -78,14 +78,6 @@ def envs(est_root: Path) -> dict[str, Path]:
     return {"venv": venv, "conda": conda, "conda_root": est_root / "conda"}
 
 
-@pytest.fixture
-def work(est_root: Path, user: Any, request: pytest.FixtureRequest) -> Path:
-    path = est_root / f"work-{request.node.name}"
-    path.mkdir(mode=0o755)
-    os.chown(path, user.pw_uid, user.pw_gid)
-    return path
-
-
 def submit(cluster: LocalCluster, work: Path, user: Any, package: str, body: str) -> int:
     """Submit ``body`` (which runs train.py) from a directory of its own (``work/<name>``) holding train.py."""
     work = work / f"job{len(list(work.iterdir()))}"
