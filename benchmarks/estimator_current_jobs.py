@@ -35,6 +35,8 @@ JOBS: dict[str, tuple[str, list[str], list[str], str, str | None, list[str]]] = 
     "peft_lora": ("PEFT LoRA r=16 on all projections, Trainer, fp16", ["peft", "datasets"], [],
                   "peft_lora_trainer.py", "llama", []),
     "peft_dora": ("PEFT DoRA, Trainer, fp16", ["peft", "datasets"], [], "peft_lora_trainer.py", "llama", ["--dora"]),
+    "peft_lora_bin": ("the PEFT LoRA job on a float32 pytorch_model.bin folder (torch.save, no safetensors)",
+                      ["peft", "datasets"], [], "peft_lora_trainer.py", "llama_bin", []),
     "peft_qlora": ("QLoRA: 4-bit NF4 base (bitsandbytes), PEFT LoRA r=64, Trainer, bf16, paged 8-bit AdamW",
                    ["peft", "datasets", "bitsandbytes"], [], "peft_qlora.py", "llama", []),
     "trl_sft": ("TRL SFTTrainer, chat template, packing, bf16", ["trl", "datasets"], [], "trl_sft_packing.py",

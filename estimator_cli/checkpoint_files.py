@@ -17,6 +17,11 @@ destination as it is. This holds whatever ``map_location`` asked for — the sav
 checkpoint loaded to the GPU is counted exactly, one kept on the host is counted high, never low. A call
 that itself asks for ``meta`` is passed through unchanged.
 
+Small checkpoints are read as the script asks: one whose storages total at most ``SMALL_CHECKPOINT_BYTES``
+costs the login node little to read, and may well be data rather than weights (token ids, labels, a
+vocabulary's tensors) whose values the script reads on the host — a host weight has none. The pickle is
+read first either way, to learn that total.
+
 Left to the real loader: TorchScript archives (``torch.jit.load``), safetensors paths (``torch.load``
 hands them to safetensors, which weight_files.py already answers from the header), and the pre-1.6
 non-zip format, whose storages are read in one pass at the end of the file (``_legacy_load``): those are
@@ -38,6 +43,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from gpushare.estimator_cli.weight_files import mark_host_weight
 
 _ZIP_MAGIC = b"PK\x03\x04"
+SMALL_CHECKPOINT_BYTES = 64 * 2**20  # read for real at or below this many bytes of storages (module docstring)
 _WALK_DEPTH = 12  # nesting of a training checkpoint: {"optimizer": {"state": {0: {"exp_avg": tensor}}}}
 
 
@@ -129,12 +135,18 @@ def _pickle_only_load_for(original: Any) -> Any:
         if _asks_for_meta(map_location) or not _zip_checkpoint(f):
             return original(f, map_location, pickle_module, weights_only=weights_only, mmap=mmap,
                             **pickle_load_args)
+        start = None if isinstance(f, (str, bytes, os.PathLike)) else f.tell()
         # built outside the dispatch modes, so the recorder sees each storage once, after the sharing
         with _disable_current_modes():
             loaded = original(f, "meta", pickle_module, weights_only=weights_only, mmap=False, **pickle_load_args)
             found: list[torch.Tensor] = []
             _tensors(loaded, set(), found)
             owners = _share_storages(found)
+        if sum(t.untyped_storage().nbytes() for t in owners) <= SMALL_CHECKPOINT_BYTES:
+            if start is not None:
+                f.seek(start)
+            return original(f, map_location, pickle_module, weights_only=weights_only, mmap=mmap,
+                            **pickle_load_args)
         for tensor in owners:
             torch.ops.aten.alias.default(tensor)  # the recorder counts a storage when an op returns it
             mark_host_weight(tensor)

@@ -1,8 +1,9 @@
 """Write the local "pretrained" directories the current-jobs corpus loads, as ``save_pretrained`` writes
-them (config JSON + safetensors weights + tokenizer files): a Llama-style causal LM with its tokenizer, a
-Stable-Diffusion-style pipeline folder (UNet, VAE, CLIP text encoder, tokenizer, DDPM scheduler) and a ViT
-image classifier. Small configurations, random weights, no download: what matters to gpu-estimate is the
-code path a real checkpoint takes (config, header, dtype, tied weights), not the values.
+them (config JSON + safetensors weights + tokenizer files): a Llama-style causal LM with its tokenizer (and
+the same model as a float32 ``pytorch_model.bin``), a Stable-Diffusion-style pipeline folder (UNet, VAE,
+CLIP text encoder, tokenizer, DDPM scheduler) and a ViT image classifier. Small configurations, random
+weights, no download: what matters to gpu-estimate is the code path a real checkpoint takes (config,
+header, dtype, tied weights), not the values.
 
     python benchmarks/current_jobs/make_pretrained.py DIR
 """
@@ -40,6 +41,19 @@ def causal_lm(path: str) -> None:
     tokenizer().save_pretrained(path)
 
 
+def causal_lm_bin(path: str) -> None:
+    """The same causal LM in the format older hub checkpoints have: float32 weights in a ``torch.save``
+    archive (``pytorch_model.bin``), no safetensors."""
+    import torch
+    import transformers
+
+    causal_lm(path)
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    os.remove(os.path.join(path, "model.safetensors"))
+    torch.save({k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"},
+               os.path.join(path, "pytorch_model.bin"))
+
+
 def diffusion(path: str) -> None:
     import transformers
     from diffusers import AutoencoderKL, DDPMScheduler, UNet2DConditionModel
@@ -72,7 +86,7 @@ def vit(path: str) -> None:
 
 def main(argv: list[str]) -> int:
     out = argv[0] if argv else "pretrained"
-    makers = {"llama": causal_lm, "sd": diffusion, "vit": vit}
+    makers = {"llama": causal_lm, "llama_bin": causal_lm_bin, "sd": diffusion, "vit": vit}
     for name, make in makers.items():
         target = os.path.join(out, name)
         if os.path.exists(os.path.join(target, "done")):

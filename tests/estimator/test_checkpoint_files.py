@@ -32,9 +32,11 @@ def _sparse_checkpoint(path, shapes: dict[str, tuple[int, ...]], dtype=None) -> 
         torch.save(state, path)
 
 
-def test_loads_inside_the_block_are_meta_host_weights(tmp_path):
+def test_loads_inside_the_block_are_meta_host_weights(tmp_path, monkeypatch):
     """Unit: a zip checkpoint (path or open file) gives host weights on meta with the saved dtypes and
-    shared storages; ``map_location="meta"``, the pre-1.6 format and a missing file go to the real loader."""
+    shared storages; ``map_location="meta"``, the pre-1.6 format, a missing file and a checkpoint under the
+    small-checkpoint bound go to the real loader."""
+    from gpushare.estimator_cli import checkpoint_files
     from gpushare.estimator_cli.checkpoint_files import pickle_only_checkpoints
     from gpushare.estimator_cli.weight_files import is_host_weight
 
@@ -44,6 +46,9 @@ def test_loads_inside_the_block_are_meta_host_weights(tmp_path):
     torch.save(state, tmp_path / "legacy.pt", _use_new_zipfile_serialization=False)
     original = torch.load
     with pickle_only_checkpoints():
+        small = torch.load(tmp_path / "zip.pt")  # 56 bytes of storages: data, read for real
+        assert torch.equal(small["w"], weight) and small["w_t"].untyped_storage() is small["w"].untyped_storage()
+        monkeypatch.setattr(checkpoint_files, "SMALL_CHECKPOINT_BYTES", 0)
         assert torch.load is not original and torch.serialization.load is torch.load
         loaded = torch.load(tmp_path / "zip.pt", map_location="cpu", mmap=True)
         assert loaded["step"] == 7 and loaded["w"].is_meta and loaded["w"].dtype == torch.bfloat16
