@@ -78,12 +78,17 @@ def geometry_of(func_name: str, args: Sequence[Any]) -> list[int] | None:
     if func_name.split(".")[0] not in REDUCE_OPS or not args or not isinstance(args[0], torch.Tensor):
         return None
     x = args[0]
-    if x.layout != torch.strided or x.numel() <= 1:
+    if x.layout != torch.strided:
         return None
-    reduced = _reduced_dims(func_name, args, x.dim())
+    shape, strides, offset = list(x.shape), list(x.stride()), x.storage_offset()
+    if not all(type(v) is int for v in (*shape, *strides, offset)):
+        return None  # symbolic sizes (a compiled region's fake tensors): no guess, and no guards added
+    if math.prod(shape) <= 1:
+        return None
+    reduced = _reduced_dims(func_name, args, len(shape))
     if reduced is None:
         return None
-    dims = [(x.size(d), x.stride(d), d in reduced) for d in range(x.dim()) if x.size(d) != 1]
+    dims = [(shape[d], strides[d], d in reduced) for d in range(len(shape)) if shape[d] != 1]
     dims.sort(key=lambda s: (not s[2], s[1], s[0]))
     merged: list[list[Any]] = []
     for size, stride, red in dims:
@@ -107,7 +112,7 @@ def geometry_of(func_name: str, args: Sequence[Any]) -> list[int] | None:
             dim0 //= VT0  # "vectorize along input"
         elif not on_fastest:  # "vectorize along output": get_output_vec_size
             out_vec = 4
-            checks = [x.storage_offset(), merged[nrd][0]] + [m[1] for i, m in enumerate(merged) if i != nrd]
+            checks = [offset, merged[nrd][0]] + [m[1] for i, m in enumerate(merged) if i != nrd]
             for n in checks:
                 while n % out_vec:
                     out_vec //= 2

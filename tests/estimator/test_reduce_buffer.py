@@ -75,6 +75,9 @@ def test_sizes_follow_the_h200_trace_and_the_target() -> None:
     full = geometry_of("mean.default", (torch.empty(8192, 1024, device="meta"),))
     assert full is not None and staging_bytes(full, *H200)[0] < 4096  # a scalar: a few bytes per block
     assert geometry_of("relu.default", (torch.empty(4, device="meta"),)) is None
+    assert geometry_of("sum.dim_DimnameList", (torch.empty(4, 4, device="meta"), ["n"])) is None
+    assert geometry_of("sum.dim_IntList", (torch.empty(2, 3, 8192, 1024, device="meta"), [0, 1, 2], True)) == \
+        geometry_of("sum.dim_IntList", (torch.empty(6 * 8192, 1024, device="meta"), [0], True))  # coalesced
 
 
 def test_an_older_capture_without_reduce_geometry_still_loads() -> None:
