@@ -108,18 +108,24 @@ def wait_done(procs, timeout_s: float) -> None:
         proc.wait(max(1.0, deadline - time.monotonic()))
 
 
-def test_three_processes_take_turns_in_rotation(node, tmp_path):
-    n = node(policy="round-robin")
-    jobs = ["101", "102", "103"]
-    for job in jobs:
-        n.register(job)
-    go = tmp_path / "go"
-    procs = [n.spawn(job, "25", "0.05", str(go)) for job in jobs]
+def start_together(n, jobs: list[str], iterations: str, go: Path) -> list[subprocess.Popen]:
+    """One worker per job, each waiting for ``go`` once it has started; ``go`` is made when all have, so the
+    jobs meet the lane together."""
+    procs = [n.spawn(job, iterations, "0.05", str(go)) for job in jobs]
     deadline = time.monotonic() + 120
     while not all(any(line.startswith("pid") for line in n.log(job)) for job in jobs):
         assert time.monotonic() < deadline, "workers did not start"
         time.sleep(0.1)
     go.touch()
+    return procs
+
+
+def test_three_processes_take_turns_in_rotation(node, tmp_path):
+    n = node(policy="round-robin")
+    jobs = ["101", "102", "103"]
+    for job in jobs:
+        n.register(job)
+    procs = start_together(n, jobs, "25", tmp_path / "go")
     wait_done(procs, 180)
     assert [p.returncode for p in procs] == [0, 0, 0], [(tmp_path / f"{j}.err").read_text() for j in jobs]
     order = turns(n, jobs)
@@ -198,13 +204,7 @@ def test_srtf_runs_the_job_with_the_least_time_limit_left_first(node, tmp_path):
     limits = {"601": 7200.0, "602": 600.0}
     for job, limit in limits.items():
         n.register(job, time_limit_s=limit)
-    go = tmp_path / "go"
-    procs = [n.spawn(job, "8", "0.05", str(go)) for job in limits]
-    deadline = time.monotonic() + 120
-    while not all(any(line.startswith("pid") for line in n.log(job)) for job in limits):
-        assert time.monotonic() < deadline, "workers did not start"
-        time.sleep(0.1)
-    go.touch()
+    procs = start_together(n, list(limits), "8", tmp_path / "go")
     wait_done(procs, 180)
     assert [p.returncode for p in procs] == [0, 0], [(tmp_path / f"{j}.err").read_text() for j in limits]
     seq = [job for _, _, job in turns(n, list(limits))]
