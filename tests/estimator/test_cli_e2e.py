@@ -275,14 +275,15 @@ def split_runs():
 
 def test_persistent_memory_is_the_model_and_its_optimizer_state(split_runs):
     """Persistent blocks = parameters + Adam's two moments (its step counters stay on the CPU) + the two cuBLAS
-    workspaces (forward and backward threads, device_model.py), exactly up to 1 MiB of allocator rounding.
+    workspaces (forward and backward threads, device_model.py) + the forward thread's cuBLASLt workspace
+    (its first addmm), exactly up to 1 MiB of allocator rounding.
     Persistent *reserved* bytes add the segments those blocks sit in — a workspace (1-10 MiB) pins a 20 MiB
     segment that the iteration's blocks shared, the biases 2 MiB small segments: tolerance 48 MiB above the
     blocks. Gradients, batches and activations are per-iteration blocks: ephemeral."""
-    from gpushare.estimator_cli.device_model import CUBLAS_WORKSPACE_DEFAULT
+    from gpushare.estimator_cli.device_model import CUBLAS_WORKSPACE_DEFAULT, CUBLASLT_WORKSPACE_DEFAULT
 
     params = 4 * (2048 * 2048 + 2048) * 4 + (2048 * 10 + 10) * 4
-    expected = 3 * params + 2 * CUBLAS_WORKSPACE_DEFAULT
+    expected = 3 * params + 2 * CUBLAS_WORKSPACE_DEFAULT + CUBLASLT_WORKSPACE_DEFAULT
     for placement, doc in split_runs.items():
         assert validate(doc) == []
         target = doc["targets"][0]
