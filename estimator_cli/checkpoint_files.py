@@ -17,6 +17,11 @@ destination as it is. This holds whatever ``map_location`` asked for — the sav
 checkpoint loaded to the GPU is counted exactly, one kept on the host is counted high, never low. A call
 that itself asks for ``meta`` is passed through unchanged.
 
+Small tensors inside a large checkpoint — an optimizer's ``step`` counters, an epoch or RNG state, a
+scheduler's scalars, biases — are read for real (each at most ``SMALL_TENSOR_BYTES``, from its record at
+the offset PyTorch notes): a resumed run reads them on the host (``Adam.step`` takes ``step.item()``),
+and a host weight has no values. They are then ordinary host tensors, counted when moved to the GPU.
+
 Small checkpoints are read as the script asks: one whose storages total at most ``SMALL_CHECKPOINT_BYTES``
 costs the login node little to read, and may well be data rather than weights (token ids, labels, a
 vocabulary's tensors) whose values the script reads on the host — a host weight has none. The pickle is
@@ -44,7 +49,8 @@ from gpushare.estimator_cli.weight_files import mark_host_weight
 
 _ZIP_MAGIC = b"PK\x03\x04"
 SMALL_CHECKPOINT_BYTES = 64 * 2**20  # read for real at or below this many bytes of storages (module docstring)
-_WALK_DEPTH = 12  # nesting of a training checkpoint: {"optimizer": {"state": {0: {"exp_avg": tensor}}}}
+SMALL_TENSOR_BYTES = 2**20  # a storage of at most this size in a large checkpoint is read (module docstring)
+_WALK_DEPTH = 32  # nesting of a pickled model: box, dict, module, _modules, layer list, layer, ... parameter
 
 
 def _asks_for_meta(map_location: Any) -> bool:
@@ -84,26 +90,75 @@ def _zip_checkpoint(f: Any) -> bool:
         f.seek(start)
 
 
-def _tensors(value: Any, seen: set[int], found: list[torch.Tensor], depth: int = 0) -> None:
-    """Every tensor reachable through containers, modules and object attributes, once each."""
+Slots = dict[int, list[tuple[Any, Any]]]  # id(tensor) -> the (container, key) places that hold it
+
+
+def _tensors(value: Any, seen: set[int], found: list[torch.Tensor], slots: Slots, depth: int = 0) -> None:
+    """Every tensor reachable through dicts, lists, tuples and object attributes (a pickled module's
+    ``_parameters`` too), once each in ``found``; the dict and list places holding each go in ``slots``."""
     if depth > _WALK_DEPTH or id(value) in seen:
         return
     seen.add(id(value))
-    if isinstance(value, torch.Tensor):
-        found.append(value)
-        return
-    if isinstance(value, (str, bytes, int, float, bool, type(None))):
+    if isinstance(value, (str, bytes, int, float, bool, type(None), torch.Tensor)):
         return
     if isinstance(value, dict):
-        children: Any = value.values()
-    elif isinstance(value, (list, tuple, set, frozenset)):
-        children = value
-    elif isinstance(value, torch.nn.Module):
-        children = [*value.parameters(), *value.buffers()]
+        items: Any = [(value, key, child) for key, child in value.items()]
+    elif isinstance(value, list):
+        items = [(value, index, child) for index, child in enumerate(value)]
+    elif isinstance(value, (tuple, set, frozenset)):
+        items = [(None, None, child) for child in value]
     else:
-        children = list(getattr(value, "__dict__", {}).values())
-    for child in children:
-        _tensors(child, seen, found, depth + 1)
+        attributes = getattr(value, "__dict__", None)
+        items = [(attributes, key, child) for key, child in attributes.items()] if isinstance(attributes, dict) else []
+    for container, key, child in items:
+        if isinstance(child, torch.Tensor):
+            if container is not None:
+                slots.setdefault(id(child), []).append((container, key))
+            if id(child) not in seen:
+                seen.add(id(child))
+                found.append(child)
+        else:
+            _tensors(child, seen, found, slots, depth + 1)
+
+
+def _read_small(f: Any, owners: list[torch.Tensor], users: dict[int, int], slots: Slots) -> list[torch.Tensor]:
+    """Put a host tensor read from its record in every place that held each small single-user meta
+    storage's tensor; the tensors still on meta are returned. ``users`` counts the tensors on each
+    owner's storage; a tensor held by a tuple stays a host weight (a tuple cannot be changed in place)."""
+    if isinstance(f, (str, bytes, os.PathLike)):
+        handle, close = open(f, "rb"), True
+    elif hasattr(f, "seek") and hasattr(f, "read"):
+        handle, close = f, False
+    else:
+        return owners
+    left: list[torch.Tensor] = []
+    try:
+        for tensor in owners:
+            storage = tensor.untyped_storage()
+            offset, size = getattr(storage, "_checkpoint_offset", None), storage.nbytes()
+            places = slots.get(id(tensor), [])
+            if offset is None or size > SMALL_TENSOR_BYTES or users.get(id(storage), 0) != 1 or not places \
+                    or type(tensor) not in (torch.Tensor, torch.nn.Parameter):
+                left.append(tensor)
+                continue
+            handle.seek(offset)
+            raw = handle.read(size)
+            if len(raw) != size:
+                left.append(tensor)
+                continue
+            data = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if size else torch.empty(0, dtype=torch.uint8)
+            host = torch.empty(0, dtype=tensor.dtype).set_(data.untyped_storage(), tensor.storage_offset(),
+                                                           tensor.size(), tensor.stride())
+            if isinstance(tensor, torch.nn.Parameter):
+                host = torch.nn.Parameter(host, requires_grad=tensor.requires_grad)
+            elif tensor.requires_grad:
+                host.requires_grad_(True)
+            for container, key in places:
+                container[key] = host
+    finally:
+        if close:
+            handle.close()
+    return left
 
 
 def _share_storages(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -138,11 +193,20 @@ def _pickle_only_load_for(original: Any) -> Any:
         start = None if isinstance(f, (str, bytes, os.PathLike)) else f.tell()
         # built outside the dispatch modes, so the recorder sees each storage once, after the sharing
         with _disable_current_modes():
-            loaded = original(f, "meta", pickle_module, weights_only=weights_only, mmap=False, **pickle_load_args)
+            box = [original(f, "meta", pickle_module, weights_only=weights_only, mmap=False, **pickle_load_args)]
             found: list[torch.Tensor] = []
-            _tensors(loaded, set(), found)
+            slots: Slots = {}
+            _tensors(box, set(), found, slots)
             owners = _share_storages(found)
-        if sum(t.untyped_storage().nbytes() for t in owners) <= SMALL_CHECKPOINT_BYTES:
+            small = sum(t.untyped_storage().nbytes() for t in owners) <= SMALL_CHECKPOINT_BYTES
+            if not small and start in (None, 0):  # record offsets count from the start of the file
+                users: dict[int, int] = {}
+                for tensor in found:
+                    if tensor.is_meta:
+                        users[id(tensor.untyped_storage())] = users.get(id(tensor.untyped_storage()), 0) + 1
+                owners = _read_small(f, owners, users, slots)
+        if small:
+            del box, found, owners, slots
             if start is not None:
                 f.seek(start)
             return original(f, map_location, pickle_module, weights_only=weights_only, mmap=mmap,
@@ -150,7 +214,7 @@ def _pickle_only_load_for(original: Any) -> Any:
         for tensor in owners:
             torch.ops.aten.alias.default(tensor)  # the recorder counts a storage when an op returns it
             mark_host_weight(tensor)
-        return loaded
+        return box[0]
     load.__doc__ = original.__doc__
     load.__wrapped__ = original  # type: ignore[attr-defined]
     return load

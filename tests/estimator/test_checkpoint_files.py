@@ -34,8 +34,8 @@ def _sparse_checkpoint(path, shapes: dict[str, tuple[int, ...]], dtype=None) -> 
 
 def test_loads_inside_the_block_are_meta_host_weights(tmp_path, monkeypatch):
     """Unit: a zip checkpoint (path or open file) gives host weights on meta with the saved dtypes and
-    shared storages; ``map_location="meta"``, the pre-1.6 format, a missing file and a checkpoint under the
-    small-checkpoint bound go to the real loader."""
+    shared storages, its small tensors read; ``map_location="meta"``, the pre-1.6 format, a missing file and
+    a checkpoint under the small-checkpoint bound go to the real loader."""
     from gpushare.estimator_cli import checkpoint_files
     from gpushare.estimator_cli.checkpoint_files import pickle_only_checkpoints
     from gpushare.estimator_cli.weight_files import is_host_weight
@@ -49,6 +49,11 @@ def test_loads_inside_the_block_are_meta_host_weights(tmp_path, monkeypatch):
         small = torch.load(tmp_path / "zip.pt")  # 56 bytes of storages: data, read for real
         assert torch.equal(small["w"], weight) and small["w_t"].untyped_storage() is small["w"].untyped_storage()
         monkeypatch.setattr(checkpoint_files, "SMALL_CHECKPOINT_BYTES", 0)
+        # within a large checkpoint, small tensors held by one dict or list place are read for real
+        part = torch.load(tmp_path / "zip.pt", map_location="cpu")
+        assert torch.equal(part["nested"]["b"], torch.ones(2)) and not part["nested"]["b"].is_meta
+        assert part["w"].is_meta and is_host_weight(part["w"])  # two tensors on its storage: not read
+        monkeypatch.setattr(checkpoint_files, "SMALL_TENSOR_BYTES", 0)
         assert torch.load is not original and torch.serialization.load is torch.load
         loaded = torch.load(tmp_path / "zip.pt", map_location="cpu", mmap=True)
         assert loaded["step"] == 7 and loaded["w"].is_meta and loaded["w"].dtype == torch.bfloat16
@@ -91,6 +96,35 @@ def test_checkpoint_larger_than_the_cpu_limit(capsys, tmp_path):
     peak = doc["targets"][0]["peak_allocated_bytes"]
     # the float32 tensor (its host weight is counted from loading) + its bf16 copy
     assert 6 * GiB <= peak < 6.5 * GiB
+
+
+def test_resuming_a_training_checkpoint(capsys, tmp_path):
+    """A resumed run: model and AdamW state from a 240 MiB checkpoint; Adam reads each ``step`` with
+    ``.item()``, so the small tensors must carry their values."""
+    model = torch.nn.Sequential(torch.nn.Linear(4096, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 1024))
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(2, 4096)).sum().backward()
+    opt.step()
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": 3}, tmp_path / "last.pt")
+    code, doc, err = estimate(capsys, tmp_path, """
+        import sys, torch
+        checkpoint = torch.load(sys.argv[1], map_location="cuda")
+        model = torch.nn.Sequential(torch.nn.Linear(4096, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 1024)).cuda()
+        model.load_state_dict(checkpoint["model"])
+        opt = torch.optim.AdamW(model.parameters())
+        opt.load_state_dict(checkpoint["optimizer"])
+        assert opt.state_dict()["state"][0]["step"].item() == 1.0
+        del checkpoint
+        for step in range(3):
+            model(torch.randn(8, 4096, device="cuda")).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    """, "--mode", "fake", script_args=(str(tmp_path / "last.pt"),))
+    assert code == EXIT_OK, err
+    weights = sum(p.numel() for p in model.parameters()) * 4
+    # weights and two AdamW states kept; the checkpoint's copies were counted while loaded
+    assert doc["targets"][0]["persistent_allocated_bytes"] >= 3 * weights
+    assert doc["targets"][0]["peak_allocated_bytes"] >= 4 * weights
 
 
 def test_from_pretrained_of_a_bin_folder(capsys, tmp_path):
