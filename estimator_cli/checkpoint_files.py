@@ -49,7 +49,7 @@ from gpushare.estimator_cli.weight_files import mark_host_weight
 
 _ZIP_MAGIC = b"PK\x03\x04"
 SMALL_CHECKPOINT_BYTES = 64 * 2**20  # read for real at or below this many bytes of storages (module docstring)
-SMALL_TENSOR_BYTES = 2**20  # a storage of at most this size in a large checkpoint is read (module docstring)
+SMALL_TENSOR_BYTES = 64 * 2**10  # a storage of at most this size in a large checkpoint is read (module docstring)
 _WALK_DEPTH = 32  # nesting of a pickled model: box, dict, module, _modules, layer list, layer, ... parameter
 
 
