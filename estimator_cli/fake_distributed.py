@@ -5,7 +5,8 @@ fake process group (``torch.testing._internal.distributed.fake_pg``: backend ``f
 answers every collective at once without data, with the rank and world size it was given, so the script
 builds what rank 0 of that world builds: DDP's gradient buckets (allocated by its reducer through the
 dispatcher, so the capture records them), FSDP2's (``fully_shard``) per-rank shards of parameters,
-gradients and optimizer state, and the buffers of the collectives it issues. The world size comes from
+gradients and optimizer state, and the buffers of the collectives it issues; DeepSpeed ZeRO's partitions
+(estimator_cli/deepspeed_fake.py). The world size comes from
 the launcher line (estimator_cli/launch_line.py) through ``GPUSHARE_ESTIMATE_WORLD_SIZE``.
 """
 
@@ -13,7 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any, Iterator
+import sys
+from typing import Any, Callable, Iterator
 
 from gpushare.estimator_cli.launch_line import WORLD_SIZE_VAR
 
@@ -51,11 +53,16 @@ def fake_process_group() -> Iterator[None]:
         yield
         return
     world = int(size)
+    # DeepSpeed picks its accelerator when first asked; on a CPU-only host it would pick the CPU and keep the
+    # model there. The job runs on CUDA GPUs: the presented one (estimator_cli/deepspeed_fake.py)
+    accelerator_set = "DS_ACCELERATOR" not in os.environ
+    os.environ.setdefault("DS_ACCELERATOR", "cuda")
     import torch.distributed as dist
     from torch.distributed import distributed_c10d
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     original = distributed_c10d.init_process_group
+    undo_deepspeed: list[Callable[[], None]] = []
 
     def init_process_group(backend: Any = None, init_method: Any = None, timeout: Any = None,
                            world_size: int = -1, rank: int = -1, store: Any = None, group_name: str = "",
@@ -64,6 +71,10 @@ def fake_process_group() -> Iterator[None]:
         # the fake group needs none of them
         original(backend="fake", store=FakeStore(), rank=0, world_size=world, timeout=timeout,
                  group_name=group_name)
+        if "deepspeed" in sys.modules and not undo_deepspeed:  # deepspeed.init_distributed() comes here
+            from gpushare.estimator_cli.deepspeed_fake import patch_deepspeed
+
+            undo_deepspeed.append(patch_deepspeed())
 
     dist.init_process_group = init_process_group  # type: ignore[assignment]
     distributed_c10d.init_process_group = init_process_group  # type: ignore[assignment]
@@ -92,6 +103,10 @@ def fake_process_group() -> Iterator[None]:
     try:
         yield
     finally:
+        for undo in undo_deepspeed:
+            undo()
+        if accelerator_set:
+            os.environ.pop("DS_ACCELERATOR", None)
         setattr(DDP, "__init__", ddp_init)
         setattr(torch._C, "_get_accelerator", accelerator)
         setattr(DDP, "register_comm_hook", ddp_register)

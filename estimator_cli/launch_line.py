@@ -1,7 +1,7 @@
 """Read a launcher line as a batch script has it: ``torchrun --nproc_per_node=8 train.py ...``.
 
 Why: multi-GPU jobs start their script through a launcher (torchrun, ``python -m torch.distributed.run``,
-``accelerate launch``, ``srun``), which sets ``RANK``/``LOCAL_RANK``/``WORLD_SIZE`` and starts one process
+``accelerate launch``, ``srun``, ``deepspeed``), which sets ``RANK``/``LOCAL_RANK``/``WORLD_SIZE`` and starts one process
 per GPU. gpu-estimate runs one process: it takes the script and its arguments out of the line, the world
 size from the launcher's options, and presents rank 0 of that world (estimator_cli/fake_distributed.py
 makes ``init_process_group`` a fake process group of that size). Every rank of a data-parallel job holds
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from gpushare.errors import GpushareError
 
-LAUNCHERS = ("torchrun", "accelerate", "srun", "python", "python3")
+LAUNCHERS = ("torchrun", "accelerate", "srun", "deepspeed", "python", "python3")
 
 # Options of each launcher that take no value (everything else starting with "-" takes one, unless "=" joins it).
 _TORCHRUN_FLAGS = {"--standalone", "--no-python", "--no_python", "-m", "--module", "--run-path", "--run_path",
@@ -28,6 +28,8 @@ _SRUN_FLAGS = {"-l", "--label", "-u", "--unbuffered", "-v", "--verbose", "-Q", "
                "-E", "--preserve-env", "-O", "--overcommit", "-s", "--oversubscribe", "-X", "--disable-status",
                "-Z", "--no-allocate", "-H", "--hold", "--exclusive", "--pty", "--mpi=none", "--exact",
                "--overlap", "--wait-all-nodes"}
+_DEEPSPEED_FLAGS = {"--module", "--no_python", "--no_local_rank", "--no_ssh", "--no_ssh_check", "--force_multi",
+                    "--save_pid", "--autotuning", "--bind_cores_to_rank", "-q", "--quiet"}
 _PYTHON_FLAGS = {"-u", "-O", "-OO", "-B", "-s", "-S", "-E", "-I", "-b", "-bb", "-q", "-d", "-v", "-P", "-R"}
 _PYTHON_VALUED = {"-X", "-W"}
 
@@ -119,6 +121,21 @@ def _accelerate(tokens: list[str]) -> LaunchLine:
     return line
 
 
+def _deepspeed(tokens: list[str]) -> LaunchLine:
+    """DeepSpeed's launcher (``deepspeed --num_gpus=8 train.py --deepspeed ...``): one process per GPU, each
+    given ``--local_rank=R`` ahead of the script's own arguments unless ``--no_local_rank``."""
+    options, rest = _split(tokens, _DEEPSPEED_FLAGS, "deepspeed")
+    if "--module" in options or "--no_python" in options:
+        raise LaunchLineError("deepspeed: only a script file can be estimated (--module/--no_python given)")
+    if _option(options, "-i", "--include", "-e", "--exclude", "-H", "--hostfile") is not None:
+        raise LaunchLineError("deepspeed: --include/--exclude/--hostfile pick hosts and GPUs gpu-estimate cannot "
+                              "see; give the count with --num_gpus and --num_nodes")
+    per_node = _count(_option(options, "--num_gpus", "--num-gpus") or "gpu", "deepspeed", "--num_gpus")  # all: the job's
+    nodes = _count(_option(options, "--num_nodes", "--num-nodes") or "1", "deepspeed", "--num_nodes")
+    args = rest[1:] if "--no_local_rank" in options else ["--local_rank=0", *rest[1:]]
+    return LaunchLine(rest[0], args, per_node * nodes, per_node, "deepspeed")
+
+
 def _python(tokens: list[str], launcher: str) -> LaunchLine:
     i = 0
     while i < len(tokens):
@@ -170,6 +187,8 @@ def parse(tokens: list[str]) -> LaunchLine:
         return _accelerate(tokens[1:])
     if head == "srun":
         return _srun(tokens[1:])
+    if head == "deepspeed":
+        return _deepspeed(tokens[1:])
     return _python(tokens[1:], head)
 
 
