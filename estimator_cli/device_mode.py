@@ -24,6 +24,12 @@ random numbers for 124M parameters). What changes: the skipped parameters keep t
 gave them, and the CPU random stream after model construction is not the one a real run would see;
 a script whose tensor *shapes* depend on later random draws is estimated on another draw (profile mode
 keeps the stream).
+
+Tensors the script puts on ``meta`` itself (``device="meta"``, ``with torch.device("meta")``,
+``.to("meta")``: how transformers and accelerate build a model's skeleton before loading its weights) are
+meta tensors too, but not GPU ones: each call says where its outputs go (``fake_capture.placing``), the
+recorder keeps those out of the GPU's memory, and they report ``meta`` as their device. A skeleton
+materialized on the GPU (``to_empty(device="cuda")``, ``.to("cuda")``) is a new GPU allocation.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from gpushare.estimator_cli import cuda_paths
+from gpushare.estimator_cli.fake_capture import is_script_meta, placing
 from gpushare.estimator_cli.concrete_values import ConcreteValues, data_dependent_call
 from gpushare.estimator_cli import placeholders
 from gpushare.estimator_cli.placeholders import bounded, condition, is_tainted, placeholder, refuse, tainted_array, tainted_list
@@ -79,6 +86,10 @@ def _is_cuda_device(value: Any) -> bool:
     if isinstance(value, torch.device):
         return value.type == "cuda"
     return False
+
+
+def _is_meta_device(value: Any) -> bool:
+    return (isinstance(value, str) and value == "meta") or (isinstance(value, torch.device) and value.type == "meta")
 
 
 def _is_cpu_device(value: Any) -> bool:
@@ -176,6 +187,7 @@ class CudaPresenter(TorchFunctionMode):
         if self.fake and src.layout != torch.strided and (func is _T.cuda or any(
                 _is_cuda_device(a) for a in (*args[1:], kwargs.get("device")))):
             return self.sparse.place(src)
+        to_meta = False
         if func is _T.cuda:
             args, kwargs = (src, self.target), {k: v for k, v in kwargs.items() if k != "device"}
             func, to_gpu = _T.to, True
@@ -184,6 +196,7 @@ class CudaPresenter(TorchFunctionMode):
             new_args = [src]
             for a in args[1:]:
                 if isinstance(a, (str, torch.device)) or (isinstance(a, int) and not isinstance(a, bool)):
+                    to_meta |= _is_meta_device(a)
                     a, hit = self._rewrite(a)
                     to_gpu |= hit
                     if not hit and self.fake and src.is_meta and _is_cpu_device(a):
@@ -194,6 +207,7 @@ class CudaPresenter(TorchFunctionMode):
             args = tuple(new_args)
             if "device" in kwargs:
                 kwargs = dict(kwargs)
+                to_meta |= _is_meta_device(kwargs["device"])
                 kwargs["device"], hit = self._rewrite(kwargs["device"])
                 to_gpu |= hit
                 if not hit and self.fake and src.is_meta and _is_cpu_device(kwargs["device"]):
@@ -203,7 +217,13 @@ class CudaPresenter(TorchFunctionMode):
         if not self.fake and to_gpu and not self._on_gpu(src):
             kwargs = dict(kwargs, copy=True)  # a GPU copy is a new allocation; on the CPU `.to` would alias
             return self._tag(func(*args, **kwargs))
-        out = func(*args, **kwargs)
+        if self.fake and (to_gpu or to_meta):
+            if to_gpu and is_script_meta(src):
+                kwargs = dict(kwargs, copy=True)  # the script's skeleton put on the GPU: a new allocation
+            with placing("gpu" if to_gpu else "meta"):
+                out = func(*args, **kwargs)
+        else:
+            out = func(*args, **kwargs)
         if self.fake:
             if to_gpu and not src.is_meta:
                 self.values.attach_copy(out, src)
@@ -302,9 +322,11 @@ class CudaPresenter(TorchFunctionMode):
         kwargs = kwargs or {}
         owner = getattr(func, "__self__", None)
         if self.fake and owner is _DEVICE_GET:
-            return torch.device("cuda", 0) if args[0].is_meta or args[0] in self.sparse else func(*args, **kwargs)
+            return torch.device("cuda", 0) if (args[0].is_meta and not is_script_meta(args[0])) \
+                or args[0] in self.sparse else func(*args, **kwargs)
         if self.fake and owner is _IS_CUDA_GET:
-            return True if args[0].is_meta or args[0] in self.sparse else func(*args, **kwargs)
+            return True if (args[0].is_meta and not is_script_meta(args[0])) \
+                or args[0] in self.sparse else func(*args, **kwargs)
         if self.fake and self.sparse.involved(args, kwargs):
             return self.sparse.call(func, args, kwargs, self._rewrite)
         if self.fake and (func is _T.to or func is _T.cuda) and args[0] in self.values.tainted_host:
@@ -345,25 +367,41 @@ class CudaPresenter(TorchFunctionMode):
                     return self._read(func, _READS[func], args, kwargs)
                 if func is _T.get_device:
                     return 0
+        where: str | None = None
         if "device" in kwargs:
             kwargs = dict(kwargs)
+            if _is_meta_device(kwargs["device"]):
+                where = "meta"
             kwargs["device"], hit = self._rewrite(kwargs["device"])
             if hit and not self.fake:
                 return self._tag(func(*args, **kwargs))
+            if hit:
+                where = "gpu"
+        if where is not None and self.fake:
+            with placing(where):
+                return self._fake_call(func, args, kwargs)
+        return self._call(func, args, kwargs)
+
+    def _call(self, func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        if self.fake:
+            return self._fake_call(func, args, kwargs)
         if func in cuda_paths.COMPOSITES:
             return cuda_paths.run_composite(self, func, args, kwargs)
-        if self.fake:
-            if func in cuda_paths.SDPA_FUNCS:
-                return cuda_paths.route_sdpa(self.sm_major, args, kwargs)
-            args, kwargs = self.autocast.rewrite(func, args, kwargs)
-            try:
-                out = func(*args, **kwargs)
-            except Exception as exc:  # noqa: BLE001 - a data-dependent output shape on meta, or the script's error
-                out = data_dependent_call(self.values, func, args, kwargs, exc)
-            self.values.propagate(func, args, kwargs, out)
-            return out
         args, kwargs = self.autocast.rewrite(func, args, kwargs)  # CUDA autocast state, CPU tensors
         out = func(*args, **kwargs)
         if any(self._on_gpu(a) for a in args if isinstance(a, torch.Tensor)):
             self._tag(out)
+        return out
+
+    def _fake_call(self, func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        if func in cuda_paths.COMPOSITES:
+            return cuda_paths.run_composite(self, func, args, kwargs)
+        if func in cuda_paths.SDPA_FUNCS:
+            return cuda_paths.route_sdpa(self.sm_major, args, kwargs)
+        args, kwargs = self.autocast.rewrite(func, args, kwargs)
+        try:
+            out = func(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - a data-dependent output shape on meta, or the script's error
+            out = data_dependent_call(self.values, func, args, kwargs, exc)
+        self.values.propagate(func, args, kwargs, out)
         return out

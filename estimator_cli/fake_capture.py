@@ -6,15 +6,26 @@ weak reference with a finalizer on the storage records its free when its last us
 moment the CUDA caching allocator would get the block back. Pattern from PyTorch's
 ``torch/distributed/_tools/mem_tracker.py`` (weak-keyed storages, finalizers).
 
+Tensors the script itself puts on ``meta`` are not GPU memory: transformers, accelerate's
+``init_empty_weights`` and ``torch.device("meta")`` build a model's skeleton there before its weights are
+loaded, and on a GPU that skeleton costs nothing. The device presenter says where each call places its
+outputs (:func:`placing`): ``"meta"`` for an explicit ``device="meta"`` (argument, default-device context,
+``.to("meta")``), ``"gpu"`` for a request for the GPU (``to_empty(device="cuda")`` of a skeleton is a
+real allocation), otherwise the outputs follow their inputs — an op whose meta inputs are all the
+script's own (``w.t()``, ``zeros_like(w)``) makes the script's own meta too. Those storages are kept in
+a weak registry (:func:`is_script_meta`) and never recorded.
+
 Known limitations: in-place ``resize_`` of an existing storage is not seen as a new allocation;
 storages created by C++ outside the dispatcher (none in stock PyTorch training paths) are missed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import threading
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -25,6 +36,65 @@ from gpushare.estimator_cli.conv_workspace import geometries_for
 from gpushare.estimator_cli.events import DEFAULT_KIND, Alloc, ConvGeometry, Kind, Phase
 from gpushare.estimator_cli.meta_cache import MetaCache
 from gpushare.estimator_cli.reduce_buffer import geometry_of
+
+
+# Storages of the meta tensors the script placed on ``meta`` itself (see the module docstring), weakly keyed
+# like weight_files.py's host weights; the placement of the call in progress is per thread (transformers
+# loads in a thread pool).
+_script_meta: WeakIdKeyDictionary = WeakIdKeyDictionary()
+_placement = threading.local()
+
+
+@contextlib.contextmanager
+def placing(where: str | None) -> Iterator[None]:
+    """Outputs of the calls inside go to ``"meta"`` (the script's own), ``"gpu"``, or follow their inputs."""
+    saved = getattr(_placement, "where", None)
+    _placement.where = where
+    try:
+        yield
+    finally:
+        _placement.where = saved
+
+
+@contextlib.contextmanager
+def counted_as_gpu() -> Iterator[None]:
+    """Meta tensors made inside are GPU memory even where they are asked for on ``meta``: a weight file's
+    host weights (estimator_cli/weight_files.py), which fake mode counts from the moment they are loaded."""
+    saved = getattr(_placement, "counted", False)
+    _placement.counted = True
+    try:
+        yield
+    finally:
+        _placement.counted = saved
+
+
+def is_script_meta(value: Any) -> bool:
+    return bool(_script_meta) and isinstance(value, torch.Tensor) and value.is_meta \
+        and value.untyped_storage() in _script_meta
+
+
+def _from_script_meta(args: tuple, kwargs: dict) -> bool:
+    """Some meta tensor among the inputs, all of them the script's own (top level or one list deep); a
+    storage handed over (``set_``) must be the script's own too."""
+    seen = False
+    for v in (*args, *kwargs.values()):
+        for t in (v if isinstance(v, (list, tuple)) else (v,)):
+            if isinstance(t, torch.UntypedStorage) and t not in _script_meta:
+                return False
+            if isinstance(t, torch.Tensor) and t.is_meta:
+                if t.untyped_storage() not in _script_meta:
+                    return False
+                seen = True
+    return seen
+
+
+def _script_placed(args: tuple, kwargs: dict) -> bool:
+    if getattr(_placement, "counted", False):
+        return False
+    where = getattr(_placement, "where", None)
+    if where is not None:
+        return where == "meta"
+    return bool(_script_meta) and _from_script_meta(args, kwargs)
 
 
 _BASE_DISPATCH = getattr(torch.Tensor.__torch_dispatch__, "__func__", torch.Tensor.__torch_dispatch__)
@@ -110,6 +180,14 @@ class FakeRecorder(TorchDispatchMode):
             self.peak = max(self.peak, self.live)
             weakref.finalize(storage, self._freed, alloc_id, size)
 
+    def _skip(self, out: Any) -> None:
+        """New meta storages of the script's own meta tensors: registered, never recorded."""
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.is_meta and t.layout == torch.strided:
+                storage = t.untyped_storage()
+                if storage not in self.ids:
+                    _script_meta[storage] = True
+
     def replay_alloc(self, template: Alloc, storage: Any) -> int:
         """A block of a fast-forwarded pass (estimator_cli/repeat_passes.py): ``template``'s size, op, module
         and phase in the current iteration; freed by ``replay_free`` or, with a storage, when it dies."""
@@ -135,6 +213,9 @@ class FakeRecorder(TorchDispatchMode):
             return NotImplemented
         out = self.cache.call(func, args, kwargs, lambda: func(*args, **kwargs))
         name = func.__name__
+        if _script_placed(args, kwargs):
+            self._skip(out)
+            return out
         if self.recording:
             self._track(out, name, geometries_for(name, args), geometry_of(name, args))
         else:

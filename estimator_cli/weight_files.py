@@ -33,6 +33,8 @@ from typing import Any, Iterator
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
+from gpushare.estimator_cli.fake_capture import counted_as_gpu
+
 MAX_HEADER_BYTES = 100 * 2**20  # safetensors' own bound on the JSON header
 
 _DTYPES: dict[str, str] = {
@@ -160,8 +162,10 @@ class HeaderOpen:
     def _make(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
         dtype = torch_dtype(self._tensors[name][0], f"{self._path}: {name}")
         # on "cuda" the device presenter puts it where fake mode's GPU tensors live (meta)
-        device = "meta" if self._host else self._device
-        return self._own(torch.empty(shape, dtype=dtype, device=device))
+        if not self._host:
+            return self._own(torch.empty(shape, dtype=dtype, device=self._device))
+        with counted_as_gpu():  # asked for on meta here, but a host weight: counted (the module docstring)
+            return self._own(torch.empty(shape, dtype=dtype, device="meta"))
 
     def get_tensor(self, name: str) -> torch.Tensor:
         if name not in self._tensors:
