@@ -19,6 +19,10 @@ DeepSpeed, and undone after the capture:
 - ZeRO-3's ``defragment`` (parameter partitions copied to the host and back into one device buffer) makes
   the device buffer directly: the same device memory, and fake tensors have no data to copy (in profile
   mode the values are not kept either; under the fake group no collective carries values).
+- DeepSpeed's FusedAdam (its default for an ``Adam``/``AdamW`` optimizer section) is a CUDA op compiled on
+  first use, which needs nvcc and a GPU. Its memory is torch's fused Adam's: two states per parameter and no
+  temporaries of parameter size (one multi-tensor kernel), so torch's ``Adam``/``AdamW(fused=True)`` stands
+  in, with the section's learning rate, betas, eps and weight decay. CPU Adam (ZeRO-Offload) is left alone.
 - NVTX ranges (profiler markers, ``deepspeed.utils.nvtx.enable_nvtx``) are off: a CPU build has no NVTX.
 """
 
@@ -26,6 +30,9 @@ from __future__ import annotations
 
 import sys
 from typing import Any, Callable
+
+
+_TORCH_ADAM_ARGS = frozenset({"lr", "betas", "eps", "weight_decay", "amsgrad"})
 
 
 def _finite_norm(norm: Any) -> bool:
@@ -84,8 +91,24 @@ def patch_deepspeed() -> Callable[[], None]:
     for holder, name, new in holders:
         setattr(holder, name, new)
 
+    optimizer_configuration = engine.get_optimizer_configuration
+
+    def get_optimizer_configuration(self: Any, parameters: dict[str, Any], adam_w_mode: bool,
+                                    *args: Any, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+        chosen, extra = optimizer_configuration(self, parameters, adam_w_mode, *args, **kwargs)
+        if getattr(chosen, "__name__", "") != "FusedAdam":
+            return chosen, extra
+        import torch
+
+        for name in [k for k in parameters if k not in _TORCH_ADAM_ARGS]:  # bias_correction, set_grad_none
+            parameters.pop(name)
+        return (torch.optim.AdamW if adam_w_mode else torch.optim.Adam), {"fused": True}
+
+    engine.get_optimizer_configuration = get_optimizer_configuration
+
     def undo() -> None:
         engine._configure_distributed_model = configure
+        engine.get_optimizer_configuration = optimizer_configuration
         nvtx.enable_nvtx = ranges
         for holder, name, _ in holders:
             setattr(holder, name, originals[name])

@@ -1,9 +1,10 @@
 """A model trained with DeepSpeed ZeRO, written as DeepSpeed's training examples are: ``deepspeed.add_config_arguments``,
 ``deepspeed.init_distributed()``, ``deepspeed.initialize`` with the model's parameters, then ``engine.backward`` and
 ``engine.step``. The ZeRO stage comes from ``--deepspeed_config FILE`` or, without one, from ``--stage`` (the
-config built in the script, as DeepSpeed's CIFAR example does). DeepSpeed's AdamW with ``torch_adam``
-(torch.optim.AdamW), or with ``--client-optimizer`` torch's AdamW made here and handed to DeepSpeed
-(``zero_allow_untested_optimizer``): no DeepSpeed C++/CUDA op is built either way. Data generated, nothing downloaded.
+config built in the script, as DeepSpeed's CIFAR example does). DeepSpeed's AdamW section with ``torch_adam``
+(torch.optim.AdamW); ``--optimizer fused``: the same section as DeepSpeed's FusedAdam (a CUDA op, which
+gpu-estimate replaces by torch's fused AdamW); ``--optimizer client``: torch's AdamW made here and handed to
+DeepSpeed (``zero_allow_untested_optimizer``). Data generated, nothing downloaded.
 
     deepspeed --num_gpus=8 deepspeed_zero.py --deepspeed --deepspeed_config ds_config.json
     torchrun --nproc_per_node=8 deepspeed_zero.py --stage 3
@@ -22,7 +23,9 @@ p.add_argument("--width", type=int, default=2048)
 p.add_argument("--layers", type=int, default=6)
 p.add_argument("--batch-size", type=int, default=16)
 p.add_argument("--steps", type=int, default=10)
-p.add_argument("--client-optimizer", action="store_true", help="torch's AdamW made here, handed to DeepSpeed")
+p.add_argument("--optimizer", choices=["torch_adam", "fused", "client"], default="torch_adam",
+               help="DeepSpeed's AdamW section with torch_adam, the same section as DeepSpeed's FusedAdam, "
+                    "or torch's AdamW made here and handed to deepspeed.initialize")
 p = deepspeed.add_config_arguments(p)
 args = p.parse_args()
 
@@ -51,12 +54,13 @@ if not args.deepspeed_config:
                               "stage3_prefetch_bucket_size": 5e6},
         "steps_per_print": 100,
     }
-    if not args.client_optimizer:
-        # DeepSpeed's Adam section with torch_adam: torch.optim.AdamW, no fused op to build
-        ds_config["optimizer"] = {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.01, "torch_adam": True}}
+    if args.optimizer != "client":
+        ds_config["optimizer"] = {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.01}}
+        # torch_adam: torch.optim.AdamW; without it DeepSpeed's FusedAdam, a CUDA op built on first use
+        ds_config["optimizer"]["params"]["torch_adam"] = args.optimizer == "torch_adam"
 
 net = Net(args.width, args.layers)
-if args.client_optimizer:
+if args.optimizer == "client":
     optimizer = torch.optim.AdamW(net.parameters(), lr=1e-4, weight_decay=0.01)
     engine, optimizer, _, _ = deepspeed.initialize(args=args, model=net, optimizer=optimizer, config=ds_config)
 else:

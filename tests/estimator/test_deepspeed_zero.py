@@ -109,7 +109,9 @@ def test_zero_per_rank(capsys, monkeypatch, tmp_path, stage, sharded, extra):
 def test_zero_launch_forms_agree(capsys, monkeypatch, tmp_path):
     """torchrun and the deepspeed launcher give the same rank the same peak; a JSON config file read through
     ``--deepspeed_config`` and the script's own config dict agree; so do DeepSpeed's optimizer section
-    (``torch_adam``) and torch's AdamW handed to ``deepspeed.initialize``."""
+    (``torch_adam``), torch's AdamW handed to ``deepspeed.initialize``, and DeepSpeed's FusedAdam (a CUDA op
+    that is never built here: torch's fused AdamW stands in; at stage 2 the optimizer steps on one flat
+    partition, so foreach and fused implementations leave the same peak, but for fused's step counters)."""
     config = tmp_path / "ds_config.json"
     config.write_text(json.dumps({
         "train_micro_batch_size_per_gpu": 16, "zero_allow_untested_optimizer": True,
@@ -121,5 +123,7 @@ def test_zero_launch_forms_agree(capsys, monkeypatch, tmp_path):
     from_file = _peak(capsys, monkeypatch, "deepspeed", "--num_gpus=2", str(SCRIPT), "--deepspeed",
                       "--deepspeed_config", str(config))
     client = _peak(capsys, monkeypatch, "deepspeed", "--num_gpus=2", str(SCRIPT), "--stage", "2",
-                   "--client-optimizer")
+                   "--optimizer", "client")
+    fused = _peak(capsys, monkeypatch, "deepspeed", "--num_gpus=2", str(SCRIPT), "--stage", "2", "--optimizer", "fused")
     assert launcher == torchrun == from_file == client
+    assert abs(fused - launcher) < 4096, (fused, launcher)  # fused keeps its step counters on the GPU
