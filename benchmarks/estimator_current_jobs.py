@@ -57,6 +57,8 @@ JOBS: dict[str, tuple[str, list[str], list[str], str, str | None, list[str]]] = 
     "fsdp2_torchrun_x8": ("torchrun --nproc_per_node=8, FSDP2 per layer, meta init, set_model_state_dict",
                           ["transformers", "safetensors"], ["torchrun", "--nproc_per_node=8"],
                           "torchrun_fsdp2_lm.py", "llama", []),
+    "deepspeed_zero3_x8": ("`deepspeed --num_gpus=8`, ZeRO stage 3, DeepSpeed's AdamW (torch_adam)", ["deepspeed"],
+                           ["deepspeed", "--num_gpus=8"], "deepspeed_zero.py", None, ["--stage", "3"]),
 }
 
 
