@@ -45,15 +45,22 @@ _script_meta: WeakIdKeyDictionary = WeakIdKeyDictionary()
 _placement = threading.local()
 
 
+def set_placement(where: str | None) -> str | None:
+    """Outputs of the calls from now on go to ``"meta"`` (the script's own), ``"gpu"``, or (None) follow
+    their inputs; returns the placement it replaces."""
+    saved: str | None = getattr(_placement, "where", None)
+    _placement.where = where
+    return saved
+
+
 @contextlib.contextmanager
 def placing(where: str | None) -> Iterator[None]:
-    """Outputs of the calls inside go to ``"meta"`` (the script's own), ``"gpu"``, or follow their inputs."""
-    saved = getattr(_placement, "where", None)
-    _placement.where = where
+    """:func:`set_placement` for the calls inside."""
+    saved = set_placement(where)
     try:
         yield
     finally:
-        _placement.where = saved
+        set_placement(saved)
 
 
 @contextlib.contextmanager
