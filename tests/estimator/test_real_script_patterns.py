@@ -161,4 +161,6 @@ def test_multihead_attention_takes_the_gpu_kernels_under_autocast(capsys, tmp_pa
     """, "--mode", "fake")
     assert code == EXIT_OK, err
     target = doc["targets"][0]
-    assert doc["iterations"] == 3 and target["peak_reserved_bytes"] < 256 << 20, target["peak_reserved_bytes"]
+    # Under one 512 MiB attention matrix. The bound leaves room for the reductions' staging buffers (the bias
+    # gradients' column sums over 16,384 rows, estimator_cli/reduce_buffer.py), which the GPU allocates too.
+    assert doc["iterations"] == 3 and target["peak_reserved_bytes"] < 384 << 20, target["peak_reserved_bytes"]
