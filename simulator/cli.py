@@ -64,9 +64,9 @@ def _check(policy: str, estimator: str, gpu: str) -> None:
                    "default) or noisy:SIGMA")
 @click.option("--seed", type=int, default=0, show_default=True, help="drives workload mapping, TTFK and noise")
 @click.option("--interference", type=click.Choice(MODES), default="gavel", show_default=True)
-@click.option("--util", "util_profile", type=click.Choice(["classes", "carma-fit"]), default="classes",
-              show_default=True, help="solo utilisation per class: the assumed classes, or those fitted to CARMA's "
-                                      "measured runs (docs/simulator.md, Calibration)")
+@click.option("--util", "util_profile", type=click.Choice(["carma-fit", "classes"]), default="carma-fit",
+              show_default=True, help="solo utilisation per class: fitted to CARMA's measured runs (docs/simulator.md, "
+                                      "Calibration), or the assumed classes")
 @click.option("--throughputs", type=click.Path(dir_okay=False), default=None,
               help=f"Gavel throughputs JSON; default: DATA_DIR/{THROUGHPUTS_NAME}")
 @click.option("--data-dir", "data_dir_flag", default=None, help="reference data folder (or $GPUSHARE_DATA_DIR)")
@@ -95,7 +95,7 @@ def command(trace_path: str | None, nodes: int, gpus_per_node: int, gpu: str, po
             seed: int, interference: str, throughputs: str | None, data_dir_flag: str | None, no_recovery: bool,
             as_json: bool, plot_dir: str | None, caps: bool | None, sweep_jobs: int = 0, seeds: str | None = None,
             workers: int | None = None, progress: bool | None = None, config_file: str | None = None,
-            release: str = "22.05", sacct_path: str | None = None, util_profile: str = "classes",
+            release: str = "22.05", sacct_path: str | None = None, util_profile: str = "carma-fit",
             placement: str = "advised") -> None:
     """Replay a job trace against simulated GPUs through placement policies (several: comma-separated)."""
     data = data_dir(data_dir_flag)

@@ -65,7 +65,7 @@ class SimConfig:
     window_s: float = risk.WINDOW_SAMPLES * risk.SAMPLE_PERIOD_S
     throughputs: Path | None = None
     interference: str = "gavel"  # or "share" (gpushare.simulator.interference)
-    util: str = "classes"  # solo utilisation per class: a key of workload.UTIL_PROFILES ("carma-fit": calibrated)
+    util: str = "carma-fit"  # solo utilisation per class: a key of workload.UTIL_PROFILES ("classes": assumed)
     # None: memory reaches its peak at the first kernel (the model the published tables use). False/True:
     # a job that outgrew its share first runs within it and grows past it later (GROW_AFTER of its work),
     # without / with per-job caps (framework caps, MPS limit, the agent's backstop)

@@ -27,6 +27,19 @@ def test_same_seed_same_result_other_seed_other_result():
     assert json.loads(first.output)["summary"] != json.loads(other.output)["summary"]
 
 
+def test_the_calibrated_utilisation_is_the_default():
+    """docs/benchmarks.md's figures are made under --util carma-fit: the default, in the CLI and the API."""
+    from gpushare.simulator.engine import SimConfig
+
+    assert SimConfig().util == "carma-fit"
+    runs = {util: simulate("--policy", "lug", "--estimator", "none", "--json", *util) for util in
+            ((), ("--util", "carma-fit"), ("--util", "classes"))}
+    assert all(r.exit_code == 0 for r in runs.values()), [r.output for r in runs.values()]
+    summary = {util: json.loads(r.output)["summary"] for util, r in runs.items()}
+    assert summary[()] == summary[("--util", "carma-fit")]
+    assert summary[()] != summary[("--util", "classes")]  # the assumed classes stay selectable
+
+
 def test_json_document_and_plots(tmp_path):
     result = simulate("--policy", "lug", "--json", "--plot", str(tmp_path))
     assert result.exit_code == 0, result.output

@@ -9,7 +9,8 @@ from gpushare.simulator.trace import parse
 
 def run(text, policy="magm", estimator="oracle", gpus=1, recovery=True, mode="share"):
     jobs = parse(text, "t.csv")
-    config = SimConfig(gpus_per_node=gpus, policy=policy, estimator=estimator, recovery=recovery, interference=mode)
+    config = SimConfig(gpus_per_node=gpus, policy=policy, estimator=estimator, recovery=recovery, interference=mode,
+                       util="classes")  # the hand-computed figures below use the assumed classes
     return Simulation(jobs, config, Interference(None, mode=mode)).run()
 
 

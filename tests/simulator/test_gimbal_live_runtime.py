@@ -35,7 +35,7 @@ h,1000,700,6,medium,10,1
 
 
 def run(text, policy, gpus=1, cls=GimbalSimulation):
-    config = SimConfig(gpus_per_node=gpus, policy=policy, interference="gavel")
+    config = SimConfig(gpus_per_node=gpus, policy=policy, interference="gavel", util="classes")
     return cls(parse(text, "t.csv"), config, Interference(None, mode="gavel")).run()
 
 

@@ -92,7 +92,8 @@ def run_case(case: dict[str, Any], data: Path | None = None) -> dict[str, Any]:
     data = data or data_dir(None)
     config = SimConfig(nodes=1, gpus_per_node=case["gpus_per_node"], gpu=case["gpu"], policy=case["policy"],
                        estimator=case["estimator"], seed=case["seed"], interference=case["interference"],
-                       caps=case["caps"], throughputs=data / THROUGHPUTS_NAME)
+                       caps=case["caps"], throughputs=data / THROUGHPUTS_NAME,
+                       util="classes")  # the tables of record were made under the assumed classes
     sim = simulation(jobs_for(case, data), config).run()
     placements = [[r["job_id"], r["placed_on"], r["state"], r["ooms"]] for r in report.job_records(sim)]
     return {"summary": report.summarise(sim), "switches": getattr(sim, "reconfigurations", 0),

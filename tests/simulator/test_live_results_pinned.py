@@ -52,7 +52,7 @@ def run(variant: str) -> dict[str, Any]:
     live = setup(parse_config(settings), release)
     config = SimConfig(nodes=4, gpus_per_node=8, gpu="a100-80gb", policy="live", estimator="measured",
                        caps=live.caps, recovery=live.recovery, live=live,
-                       throughputs=data_dir(None) / THROUGHPUTS_NAME)
+                       throughputs=data_dir(None) / THROUGHPUTS_NAME, util="classes")
     sim = simulation(trace.parse(synthetic(), "synthetic", 0), config).run()
     summary = report.summarise(sim)
     placements = sorted((j.spec.job_id, list(j.gpus), round(j.first_start or -1.0, 6)) for j in sim.jobs.values())

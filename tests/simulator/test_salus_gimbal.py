@@ -46,7 +46,7 @@ def _checked(cls):
 
 def run(text_or_jobs, policy, gpus=2, mode="gavel"):
     jobs = parse(text_or_jobs, "t.csv") if isinstance(text_or_jobs, str) else text_or_jobs
-    config = SimConfig(gpus_per_node=gpus, policy=policy, interference=mode)
+    config = SimConfig(gpus_per_node=gpus, policy=policy, interference=mode, util="classes")
     cls = SalusSimulation if policy.startswith("salus") else GimbalSimulation
     return _checked(cls)(jobs, config, Interference(None, mode=mode)).run()
 
