@@ -8,6 +8,7 @@ those by hand is how clusters drift from their config.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import sys
 from importlib import resources
@@ -21,6 +22,7 @@ from gpushare.slurm.client import SlurmClient, SlurmError
 from gpushare.slurm.version import SlurmVersion
 from gpushare.config import Config, ConfigError, NodeGroup, load_config
 from gpushare.gres.gres_conf import NodeGpu, gres_conf_lines, node_gres
+from gpushare.slurm_plugins.chain import GLOB_SLOTS
 
 HOOK_ENTRY_POINTS = {
     "Prolog": "gpushare-prolog",
@@ -59,70 +61,135 @@ def site_lua_lines(module_dir: str) -> list[str]:
             "local rc = gpushare.job_submit(job_desc, part_list, submit_uid); if rc ~= slurm.SUCCESS then return rc end"]
 
 
-#: slurm.conf keys that take one program, where a site's own program is chained with ours
+#: slurm.conf keys whose program (or programs) we chain with ours
 CHAINED_KEYS = ("Prolog", "Epilog", "TaskProlog", "TaskEpilog", "EpilogSlurmctld", "MailProg")
+#: keys Slurm 24.05+ reads from several lines, running every one (slurm.conf(5)); the others take one value
+MULTI_LINE_KEYS = ("Prolog", "Epilog", "PrologSlurmctld", "EpilogSlurmctld")
 
 
-def site_hooks(conf_path: str) -> dict[str, str]:
-    """The site's own programs in the hook slots we use, from its current slurm.conf (ours left out)."""
-    from gpushare.slurm.conf_file import SlurmConfError, read_keys
+def site_hooks(conf_path: str) -> dict[str, list[str]]:
+    """The site's own programs in the hook slots we use, from its current slurm.conf (ours left out).
+
+    Each slot maps to what slurm.conf names there, in order: one program, a glob pattern (Prolog and Epilog,
+    e.g. jobstats' ``/etc/slurm/prolog.d/*.sh``), or several lines of either (Slurm 24.05+). A relative
+    path is taken from slurm.conf's folder, as Slurm does."""
+    from gpushare.slurm.conf_file import SlurmConfError, read_settings
 
     try:
-        keys = read_keys(conf_path)
+        settings = read_settings(conf_path)
     except (SlurmConfError, OSError):
         return {}
-    found = {}
+    found: dict[str, list[str]] = {}
     for key in CHAINED_KEYS:
-        value = keys.get(key.lower(), "").strip()
-        if os.path.basename(value).startswith("gpushare-chain-"):
-            value = _chained_site(value)  # our wrapper from an earlier run: the site's program is inside
-        if value and "gpushare" not in value and not (key == "MailProg" and value == "/bin/true"):
-            found[key] = value
+        values = [value.strip() for name, value in settings if name == key.lower()]
+        if key not in MULTI_LINE_KEYS:
+            values = values[-1:]  # the last setting wins
+        entries: list[str] = []
+        for value in values:
+            if value and not value.startswith("/"):
+                value = os.path.join(os.path.dirname(os.path.abspath(conf_path)), value)
+            if os.path.basename(value).startswith("gpushare-chain-"):
+                entries.extend(_chained_site(value))  # our wrapper from an earlier run: the site's programs inside
+            elif value and "gpushare" not in value and not (key == "MailProg" and value == "/bin/true"):
+                entries.append(value)
+        if entries:
+            found[key] = entries
     return found
 
 
-def _chained_site(wrapper: str) -> str:
-    """The site's program named in a chain wrapper written earlier (so a second run keeps it); '' if none."""
+def _chained_site(wrapper: str) -> list[str]:
+    """The site's programs named in a chain wrapper written earlier (so a second run keeps them)."""
     try:
         text = Path(wrapper).read_text(errors="replace")
     except OSError:
-        return ""
+        return []
     for line in text.splitlines():
-        if line.startswith("exec "):
+        if line.startswith("exec ") and " -m gpushare." in line:
             try:
                 words = shlex.split(line)
             except ValueError:
-                return ""
-            for flag in ("--site", "--mail"):
-                if flag in words[:-1]:
-                    return words[words.index(flag) + 1]
-    return ""
+                return []
+            return [words[i + 1] for i, word in enumerate(words[:-1]) if word in ("--site", "--mail") and words[i + 1]]
+    return []
 
 
-def chain_wrapper(key: str, site: str, hook_dir: str) -> str:
-    """A wrapper for one slot: the site's program and ours, the site's status kept (slurm_plugins/chain.py).
+def pinned_config(wrapper: str) -> str | None:
+    """The gpushare.toml a wrapper we wrote pins (GPUSHARE_CONFIG); None when it pins none or is unreadable."""
+    try:
+        text = Path(wrapper).read_text(errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("GPUSHARE_CONFIG="):
+            try:
+                return shlex.split(line.split(";", 1)[0].partition("=")[2])[0]
+            except (ValueError, IndexError):
+                return None
+    return None
+
+
+def _pin(config_file: str | None) -> str:
+    """The line every generated wrapper starts with: the gpushare.toml checked when it was written.
+
+    Why: slurmctld passes no SLURM_CONF to EpilogSlurmctld and slurmd passes its own, so without the line a
+    hook looks for the file elsewhere than ``gpushare config check`` did and may run on built-in defaults.
+    With it, a file moved away fails loudly (the hook logs that GPUSHARE_CONFIG names no file)."""
+    if not config_file:
+        return ""
+    return f"GPUSHARE_CONFIG={shlex.quote(config_file)}; export GPUSHARE_CONFIG\n"
+
+
+_GLOB_PART = re.compile(r"(\*|\?|\[[A-Za-z0-9!^_.-]*\])")
+
+
+def _sh_pattern(pattern: str) -> str:
+    """A glob pattern for sh: its wildcards bare, everything else quoted."""
+    return "".join(part if _GLOB_PART.fullmatch(part) else shlex.quote(part)
+                   for part in _GLOB_PART.split(pattern) if part)
+
+
+def _sh_site(key: str, sites: list[str]) -> str:
+    """sh that runs the site's programs as Slurm would, when our Python cannot start."""
+    if len(sites) == 1 and key not in GLOB_SLOTS:
+        return f"  exec {shlex.quote(sites[0])} \"$@\"\n"
+    if key in GLOB_SLOTS:  # each pattern's files in reverse order, stopping at the first failure
+        listing = "; ".join(f"for p in {_sh_pattern(p)}; do printf '%s\\n' \"$p\"; done | LC_ALL=C sort -r"
+                            for p in sites)
+        return ("  IFS='\n'\n"
+                f"  for f in $({{ {listing}; }}); do \"$f\" \"$@\" || exit $?; done\n  exit 0\n")
+    return ("  rc=0\n  for f in " + " ".join(shlex.quote(p) for p in sites) +
+            "; do \"$f\" \"$@\"; c=$?; [ \"$rc\" -ne 0 ] || rc=$c; done\n  exit $rc\n")
+
+
+def chain_wrapper(key: str, site: str | list[str], hook_dir: str, config_file: str | None = None) -> str:
+    """A wrapper for one slot: the site's programs and ours, the site's status kept (slurm_plugins/chain.py).
 
     MailProg differs: ours is itself a wrapper around the mail program, so the site's program becomes the
-    mail program it runs (the site's mail, with the job's summary appended)."""
+    mail program it runs (the site's mail, with the job's summary appended).
+
+    Python runs isolated (``-I``): neither the hook's working directory (slurmd's, perhaps a clone of this
+    repository) nor a user's PYTHONPATH (TaskProlog runs in the job's environment) decides what it imports."""
+    sites = [site] if isinstance(site, str) else list(site)
     python = shlex.quote(sys.executable)
-    head = f"#!/bin/sh\n# generated by gpushare slurm-config for slurm.conf's {key}: "
+    head = f"#!/bin/sh\n# generated by gpushare slurm-config for slurm.conf's {key}: " + ("{what}\n")
     # A Python that cannot start (a broken or half-installed virtualenv) must not take the site's program down
-    # with it: the site's program then runs alone, as before gpushare.
+    # with it: the site's programs then run alone, as before gpushare.
     probe = "gpushare.epilog.mailprog" if key == "MailProg" else "gpushare.slurm_plugins.chain"
-    fallback = (f"if ! {python} -c 'import {probe}' 2>/dev/null; then\n"
+    fallback = (f"if ! {python} -I -c 'import {probe}' 2>/dev/null; then\n"
                 f"  logger -p daemon.err -t gpushare \"{key}: {python} cannot run gpushare; the site's program runs "
-                f"alone\" 2>/dev/null\n"
-                f"  exec {shlex.quote(site)} \"$@\"\nfi\n")
+                f"alone\" 2>/dev/null\n" + _sh_site(key, sites) + "fi\n")
     if key == "MailProg":
-        return (head + "the site's mail program, with gpushare's job summary in the body\n" + fallback +
-                f"exec {python} -m gpushare.epilog.mailprog --mail {shlex.quote(site)} \"$@\"\n")
+        return (head.format(what="the site's mail program, with gpushare's job summary in the body") +
+                _pin(config_file) + fallback +
+                f"exec {python} -I -m gpushare.epilog.mailprog --mail {shlex.quote(sites[0])} \"$@\"\n")
     ours = shlex.quote(f"{hook_dir}/{HOOK_ENTRY_POINTS[key]}")
-    return (head + "the site's program, then gpushare's; the site's exit status and output are kept, and "
-            "gpushare's failure never fails the hook\n" + fallback +
-            f"exec {python} -m gpushare.slurm_plugins.chain --site {shlex.quote(site)} --ours {ours} -- \"$@\"\n")
+    flags = " ".join(f"--site {shlex.quote(p)}" for p in sites)
+    return (head.format(what="the site's programs, then gpushare's; the site's exit status and output are kept, "
+                             "and gpushare's failure never fails the hook") + _pin(config_file) + fallback +
+            f"exec {python} -I -m gpushare.slurm_plugins.chain --slot {key} {flags} --ours {ours} -- \"$@\"\n")
 
 
-def hook_wrapper(key: str, hook_dir: str) -> str:
+def hook_wrapper(key: str, hook_dir: str, config_file: str | None = None) -> str:
     """A slot's wrapper around gpushare's own program that never fails the hook.
 
     Why: slurmd drains a node whose Prolog or Epilog fails, and requeues the job. Our programs fail open
@@ -133,19 +200,19 @@ def hook_wrapper(key: str, hook_dir: str) -> str:
     TaskProlog's ``export`` lines reach slurmd)."""
     entry = HOOK_ENTRY_POINTS[key]
     return (f"#!/bin/sh\n# generated by gpushare slurm-config for slurm.conf's {key}: gpushare's program, failing "
-            "open (a Python that cannot start must not fail the hook: slurmd would drain the node)\n"
+            "open (a Python that cannot start must not fail the hook: slurmd would drain the node)\n" + _pin(config_file) +
             f"{shlex.quote(f'{hook_dir}/{entry}')} \"$@\"\nrc=$?\n"
             f"[ \"$rc\" -eq 0 ] || logger -p daemon.err -t gpushare \"{key}: {entry} exited $rc; the job goes on\" "
             "2>/dev/null\nexit 0\n")
 
 
-def install_hooks(keys: list[str], hook_dir: str, directory: Path) -> dict[str, str]:
+def install_hooks(keys: list[str], hook_dir: str, directory: Path, config_file: str | None = None) -> dict[str, str]:
     """Write the failing-open wrapper of each slot in ``keys``; slurm.conf key -> the wrapper's path."""
     written = {}
     directory.mkdir(parents=True, exist_ok=True)
     for key in keys:
         target = directory / f"gpushare-hook-{key}"
-        write_text_atomic(target, hook_wrapper(key, hook_dir))
+        write_text_atomic(target, hook_wrapper(key, hook_dir, config_file))
         os.chmod(target, 0o755)
         written[key] = str(target)
     return written
@@ -161,12 +228,13 @@ def _uses_slurmdbd(conf_path: str) -> bool:
         return False
 
 
-def install_chains(site: dict[str, str], hook_dir: str, directory: Path) -> dict[str, str]:
+def install_chains(site: dict[str, str] | dict[str, list[str]], hook_dir: str, directory: Path,
+                   config_file: str | None = None) -> dict[str, str]:
     """Write one wrapper per slot the site already uses; slurm.conf key -> the wrapper's path."""
     written = {}
     for key, program in site.items():
         target = directory / f"gpushare-chain-{key}"
-        write_text_atomic(target, chain_wrapper(key, program, hook_dir))
+        write_text_atomic(target, chain_wrapper(key, program, hook_dir, config_file))
         os.chmod(target, 0o755)
         written[key] = str(target)
     return written
@@ -319,6 +387,40 @@ def render_billing_lines(cfg: Config, with_slurmdbd: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: Where the printed lines are merged: which of them a running Slurm takes only by a restart, in which order.
+RESTART_NOTE = (
+    "# Restart, do not reconfigure: GresTypes, AccountingStorageTRES, the NodeName Gres= counts and gres.conf "
+    "take effect only when the daemons start, and a TRESBillingWeights naming GRES/shard reread by "
+    "`scontrol reconfigure` while slurmctld still runs without shard in GresTypes stops slurmctld (fatal: "
+    "failed to parse tres weights str). Merge every line into slurm.conf and gres.conf on every host, run "
+    "`gpushare doctor` (it names what the running slurmctld lacks), then restart slurmctld, then every slurmd "
+    "(docs/deployment.md, Restart or reconfigure)")
+
+
+def bare_hook_config(key: str, conf_path: str) -> Path:
+    """The gpushare.toml our program in slot ``key`` reads when nothing pins it: slurmd passes its SLURM_CONF to
+    Prolog and Epilog (the file beside it, else /etc/slurm); slurmctld passes none to EpilogSlurmctld."""
+    from gpushare.config import DEFAULT_PATH, config_candidates
+
+    if key not in ("Prolog", "Epilog"):
+        return DEFAULT_PATH
+    candidates = config_candidates({"SLURM_CONF": conf_path})
+    return next((path for path in candidates if path.exists()), candidates[-1])
+
+
+def unpinned_config_lines(checked: str | None, conf_path: str, keys: list[str]) -> list[str]:
+    """One warning per slot that names our program directly and would read another gpushare.toml than the one
+    slurm-config read (``checked``; None: built-in defaults)."""
+    lines = []
+    for key in keys:
+        found = bare_hook_config(key, conf_path)
+        if checked is None or os.path.realpath(found) != os.path.realpath(checked):
+            lines.append(f"# WARNING: {key} runs gpushare's program without GPUSHARE_CONFIG and would read {found}, "
+                         f"not {checked or 'a gpushare.toml'}: pass --install-hooks DIR (its wrappers pin the file "
+                         "checked now), or install the file there")
+    return lines
+
+
 def _target_version(text: str) -> SlurmVersion:
     if text != "installed":
         try:
@@ -405,15 +507,22 @@ def command(config_path: str | None, hook_dir: str, lua_dir: str | None, slurm_c
         wrappers = {key: str(Path(hooks_dir).resolve() / f"gpushare-hook-{key}") for key in own} if hooks_dir else {}
         slurm_conf = render_slurm_conf(cfg, hook_dir, version, chains, wrappers)
         gres_conf = render_gres_conf(cfg)  # errors first
+        checked = os.path.abspath(cfg.source) if cfg.from_file else None
         if chain_dir:
-            install_chains(site, hook_dir, Path(chain_dir).resolve())
+            install_chains(site, hook_dir, Path(chain_dir).resolve(), checked)
         if hooks_dir:
-            install_hooks(own, hook_dir, Path(hooks_dir).resolve())
+            install_hooks(own, hook_dir, Path(hooks_dir).resolve(), checked)
         click.echo("### slurm.conf")
-        for key, program in site.items():
-            click.echo(f"# {slurm_conf_path} runs {key}={program}: "
+        for key, programs in site.items():
+            several = f" ({len(programs)} lines: replace every {key}= line with the one below)" if len(programs) > 1 else ""
+            click.echo(f"# {slurm_conf_path} runs {key}={' and '.join(programs)}{several}: "
                        + ("chained with ours (the site's status and output kept)" if chain_dir
                           else "pass --install-chains DIR to run it and ours from one wrapper"))
+        bare = [key for key in HOOK_ENTRY_POINTS if key not in chains and key not in wrappers]
+        for line in unpinned_config_lines(checked, slurm_conf_path, bare):
+            click.echo(line)
+            click.echo(f"gpushare slurm-config: {line[2:]}", err=True)
+        click.echo(RESTART_NOTE)
         click.echo(slurm_conf, nl=False)
         click.echo(render_billing_lines(cfg, _uses_slurmdbd(slurm_conf_path)), nl=False)
         click.echo("### gres.conf")

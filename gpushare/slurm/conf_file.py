@@ -63,6 +63,41 @@ def read_keys(path: str | os.PathLike[str], _depth: int = 0) -> dict[str, str]:
     return keys
 
 
+def read_settings(path: str | os.PathLike[str], _depth: int = 0) -> list[tuple[str, str]]:
+    """Every ``Key=Value`` of ``path`` and its includes in file order, keys lower-cased, repeats kept.
+
+    Why beside read_keys: since Slurm 24.05 Prolog, Epilog, PrologSlurmctld and EpilogSlurmctld may each
+    be given on several lines, and every one of them runs; the last setting does not win there."""
+    if _depth > MAX_INCLUDE_DEPTH:
+        raise SlurmConfError(f"{path}: Include nested more than {MAX_INCLUDE_DEPTH} deep")
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise SlurmConfError(f"{path}: {exc.strerror or exc}") from exc
+    found: list[tuple[str, str]] = []
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        include = _INCLUDE.match(line)
+        if include:
+            target = include.group(1)
+            if not os.path.isabs(target):
+                target = os.path.join(os.path.dirname(os.fspath(path)), target)
+            for name in sorted(glob.glob(target)) or [target]:
+                found.extend(read_settings(name, _depth + 1))
+            continue
+        try:
+            items = shlex.split(line)
+        except ValueError:
+            items = line.split()
+        for item in items:
+            key, sep, value = item.partition("=")
+            if sep:
+                found.append((key.strip().lower(), value.strip()))
+    return found
+
+
 @dataclass(frozen=True)
 class Account:
     """A local account: slurmctld's (SlurmUser) as this host's passwd and group databases know it."""

@@ -97,3 +97,86 @@ def test_a_second_run_keeps_the_sites_program_found_in_its_wrapper(tmp_path: Pat
     out = capsys.readouterr().out
     assert f"TaskProlog={wrapper}" in out and f"runs TaskProlog={site}" in out
     assert f"--site {site} " in wrapper.read_text()
+
+
+def _logging_program(path: Path, log: Path, status: int = 0) -> str:
+    return _program(path, f'echo "$(basename "$0")${{*:+ $*}}" >> {log}\nexit {status}\n')
+
+
+def test_a_glob_slot_runs_each_file_as_slurmd_does(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """jobstats' layout: Prolog=<dir>/prolog.d/*.sh. slurmd runs every match, z before a, stopping at the first
+    failure; the chain ran the pattern itself before (exit 127, node drained)."""
+    log, scripts = tmp_path / "ran.log", tmp_path / "prolog.d"
+    scripts.mkdir()
+    for name in ("10-first.sh", "20-second.sh"):
+        _logging_program(scripts / name, log)
+    (scripts / "README").write_text("not a script\n")
+    out, hooks = _install(tmp_path, f"Prolog={scripts}/*.sh\n", capsys)
+    wrapper = tmp_path / "chains" / "gpushare-chain-Prolog"
+    assert f"Prolog={wrapper}" in out and f"runs Prolog={scripts}/*.sh" in out
+    _logging_program(hooks / "gpushare-prolog", log)
+
+    done = _run(wrapper)
+    assert done.returncode == 0, done.stderr
+    assert log.read_text().splitlines() == ["20-second.sh", "10-first.sh", "gpushare-prolog"]
+
+    log.unlink()  # the first failure ends the site's part with its status; ours still runs
+    _logging_program(scripts / "20-second.sh", log, status=5)
+    done = _run(wrapper)
+    assert done.returncode == 5 and log.read_text().splitlines() == ["20-second.sh", "gpushare-prolog"]
+
+    log.unlink()  # a pattern that matches nothing fails the slot before any file runs, as in slurmd
+    for script in scripts.glob("*.sh"):
+        script.unlink()
+    done = _run(wrapper)
+    assert done.returncode == 1 and b"matches no file" in done.stderr
+    assert log.read_text().splitlines() == ["gpushare-prolog"]
+
+
+def test_several_lines_of_a_slot_are_all_kept(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """Slurm 24.05+: Epilog and EpilogSlurmctld on several lines, each running. slurmd's Epilog lines run in
+    order and stop at a failure; every EpilogSlurmctld runs, the first failure giving the status."""
+    log = tmp_path / "ran.log"
+    a, b = _logging_program(tmp_path / "a", log, 3), _logging_program(tmp_path / "b", log)
+    out, hooks = _install(tmp_path, f"Epilog={b}\nEpilog={a}\nEpilogSlurmctld={a}\nEpilogSlurmctld={b}\n"
+                                    "TaskProlog=/first\nTaskProlog=/last\n", capsys)
+    assert "2 lines: replace every Epilog= line" in out and "runs TaskProlog=/last:" in out
+    _logging_program(hooks / "gpushare-epilog", log)
+    _logging_program(hooks / "gpushare-epilog-slurmctld", log)
+    done = _run(tmp_path / "chains" / "gpushare-chain-Epilog", "x")
+    assert done.returncode == 3 and log.read_text().splitlines() == ["b x", "a x", "gpushare-epilog x"]
+    log.unlink()
+    done = _run(tmp_path / "chains" / "gpushare-chain-EpilogSlurmctld")
+    assert done.returncode == 3 and log.read_text().splitlines() == ["a", "b", "gpushare-epilog-slurmctld"]
+
+    conf = tmp_path / "slurm.conf"  # the admin pasted the chains in; a second run reads both programs back
+    conf.write_text(f"Epilog={tmp_path}/chains/gpushare-chain-Epilog\n")
+    assert gpushare_main(["slurm-config", "--config", str(EXAMPLE), "--hook-dir", str(hooks), "--slurm-version",
+                          "22.05", "--slurm-conf", str(conf), "--install-chains", str(tmp_path / "chains")]) == 0
+    assert f"runs Epilog={b} and {a} (2 lines" in capsys.readouterr().out
+
+
+def test_without_python_the_sites_programs_still_run_as_slurm_runs_them(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    log, scripts = tmp_path / "ran.log", tmp_path / "epilog d"
+    scripts.mkdir()
+    for name in ("a.sh", "b.sh", "c.sh"):
+        _logging_program(scripts / name, log, status=7 if name == "b.sh" else 0)
+    _install(tmp_path, f"Epilog='{scripts}/*.sh'\n", capsys)
+    wrapper = tmp_path / "chains" / "gpushare-chain-Epilog"
+    wrapper.write_text(wrapper.read_text().replace(sys.executable, "/nonexistent/python3"))
+    done = _run(wrapper, "arg")
+    assert done.returncode == 7 and log.read_text().splitlines() == ["c.sh arg", "b.sh arg"]
+
+
+def test_the_wrappers_python_ignores_the_working_directory(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """slurmd started from a directory holding a gpushare/ package (a clone): the chain's Python must still
+    import the installed gpushare, or the site's program runs alone and ours never does."""
+    site = _program(tmp_path / "site-prolog", "exit 0\n")
+    _, hooks = _install(tmp_path, f"TaskProlog={site}\n", capsys)
+    _program(hooks / "gpushare-task-prolog", 'echo ours > "$0.ran"\n')
+    shadow = tmp_path / "clone" / "gpushare"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('the clone, not the installed package')\n")
+    done = subprocess.run([str(tmp_path / "chains" / "gpushare-chain-TaskProlog")], cwd=shadow.parent,
+                          capture_output=True, timeout=60)
+    assert done.returncode == 0 and (hooks / "gpushare-task-prolog.ran").read_text() == "ours\n", done.stderr
