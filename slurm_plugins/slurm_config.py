@@ -90,7 +90,8 @@ def site_hooks(conf_path: str) -> dict[str, list[str]]:
                 value = os.path.join(os.path.dirname(os.path.abspath(conf_path)), value)
             if os.path.basename(value).startswith("gpushare-chain-"):
                 entries.extend(_chained_site(value))  # our wrapper from an earlier run: the site's programs inside
-            elif value and "gpushare" not in value and not (key == "MailProg" and value == "/bin/true"):
+            elif value and not os.path.basename(value).startswith("gpushare-") and not (
+                    key == "MailProg" and value == "/bin/true"):  # ours, named directly, is no site program
                 entries.append(value)
         if entries:
             found[key] = entries

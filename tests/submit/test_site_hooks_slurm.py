@@ -99,3 +99,50 @@ def test_scope_sees_the_default_partition_and_observe_changes_nothing(make_clust
     found = parse_record(record.admin_comment)
     assert found and found["decision"] == "observe" and found["would"] == "shared"
     assert plain_gres(found["new"]).startswith("shard:")
+
+
+def test_a_glob_prolog_chained_runs_each_site_script_and_ours(make_cluster, tmp_path: Path) -> None:
+    """jobstats' layout, Prolog=<dir>/prolog.d/*.sh, chained by the documented command: the job runs, slurmd's
+    order holds (z before a), ours runs after, and the node stays up (the pattern itself once ran: exit 127,
+    node drained)."""
+    import subprocess
+    import sys
+
+    cluster: LocalCluster = make_cluster(with_submitd=False, with_hook=False)
+    base, log = cluster.base, cluster.base / "prolog-ran.log"
+    scripts = base / "prolog.d"
+    scripts.mkdir()
+    for name in ("10-first.sh", "20-second.sh"):
+        (scripts / name).write_text(f"#!/bin/sh\necho {name} $SLURM_JOB_ID >> {log}\n")
+        (scripts / name).chmod(0o755)
+    ours = base / "ours-bin"
+    ours.mkdir()
+    (ours / "gpushare-prolog").write_text(f"#!/bin/sh\necho ours $SLURM_JOB_ID >> {log}\nexec {base}/bin/gpushare-prolog\n")
+    (ours / "gpushare-prolog").chmod(0o755)
+    conf = cluster.conf.read_text().splitlines()
+    cluster.conf.write_text("\n".join(f"Prolog={scripts}/*.sh" if line.startswith("Prolog=") else line
+                                      for line in conf) + "\n")
+    cluster.client.run("scontrol", "reconfigure")
+    time.sleep(2)
+    os.chmod(tmp_path, 0o755)
+    alone, _ = cluster.client.sbatch("-D", str(tmp_path), "-o", "/dev/null", script="#!/bin/sh\ntrue\n")
+    assert cluster.wait_job(alone).state == "COMPLETED"  # slurmd's own order, which the chain follows
+    assert log.read_text().splitlines() == [f"20-second.sh {alone}", f"10-first.sh {alone}"]
+    log.unlink()
+
+    printed = subprocess.run([sys.executable, "-m", "gpushare.cli", "slurm-config", "--config",
+                              str(cluster.gpushare_conf), "--hook-dir", str(ours), "--slurm-conf", str(cluster.conf),
+                              "--slurm-version", "22.05", "--install-chains", str(base / "chains")],
+                             capture_output=True, text=True, timeout=120, check=True).stdout
+    line = next(line for line in printed.splitlines() if line.startswith("Prolog="))
+    assert line == f"Prolog={base}/chains/gpushare-chain-Prolog"
+    cluster.conf.write_text("\n".join(line if old.startswith("Prolog=") else old for old in conf) + "\n")
+    cluster.client.run("scontrol", "reconfigure")
+    time.sleep(2)
+
+    job_id, _ = cluster.client.sbatch("-D", str(tmp_path), "-o", str(tmp_path / "job-%j.out"),
+                                      script="#!/bin/sh\necho job ran\n")
+    assert cluster.wait_job(job_id).state == "COMPLETED"
+    assert log.read_text().splitlines() == [f"20-second.sh {job_id}", f"10-first.sh {job_id}", f"ours {job_id}"]
+    state = cluster.client.node_states().get("n1", "")
+    assert "drain" not in state and "down" not in state, state
