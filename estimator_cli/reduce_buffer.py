@@ -27,9 +27,10 @@ autograd, and loss means). Not covered: the other ``gpu_reduce_kernel`` users (`
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-import torch
+if TYPE_CHECKING:  # torch only where a capture runs: staging_bytes is the orchestrator's (a torch-free parent)
+    import torch
 
 REDUCE_OPS = ("sum", "mean")
 MAX_NUM_THREADS = 512  # mnt_wrapper<T>::MAX_NUM_THREADS; 256 for complex<double>
@@ -49,6 +50,8 @@ def max_threads_per_sm(sm_arch: tuple[int, int]) -> int:
 def _acc_size(dtype: torch.dtype) -> int:
     """sizeof(acc_t) of the sum/mean kernels: float for half, bfloat16 and float; 8 bytes for
     double, integers (int64 accumulation) and complex64; 16 for complex128."""
+    import torch
+
     if dtype == torch.complex128:
         return 16
     if dtype in (torch.float64, torch.complex64) or not (dtype.is_floating_point or dtype.is_complex):
@@ -75,6 +78,8 @@ def geometry_of(func_name: str, args: Sequence[Any]) -> list[int] | None:
     first (``reorder_dimensions`` moves the output's zero-stride dimensions to the front), each group
     ordered fastest-moving first, neighbours that are contiguous in memory coalesced.
     """
+    import torch
+
     if func_name.split(".")[0] not in REDUCE_OPS or not args or not isinstance(args[0], torch.Tensor):
         return None
     x = args[0]

@@ -214,12 +214,15 @@ def _header_only_safetensors() -> Iterator[None]:
     replacement = _header_open_for(original)
     saved: list[tuple[Any, str]] = []
     for module in list(sys.modules.values()):
+        # the module's own namespace, never an attribute lookup: getattr would wake lazy modules (the lazy
+        # torch._dynamo stand-in imports dynamo, 1.6 s; importlib's LazyLoader executes the module)
         try:
-            if getattr(module, "safe_open", None) is original:
-                setattr(module, "safe_open", replacement)
-                saved.append((module, "safe_open"))
-        except Exception:  # noqa: BLE001 - a lazy module that fails on attribute access: not ours to fix
+            namespace = object.__getattribute__(module, "__dict__")
+        except AttributeError:
             continue
+        if type(namespace) is dict and namespace.get("safe_open") is original:
+            setattr(module, "safe_open", replacement)
+            saved.append((module, "safe_open"))
     try:
         yield
     finally:
