@@ -14,6 +14,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -213,6 +214,169 @@ def timer_checks(cfg: Config) -> list[Check]:
     return checks or [Check("timers", OK, ", ".join(timers) + " enabled")]
 
 
+#: slots slurmd runs (their programs live on the GPU nodes)
+SLURMD_SLOTS = ("Prolog", "Epilog", "TaskProlog", "TaskEpilog")
+
+
+def program_problem(key: str, entry: str) -> str | None:
+    """Why what slot ``key`` names (``entry``: a program, or a glob pattern in Prolog and Epilog) would not run
+    on this host as Slurm runs it; None when it runs."""
+    from gpushare.slurm_plugins.chain import GLOB_SLOTS
+
+    matches = sorted(glob.glob(entry)) if key in GLOB_SLOTS else [entry]
+    if not matches:
+        return f"{entry} matches no file: slurmd fails every {key} (the node is drained)"
+    bad = [m for m in matches if not (os.path.isfile(m) and os.access(m, os.R_OK | os.X_OK))]
+    if bad:
+        return f"{', '.join(bad)}: no executable file (Slurm runs none of the slot's programs past it)"
+    return None
+
+
+def _wrapper_python(text: str) -> str | None:
+    """The interpreter the last line of one of our chain wrappers execs."""
+    for line in reversed(text.splitlines()):
+        if line.startswith("exec ") and " -m gpushare." in line:
+            try:
+                return shlex.split(line)[1]
+            except (ValueError, IndexError):
+                return None
+    return None
+
+
+def slot_problems(cfg: Config, conf_path: str, key: str, value: str) -> list[str]:
+    """Each reason one slurm.conf hook line does not run what it should, with the configuration it reads."""
+    from gpushare.slurm_plugins.chain import GLOB_SLOTS
+    from gpushare.slurm_plugins.slurm_config import _chained_site, bare_hook_config, pinned_config
+
+    checked = os.path.realpath(cfg.source) if cfg.from_file else None
+    name = os.path.basename(value)
+    where = f"{key}={value}"
+    if not name.startswith("gpushare-"):
+        problem = program_problem(key, value)
+        return [f"{where}: {problem}"] if problem else []
+    problem = program_problem("", value)
+    if problem:
+        return [f"{where}: {problem}"]
+    problems = []
+    text = Path(value).read_text(errors="replace") if name.startswith(("gpushare-chain-", "gpushare-hook-")) else ""
+    if name.startswith("gpushare-chain-"):
+        sites = _chained_site(value)
+        if key in GLOB_SLOTS and "--slot" not in text and any(c in site for site in sites for c in "*?["):
+            problems.append(f"{where} was written by an older gpushare and starts {' '.join(sites)} as one program "
+                            "(exit 127, the node is drained): rerun gpushare slurm-config --install-chains")
+        for site in sites:
+            problem = program_problem(key, site)
+            if problem:
+                problems.append(f"{where}: the site's {problem}")
+        python = _wrapper_python(text)
+        if python and not os.access(python, os.X_OK):
+            problems.append(f"{where}: {python} is gone: the site's programs run alone, gpushare's never (an "
+                            "older release removed?): rerun gpushare slurm-config --install-chains")
+    pinned = pinned_config(value) if text else None
+    if pinned is not None:
+        if not os.path.isfile(pinned):
+            problems.append(f"{where} pins GPUSHARE_CONFIG={pinned}, which is no file: the hook logs that and "
+                            "does nothing; install the file or rerun gpushare slurm-config")
+        elif checked and os.path.realpath(pinned) != checked:
+            problems.append(f"{where} reads {pinned} (GPUSHARE_CONFIG in the wrapper), not {checked} checked here: "
+                            f"rerun gpushare slurm-config --config {checked} with the same --install options")
+    else:
+        found = bare_hook_config(key, conf_path)
+        if checked is None or os.path.realpath(found) != checked:
+            problems.append(f"{where} reads {found} (nothing names the file where Slurm starts it), not "
+                            f"{checked or 'a gpushare.toml'}: gpushare slurm-config --install-hooks DIR "
+                            "--install-chains DIR writes wrappers that pin the file")
+    return problems
+
+
+def hook_slot_checks(cfg: Config, conf_path: str, keys: tuple[str, ...], status: str = PROBLEM) -> list[Check]:
+    """Every hook line of slurm.conf in ``keys``: what it names runs on this host (a glob matches executable
+    files), and our programs read the gpushare.toml checked here."""
+    from gpushare.slurm.conf_file import read_settings
+    from gpushare.slurm_plugins.slurm_config import MULTI_LINE_KEYS
+
+    try:
+        settings = read_settings(conf_path)
+    except SlurmConfError as exc:
+        return [Check("slots", status, str(exc))]
+    problems, named = [], 0
+    for key in keys:
+        values = [value for name, value in settings if name == key.lower() and value]
+        for value in values if key in MULTI_LINE_KEYS else values[-1:]:
+            if not value.startswith("/"):  # Slurm takes a relative path from slurm.conf's folder
+                value = os.path.join(os.path.dirname(os.path.abspath(conf_path)), value)
+            named += 1
+            problems += slot_problems(cfg, conf_path, key, value)
+    if problems:
+        return [Check("slots", status, line) for line in problems]
+    return [Check("slots", OK, f"{named} hook line(s) of {', '.join(keys)}: what each names runs here, and ours "
+                               f"read {cfg.source}")] if named else []
+
+
+def parse_show_config(text: str) -> dict[str, str]:
+    """``scontrol show config``'s ``Key = Value`` lines, keys lower-cased; ``(null)`` as empty."""
+    found = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip() and " " not in key.strip():
+            value = value.strip()
+            found[key.strip().lower()] = "" if value == "(null)" else value
+    return found
+
+
+def _names(value: str) -> set[str]:
+    return {part.strip().lower() for part in value.split(",") if part.strip()}
+
+
+def restart_problems(running: dict[str, str], settings: list[tuple[str, str]]) -> list[str]:
+    """What slurm.conf now says that the running slurmctld took at its start without (a restart applies it)."""
+    keys = dict(settings)
+    problems = []
+    gres_file, gres_running = _names(keys.get("grestypes", "")), _names(running.get("grestypes", ""))
+    if gres_file - gres_running:
+        problems.append(f"GresTypes: slurm.conf has {','.join(sorted(gres_file - gres_running))}, the running "
+                        "slurmctld does not")
+    tres_file = _names(keys.get("accountingstoragetres", ""))
+    tres_running = _names(running.get("accountingstoragetres", ""))
+    if tres_file - tres_running:
+        problems.append(f"AccountingStorageTRES: slurm.conf has {','.join(sorted(tres_file - tres_running))}, the "
+                        "running slurmctld does not")
+    weighted = {part.split("=", 1)[0].strip().lower() for name, value in settings if name == "tresbillingweights"
+                for part in value.split(",") if part.lower().startswith("gres/")}
+    unknown = sorted(w for w in weighted if w.split("/", 1)[1].split(":", 1)[0] not in gres_running)
+    if unknown:
+        problems.append(f"TRESBillingWeights names {','.join(unknown)}, a GRES the running slurmctld does not "
+                        "know: `scontrol reconfigure` now stops it (fatal: failed to parse tres weights str)")
+    return problems
+
+
+def restart_check(cfg: Config, conf_path: str) -> Check | None:
+    """Does the running slurmctld lack what slurm.conf now says and only a restart applies? Before anyone runs
+    ``scontrol reconfigure``."""
+    from gpushare.slurm.client import SlurmClient, SlurmError
+    from gpushare.slurm.conf_file import read_settings
+
+    try:
+        running = parse_show_config(SlurmClient.from_config(cfg, timeout_s=10.0).run("scontrol", "show", "config"))
+        settings = read_settings(conf_path)
+    except (SlurmError, SlurmConfError, OSError):
+        return None  # the slurm line says slurmctld does not answer; the file's own problems are reported above
+    problems = restart_problems(running, settings)
+    if not problems:
+        return Check("restart", OK, f"the running slurmctld has {conf_path}'s GresTypes, AccountingStorageTRES "
+                                    "and billing GRES")
+    return Check("restart", PROBLEM, "; ".join(problems) + ": do not `scontrol reconfigure`; restart slurmctld, "
+                                     "then every slurmd (docs/deployment.md, Restart or reconfigure)")
+
+
+def _no_slurm() -> bool:
+    """``gpushare doctor --no-slurm``: ask Slurm nothing (read from the running command's options)."""
+    import click
+
+    context = click.get_current_context(silent=True)
+    return bool(context and context.params.get("no_slurm"))
+
+
 def controller_checks(cfg: Config, force: bool = False) -> list[Check]:
     """The controller path's checks; none on a host that is no SlurmctldHost unless ``force``."""
     conf_path = cfg.slurm_conf_path() or "/etc/slurm/slurm.conf"
@@ -221,10 +385,14 @@ def controller_checks(cfg: Config, force: bool = False) -> list[Check]:
         account = slurm_user(conf_path)
     except SlurmConfError as exc:
         return [Check("controller", PROBLEM, f"{exc}")] if force else []
-    if not (force or is_controller(keys)):
-        return []
+    if not (force or is_controller(keys)):  # a GPU node: its own hook slots
+        return hook_slot_checks(cfg, conf_path, SLURMD_SLOTS) if shutil.which("slurmd") else []
     checks = [Check("slurmuser", OK, f"slurmctld runs as {account.name} (uid {account.uid}, group {account.group})"),
               socket_check(cfg, account), lua_check(keys), *hook_lines_check(keys, conf_path)]
+    checks += hook_slot_checks(cfg, conf_path, ("EpilogSlurmctld", "MailProg"))  # where slurmctld runs them
+    checks += hook_slot_checks(cfg, conf_path, SLURMD_SLOTS, PROBLEM if shutil.which("slurmd") else NOTE)
+    if not _no_slurm():
+        checks += [c for c in (restart_check(cfg, conf_path),) if c]
     checks += [c for c in (accounting_check(keys), enforce_check(keys), mig_files_check(cfg, conf_path)) if c]
     checks += timer_checks(cfg)
     owners = ownership_problems(cfg, account)
