@@ -390,8 +390,8 @@ def render_billing_lines(cfg: Config, with_slurmdbd: bool) -> str:
 
 #: Where the printed lines are merged: which of them a running Slurm takes only by a restart, in which order.
 RESTART_NOTE = (
-    "# Restart, do not reconfigure: GresTypes, AccountingStorageTRES, the NodeName Gres= counts and gres.conf "
-    "take effect only when the daemons start, and a TRESBillingWeights naming GRES/shard reread by "
+    "# Restart, do not reconfigure: GresTypes takes effect only when the daemons start, and with it the lines "
+    "naming shard (NodeName Gres=, gres.conf, AccountingStorageTRES); a TRESBillingWeights naming GRES/shard reread by "
     "`scontrol reconfigure` while slurmctld still runs without shard in GresTypes stops slurmctld (fatal: "
     "failed to parse tres weights str). Merge every line into slurm.conf and gres.conf on every host, run "
     "`gpushare doctor` (it names what the running slurmctld lacks), then restart slurmctld, then every slurmd "

@@ -180,3 +180,10 @@ def test_the_wrappers_python_ignores_the_working_directory(tmp_path: Path, capsy
     done = subprocess.run([str(tmp_path / "chains" / "gpushare-chain-TaskProlog")], cwd=shadow.parent,
                           capture_output=True, timeout=60)
     assert done.returncode == 0 and (hooks / "gpushare-task-prolog.ran").read_text() == "ours\n", done.stderr
+
+
+def test_the_printed_lines_say_restart_not_reconfigure(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    out, _ = _install(tmp_path, "ClusterName=t\n", capsys)
+    note = out.index("# Restart, do not reconfigure")
+    assert note < out.index("GresTypes=gpu,shard") and "failed to parse tres weights str" in out[note:]
+    assert "restart slurmctld, then every slurmd" in out[note:]
