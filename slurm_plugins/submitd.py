@@ -227,7 +227,8 @@ def serve(socket_path: str, cfg: Config, config_path: str | None) -> int:
             server.reload(new)
             _start_estimation_if_needed(new)
             _start_view_if_needed(new)
-            log.warning("configuration reloaded")
+            log.info("configuration reloaded: %s (sha256 %s), [policy] mode = %s", new.source, new.sha256[:12],
+                     new.policy.mode)
         except ConfigError as exc:
             log.error("configuration not reloaded: %s", exc)
 
@@ -246,7 +247,7 @@ def serve(socket_path: str, cfg: Config, config_path: str | None) -> int:
     signal.signal(signal.SIGINT, _stop)
     _start_estimation_if_needed(cfg)
     _start_view_if_needed(cfg)
-    log.warning("listening on %s", socket_path)
+    log.info("listening on %s", socket_path)
     try:
         server.serve_forever(poll_interval=0.2)
     finally:
@@ -277,7 +278,7 @@ def cli(config_path: str | None, socket_path: str | None, log_level: str, defaul
     setup_logging("gpushare-submitd", cfg.submit.log_file, log_level)
     if cfg.missing_line():
         log.warning("%s", cfg.missing_line())
-    log.warning("configuration %s (sha256 %s)", cfg.source, cfg.sha256)
+    log.info("configuration %s (sha256 %s), [policy] mode = %s", cfg.source, cfg.sha256, cfg.policy.mode)
     return serve(socket_path or cfg.submit.socket, cfg, config_path)
 
 

@@ -121,6 +121,10 @@ def test_mode_switches_on_reload_and_a_bad_mode_keeps_the_last_good(tmp_path: Pa
         write("observe")
         os.kill(proc.pid, signal.SIGHUP)
         _wait_for(log, "configuration reloaded")
+        routine = [line for line in log.read_text().splitlines()
+                   if "listening on" in line or "configuration reloaded" in line or "(sha256" in line]
+        assert len(routine) == 3 and all(" INFO " in line for line in routine), routine  # routine, not warnings
+        assert "[policy] mode = enforce" in routine[0] and routine[-1].endswith("[policy] mode = observe")
         reply = _ask(sock, "gpu")
         record = parse_record(reply["admin_comment"])
         assert reply["action"] == "accept" and "tres_per_node" not in reply and "user_msg" not in reply
