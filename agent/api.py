@@ -6,8 +6,10 @@ lives in a 0700 root directory, is itself 0600, and every connection's peer cred
 checked against ``allowed_uids`` (root by default), so a permissive umask or a bind mount cannot open it.
 
 Protocol: the client sends one JSON object on one line (≤ 64 KiB) with ``op``; the server answers with
-one JSON object on one line: ``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``. One request
-per connection keeps the server trivially robust against slow or broken clients (each has a deadline).
+one JSON object on one line: ``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``; one request per
+connection. The server is the agent's one socket server (``gpushare.agent.sockets``): a whole-request
+deadline, caps per uid and in all, a bounded worker pool, and a ``"busy": true`` answer that :func:`call`
+retries within its own timeout.
 """
 
 from __future__ import annotations
@@ -16,13 +18,11 @@ import json
 import logging
 import os
 import socket
-import socketserver
-import struct
-import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from gpushare.agent.sockets import Bounds, Connection, SocketServer, peer_creds
 from gpushare.errors import GpushareError
 
 if TYPE_CHECKING:
@@ -48,92 +48,41 @@ class AgentUnavailable(GpushareError, OSError):
 
 
 def peer_uid(sock: socket.socket) -> int:
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return struct.unpack("3i", creds)[1]
+    return peer_creds(sock)[1]
 
 
-class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    daemon_threads = True
-    # socketserver listens with a backlog of 5; an AF_UNIX connect beyond the backlog fails at once with
-    # EAGAIN (not a wait), and a node ending many jobs at once runs that many Epilogs together
-    request_queue_size = 256
-    handler: Handler
-    allowed_uids: frozenset[int]
-
-
-class _Connection(socketserver.StreamRequestHandler):
-    timeout = 5.0
-    server: _Server
-
-    def handle(self) -> None:
-        try:
-            uid = peer_uid(self.connection)
-            if uid not in self.server.allowed_uids:
-                log.warning("refused API connection from uid %d", uid)
-                self._reply({"ok": False, "error": "permission denied: root only"})
-                return
-            line = self.rfile.readline(MAX_REQUEST + 1)
-            if len(line) > MAX_REQUEST or not line.endswith(b"\n"):
-                self._reply({"ok": False, "error": "request too long or not a line"})
-                return
-            request = json.loads(line)
-            if not isinstance(request, dict) or not isinstance(request.get("op"), str):
-                self._reply({"ok": False, "error": "request must be an object with an 'op'"})
-                return
-            reply = self.server.handler(request)
-        except (OSError, ValueError) as exc:
-            reply = {"ok": False, "error": f"bad request: {exc}"}
-        except Exception as exc:  # noqa: BLE001 - a handler bug must not kill the server thread silently
-            log.exception("API handler failed")
-            reply = {"ok": False, "error": f"agent error: {exc.__class__.__name__}: {exc}"}
-        self._reply(reply)
-
-    def _reply(self, reply: dict[str, Any]) -> None:
-        try:
-            self.wfile.write((json.dumps(reply, default=str, separators=(",", ":")) + "\n").encode())
-        except OSError:
-            pass
+# root's Prologs and Epilogs: a node ending many jobs at once runs that many Epilogs together (each waits for
+# its answer, and the handlers queue on the agent's lock); the socket is root's alone, so its bounds are root's
+API_BOUNDS = Bounds(deadline_s=5.0, max_line=MAX_REQUEST, per_uid=512, total=512, workers=16)
 
 
 class ApiServer:
-    """Serve ``handler`` on ``path`` in background threads until :meth:`stop`."""
+    """Serve ``handler`` on ``path`` (:class:`gpushare.agent.sockets.SocketServer`) until :meth:`stop`."""
 
-    def __init__(self, path: str | os.PathLike[str], handler: Handler, allowed_uids: tuple[int, ...] = (0,)) -> None:
+    def __init__(self, path: str | os.PathLike[str], handler: Handler, allowed_uids: tuple[int, ...] = (0,),
+                 bounds: Bounds = API_BOUNDS, on_trouble: Callable[[str], None] | None = None) -> None:
         self.path = Path(path)
         self.handler = handler
         self.allowed_uids = frozenset(allowed_uids)
-        self._server: _Server | None = None
-        self._thread: threading.Thread | None = None
+        self._server = SocketServer(self.path, self._handle, bounds, name="agent-api", mode=0o600, dir_mode=0o700,
+                                    allowed_uids=self.allowed_uids, refusal="permission denied: root only",
+                                    on_trouble=on_trouble)
+
+    def _handle(self, connection: Connection, request: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        if not isinstance(request.get("op"), str):
+            return {"ok": False, "error": "request must be an object with an 'op'"}, False
+        return self.handler(request), False
+
+    @property
+    def server(self) -> SocketServer:
+        return self._server
 
     def start(self) -> "ApiServer":
-        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.chmod(self.path.parent, 0o700)
-        self.path.unlink(missing_ok=True)  # a stale socket from a killed agent
-        old_umask = os.umask(0o177)
-        try:
-            server = _Server(str(self.path), _Connection)
-        finally:
-            os.umask(old_umask)
-        os.chmod(self.path, 0o600)
-        server.handler = self.handler
-        server.allowed_uids = self.allowed_uids
-        self._server = server
-        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
-                                        name="gpushare-agent-api", daemon=True)
-        self._thread.start()
+        self._server.start()
         return self
 
     def stop(self) -> None:
-        stop_server(self._server, self.path)
-        self._server = None
-
-
-def stop_server(server: socketserver.BaseServer | None, path: Path) -> None:
-    """Stop a socket server started with ``serve_forever`` in a thread, and remove its socket file."""
-    if server is not None:
-        server.shutdown()
-        server.server_close()
-    path.unlink(missing_ok=True)
+        self._server.stop()
 
 
 def _connect(sock: socket.socket, path: str, deadline: float) -> None:
@@ -153,9 +102,20 @@ def _connect(sock: socket.socket, path: str, deadline: float) -> None:
 
 
 def call(path: str | os.PathLike[str], request: dict[str, Any], timeout_s: float = 3.0) -> dict[str, Any]:
-    """One request to the agent; raises :class:`AgentUnavailable` on any transport problem."""
-    data = (json.dumps(request, separators=(",", ":")) + "\n").encode()
+    """One request to the agent; raises :class:`AgentUnavailable` on any transport problem. A ``busy``
+    answer (the socket's caps, ``gpushare.agent.sockets``) is asked again until the timeout, then returned."""
     deadline = time.monotonic() + timeout_s
+    delay = 0.02
+    while True:
+        reply = _call_once(path, request, deadline)
+        if not reply.get("busy") or time.monotonic() + delay >= deadline:
+            return reply
+        time.sleep(delay)
+        delay = min(delay * 2, 0.25)
+
+
+def _call_once(path: str | os.PathLike[str], request: dict[str, Any], deadline: float) -> dict[str, Any]:
+    data = (json.dumps(request, separators=(",", ":")) + "\n").encode()
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             _connect(sock, str(path), deadline)

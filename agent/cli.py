@@ -120,14 +120,16 @@ def run_agent(argv: list[str], agent_cls: type, open_backend: Callable[[str | No
         except OSError as exc:
             log.error("metrics on %s:%d unavailable: %s; agent continues", agent_cfg.metrics_address,
                       agent_cfg.metrics_port, exc)
-    api = agent_cls_api(socket_path(agent_cfg), agent.handle)
+    # one socket server, three times (gpushare.agent.sockets): a thread it cannot start holds the backstop
+    trouble = getattr(agent, "thread_trouble", None)
+    api = agent_cls_api(socket_path(agent_cfg), agent.handle, trouble)
     from gpushare.agent.lane_api import LaneServer, lanes_socket_path
 
     lanes = LaneServer(lanes_socket_path(agent_cfg.run_dir), agent.lanes, agent.lane_owner,
-                       max_sessions=agent_cfg.lane_sessions).start()
+                       max_sessions=agent_cfg.lane_sessions, on_trouble=trouble).start()
     from gpushare.agent.live_api import LiveServer, live_socket_path
 
-    live = LiveServer(live_socket_path(agent_cfg.run_dir), agent.live).start()  # jobstats of a running job
+    live = LiveServer(live_socket_path(agent_cfg.run_dir), agent.live, on_trouble=trouble).start()  # jobstats
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -174,7 +176,7 @@ def own_slurm_node(slurm: Any, hostname: str | None = None) -> str:
     raise ConfigError(f"no Slurm node has NodeHostname or NodeName {host!r}; set [agent] node_name or pass --node")
 
 
-def agent_cls_api(path: Any, handler: Callable[[dict], dict]) -> Any:
+def agent_cls_api(path: Any, handler: Callable[[dict], dict], on_trouble: Callable[[str], None] | None = None) -> Any:
     from gpushare.agent.api import ApiServer
 
-    return ApiServer(path, handler).start()
+    return ApiServer(path, handler, on_trouble=on_trouble).start()

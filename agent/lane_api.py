@@ -19,174 +19,86 @@ which is how a crashed job's turn is reclaimed: the kernel closes a killed proce
   at once when it did.
 * ``{"op": "lane_status"}``: the job's lanes view.
 
-Hostile input: lines ≤ 4 KiB, at most ``max_sessions`` sessions in all and a quarter of that per uid,
-one blocking wait per session, every field validated; anything else closes the session.
+Hostile input: lines ≤ 4 KiB, each complete within 5 s of its first byte (the first within 5 s of the
+connect), at most ``max_sessions`` sessions in all and a quarter of that per uid (answered ``busy`` past
+them), one blocking wait per session, every field validated; anything else closes the session. The server
+is the agent's one socket server (``gpushare.agent.sockets``): an idle session holds no thread.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import select
-import socket
-import socketserver
-import struct
 import threading
-from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
-from gpushare.agent.api import stop_server
 from gpushare.agent.lane_service import LaneRefused, LaneService
+from gpushare.agent.sockets import Bounds, Connection, SocketServer, peer_creds
 from gpushare.agent.store import check_job
 
 log = logging.getLogger("gpushare.agent.lanes")
 MAX_LINE = 4096
+DEADLINE_S = 5.0  # each request line, from its first byte (a joined session may idle between requests)
+__all__ = ["LaneServer", "lanes_socket_path", "peer_creds"]
 
 
 def lanes_socket_path(run_dir: str) -> Path:
     return Path(run_dir) / "lanes" / "lanes.sock"
 
 
-def peer_creds(sock: socket.socket) -> tuple[int, int, int]:
-    """(pid, uid, gid) of the peer, as the kernel recorded them at connect time."""
-    data = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    pid, uid, gid = struct.unpack("3i", data)
-    return pid, uid, gid
-
-
-class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    daemon_threads = True
-    request_queue_size = 64
-    lanes: "LaneServer"
-
-
-class _Session(socketserver.StreamRequestHandler):
-    server: _Server
-
-    def handle(self) -> None:
-        owner = self.server.lanes
-        try:
-            pid, uid, _ = peer_creds(self.connection)
-        except OSError:
-            return
-        if not owner.enter(uid):
-            self._reply({"ok": False, "error": "too many lane sessions"})
-            return
-        job: str | None = None
-        owner.track(self.connection)
-        try:
-            while True:
-                line = self.rfile.readline(MAX_LINE + 1)
-                if not line:
-                    return  # closed (or the process died)
-                if len(line) > MAX_LINE or not line.endswith(b"\n"):
-                    self._reply({"ok": False, "error": "request too long or not a line"})
-                    return
-                try:
-                    request = json.loads(line)
-                    if not isinstance(request, dict) or not isinstance(request.get("op"), str):
-                        raise LaneRefused("request must be an object with an 'op'")
-                    reply, job = owner.serve(request, job, pid, uid, self._alive)
-                except (LaneRefused, ValueError) as exc:
-                    self._reply({"ok": False, "error": str(exc)[:300]})
-                    if job is None:
-                        return  # a refused join ends the session
-                    continue
-                if not self._reply(reply):
-                    return
-        except OSError:
-            return
-        finally:
-            owner.untrack(self.connection)
-            owner.leave(uid, job)
-
-    def _alive(self) -> bool:
-        """False once the client closed its end (or died): a peek sees end-of-file."""
-        try:
-            ready, _, _ = select.select([self.connection], [], [], 0)
-            if not ready:
-                return True
-            return self.connection.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
-        except BlockingIOError:
-            return True
-        except OSError:
-            return False
-
-    def _reply(self, reply: dict[str, Any]) -> bool:
-        try:
-            self.wfile.write((json.dumps(reply, separators=(",", ":")) + "\n").encode())
-            return True
-        except OSError:
-            return False
+def lane_bounds(max_sessions: int) -> Bounds:
+    """At most ``max_sessions`` sessions, a quarter of them per uid (root too), and as many workers as
+    sessions: a ``lane_turn`` waits (up to 30 s) on a worker, and a waiting member must never keep the
+    holder's ``lane_release`` from being served. Only joined lane jobs wait, so Slurm bounds the workers."""
+    return Bounds(deadline_s=DEADLINE_S, max_line=MAX_LINE, per_uid=max(1, max_sessions // 4), total=max_sessions,
+                  workers=max_sessions, reserved_uids=frozenset())
 
 
 class LaneServer:
     """Serve the lane ops of ``service`` on ``path``; ``owns(job, uid, pid)`` says who may act for a job."""
 
     def __init__(self, path: str | os.PathLike[str], service: LaneService,
-                 owns: Callable[[str, int, int], str | None], max_sessions: int = 64) -> None:
+                 owns: Callable[[str, int, int], str | None], max_sessions: int = 64,
+                 on_trouble: Callable[[str], None] | None = None) -> None:
         self.path = Path(path)
         self.service = service
         self.owns = owns
         self.max_sessions = max_sessions
-        self.per_uid = max(1, max_sessions // 4)
-        self._count: Counter[int] = Counter()
         self._sessions: set[str] = set()
-        self._connections: set[socket.socket] = set()
         self._lock = threading.Lock()
-        self._server: _Server | None = None
+        # every user may connect (0666 in a 0755 directory); each request is checked by peer credentials
+        self.server = SocketServer(self.path, self._handle, lane_bounds(max_sessions), name="lanes", mode=0o666,
+                                   dir_mode=0o755, session=True, on_close=self._closed, on_trouble=on_trouble)
 
     def start(self) -> "LaneServer":
-        self.path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-        os.chmod(self.path.parent, 0o755)
-        self.path.unlink(missing_ok=True)
-        server = _Server(str(self.path), _Session)
-        os.chmod(self.path, 0o666)  # every user may connect; each request is checked by peer credentials
-        server.lanes = self
-        self._server = server
-        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, name="gpushare-lanes",
-                         daemon=True).start()
+        self.server.start()
         return self
 
     def stop(self) -> None:
         """Stop serving and end every open session, as the agent's exit would: each client sees its
         connection close (and rejoins a restarted agent, ``lane_site``) instead of talking to a service
         that is going away."""
-        stop_server(self._server, self.path)
-        self._server = None
-        with self._lock:
-            connections = list(self._connections)
-        for connection in connections:
-            try:
-                connection.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        self.server.stop()
 
-    def track(self, connection: socket.socket) -> None:
-        with self._lock:
-            self._connections.add(connection)
+    def _handle(self, connection: Connection, request: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        job: str | None = connection.state.get("job")
+        try:
+            if not isinstance(request.get("op"), str):
+                raise LaneRefused("request must be an object with an 'op'")
+            reply, job = self.serve(request, job, connection.pid, connection.uid, connection.alive)
+        except (LaneRefused, ValueError) as exc:
+            return {"ok": False, "error": str(exc)[:300]}, job is not None  # a refused join ends the session
+        connection.state["job"] = job
+        return reply, True
 
-    def untrack(self, connection: socket.socket) -> None:
+    def _closed(self, connection: Connection) -> None:
+        job = connection.state.get("job")
+        if job is None:
+            return
         with self._lock:
-            self._connections.discard(connection)
-
-    def enter(self, uid: int) -> bool:
-        with self._lock:
-            if sum(self._count.values()) >= self.max_sessions or self._count[uid] >= self.per_uid:
-                log.warning("lanes: session from uid %d refused (%d open)", uid, sum(self._count.values()))
-                return False
-            self._count[uid] += 1
-            return True
-
-    def leave(self, uid: int, job: str | None) -> None:
-        with self._lock:
-            self._count[uid] -= 1
-            if job is not None:
-                self._sessions.discard(job)
-        if job is not None:
-            self.service.leave(job, "its connection closed")
+            self._sessions.discard(job)
+        self.service.leave(job, "its connection closed")
 
     def serve(self, request: dict[str, Any], job: str | None, pid: int, uid: int,
               alive: Callable[[], bool]) -> tuple[dict[str, Any], str | None]:
