@@ -18,8 +18,10 @@ def test_defaults_without_file(monkeypatch, tmp_path):
 def test_example_config_is_valid():
     from pathlib import Path
 
-    cfg = load_config(Path(__file__).resolve().parents[2] / "etc" / "gpushare.toml")
+    path = Path(__file__).resolve().parents[2] / "etc" / "gpushare.toml"
+    cfg = load_config(path)
     assert cfg.nodes and cfg.policy.shared == "shard"
+    assert '\n[policy]\nmode = "enforce"' in path.read_text()  # the off switch is in the file, not only in the docs
 
 
 def test_commented_examples_in_the_example_config_are_real_settings():
