@@ -53,6 +53,11 @@ def test_submitd_runs_as_root_without_state_directory_chown() -> None:
     assert submitd["Service.User"] == ["root"]  # sbatch --uid and chown of spool directories
     assert "Service.StateDirectory" not in submitd  # would chown -R /var/lib/gpushare to the unit's user
     assert "/var/lib/gpushare" in submitd["Service.ReadWritePaths"][0]
+    # ProtectSystem=strict: the log paths docs/deployment.md suggests must be writable too
+    writable = submitd["Service.ReadWritePaths"][0].split()
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "deployment.md").read_text()
+    for log in ("/var/log/gpushare/submitd.log", "/var/log/slurm/gpushare-oom.log"):
+        assert log in docs and any(log.startswith(p.lstrip("-") + "/") for p in writable), (log, writable)
 
 
 def test_units_sharing_run_gpushare_agree_and_keep_it() -> None:
