@@ -161,7 +161,7 @@ def report_command(since: str, partition: str | None, account: str | None, from_
     from gpushare.pilot_render import to_html, to_json, to_text
 
     now = datetime.now(timezone.utc).astimezone()
-    start = since_time(since, now)
+    start = now if from_file else since_time(since, now)  # an export holds its own period
     if from_file:
         text = Path(from_file).read_text()
     else:
@@ -180,8 +180,8 @@ def report_command(since: str, partition: str | None, account: str | None, from_
     if run_whatif and jobs:
         runs, waits = what_if(jobs, config_file, release, nodes or _nodes(jobs, gpus_per_node), gpus_per_node, gpu,
                               list(range(seeds)))
-    period = {"since": since if from_file else start.isoformat(timespec="seconds"),
-              "until": "export" if from_file else now.isoformat(timespec="seconds"),
+    period = {"since": Path(from_file).name if from_file else start.isoformat(timespec="seconds"),
+              "until": "end of export" if from_file else now.isoformat(timespec="seconds"),
               "partition": partition, "account": account}
     doc = build(jobs, runs, period, waits)
     if html_path:

@@ -331,17 +331,16 @@ def advice(doc: dict[str, Any], margin_pct: float = 2.0) -> list[str]:
     rec, sim = doc.get("recorded") or {}, (whatif.get("spread") or {}).get("all") or {}
     if rec.get("jct_mean_s") and sim.get("jct_mean_s"):
         lo, hi = sim["jct_mean_s"]["min"], sim["jct_mean_s"]["max"]
-        change_lo, change_hi = lo / rec["jct_mean_s"] - 1, hi / rec["jct_mean_s"] - 1
-        verdict = ("enforce would likely shorten jobs" if change_hi < 0 else
-                   "enforce would likely lengthen jobs: keep observing" if change_lo > 0.02 else
-                   "the what-if is inconclusive: keep observing")
-        lines.append(f"what-if: mean JCT {change_lo:+.0%} to {change_hi:+.0%} against Slurm's recorded "
-                     f"over {sim['runs']} runs: {verdict}")
+        lines.append(f"what-if: live's mean JCT {lo / rec['jct_mean_s'] - 1:+.0%} to {hi / rec['jct_mean_s'] - 1:+.0%} "
+                     f"against Slurm's recorded over {sim['runs']} runs (seeds x utilisation models); the simulated "
+                     "cluster differs from yours, so judge by the next line")
     harm = sim.get("jct_mean_vs_exclusive_pct") if sim else None
     if harm:
+        verdict = ("sharing would lengthen jobs at this load: keep observing, check share_when" if harm["max"] > 2 else
+                   "sharing would shorten jobs whichever utilisation model is right" if harm["max"] < 0 else
+                   "within 2 % of whole GPUs at worst (do-no-harm holds)")
         lines.append(f"do-no-harm: on the same simulated cluster live's mean JCT is {harm['min']:+.1f} % to "
-                     f"{harm['max']:+.1f} % against whole GPUs"
-                     + (": check share_when and the queue gate before enforcing" if harm["max"] > 2 else ""))
+                     f"{harm['max']:+.1f} % against whole GPUs: {verdict}")
     return lines
 
 

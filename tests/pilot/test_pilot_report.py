@@ -95,8 +95,8 @@ def test_advice_one_line_per_finding_and_the_what_if_spread():
     assert any(line.startswith("safety: raise the margin: 33.3 %") for line in advice)
     assert any(line.startswith("backstop: 1 job(s)") for line in advice)
     assert any("train_big.py" in line for line in advice)
-    assert any(line.startswith("what-if: mean JCT") for line in advice)
-    assert any(line.startswith("do-no-harm:") and "check share_when" in line for line in advice)
+    assert any(line.startswith("what-if: live's mean JCT") for line in advice)
+    assert any(line.startswith("do-no-harm:") and "keep observing" in line for line in advice)
     text = to_text(doc)
     assert "Coverage: 7 GPU jobs, 3 with an estimate" in text and "--util classes" in text
 
@@ -220,3 +220,17 @@ def test_the_admin_command_lists_pilot():
 
     result = CliRunner().invoke(group, ["pilot", "report", "--help"])
     assert result.exit_code == 0 and "--since" in result.output and Path(__file__).exists()
+
+
+if __name__ == "__main__":  # docs/pilot-report-example.html: the page for the jobs above, with a real what-if
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "export.txt").write_text(_rows_of(jobs()))
+        (Path(tmp) / "gpushare.toml").write_text("")
+        out = CliRunner().invoke(command, ["report", "--from", str(Path(tmp) / "export.txt"),
+                                           "--config", str(Path(tmp) / "gpushare.toml"), "--seeds", "3", "--nodes", "1",
+                                           "--gpus-per-node", "2", "--gpu", "a100-40gb", "--html", sys.argv[1]])
+        print(out.output, end="")
+        sys.exit(out.exit_code)
