@@ -10,7 +10,7 @@ PY := $(VENV)/bin/python
 BASE_PYTHON ?= $(shell [ -x /usr/bin/python3 ] && echo /usr/bin/python3 || echo python3)
 # prometheus: the tests' real Prometheus server (devcluster/prometheus.py) scrapes the node agents;
 # slurmdbd and MariaDB: the tests' accounting database (devcluster/accounting.py).
-DEBS := slurmctld slurmd slurm-client slurmdbd mariadb-server mariadb-client munge lua-socket lua5.1 lua5.3 lua5.4 python3-venv lmod prometheus gcc libc6-dev logrotate
+DEBS := slurmctld slurmd slurm-client slurmdbd mariadb-server mariadb-client munge lua-socket lua5.1 lua5.3 lua5.4 python3-venv lmod prometheus gcc libc6-dev logrotate chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # Newer Slurm releases the integration tests also run on (devcluster/chroot.py builds their chroots).
 CHROOT_SLURM ?= 24.11 26.05
