@@ -15,8 +15,13 @@
  * Charged: cuMemAlloc_v2, cuMemAllocPitch_v2, cuMemAllocAsync (requested size), device-located
  * cuMemCreate, and the limits file's context charge (the Prolog's figure for the GPU's generation) once per
  * process. Not charged: managed, host and imported memory.
+ * A size larger than the whole limit (or one whose pitch × height overflows) is refused before anything is
+ * charged; charges and refunds are exact under any concurrency (compare-and-swap reservation before the
+ * driver is called, refund when it fails; a free's entry taken before the driver frees).
  * cuMemGetInfo_v2 reports the slice (never an error of its own), and so does NVML's memory info for the
- * job's GPUs (matched by UUID). See docs/isolation.md for what escapes. */
+ * job's GPUs (matched by UUID). In a capped job, dlsym hands out none of these entry points from a second
+ * copy of the driver (another object than libcuda.so.1, e.g. a copy with its SONAME changed, opened by
+ * path). See docs/isolation.md for what escapes. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
@@ -159,7 +164,7 @@ static struct slot *do_register(struct dev *d) {
     return free_slot;
 }
 
-static int charge(struct dev *d, int64_t n);
+static int charge(struct dev *d, uint64_t n);
 
 /* Set up the budget of device `ordinal` once per process; returns NULL when not capping. */
 static struct dev *device(int ordinal) {
@@ -207,19 +212,25 @@ static struct dev *device(int ordinal) {
     d->limit = lim;
     d->ctx_charge = ctx;
     d->active = 1;
-    if (ctx && charge(d, ctx)) { /* the context alone does not fit: allocations will fail, as they would */ }
+    if (ctx && charge(d, (uint64_t)ctx)) { /* the context alone does not fit: allocations will fail, as they would */ }
 out:
     pthread_mutex_unlock(&mu);
     return d->active ? d : NULL;
 }
 
-/* Reserve n bytes of the job's budget; nonzero when it would exceed the limit. */
-static int charge(struct dev *d, int64_t n) {
+/* Reserve n bytes of the job's budget; nonzero, with nothing charged, when they do not fit. n is the size as
+ * the caller asked for it (unsigned): a size larger than the whole limit is refused before anything is
+ * charged, so no other thread or process ever sees a negative or wrapped counter (a size of 2^63 and more,
+ * taken as a signed number, once lowered the counter while the driver refused it and let others past the
+ * limit), and the test is written so that nothing in it can overflow. */
+static int charge(struct dev *d, uint64_t n) {
+    if (n > (uint64_t)d->limit) return 1;
+    int64_t want = (int64_t)n;
     int64_t cur = __atomic_load_n(&d->st->used, __ATOMIC_SEQ_CST);
     do {
-        if (cur + n > d->limit) return 1;
-    } while (!__atomic_compare_exchange_n(&d->st->used, &cur, cur + n, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST));
-    __atomic_fetch_add(&d->mine->charged, n, __ATOMIC_SEQ_CST);
+        if (cur > d->limit - want) return 1;
+    } while (!__atomic_compare_exchange_n(&d->st->used, &cur, cur + want, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST));
+    __atomic_fetch_add(&d->mine->charged, want, __ATOMIC_SEQ_CST);
     return 0;
 }
 
@@ -252,6 +263,15 @@ static int forget(unsigned long long key, int64_t *size, int *dev) {
     return found;
 }
 
+/* A free: the entry is taken out before the driver frees (the driver may hand the same address to another
+ * thread's allocation at once, which must find no stale entry), given back when the free failed, and its
+ * charge refunded only once the memory is free. */
+static void settle(int had, unsigned long long key, int64_t size, int o, CUresult r) {
+    if (!had) return;
+    if (r != CUDA_SUCCESS) remember(key, size, o);
+    else if (devs[o].active) uncharge(&devs[o], size);
+}
+
 static void after_fork_child(void) {
     /* A child is a new process of the job: its own slot, its own context charge, no inherited pointers. */
     for (int i = 0; i < MAX_DEV; i++) {
@@ -282,9 +302,9 @@ CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes) {
     int o;
     struct dev *d = current(&o);
     if (!d) return r_cuMemAlloc_v2(dptr, bytes);
-    if (charge(d, (int64_t)bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (charge(d, bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult r = r_cuMemAlloc_v2(dptr, bytes);
-    if (r != CUDA_SUCCESS) uncharge(d, (int64_t)bytes);
+    if (r != CUDA_SUCCESS) uncharge(d, (int64_t)bytes); /* bytes <= limit: charge() refused anything larger */
     else remember(*dptr, (int64_t)bytes, o);
     return r;
 }
@@ -294,29 +314,35 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w, size_t h
     int o;
     struct dev *d = current(&o);
     if (!d) return r_cuMemAllocPitch_v2(dptr, pitch, w, h, elem);
-    int64_t est = (int64_t)((w + 511) & ~(size_t)511) * (int64_t)h; /* pitch is known only afterwards */
-    if (charge(d, est)) return CUDA_ERROR_OUT_OF_MEMORY;
+    /* pitch is known only afterwards: charge the width rounded up to 512 bytes, then settle; a width or
+     * product past the limit (or past 64 bits) is refused before anything is charged */
+    uint64_t est;
+    if (w > (uint64_t)d->limit || __builtin_mul_overflow((uint64_t)((w + 511) & ~(size_t)511), (uint64_t)h, &est) ||
+        charge(d, est))
+        return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult r = r_cuMemAllocPitch_v2(dptr, pitch, w, h, elem);
-    if (r != CUDA_SUCCESS) { uncharge(d, est); return r; }
-    int64_t real_size = (int64_t)*pitch * (int64_t)h;
+    if (r != CUDA_SUCCESS) { uncharge(d, (int64_t)est); return r; }
+    uint64_t real_size;
+    if (__builtin_mul_overflow((uint64_t)*pitch, (uint64_t)h, &real_size)) real_size = UINT64_MAX;
     if (real_size > est) {
         if (charge(d, real_size - est)) {
             typedef CUresult (*fr_t)(CUdeviceptr);
             fr_t fr = (fr_t)real("cuMemFree_v2");
             if (fr) fr(*dptr);
-            uncharge(d, est);
+            uncharge(d, (int64_t)est);
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
-    } else if (real_size < est) uncharge(d, est - real_size);
-    remember(*dptr, real_size, o);
+    } else if (real_size < est) uncharge(d, (int64_t)(est - real_size));
+    remember(*dptr, (int64_t)real_size, o);
     return r;
 }
 
 CUresult cuMemFree_v2(CUdeviceptr p) {
     REAL(CUresult (*)(CUdeviceptr), cuMemFree_v2);
+    int64_t sz = 0; int o = 0;
+    int had = p && forget(p, &sz, &o);
     CUresult r = r_cuMemFree_v2(p);
-    int64_t sz; int o;
-    if (r == CUDA_SUCCESS && p && forget(p, &sz, &o) && devs[o].active) uncharge(&devs[o], sz);
+    settle(had, p, sz, o, r);
     return r;
 }
 
@@ -325,18 +351,19 @@ CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytes, CUstream s) {
     int o;
     struct dev *d = current(&o);
     if (!d) return r_cuMemAllocAsync(dptr, bytes, s);
-    if (charge(d, (int64_t)bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (charge(d, bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult r = r_cuMemAllocAsync(dptr, bytes, s);
-    if (r != CUDA_SUCCESS) uncharge(d, (int64_t)bytes);
+    if (r != CUDA_SUCCESS) uncharge(d, (int64_t)bytes); /* bytes <= limit: charge() refused anything larger */
     else remember(*dptr, (int64_t)bytes, o);
     return r;
 }
 
 CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) {
     REAL(CUresult (*)(CUdeviceptr, CUstream), cuMemFreeAsync);
+    int64_t sz = 0; int o = 0;
+    int had = p && forget(p, &sz, &o);
     CUresult r = r_cuMemFreeAsync(p, s);
-    int64_t sz; int o;
-    if (r == CUDA_SUCCESS && p && forget(p, &sz, &o) && devs[o].active) uncharge(&devs[o], sz);
+    settle(had, p, sz, o, r);
     return r;
 }
 
@@ -347,18 +374,19 @@ CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUstream s) {
     int o;
     struct dev *d = current(&o);
     if (!d) return r_cuMemAllocAsync_ptsz(dptr, bytes, s);
-    if (charge(d, (int64_t)bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (charge(d, bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult r = r_cuMemAllocAsync_ptsz(dptr, bytes, s);
-    if (r != CUDA_SUCCESS) uncharge(d, (int64_t)bytes);
+    if (r != CUDA_SUCCESS) uncharge(d, (int64_t)bytes); /* bytes <= limit: charge() refused anything larger */
     else remember(*dptr, (int64_t)bytes, o);
     return r;
 }
 
 CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) {
     REAL(CUresult (*)(CUdeviceptr, CUstream), cuMemFreeAsync_ptsz);
+    int64_t sz = 0; int o = 0;
+    int had = p && forget(p, &sz, &o);
     CUresult r = r_cuMemFreeAsync_ptsz(p, s);
-    int64_t sz; int o;
-    if (r == CUDA_SUCCESS && p && forget(p, &sz, &o) && devs[o].active) uncharge(&devs[o], sz);
+    settle(had, p, sz, o, r);
     return r;
 }
 
@@ -368,18 +396,19 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t bytes, const CUmemA
     int o = prop->location.id;
     struct dev *d = device(o);
     if (!d) return r_cuMemCreate(h, bytes, prop, flags);
-    if (charge(d, (int64_t)bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (charge(d, bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult r = r_cuMemCreate(h, bytes, prop, flags);
-    if (r != CUDA_SUCCESS) uncharge(d, (int64_t)bytes);
+    if (r != CUDA_SUCCESS) uncharge(d, (int64_t)bytes); /* bytes <= limit: charge() refused anything larger */
     else remember(*h, (int64_t)bytes, o);
     return r;
 }
 
 CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
     REAL(CUresult (*)(CUmemGenericAllocationHandle), cuMemRelease);
+    int64_t sz = 0; int o = 0;
+    int had = forget(h, &sz, &o);
     CUresult r = r_cuMemRelease(h);
-    int64_t sz; int o;
-    if (r == CUDA_SUCCESS && forget(h, &sz, &o) && devs[o].active) uncharge(&devs[o], sz);
+    settle(had, h, sz, o, r);
     return r;
 }
 
@@ -514,11 +543,41 @@ CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver, unsigned long
     return r;
 }
 
+/* Whether this process is in a job the Prolog capped (its limits folder exists). */
+static int capped_job(void) {
+    char path[512];
+    struct stat sb;
+    pthread_mutex_lock(&mu);
+    find_job();
+    pthread_mutex_unlock(&mu);
+    if (!job[0]) return 0;
+    snprintf(path, sizeof path, "%s/job_%s", dir(), job);
+    return stat(path, &sb) == 0;
+}
+
+/* A driver function the shim wraps, answered by an object other than the driver the shim wraps (the
+ * libcuda.so.1 the process loaded) and other than the shim: a second copy of the driver, e.g. one whose
+ * SONAME was changed so that it loads beside libcuda.so.1, opened by its path. */
+static int second_driver(const char *name, void *p) {
+    if (name[0] != 'c') return 0;
+    for (size_t i = 0; i < NWRAPS; i++)
+        if (!strcmp(wraps[i].name, name)) return wraps[i].fn != p;
+    return 0;
+}
+
 void *dlsym(void *handle, const char *name) {
     dlsym_t rd = real_dlsym();
     if (!rd) return NULL;
-    
+
     void *p = rd(handle, name);
     if (!p || ((name[0] != 'c' || name[1] != 'u') && strncmp(name, "nvmlDeviceGetMemoryInfo", 23))) return p;
-    return swap(p);
+    void *w = swap(p);
+    if (w != p || handle == RTLD_DEFAULT || handle == RTLD_NEXT || !second_driver(name, p) || !capped_job()) return w;
+    /* In a capped job the copy's allocation entry points are not handed out: NULL, with dlerror() naming why
+     * (set by a lookup that cannot succeed), as for a symbol the object lacks. */
+    static int told;
+    if (!__atomic_exchange_n(&told, 1, __ATOMIC_SEQ_CST))
+        fprintf(stderr, "gpushare-hardcap: %s asked of a second copy of the CUDA driver (not libcuda.so.1); refused\n", name);
+    rd(handle, "(refused by gpushare-hardcap: a second copy of the CUDA driver in a capped job)");
+    return NULL;
 }

@@ -1,5 +1,6 @@
 /* Allocates CHUNK-byte blocks until COUNT or the first failure, over the driver reached one of three ways
- * (argv[1]: linked | dlopen | procaddr), then prints "allocated <bytes> result <code> free <f> total <t>"
+ * (argv[1]: linked | dlopen | procaddr, or a path: that file dlopened and its entry points taken by dlsym,
+ * as a program would open a copy of the driver), then prints "allocated <bytes> result <code> free <f> total <t>"
  * and optionally sleeps (argv[4] seconds) holding the memory. */
 #include <dlfcn.h>
 #include <stdio.h>
@@ -45,10 +46,10 @@ int main(int argc, char **argv) {
         printf("allocated %lld result %d free %zu total %zu info %d\n", total, r, f, t, ri);
         return 0;
     }
-    if (!strcmp(argv[1], "dlopen") || !strcmp(argv[1], "procaddr")) {
-        void *h = dlopen("libcuda.so.1", RTLD_NOW);
+    if (!strcmp(argv[1], "dlopen") || !strcmp(argv[1], "procaddr") || argv[1][0] == '/') {
+        void *h = dlopen(argv[1][0] == '/' ? argv[1] : "libcuda.so.1", RTLD_NOW);
         if (!h) { fprintf(stderr, "no driver\n"); return 65; }
-        if (!strcmp(argv[1], "dlopen")) {
+        if (strcmp(argv[1], "procaddr")) {
             alloc = (alloc_t)dlsym(h, "cuMemAlloc_v2");
             info = (info_t)dlsym(h, "cuMemGetInfo_v2");
         } else {
@@ -58,7 +59,7 @@ int main(int argc, char **argv) {
             gpa("cuMemGetInfo", (void **)&info, 12000, 0, &st);
         }
     }
-    if (!alloc || !info) return 66;
+    if (!alloc || !info) { fprintf(stderr, "no entry point: %s\n", dlerror()); return 66; }
     long long total = 0;
     int r = 0;
     for (long i = 0; i < count; i++) {

@@ -68,7 +68,77 @@ static struct devmem *device(void) {
     return mem;
 }
 
-CUresult cuInit(unsigned flags) { (void)flags; return device() ? 0 : 100; }
+/* What a plain driver-API program calls before it allocates (the CUDA samples' order: cuInit,
+ * cuDeviceGetCount, cuDeviceGet, cuDeviceGetName, cuDeviceTotalMem, cuCtxCreate, ... cuCtxDestroy), on one
+ * device: 0 until cuInit, CUDA_ERROR_INVALID_DEVICE (101) for another ordinal, a context handle per
+ * created context, the current one per thread. Allocations need no context here (the shim's own tests
+ * allocate without one), and cuCtxGetDevice answers device 0 without one too. */
+static int initialized;
+static __thread void *current_ctx;
+static int ctx_count;
+#define ERR_NOT_INITIALIZED 3
+#define ERR_INVALID_VALUE 1
+#define ERR_INVALID_DEVICE 101
+#define ERR_INVALID_CONTEXT 201
+
+CUresult cuInit(unsigned flags) {
+    if (flags) return ERR_INVALID_VALUE;
+    if (!device()) return 100;
+    __atomic_store_n(&initialized, 1, __ATOMIC_SEQ_CST);
+    return 0;
+}
+CUresult cuDriverGetVersion(int *v) { if (!v) return ERR_INVALID_VALUE; *v = 12090; return 0; }
+CUresult cuDeviceGetCount(int *n) {
+    if (!initialized) return ERR_NOT_INITIALIZED;
+    if (!n) return ERR_INVALID_VALUE;
+    *n = 1;
+    return 0;
+}
+CUresult cuDeviceGet(int *dev, int ordinal) {
+    if (!initialized) return ERR_NOT_INITIALIZED;
+    if (!dev) return ERR_INVALID_VALUE;
+    if (ordinal != 0) return ERR_INVALID_DEVICE;
+    *dev = 0;
+    return 0;
+}
+CUresult cuDeviceGetName(char *name, int len, int dev) {
+    if (!initialized) return ERR_NOT_INITIALIZED;
+    if (dev != 0) return ERR_INVALID_DEVICE;
+    if (!name || len <= 0) return ERR_INVALID_VALUE;
+    snprintf(name, (size_t)len, "Fake CUDA device");
+    return 0;
+}
+CUresult cuDeviceTotalMem_v2(size_t *bytes, int dev) {
+    if (!initialized) return ERR_NOT_INITIALIZED;
+    if (dev != 0) return ERR_INVALID_DEVICE;
+    if (!bytes) return ERR_INVALID_VALUE;
+    *bytes = (size_t)device()->total;
+    return 0;
+}
+CUresult cuCtxCreate_v2(void **ctx, unsigned flags, int dev) {
+    (void)flags;
+    if (!initialized) return ERR_NOT_INITIALIZED;
+    if (dev != 0) return ERR_INVALID_DEVICE;
+    if (!ctx) return ERR_INVALID_VALUE;
+    *ctx = (void *)(uintptr_t)(0x1000 + __atomic_add_fetch(&ctx_count, 1, __ATOMIC_SEQ_CST));
+    current_ctx = *ctx;
+    return 0;
+}
+CUresult cuDevicePrimaryCtxRetain(void **ctx, int dev) {
+    if (!initialized) return ERR_NOT_INITIALIZED;
+    if (dev != 0) return ERR_INVALID_DEVICE;
+    if (!ctx) return ERR_INVALID_VALUE;
+    *ctx = (void *)(uintptr_t)0x1000;
+    return 0;
+}
+CUresult cuCtxSetCurrent(void *ctx) { current_ctx = ctx; return 0; }
+CUresult cuCtxGetCurrent(void **ctx) { if (!ctx) return ERR_INVALID_VALUE; *ctx = current_ctx; return 0; }
+CUresult cuCtxSynchronize(void) { return current_ctx ? 0 : ERR_INVALID_CONTEXT; }
+CUresult cuCtxDestroy_v2(void *ctx) {
+    if (!ctx) return ERR_INVALID_CONTEXT;
+    if (current_ctx == ctx) current_ctx = NULL;
+    return 0;
+}
 CUresult cuCtxGetDevice(int *d) { *d = 0; return 0; }
 
 /* Internal calls go to these static functions, never to an exported name a preloaded shim interposes
@@ -76,9 +146,16 @@ CUresult cuCtxGetDevice(int *d) { *d = 0; return 0; }
 static CUresult fake_alloc(unsigned long long *dptr, size_t n) {
     struct devmem *m = device();
     if (!m) return 3;
+    /* like the driver, any size past what is free is refused, 2^63 and more included; FAKE_CUDA_REFUSE_SLEEP_US:
+     * how long a refusal takes (a real one is not instant either) */
     int64_t cur = __atomic_load_n(&m->used, __ATOMIC_SEQ_CST);
-    do { if (cur + (int64_t)n > m->total) return 2; }
-    while (!__atomic_compare_exchange_n(&m->used, &cur, cur + n, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST));
+    do {
+        if (n > (uint64_t)m->total || cur > m->total - (int64_t)n) {
+            const char *rs = getenv("FAKE_CUDA_REFUSE_SLEEP_US");
+            if (rs) usleep(atoi(rs));
+            return 2;
+        }
+    } while (!__atomic_compare_exchange_n(&m->used, &cur, cur + (int64_t)n, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST));
     const char *slp = getenv("FAKE_CUDA_ALLOC_SLEEP_MS");
     if (slp) usleep(atoi(slp) * 1000);
     pthread_mutex_lock(&mu);
@@ -96,8 +173,10 @@ CUresult cuMemAlloc_v2(unsigned long long *dptr, size_t n) { return fake_alloc(d
 
 CUresult cuMemAllocPitch_v2(unsigned long long *dptr, size_t *pitch, size_t w, size_t h, unsigned e) {
     (void)e;
+    size_t bytes;
+    if (w > ((size_t)1 << 48) || __builtin_mul_overflow((w + 511) & ~(size_t)511, h, &bytes)) return 2;
     *pitch = (w + 511) & ~(size_t)511;
-    return fake_alloc(dptr, *pitch * h);
+    return fake_alloc(dptr, bytes);
 }
 
 static CUresult fake_free(unsigned long long p) {
@@ -117,6 +196,21 @@ CUresult cuMemAllocAsync_ptsz(unsigned long long *dptr, size_t n, void *stream) 
 CUresult cuMemFreeAsync(unsigned long long p, void *stream) { (void)stream; return fake_free(p); }
 CUresult cuMemFreeAsync_ptsz(unsigned long long p, void *stream) { (void)stream; return fake_free(p); }
 
+/* Virtual memory management: a device-located handle takes device memory (its handle is its address),
+ * a host-located one does not (handles from a separate range). */
+struct alloc_prop { int type, handle_types; struct { int type, id; } location; };
+static unsigned long long next_host_handle = 1ULL << 62;
+
+CUresult cuMemCreate(unsigned long long *h, size_t n, const struct alloc_prop *prop, unsigned long long flags) {
+    (void)flags;
+    if (!h || !prop || !n) return ERR_INVALID_VALUE;
+    if (prop->location.type == 1) return fake_alloc(h, n);
+    *h = __atomic_fetch_add(&next_host_handle, 1, __ATOMIC_SEQ_CST);
+    return 0;
+}
+
+CUresult cuMemRelease(unsigned long long h) { return h >= 1ULL << 62 ? 0 : fake_free(h); }
+
 CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total_b) {
     struct devmem *m = device();
     if (!m) return 3;
@@ -130,6 +224,13 @@ static const struct { const char *name; void *fn; } table[] = {
     {"cuMemFree", (void *)cuMemFree_v2}, {"cuMemGetInfo", (void *)cuMemGetInfo_v2},
     {"cuInit", (void *)cuInit}, {"cuCtxGetDevice", (void *)cuCtxGetDevice},
     {"cuMemAllocAsync", (void *)cuMemAllocAsync}, {"cuMemFreeAsync", (void *)cuMemFreeAsync},
+    {"cuDriverGetVersion", (void *)cuDriverGetVersion}, {"cuDeviceGetCount", (void *)cuDeviceGetCount},
+    {"cuDeviceGet", (void *)cuDeviceGet}, {"cuDeviceGetName", (void *)cuDeviceGetName},
+    {"cuDeviceTotalMem", (void *)cuDeviceTotalMem_v2}, {"cuCtxCreate", (void *)cuCtxCreate_v2},
+    {"cuDevicePrimaryCtxRetain", (void *)cuDevicePrimaryCtxRetain}, {"cuCtxSetCurrent", (void *)cuCtxSetCurrent},
+    {"cuCtxGetCurrent", (void *)cuCtxGetCurrent}, {"cuCtxSynchronize", (void *)cuCtxSynchronize},
+    {"cuCtxDestroy", (void *)cuCtxDestroy_v2}, {"cuMemCreate", (void *)cuMemCreate},
+    {"cuMemRelease", (void *)cuMemRelease},
 };
 
 /* Like the driver: base names, the _v2 entry point for a new enough cudaVersion. */

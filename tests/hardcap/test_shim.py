@@ -33,11 +33,14 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
         pytest.skip("gcc absent (make setup installs it)")
     d = tmp_path_factory.mktemp("hardcap_bin")
     (d / "driver").mkdir()
-    _cc("-fPIC", "-shared", "-o", str(d / "driver" / "libcuda.so.1"), str(HERE / "fake_cuda.c"))
+    _cc("-fPIC", "-shared", "-Wl,-soname,libcuda.so.1", "-o", str(d / "driver" / "libcuda.so.1"), str(HERE / "fake_cuda.c"))
     _cc("-DHARDCAP_TESTING", "-fPIC", "-shared", "-o", str(d / "libshim.so"), str(SHIM_SRC), "-ldl", "-lpthread")
     _cc("-o", str(d / "alloc_dl"), str(HERE / "alloc.c"), "-ldl")
     _cc("-DLINKED", "-o", str(d / "alloc_ln"), str(HERE / "alloc.c"), str(d / "driver" / "libcuda.so.1"), "-ldl",
         f"-Wl,-rpath,{d / 'driver'}")
+    for prog, extra in (("plain_driver", ()), ("race", (f"-I{SHIM_SRC.parent}", "-lpthread"))):
+        _cc("-o", str(d / prog), str(HERE / f"{prog}.c"), str(d / "driver" / "libcuda.so.1"), *extra,
+            f"-Wl,-rpath,{d / 'driver'}")
     return d
 
 
@@ -194,3 +197,22 @@ def test_shim_never_loads_the_driver_into_a_process_that_does_not(built: Path, e
               "print('libcuda' in open('/proc/self/maps').read())\n")
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=30)
     assert out.stdout.strip() == "False", out.stderr
+
+
+@needs_root
+def test_plain_driver_api_program_is_capped_at_the_share(built: Path, env: dict[str, str]) -> None:
+    """A program written for the driver API and not for the shim (tests/hardcap/plain_driver.c: cuInit,
+    cuDeviceGetCount, cuDeviceGet, cuDeviceGetName, cuDeviceTotalMem, cuCtxCreate, blocks until refused,
+    cuMemGetInfo, frees, cuCtxDestroy) gets OUT_OF_MEMORY at its share, sees the slice in cuMemGetInfo and
+    its budget back after freeing; the device's own total (cuDeviceTotalMem) is left alone."""
+    out = subprocess.run([str(built / "plain_driver"), "10000", "100"], env=env, capture_output=True, text=True,
+                         timeout=30)
+    assert out.returncode == 0, out.stdout + out.stderr
+    got = parse(out.stdout)
+    assert got["devices"] == 1 and got["total_mem"] == 1000000
+    assert got["allocated"] == 90000 and got["result"] == 2  # 100000 less the context charge
+    assert got["total"] == 100000 and got["free"] == 100000 - CTX - 90000
+    assert got["total_after"] == 100000 and got["free_after"] == 100000 - CTX
+    plain = subprocess.run([str(built / "plain_driver"), "10000", "100"], capture_output=True, text=True, timeout=30,
+                           env={k: v for k, v in env.items() if k != "LD_PRELOAD"})
+    assert parse(plain.stdout)["allocated"] == 1000000  # the fake device's size: the shim made the difference
