@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -128,6 +129,34 @@ def shared_path_checks(cfg: Config) -> list[Check]:
     return checks
 
 
+def hardcap_check(cfg: Config, limits_dir: str | None = None) -> Check | None:
+    """Would the hard cap shim cap jobs on this host? None where it is off or this is no GPU node (neither the
+    shim nor the runtime directory here). The shim reads its limits from inside the job as the job's user, so
+    every folder on the way to ``limits_dir`` (the path compiled into it) must be searchable by an ordinary
+    user: checked as ``nobody`` when the doctor runs as root, from the folders' modes otherwise. A runtime
+    directory made 0700 once left every job of a node uncapped with "cannot open limits file (Permission
+    denied)" on each job's stderr and nothing else to show for it."""
+    from gpushare.prolog.hardcap import HARDCAP_DIR
+    from gpushare.run_dir import reachable_by_others
+
+    limits_dir = limits_dir or HARDCAP_DIR
+    library = cfg.agent.hardcap_library
+    if cfg.agent.hardcap not in ("shim", "auto") or not (os.path.exists(library)
+                                                          or os.path.isdir(os.path.dirname(limits_dir))):
+        return None
+    if not os.path.isfile(library):
+        return Check("hardcap", PROBLEM, f"[agent] hardcap_library {library}: no such file; jobs would run "
+                                         "uncapped: copy build/hardcap/libgpushare-hardcap.so there")
+    ok, folder = reachable_by_others(limits_dir)
+    if ok and os.geteuid() == 0:  # the modes say yes: ask as an ordinary user (ACLs, mounts)
+        probe = subprocess.run(["test", "-x", folder], user=65534, group=65534, check=False)
+        ok = probe.returncode == 0
+    if not ok:
+        return Check("hardcap", PROBLEM, f"{folder}: an ordinary user cannot reach it, so the shim cannot read "
+                                         f"the limits under {limits_dir} and caps no job: chmod 755 {folder}")
+    return Check("hardcap", OK, f"{limits_dir} reachable by job users; shim {library}")
+
+
 def slurm_check(cfg: Config) -> tuple[Check, list[dict[str, str]] | None]:
     """Can this host reach slurmctld (``scontrol ping``)? Also the node list, when it can."""
     from gpushare.slurm.client import SlurmClient, SlurmError
@@ -216,6 +245,9 @@ def diagnose(explicit_config: str | None, nodes: dict[str, str] | None, ask_slur
         report.checks.append(env)
     if host_checks is not None:
         report.checks += host_checks(cfg, force_host_checks)
+    hardcap = hardcap_check(cfg)
+    if hardcap:
+        report.checks.append(hardcap)
     slurm_nodes = None
     if ask_slurm:
         line, slurm_nodes = slurm_check(cfg)

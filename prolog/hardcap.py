@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 
 from gpushare.atomic import flock_within, write_json_atomic, write_text_atomic
 from gpushare.cuda_context import DEFAULT_SM_ARCH, context_bytes_for, sm_arch_of
+from gpushare.run_dir import make_run_dir
 
 if TYPE_CHECKING:
     from gpushare.gres.device import GpuBackend, GpuInfo
@@ -60,6 +61,14 @@ def job_dir(job: str, root: str = HARDCAP_DIR) -> Path:
     return Path(root) / f"job_{job}"
 
 
+def _make_dirs(root: str) -> None:
+    """The runtime directory and the hard cap folder in it, both reachable by every user: the shim opens the
+    limits as the job's user (``gpushare.run_dir``; a runtime directory made 0700 by anything else before
+    once left every job of the node uncapped)."""
+    make_run_dir(Path(root).parent)
+    make_run_dir(root)
+
+
 def context_charge(info: GpuInfo) -> int:
     """The shim's per-process charge on this GPU: its CUDA context and library kernels, by compute
     capability (as the agent's ``outside_allocator_bytes`` in gpushare.agent.jobs.build_entry)."""
@@ -81,7 +90,8 @@ def write_limits(job: str, uid: int, gpus: int, limit_bytes: int, root: str = HA
     if not all(isinstance(c, int) and 0 <= c < 1 << 40 for c in contexts):
         raise ValueError(f"job {job}: context charges {contexts} are not byte counts")
     directory = job_dir(job, root)
-    directory.mkdir(mode=0o755, parents=True, exist_ok=True)
+    _make_dirs(root)
+    directory.mkdir(mode=0o755, exist_ok=True)
     if directory.is_symlink() or (directory.stat().st_uid != 0 and os.geteuid() == 0):
         raise ValueError(f"{directory} is not root's own directory")
     os.chmod(directory, 0o755)
@@ -190,7 +200,8 @@ def apply_driver(job: str, gpus: Sequence[int], limit_bytes: int, backend: GpuBa
             backend.set_memory_limit(index, cgroup, limit_bytes, 0)
             done.append(index)
         directory = job_dir(job, root)
-        directory.mkdir(mode=0o755, parents=True, exist_ok=True)
+        _make_dirs(root)
+        directory.mkdir(mode=0o755, exist_ok=True)
         write_json_atomic(directory / DRIVER_RECORD, {"cgroup": cgroup, "gpus": list(done)}, mode=0o644)
         return ""
     except Exception as exc:  # noqa: BLE001 - any failure: undo, say why, the next backend applies
@@ -208,7 +219,7 @@ def _say_once(root: str, job: str, why: str, then: str) -> None:
     note = Path(root) / UNAVAILABLE_NOTE
     fd = -1
     try:
-        Path(root).mkdir(mode=0o755, parents=True, exist_ok=True)
+        _make_dirs(root)
         fd = os.open(f"{note}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         if not flock_within(fd, 2.0):
             raise OSError("lock busy")

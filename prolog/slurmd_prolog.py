@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from gpushare.atomic import write_json_atomic
+from gpushare.run_dir import make_run_dir
 
 if TYPE_CHECKING:
     from gpushare.slurm.client import SlurmClient
@@ -36,8 +37,8 @@ def caps_path(run_dir: str, job: str) -> Path:
 
 
 def write_caps(run_dir: str, job: str, env: dict[str, str]) -> None:
-    directory = Path(run_dir) / "jobs"
-    directory.mkdir(mode=0o755, parents=True, exist_ok=True)
+    make_run_dir(run_dir)  # the TaskProlog reads the caps as the job's user
+    make_run_dir(Path(run_dir) / "jobs")
     write_json_atomic(caps_path(run_dir, job), {"v": CAPS_VERSION, "job": job, "env": env}, mode=0o644)
 
 

@@ -7,9 +7,10 @@ before it. So every write here starts from the comment as Slurm has it now (neve
 merges only its own keys (gpushare/slurm/record.py keeps everyone else's), and after writing reads the
 comment back: if a concurrent writer replaced it and our keys are gone, it merges again over theirs.
 Writers on one host (agent, Epilog, recovery; the estimation service on the controller) are serialized by
-a lock file in a directory only their user can write (``LOCK_DIR``, made 0700 on first use; a directory
-anyone else could write is not used); across hosts the read-back narrows a race to one round trip per
-attempt, and the controller writes held jobs while the node writers write running ones.
+a lock file in a directory only their user can write (``LOCK_DIR``, the node's runtime directory, made
+0755 by ``gpushare.run_dir`` like every folder there: the hard cap shim reads its limits below it as the
+job's user; a directory anyone else could write is not used); across hosts the read-back narrows a race to
+one round trip per attempt, and the controller writes held jobs while the node writers write running ones.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from gpushare.atomic import flock_within
+from gpushare.run_dir import make_run_dir
 from gpushare.slurm import record as record_format
 
 if TYPE_CHECKING:
@@ -77,7 +79,7 @@ def _host_lock(directory: str = LOCK_DIR) -> Iterator[None]:
     """Serialize read-merge-write with the other writers on this host; without a private lock dir, no lock."""
     fd = -1
     try:
-        os.makedirs(directory, mode=0o700, exist_ok=True)
+        make_run_dir(directory)
         info = os.stat(directory, follow_symlinks=False)
         if info.st_uid == os.geteuid() and not info.st_mode & 0o022:
             fd = os.open(os.path.join(directory, "admin-comment.lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
