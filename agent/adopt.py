@@ -57,6 +57,9 @@ class Adopter:
     retry_s: float = RETRY_S
     uid_of: Callable[[int], int | None] = process_uid
     _tried: dict[str, tuple[float, frozenset[int]]] = field(default_factory=dict)
+    # job -> why Slurm's record of it does not allow adopting it here: the evidence the backstop needs before
+    # it stops a process claiming that job (gpushare.agent.failsafe)
+    refused: dict[str, str] = field(default_factory=dict)
 
     def due(self, strays: dict[str, dict[int, list[int]]], now: float) -> list[tuple[str, dict[int, list[int]]]]:
         """The stray jobs to look up now, marked as looked up: new processes at once (a requeued job's next
@@ -71,10 +74,13 @@ class Adopter:
         if len(self._tried) > MAX_REMEMBERED:
             for job in sorted(self._tried, key=lambda j: self._tried[j][0])[:len(self._tried) - MAX_REMEMBERED]:
                 del self._tried[job]
+        for job in [j for j in self.refused if j not in self._tried]:
+            del self.refused[job]
         return out
 
     def forget(self, job: str) -> None:
         self._tried.pop(job, None)
+        self.refused.pop(job, None)
 
     def refusal(self, slurm_job: Any, node: str, where: dict[int, list[int]]) -> str | None:
         """Why Slurm's record of the job does not allow adopting it here (None: adopt it)."""

@@ -17,7 +17,8 @@ Record shapes (in the job's store entry and its run record, ``docs/agent.md`` *O
           "lane": "turn" | "off-turn" (lane jobs only)}
     unattributed (agent status, not a job's): {"source": "agent-unattributed", "gpu": int, "pid": int,
           "uid": int, "claimed_job": str | None, "peak_bytes": int, "tolerance_bytes": int,
-          "over_since": float, "at": float, "action": "stop" | "record"}
+          "over_since": float, "at": float, "action": "stop" | "record" | "hold",
+          "held": str (with "hold" only: why it was not stopped, gpushare.agent.failsafe)}
     forecast: {"source": "agent-forecast", "gpu": int, "at": float, "cap_bytes": int,
                "predicted_bytes": int, "horizon_s": float, "eta_s": float | None,
                "trend_bytes_per_s": float, "action": "warn" | "requeue" | "none",
@@ -74,7 +75,7 @@ def unattributed_record(gpu: int, pid: int, uid: int, claim: str | None, used_by
 
 def unattributed_message(record: dict[str, Any]) -> str:
     claim = f"claiming job {record['claimed_job']}" if record["claimed_job"] else "carrying no job id"
-    verb = "stopped" if record["action"] == "stop" else "recorded"
+    verb = {"stop": "stopped", "hold": f"not stopped ({record.get('held')})"}.get(record["action"], "recorded")
     return (f"process {record['pid']} of uid {record['uid']} on GPU {record['gpu']}, {claim}, belongs to no job "
             f"of its user on that GPU and used {record['peak_bytes'] / (1 << 30):.2f} GiB for "
             f"{record['at'] - record['over_since']:.0f} s: {verb}")

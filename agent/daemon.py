@@ -28,9 +28,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from gpushare.gres import GpuError, open_backend
-from gpushare.agent.adopt import Adopter, process_uid
+from gpushare.agent.adopt import RETRY_S, Adopter, process_uid
 from gpushare.agent.api import node_name
 from gpushare.agent.backstop import forecast_message, oom_message, unattributed_message
+from gpushare.agent.failsafe import THREADS_HOLD_S, FailSafe, hold_reason
 from gpushare.policy.observe import Shadow, cap_message, stop_message, summary as observe_summary
 from gpushare.agent.guard import Action, Guard
 from gpushare.agent.lane_service import LaneFacts, LaneRefused, LaneService
@@ -90,8 +91,11 @@ class Agent:
         self.pid_job = pid_job
         self._followups: queue.Queue[tuple[Action, str]] = queue.Queue()  # log messages, early requeues, adoptions
         self.adopter = Adopter(uid_of=pid_uid)
+        # why the backstop must not stop what it cannot attribute now (gpushare.agent.failsafe)
+        self.failsafe = FailSafe()
         self.counters = {"backstop_stops": 0, "backstop_records": 0, "forecast_warnings": 0, "oom_avoided": 0,
-                         "adopted": 0, "unattributed_stops": 0, "unattributed_records": 0, "observe_would_stop": 0}
+                         "adopted": 0, "unattributed_stops": 0, "unattributed_records": 0, "unattributed_held": 0,
+                         "observe_would_stop": 0}
         # observe mode (gpushare.policy.observe): the backstop's judgement on jobs it must leave alone
         self.shadow = Shadow(self.guard.tolerance_bytes, self.guard.grace_s)
         self._would: dict[str, int] = {}  # job -> its would-be cap in bytes (0: not an observed job)
@@ -131,7 +135,9 @@ class Agent:
             reason = not_here(self.slurm.job(job), node_name(self.cfg), restarts)
         except Exception as exc:  # noqa: BLE001 - Slurm away: the job stays tracked, as before the restart
             log.warning("job %s: restored; Slurm's record unavailable (%s)", job, exc)
+            self.failsafe.hold("slurm", f"job {job}'s record unavailable ({str(exc)[:200]})", for_s=2 * RETRY_S)
             return None
+        self.failsafe.clear("slurm")
         entry = self.store.get(job) or {}
         if reason is None or entry.get("closed") or entry.get("restarts", 0) != restarts:
             return None  # running, or its Epilog or a new run's Prolog got there first
@@ -249,10 +255,19 @@ class Agent:
 
     def _queue_adoptions(self, now: float) -> None:
         """Jobs running on our GPUs that nobody registered (their Prolog did not run): look them up off the lock."""
-        if self.slurm is None:
-            return
         for job, where in self.adopter.due(self.sampler.strays, now):
-            self._followups.put((Action("adopt", job, min(where), {"where": where}), ""))
+            try:
+                entry = self.store.get(job)
+            except (OSError, ValueError):
+                entry = None
+            if entry is not None and not entry.get("closed") and job not in self.sampler.jobs:
+                # its Prolog could not reach the agent and registered it in the job store itself
+                log.warning("job %s: running on GPU(s) %s, registered by %s while the agent was unreachable; "
+                            "taken from the job store", job, sorted(where), entry.get("registered_by") or "?")
+                self.sampler.track(entry)
+                continue
+            if self.slurm is not None:
+                self._followups.put((Action("adopt", job, min(where), {"where": where}), ""))
 
     def adopt(self, job: str, where: dict[int, list[int]]) -> dict[str, Any] | None:
         """Register a running job from Slurm's record of it (``gpushare.agent.adopt``); None: not adopted."""
@@ -261,8 +276,15 @@ class Agent:
         except Exception as exc:  # noqa: BLE001 - Slurm busy or down: tried again after the retry period
             log.warning("job %s: running on GPU(s) %s unregistered; Slurm's record unavailable (%s)", job,
                         sorted(where), exc)
+            self.failsafe.hold("slurm", f"job {job}'s record unavailable ({str(exc)[:200]})", for_s=2 * RETRY_S)
             return None
+        self.failsafe.clear("slurm")
         refusal = self.adopter.refusal(slurm_job, node_name(self.cfg), where)
+        with self.lock:
+            if refusal is None:
+                self.adopter.refused.pop(job, None)
+            else:
+                self.adopter.refused[job] = refusal
         if refusal is not None:
             log.info("job %s: processes on GPU(s) %s but no registration; not adopted: %s", job, sorted(where), refusal)
             return None
@@ -305,15 +327,27 @@ class Agent:
             self._followups.put((Action(action.kind, action.job, action.gpu, record, action.pids), text))
         jobs = list(self.sampler.jobs.values())
         self._mark_collateral(now, self.guard.over_now(jobs, holders, self.sampler.unattributed))
-        for action in self.guard.check_unattributed(now, self.sampler.unattributed):
+        for action in self.guard.check_unattributed(now, self.sampler.unattributed, self._hold_reason):
             record = dict(action.record)
-            if record["action"] == "stop":
+            if record["action"] == "hold":
+                self.counters["unattributed_held"] += 1
+            elif record["action"] == "stop":
                 record["pids"] = stop_processes("", list(action.pids), self._owner(action.gpu, record["uid"]))
                 self.counters["unattributed_stops"] += 1
             else:
                 self.counters["unattributed_records"] += 1
             self.unattributed.append(record)
             log.warning("unattributed GPU memory: %s", unattributed_message(record))
+
+    def _hold_reason(self, stranger: Any) -> str | None:
+        """Why an unattributed process must not be stopped now (``gpushare.agent.failsafe``); None: it may."""
+        claim = stranger.claim
+        return hold_reason(claim, claim is not None and claim in self.sampler.jobs,
+                           claim is not None and claim in self.adopter.refused, self.failsafe.reasons())
+
+    def thread_trouble(self, detail: str) -> None:
+        """A socket server could not start a thread: the agent is short of tasks (its unit's TasksMax)."""
+        self.failsafe.hold("threads", detail, for_s=THREADS_HOLD_S)
 
     def _observe(self, now: float) -> None:
         """Observed jobs (``[policy] mode = "observe"`` at submit): log and record the stop the backstop would
@@ -633,7 +667,7 @@ class Agent:
                      **{k: v for k, v in a.fields().items() if k not in ("series", "series_stride")}}
                     for a in self.sampler.jobs.values()]
             state = {"now": now, "node_open": self.open, "gpus": gpus, "jobs": jobs, "guard": dict(self.counters),
-                     "unattributed": list(self.unattributed)}
+                     "unattributed": list(self.unattributed), "failsafe": self.failsafe.snapshot()}
         return {**state, "lanes": self.lanes.snapshot()}
 
     def live(self, job: str, uid: int) -> dict[str, Any]:
@@ -685,8 +719,10 @@ class Agent:
         while not stop.is_set():
             try:
                 self.tick()
-            except Exception:  # noqa: BLE001 - one bad tick must not end the agent
+                self.failsafe.clear("tick")
+            except Exception as exc:  # noqa: BLE001 - one bad tick must not end the agent
                 log.exception("sampling tick failed")
+                self.failsafe.hold("tick", f"sampling tick failed ({exc.__class__.__name__}: {str(exc)[:200]})")
             next_at += period
             delay = next_at - time.monotonic()
             if delay < 0:  # fell behind (suspended, slow backend): do not burst to catch up

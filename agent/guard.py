@@ -8,7 +8,7 @@ records the agent carries out (``gpushare.agent.enforce``). No I/O, no clock: ``
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from gpushare.agent.adopt import RETRY_S
 from gpushare.agent.backstop import forecast_record, judge, oom_record, unattributed_record
@@ -47,6 +47,7 @@ class Guard:
     _forecasters: dict[tuple[str, str], JobForecaster] = field(default_factory=dict)
     _done: set[str] = field(default_factory=set)  # jobs the backstop acted on
     _strangers: dict[tuple[int, int], float] = field(default_factory=dict)  # (gpu, pid) -> over since
+    _held: set[tuple[int, int]] = field(default_factory=set)  # (gpu, pid) recorded as held (failsafe.py)
 
     @classmethod
     def from_config(cls, cfg: AgentSection) -> "Guard":
@@ -126,11 +127,15 @@ class Guard:
             over += [(f"uid {s.uid} pid {s.pid}", gpu) for s in strangers if s.used_bytes > self.tolerance_bytes]
         return over
 
-    def check_unattributed(self, now: float, found: dict[int, list[Any]]) -> list[Action]:
+    def check_unattributed(self, now: float, found: dict[int, list[Any]],
+                           hold: Callable[[Any], str | None] = lambda stranger: None) -> list[Action]:
         """Processes that belong to no job on their GPU (``sampler.Stranger``, per GPU): each one's cap is
         nothing, so one holding more than the tolerance past the grace period is acted on like a job over
         its cap. A process claiming a job the agent does not track yet gets the adoption retry period on
-        top (``gpushare.agent.adopt``: a job whose Prolog did not run is registered within it)."""
+        top (``gpushare.agent.adopt``: a job whose Prolog did not run is registered within it).
+
+        ``hold(stranger)``: why it must not be stopped now (``gpushare.agent.failsafe``); such a process is
+        recorded once (``action: "hold"``) and stopped later only if it is still over once nothing holds."""
         seen: set[tuple[int, int]] = set()
         actions: list[Action] = []
         for gpu, strangers in found.items():
@@ -147,11 +152,19 @@ class Guard:
                     continue
                 self._strangers[key] = verdict.over_since
                 if verdict.state == "act":
+                    held = hold(stranger) if self.backstop == "stop" else None
+                    if held is not None and key in self._held:
+                        continue  # recorded once while held
                     record = unattributed_record(gpu, stranger.pid, stranger.uid, stranger.claim,
                                                  stranger.used_bytes, self.tolerance_bytes, verdict.over_since,
-                                                 now, self.backstop)
-                    self._strangers[key] = -1.0
+                                                 now, "hold" if held is not None else self.backstop)
+                    if held is not None:
+                        record["held"] = held
+                        self._held.add(key)
+                    else:
+                        self._strangers[key] = -1.0
                     actions.append(Action("unattributed", "", gpu, record, (stranger.pid,)))
         for key in set(self._strangers) - seen:  # gone: forget it (a reused pid starts afresh)
             del self._strangers[key]
+        self._held &= seen
         return actions

@@ -107,12 +107,20 @@ def agent_families(snap: dict[str, Any]) -> list[Any]:
     guard = CounterMetricFamily("gpushare_guard_actions", "memory-guard actions since the agent started: "
                                 "backstop_stops, backstop_records, forecast_warnings, oom_avoided (early requeues), "
                                 "adopted (jobs found running without a registration), unattributed_stops and "
-                                "unattributed_records (processes of no job on their GPU acted on), observe_would_stop (observe mode: "
-                                "stops the backstop would have made)",
+                                "unattributed_records (processes of no job on their GPU acted on), unattributed_held "
+                                "(such processes recorded, not stopped: the fail-safe held), observe_would_stop "
+                                "(observe mode: stops the backstop would have made)",
                                 labels=["action"])
     for name, count in snap.get("guard", {}).items():
         guard.add_metric([name], count)
     families: list[Any] = [guard]
+    failsafe = GaugeMetricFamily("gpushare_agent_failsafe", "1 for each reason the backstop holds now (slurm: a "
+                                 "Slurm lookup failed; tick: a sampling tick failed; threads: a thread could not be "
+                                 "started): it stops no process it cannot attribute to a job", labels=["reason"])
+    holding = (snap.get("failsafe") or {}).get("reasons") or {}
+    for reason in ("slurm", "tick", "threads"):
+        failsafe.add_metric([reason], float(reason in holding))
+    families.append(failsafe)
     if snap.get("node_open") is not None:  # known once withholding has applied it (withhold = "feature")
         families.append(GaugeMetricFamily("gpushare_node_open", "1 while the node offers its withholding feature "
                                           "to new shared jobs", value=float(bool(snap["node_open"]))))

@@ -10,6 +10,8 @@ job a process claims (default :func:`process_job`: the ``job_<id>`` component of
 slurmstepd creates and the process cannot change; only where Slurm uses no cgroups, ``SLURM_JOB_ID`` in
 ``/proc/<pid>/environ``, which the process itself can set) and ``pid_uid(pid)`` its owner (the kernel's).
 A process joins the job it claims only when that job runs on its GPU and belongs to the process's uid.
+A process claiming a job the agent does not track (not registered yet, or its registration failed) belongs
+to nobody: it is that job's, never billed to another job of its user (``gpushare.agent.failsafe``).
 Otherwise (no job id: ``env -u SLURM_JOB_ID``; another user's job id; a job on another GPU) it belongs to
 its own uid's job on that GPU, and failing that to nobody: an *unattributed* process, never billed to
 another user, which the guard stops like any overrun (``Guard.check_unattributed``). Root's processes
@@ -276,6 +278,8 @@ class Sampler:
         acc = self.jobs.get(claim) if claim is not None else None
         if acc is not None and index in acc.gpus and acc.uid == uid:
             return acc.job
+        if claim is not None and acc is None:
+            return None  # a job not registered here (yet, or its registration failed): its own memory, no other's
         own = sorted((a.start, a.job) for a in self.jobs_on(index) if a.uid == uid)
         return own[0][1] if own else None
 

@@ -23,8 +23,12 @@ def _num(value: Any, scale: float = 1.0, digits: int = 2) -> str:
 def render(status: dict[str, Any]) -> str:
     """The human table (pure, for tests)."""
     state = {True: "open", False: "withheld", None: "not managed"}[status.get("node_open")]
-    lines = [f"node: {state} for new shared jobs",
-             f"{'GPU':>3}  {'used/total GiB':>15}  {'SMACT':>5} {'SMOCC':>5} {'DRAMA':>5}  {'state':<9} jobs"]
+    lines = [f"node: {state} for new shared jobs"]
+    holding = (status.get("failsafe") or {}).get("reasons") or {}
+    if holding:
+        lines.append("backstop fail-safe: stops nothing it cannot attribute to a job, because "
+                     + "; ".join(f"{reason}: {detail}" for reason, detail in sorted(holding.items())))
+    lines.append(f"{'GPU':>3}  {'used/total GiB':>15}  {'SMACT':>5} {'SMOCC':>5} {'DRAMA':>5}  {'state':<9} jobs")
     for gpu in status["gpus"]:
         risk = gpu["risk"]
         flag = "ERROR" if gpu.get("error") else "risky" if gpu["risky"] else "warming" if gpu["warming"] else "ok"
