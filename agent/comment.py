@@ -84,7 +84,8 @@ def annotate_fields(client: SlurmClient, job: str, slurm_job: Job | None = None,
     try:
         taken = merge_write(client, job, lambda existing: merged_comment(existing, **fields))
     except Exception as exc:  # noqa: BLE001 - unreachable, or a finished job refuses updates (22.05)
-        log.info("job %s: AdminComment not updated (%s); the record is in the ledger", job, str(exc)[-60:])
+        log.info("job %s: AdminComment not updated (%s); the record is in the ledger", job,
+                 str(getattr(exc, "reason", exc))[:200])
         return False
     if not taken:
         log.info("job %s: AdminComment holds a foreign comment or would overflow; left unchanged", job)

@@ -101,7 +101,7 @@ def apply_comment(client: SlurmClient, job_id: str, oom: dict[str, Any]) -> bool
             return False
         return True
     except (SlurmError, OSError, ValueError) as exc:
-        log.error("job %s: AdminComment not updated: %s", job_id, exc)
+        log.error("job %s: AdminComment not updated: %s", job_id, getattr(exc, "reason", exc))
         return False
 
 

@@ -58,7 +58,8 @@ def record(client: SlurmClient, job_id: str, would: dict[str, Any], tries: int =
         if merge_write(client, job_id, merge_fields(oom_would=would)):
             return "AdminComment"
     except (SlurmError, OSError, ValueError) as exc:
-        log.info("job %s: AdminComment not updated (%s); trying the accounting database", job_id, str(exc)[-80:])
+        log.info("job %s: AdminComment not updated (%s); trying the accounting database", job_id,
+                 str(getattr(exc, "reason", exc))[:200])
     try:
         for attempt in range(tries):
             found = rows(client, job_id)

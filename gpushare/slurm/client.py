@@ -39,7 +39,14 @@ _VERSIONS_LOCK = threading.Lock()
 
 
 class SlurmError(GpushareError, RuntimeError):
-    """A Slurm command failed; the message carries the command and its stderr."""
+    """A Slurm command failed; the message carries the command and its stderr.
+
+    ``reason`` is the same without the command's arguments (``scontrol update: <Slurm's words>``), for a log
+    line: the arguments may hold a whole AdminComment record, whose tail is no explanation."""
+
+    def __init__(self, message: str = "", reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason or message
 
 
 class JobGone(SlurmError):
@@ -98,9 +105,11 @@ class SlurmClient:
             proc = subprocess.run(argv, input=input_text, capture_output=True, text=True, env=env,
                                   timeout=self.timeout_s, errors="replace")
         except subprocess.TimeoutExpired as exc:
-            raise SlurmError(f"{' '.join(argv)}: no answer in {self.timeout_s:.0f} s") from exc
+            why = f"no answer in {self.timeout_s:.0f} s"
+            raise SlurmError(f"{' '.join(argv)}: {why}", f"{' '.join([tool, *args[:1]])}: {why}") from exc
         if check and proc.returncode != 0:
-            raise SlurmError(f"{' '.join(argv)}: {proc.stderr.strip() or f'exit {proc.returncode}'}")
+            why = proc.stderr.strip() or f"exit {proc.returncode}"
+            raise SlurmError(f"{' '.join(argv)}: {why}", f"{' '.join([tool, *args[:1]])}: {why}")
         return proc.stdout
 
     # --- jobs -------------------------------------------------------------------------------------
