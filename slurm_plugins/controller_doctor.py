@@ -197,14 +197,21 @@ def mig_files_check(cfg: Config, conf_path: str) -> Check | None:
     return Check("mig files", OK, f"MIG nodes' lines in {own_slurm} and {own_gres}, included by the site's files")
 
 
+#: what each timer of etc/systemd/ starts, as whom and how often, for a host without systemd
+TIMER_COMMANDS = {
+    "gpushare-oom-resume.timer": ("gpushare-epilog-slurmctld --resume", "SlurmUser", "2 minutes"),
+    "gpushare-estimation-watchdog.timer": ("gpushare estimates --release-overdue", "root", "5 minutes"),
+}
+
+
 def timer_checks(cfg: Config) -> list[Check]:
     timers = ["gpushare-oom-resume.timer"]
     if cfg.estimation.partition:
         timers.append("gpushare-estimation-watchdog.timer")
     systemctl = shutil.which("systemctl")
     if not systemctl or not os.path.isdir("/run/systemd/system"):
-        return [Check("timers", NOTE, f"no systemd here: run what {', '.join(timers)} run (etc/systemd/) "
-                                      "periodically by other means")]
+        return [Check("timers", NOTE, f"no systemd here: run `{command}` as {who} every {every} (cron), as {timer} "
+                                      "does") for timer in timers for command, who, every in [TIMER_COMMANDS[timer]]]
     checks = []
     for timer in timers:
         state = subprocess.run([systemctl, "is-enabled", timer], capture_output=True, text=True, timeout=10)

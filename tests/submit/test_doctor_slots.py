@@ -119,3 +119,19 @@ def test_a_running_slurmctld_without_the_new_lines_is_named(tmp_path: Path) -> N
     assert "GRES/shard".lower() in problems[2] and "failed to parse tres weights str" in problems[2]
     after = RUNNING_BEFORE.replace("pages,gres/gpu", "pages,gres/gpu,gres/shard").replace("= gpu\n", "= gpu,shard\n")
     assert restart_problems(parse_show_config(after), read_settings(conf)) == []
+
+
+def test_without_systemd_the_timers_line_names_each_command(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import os
+
+    from gpushare.config import parse_config
+    from gpushare.slurm_plugins.controller_doctor import timer_checks
+
+    real_isdir = os.path.isdir
+    monkeypatch.setattr(os.path, "isdir", lambda path: False if path == "/run/systemd/system" else real_isdir(path))
+    lines = [c.detail for c in timer_checks(parse_config({}))]
+    assert lines == ["no systemd here: run `gpushare-epilog-slurmctld --resume` as SlurmUser every 2 minutes (cron), "
+                     "as gpushare-oom-resume.timer does"]
+    units = Path(__file__).resolve().parents[2] / "etc" / "systemd"
+    assert "gpushare-epilog-slurmctld --resume" in (units / "gpushare-oom-resume.service").read_text()
+    assert "OnUnitInactiveSec=2min" in (units / "gpushare-oom-resume.timer").read_text()
