@@ -260,8 +260,10 @@ def diagnose(explicit_config: str | None, nodes: dict[str, str] | None, ask_slur
     if not nodes:
         return report
     if not port:
-        report.checks.append(Check("nodes", PROBLEM, f"{len(nodes)} GPU node(s) not compared: [agent] metrics_port "
-                                                     "= 0 turns the agents' metrics (and their digest) off"))
+        # a deliberate setting, not a fault: say what it costs, without failing the doctor for it
+        report.checks.append(Check("nodes", NOTE, f"{len(nodes)} GPU node(s) not compared: [agent] metrics_port = 0 "
+                                                  "turns the agents' metrics (and their digest) off; run gpushare "
+                                                  "doctor on each GPU node, or compare sha256sum of their files"))
         return report
     loopback = cfg.agent.metrics_address.startswith("127.") or cfg.agent.metrics_address == "::1"
     with ThreadPoolExecutor(max_workers=min(32, len(nodes))) as pool:
