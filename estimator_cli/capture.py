@@ -106,7 +106,8 @@ def capture_fake(run: ScriptRun) -> Capture:
                    item_placeholders=presenter.item_calls,
                    value_reads={"concrete": presenter.values.concrete_reads,
                                 "placeholder": presenter.values.placeholder_reads},
-                   fast_forwarded_passes=repeats.replayed)
+                   fast_forwarded_passes=repeats.replayed, optimizers_made=tracker.optimizers_made,
+                   backward_passes=tracker.backward_passes)
 
 
 def capture_profile(run: ScriptRun, trace_dir: str) -> Capture:
@@ -135,4 +136,6 @@ def capture_profile(run: ScriptRun, trace_dir: str) -> Capture:
         finally:
             tracker.remove()
     prof.export_chrome_trace(trace_path)
-    return build_capture(trace_path, recorder, tracker, stopped)
+    capture = build_capture(trace_path, recorder, tracker, stopped)
+    capture.optimizers_made, capture.backward_passes = tracker.optimizers_made, tracker.backward_passes
+    return capture

@@ -62,6 +62,8 @@ def _version(dist: str) -> str:
 @click.option("--own-python-if-unusable", is_flag=True, hidden=True,
               help="With --python: use gpu-estimate's own Python when that one cannot run the capture (the "
                    "cluster's estimation jobs, for batch scripts that set up no environment).")
+@click.option("--devices", type=click.IntRange(1, 64), metavar="N",
+              help="GPUs the script sees on its node (default: the launcher line's processes per node, else 1).")
 @click.option("--cache-dir", type=click.Path(file_okay=False), help="Estimate cache (default ~/.cache/gpushare).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="gpushare.toml to read.")
 @click.option("--progress/--no-progress", default=None, help="Progress on stderr (default: when a terminal).")
@@ -75,7 +77,8 @@ def _version(dist: str) -> str:
 @click.pass_context
 def command(ctx: click.Context, gpus: tuple[str, ...], iterations: int | None, mode: str | None, as_json: bool,
             plot: str | None, snapshot: str | None, timeout: float | None, max_cpu_memory: str | None,
-            no_cache: bool, no_warm: bool, python: str | None, own_python_if_unusable: bool, cache_dir: str | None,
+            no_cache: bool, no_warm: bool, python: str | None, own_python_if_unusable: bool, devices: int | None,
+            cache_dir: str | None,
             config_path: str | None, progress: bool | None, verbose: bool, annotate: bool, sbatch_file: str | None, script: str,
             script_args: tuple[str, ...]) -> int:
     """Estimate the peak GPU memory of SCRIPT on each target GPU, without a GPU."""
@@ -121,6 +124,10 @@ def command(ctx: click.Context, gpus: tuple[str, ...], iterations: int | None, m
         if not launch.launcher.startswith("python"):
             # rank 0 of the launcher's world, in this process and the capture child (and the cache key)
             os.environ.update(rank_zero_env(launch))
+    if devices is not None:  # read by the capture child (torch.cuda.device_count()), part of the cache key
+        from gpushare.estimator_cli.launch_line import DEVICES_VAR
+
+        os.environ[DEVICES_VAR] = str(devices)
     try:
         script_bytes = Path(script).read_bytes()
     except OSError as exc:

@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from gpushare.estimator_cli.events import PresentedGpu  # noqa: F401 - re-exported for the capture side
+from gpushare.estimator_cli.launch_line import presented_devices
 
 
 class _Props:
@@ -71,12 +72,13 @@ def presented_cuda(gpu: PresentedGpu, live_bytes: Callable[[], int], peak_bytes:
     """Patch ``torch.cuda`` (and ``torch.accelerator``) for the duration of the capture."""
     cuda = torch.cuda
     props = _Props(gpu)
+    devices = presented_devices()  # the launcher's processes per node (or --devices): all alike
     patches: dict[tuple[Any, str], Any] = {
         (cuda, "is_available"): lambda: True,
         (cuda, "is_initialized"): lambda: True,
         (cuda, "_lazy_init"): _noop_factory(),
         (cuda, "init"): _noop_factory(),
-        (cuda, "device_count"): lambda: 1,
+        (cuda, "device_count"): lambda: devices,
         (cuda, "current_device"): lambda: 0,
         (cuda, "set_device"): _noop_factory(),
         (cuda, "get_device_name"): lambda *a, **k: gpu.name,
@@ -121,7 +123,7 @@ def presented_cuda(gpu: PresentedGpu, live_bytes: Callable[[], int], peak_bytes:
         patches.update({
             (accel, "is_available"): lambda *a, **k: True,
             (accel, "current_accelerator"): lambda *a, **k: torch.device("cuda"),
-            (accel, "device_count"): lambda *a, **k: 1,
+            (accel, "device_count"): lambda *a, **k: devices,
             (accel, "current_device_index"): lambda *a, **k: 0,
             (accel, "synchronize"): _noop_factory(),
             (accel, "current_stream"): lambda *a, **k: _Stream(),

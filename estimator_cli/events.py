@@ -123,6 +123,8 @@ class Capture:
     # fake mode's GPU value reads: {"concrete": {what: count}, "placeholder": {what: count}}
     value_reads: dict[str, dict[str, int]] = field(default_factory=dict)
     fast_forwarded_passes: int = 0  # repeated gradient-free passes replayed, not run (repeat_passes.py)
+    optimizers_made: int = 0  # torch.optim optimizers the script constructed (phases.py)
+    backward_passes: int = 0  # outermost backward calls before the first optimizer was made (phases.py)
     version: int = CAPTURE_VERSION
 
     def to_json(self) -> dict[str, Any]:
@@ -134,6 +136,7 @@ class Capture:
                        for a in self.allocs.values()],
             "zero_grads": self.zero_grads, "item_placeholders": self.item_placeholders,
             "value_reads": self.value_reads, "fast_forwarded_passes": self.fast_forwarded_passes,
+            "optimizers_made": self.optimizers_made, "backward_passes": self.backward_passes,
         }
 
     @classmethod
@@ -149,7 +152,8 @@ class Capture:
                    allocs=allocs, zero_grads=data.get("zero_grads", []),
                    item_placeholders=data.get("item_placeholders", 0),
                    value_reads=data.get("value_reads", {}),
-                   fast_forwarded_passes=data.get("fast_forwarded_passes", 0))
+                   fast_forwarded_passes=data.get("fast_forwarded_passes", 0),
+                   optimizers_made=data.get("optimizers_made", 0), backward_passes=data.get("backward_passes", 0))
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

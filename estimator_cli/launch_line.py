@@ -196,10 +196,20 @@ def rank_zero_env(line: LaunchLine) -> dict[str, str]:
     """The variables a launcher gives rank 0 of the job (and gpu-estimate's own world-size marker)."""
     env = {"RANK": "0", "LOCAL_RANK": "0", "GROUP_RANK": "0", "NODE_RANK": "0",
            "WORLD_SIZE": str(line.world_size), "LOCAL_WORLD_SIZE": str(line.local_world_size),
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", WORLD_SIZE_VAR: str(line.world_size)}
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", WORLD_SIZE_VAR: str(line.world_size),
+           DEVICES_VAR: str(line.local_world_size)}
     env.update(line.env)
     return env
 
 
 # read by the capture child (estimator_cli/fake_distributed.py): init_process_group becomes a fake group
 WORLD_SIZE_VAR = "GPUSHARE_ESTIMATE_WORLD_SIZE"
+# read by the capture child (estimator_cli/cuda_api.py): how many GPUs torch.cuda.device_count() presents, one
+# per process of the node (the launcher's), so a script's own check ("needs 2 GPUs") sees what the job has
+DEVICES_VAR = "GPUSHARE_ESTIMATE_DEVICES"
+
+
+def presented_devices(env: dict[str, str] | None = None) -> int:
+    """The GPU count the capture presents: DEVICES_VAR when set to a count, else 1."""
+    value = (os.environ if env is None else env).get(DEVICES_VAR, "")
+    return int(value) if value.isdigit() and int(value) > 0 else 1

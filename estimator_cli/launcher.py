@@ -172,6 +172,49 @@ def gpu_only_kernel(message: str) -> str | None:
     return None
 
 
+def did_not_train(capture: Capture, output: str) -> str | None:
+    """Why a capture that ended by itself is no estimate, or None. A run that made an optimizer but reached
+    no step of it, or that ended before putting anything on the GPU, did not train: its peak (often 0) is
+    not the job's. A forward-only run (no optimizer, no backward, activations on the GPU: batch inference)
+    is an estimate of its own kind."""
+    if capture.steps > 0 or capture.stopped:
+        return None
+    if capture.optimizers_made:
+        what = "made an optimizer but ended before its first optimizer step"
+    elif capture.backward_passes:
+        return None  # its own update rule: backward passes are its iterations (phases.py)
+    elif not any(a.phase == "forward" for a in capture.allocs.values()):
+        what = ("ended before a forward pass on the GPU" if capture.allocs else
+                "ended without putting anything on the GPU")
+    else:
+        return None
+    last = next((line.strip() for line in reversed(output.splitlines()) if line.strip()), "")
+    said = f"; its last output line: {last[:200]!r}" if last else ""
+    return f"the script {what}, so there is nothing to estimate{said}"
+
+
+# What a script reads that only a launcher (torchrun, accelerate launch, deepspeed, srun) sets: the failure
+# of reading it without one (os.environ["LOCAL_RANK"], init_process_group's env:// rendezvous)
+_LAUNCHER_VARS = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+_LAUNCHER_VAR_RE = re.compile(r"^'?(%s)'?$|environment variable (%s) expected" % (("|".join(_LAUNCHER_VARS),) * 2))
+
+
+def needs_launcher(error: dict[str, Any]) -> str | None:
+    """One line for a script that failed reading a launcher's variable while run without a launcher."""
+    from gpushare.estimator_cli.launch_line import WORLD_SIZE_VAR
+
+    if os.environ.get(WORLD_SIZE_VAR):
+        return None  # a launcher line was given: the variables were set, the failure is the script's own
+    message = str(error.get("message") or "")
+    match = _LAUNCHER_VAR_RE.search(message) if error.get("type") in ("KeyError", "ValueError", "RuntimeError") else None
+    if match is None:
+        return None
+    where = f" at {error['where']}" if error.get("where") else ""
+    return (f"the script reads {match.group(1) or match.group(2)}{where}, which its launcher sets: estimate it with "
+            "its launcher line, e.g. gpu-estimate torchrun --nproc_per_node=N SCRIPT ARGS (or accelerate launch, "
+            "deepspeed, srun)")
+
+
 def run_capture(script: str, args: list[str], mode: str, steps: int, gpu: PresentedGpu, limits: Limits,
                 on_progress: Callable[[str], None] | None = None, batch_divisor: int = 1) -> CaptureOutcome:
     """Capture in ``mode`` ("fake", "profile" or "auto": fake, then profile when fake cannot go on).
@@ -196,7 +239,11 @@ def run_capture(script: str, args: list[str], mode: str, steps: int, gpu: Presen
         also = f"; {_FAKE_FIRST}{fallback}" if fallback else ""
         attempts.append({"mode": attempt, "status": status, "error": error.get("message")})
         if status == "ok":
-            return CaptureOutcome(Capture.from_json(result["capture"]), attempt, fallback, "".join(outputs), attempts,
+            capture = Capture.from_json(result["capture"])
+            untrained = did_not_train(capture, output)
+            if untrained:  # the same script ends the same way in profile mode: no fallback
+                raise CaptureFailed("script_error", f"{untrained}{also}", "", "".join(outputs))
+            return CaptureOutcome(capture, attempt, fallback, "".join(outputs), attempts,
                                   process, note, list(result.get("local_modules") or []), result.get("batch"),
                                   result.get("torch_version"))
         if status == "limit":
@@ -204,6 +251,9 @@ def run_capture(script: str, args: list[str], mode: str, steps: int, gpu: Presen
                                 f"({error.get('message')}); raise --max-cpu-memory{also}", error.get("traceback", ""),
                                 "".join(outputs),
                                 attempt, fallback, result.get("batch"))
+        launcher = needs_launcher(error)
+        if launcher:  # the same in profile mode: no fallback
+            raise CaptureFailed("script_error", launcher, error.get("traceback", ""), "".join(outputs))
         kernel = gpu_only_kernel(error.get("message", "")) if status != "ok" else None
         if kernel:  # profile mode runs on the CPU, which has no such kernel either: no fallback, no time-out
             raise CaptureFailed("unsupported", f"{error.get('where') or script}: {kernel} is a GPU-only kernel "

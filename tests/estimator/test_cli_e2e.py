@@ -189,7 +189,8 @@ def test_script_output_only_with_verbose(capsys):
 
 def test_script_arguments_pass_through_untouched(capsys, tmp_path):
     script = tmp_path / "args.py"
-    script.write_text("import sys\nprint('ARGS', sys.argv[1:])\n")
+    script.write_text("import sys, torch\nprint('ARGS', sys.argv[1:])\nm = torch.nn.Linear(4, 4).cuda()\n"
+                      "opt = torch.optim.SGD(m.parameters())\nm(torch.ones(2, 4).cuda()).sum().backward()\nopt.step()\n")
     code, _, err = run(capsys, "--no-cache", "--verbose", str(script), "--gpu", "x", "--json", "-v")
     assert code == EXIT_OK and "ARGS ['--gpu', 'x', '--json', '-v']" in err
 

@@ -77,7 +77,7 @@ def _peak(capsys, monkeypatch, *line: str) -> int:
     if importlib.util.find_spec("deepspeed") is None:  # found, not imported: only the capture child imports it
         pytest.skip("DeepSpeed is not installed (pip install deepspeed, or the test extra)")
     for name in ("RANK", "LOCAL_RANK", "GROUP_RANK", "NODE_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                 "MASTER_PORT", "GPUSHARE_ESTIMATE_WORLD_SIZE", "DS_ACCELERATOR"):
+                 "MASTER_PORT", "GPUSHARE_ESTIMATE_WORLD_SIZE", "GPUSHARE_ESTIMATE_DEVICES", "DS_ACCELERATOR"):
         monkeypatch.setenv(name, "")
         monkeypatch.delenv(name)
     capsys.readouterr()

@@ -58,7 +58,7 @@ def test_unreadable_line_is_one_line(capsys):
 def _peak(capsys, monkeypatch, *line: str) -> int:
     """Rank 0's allocated peak on an A100 (the launcher's variables are set in this process: undone after)."""
     for name in ("RANK", "LOCAL_RANK", "GROUP_RANK", "NODE_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                 "MASTER_PORT", "GPUSHARE_ESTIMATE_WORLD_SIZE"):
+                 "MASTER_PORT", "GPUSHARE_ESTIMATE_WORLD_SIZE", "GPUSHARE_ESTIMATE_DEVICES"):
         monkeypatch.setenv(name, "")  # recorded, so what gpu-estimate sets is undone after the test
         monkeypatch.delenv(name)
     capsys.readouterr()
@@ -86,7 +86,7 @@ def test_ddp_buckets_in_profile_mode(capsys, monkeypatch):
     """Profile mode sees DDP's buckets too (allocated in C++ by its Reducer at construction, on the CPU there):
     at the peak, gradients twice over — the parameters' own and the buckets' copy."""
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                 "GPUSHARE_ESTIMATE_WORLD_SIZE"):
+                 "GPUSHARE_ESTIMATE_WORLD_SIZE", "GPUSHARE_ESTIMATE_DEVICES"):
         monkeypatch.setenv(name, "")
         monkeypatch.delenv(name)
     capsys.readouterr()
