@@ -2,6 +2,7 @@
 
     python benchmarks/do_no_harm.py [--jobs 2000] [--gpus 64] [--loads 0.3 0.5 0.8 1.0 1.2] [--workers N]
     python benchmarks/do_no_harm.py --best-of [--loads 1.0 1.2] [--seeds 0 1 2]
+    python benchmarks/do_no_harm.py --util classes --shipped-only     # the shipped defaults under the other model
 
 benchmarks/simulator_scale.py's synthetic trace (1-8 GPUs per job, nodes of 8 x A100-80GB, trace seeds 0-2) at
 each offered load, utilisation fitted to CARMA's measured runs (``--util carma-fit``), Slurm 22.05 and
@@ -47,19 +48,19 @@ CARMA_RUNS = (("magm", "oracle"), ("lug", "oracle"), ("rr", "none"), ("ff", "ora
 
 
 def table(jobs: int, gpus: int, loads: list[float], releases: list[str], seeds: list[int],
-          workers: int | None) -> None:
+          workers: int | None, util: str = "carma-fit", variants: tuple = VARIANTS) -> None:
     data = data_dir(None)
-    print(f"synthetic trace, {jobs:,} jobs, {gpus // 8} x 8 A100-80GB, trace seeds {seeds}, --util carma-fit: "
+    print(f"synthetic trace, {jobs:,} jobs, {gpus // 8} x 8 A100-80GB, trace seeds {seeds}, --util {util}: "
           "--policy live against Exclusive (change in %, mean over the seeds; worst seed in brackets)\n")
     print("| load | Slurm | share_when | compute_sizing | shards | mean JCT | energy | makespan | OOMs |")
     print("|---:|---|---|---|---|---:|---:|---:|---:|")
-    common = {"nodes": gpus // 8, "gpus_per_node": 8, "gpu": "a100-80gb", "util": "carma-fit",
+    common = {"nodes": gpus // 8, "gpus_per_node": 8, "gpu": "a100-80gb", "util": util,
               "throughputs": data / THROUGHPUTS_NAME}
     labels = []
     configs = [SimConfig(policy="exclusive", estimator="none", **common)]
     for release in releases:
-        variants = VARIANTS + ((LL_VARIANT,) if SlurmVersion.parse(release).least_loaded_shared_gres else ())
-        for share_when, sizing, placement in variants:
+        extra = (LL_VARIANT,) if SlurmVersion.parse(release).least_loaded_shared_gres and variants == VARIANTS else ()
+        for share_when, sizing, placement in variants + extra:
             cfg = parse_config({"policy": {"share_when": share_when, "compute_sizing": sizing}})
             live = setup(cfg, release, placement)
             labels.append((release if release == "22.05" else f"{release}+", share_when, "on" if sizing else "off",
@@ -144,13 +145,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=None)
     parser.add_argument("--placement", choices=PLACEMENTS, default="advised",
                         help="--best-of: 24.11+'s shard placement (default: what gpushare slurm-config advises)")
+    parser.add_argument("--util", choices=("carma-fit", "classes"), default="carma-fit",
+                        help="the simulator's utilisation model (docs/simulator.md)")
+    parser.add_argument("--shipped-only", action="store_true",
+                        help="only the shipped defaults (share_when = queued, compute_sizing off, advised placement)")
     parser.add_argument("--best-of", action="store_true",
                         help="live (shipped defaults) against the best CARMA policy instead of the share_when table")
     args = parser.parse_args(argv)
     if args.best_of:
         best_of(args.jobs, args.gpus, args.loads, args.releases, args.seeds, args.workers, args.placement)
         return 0
-    table(args.jobs, args.gpus, args.loads, args.releases, args.seeds, args.workers)
+    table(args.jobs, args.gpus, args.loads, args.releases, args.seeds, args.workers, args.util,
+          (VARIANTS[1],) if args.shipped_only else VARIANTS)
     return 0
 
 

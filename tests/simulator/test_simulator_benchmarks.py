@@ -32,6 +32,14 @@ def test_do_no_harm_rows_follow_the_advised_placement(capsys):
     assert rows[("24.11+", "queued", "on", "first-fit")] == rows[("22.05", "queued", "on", "first-fit")]
 
 
+def test_do_no_harm_runs_the_shipped_defaults_under_either_utilisation_model(capsys):
+    assert do_no_harm.main(["--jobs", "60", "--gpus", "16", "--loads", "1.0", "--releases", "22.05", "--seeds", "0",
+                            "--workers", "1", "--util", "classes", "--shipped-only"]) == 0
+    out = capsys.readouterr().out
+    assert "--util classes" in out
+    assert [tuple(r[1:5]) for r in _rows(out)] == [("Exclusive", "", "", ""), ("22.05", "queued", "off", "first-fit")]
+
+
 def test_published_gains_print_beside_the_closest_setting(capsys):
     assert simulator_published.main(["--jobs", "30", "--seeds", "0", "--workers", "1"]) == 0
     out = capsys.readouterr().out
