@@ -2,8 +2,11 @@
 device, on a test cluster whose jobs live in cgroups (proctrack/cgroup over cgroup/v1: the test machines mount
 the v1 hierarchies, and Slurm's cgroup/v2 plugin refuses such a hybrid host; docs/isolation.md).
 ``[agent] hardcap = "auto"``: the driver backend is unavailable here (no cgroup v2), said once, and the shim
-applies. The jobs run a C program linked against the fake driver (tests/hardcap/fake_cuda.c, device memory in
-a shared file of the A100's size) and a Python ctypes one; each gets CUDA_ERROR_OUT_OF_MEMORY at its share while
+applies. The jobs are an ordinary user's (devcluster's test user, submitting with sbatch as itself), as the
+shim reads its limits as the job's user; the node's runtime directory is made first by the AdminComment
+lock, as on a node where the agent wrote a note before any Prolog ran. The jobs run a C program linked
+against the fake driver (tests/hardcap/fake_cuda.c, device memory in a shared file of the A100's size) and a
+Python ctypes one; each gets CUDA_ERROR_OUT_OF_MEMORY at its share while
 its neighbour on the same GPU takes its own; NVML inside the job (fake_nvml.c) reports the job's slice; the
 Epilog removes each job's hard cap folder. The fake driver mirrors each process's usage into the simulated GPU
 (tests/hardcap/sim_mirror.py) that the running agent samples: the agent tracks every job at its real peak and
@@ -11,6 +14,7 @@ its backstop stays silent, since the shim already held each job inside its share
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -21,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from devcluster.local_cluster import LocalCluster, missing_requirements
+from devcluster.local_cluster import LOGIN_TEST_USER, LocalCluster, ensure_login_user, missing_requirements
 from gpushare.agent.api import AgentUnavailable, call
 from gpushare.atomic import write_text_atomic
 from gpushare.epilog.records import RecordLedger
@@ -88,6 +92,7 @@ def cluster() -> Iterator[CgroupCluster]:
         pytest.skip(f"real Slurm unavailable: {problem}")
     if not shutil.which("gcc") or not Path("/sys/fs/cgroup/freezer").is_dir():
         pytest.skip("needs gcc and the cgroup v1 freezer hierarchy")
+    ensure_login_user()  # before the cluster starts: a chroot's copy of the accounts has it
     base = Path(tempfile.mkdtemp(prefix="gpushare-hardcap-", dir="/tmp"))
     os.chmod(base, 0o755)
     bin_dir = base / "hardcap-bin"
@@ -109,6 +114,10 @@ def cluster() -> Iterator[CgroupCluster]:
                          toml_extra=toml)
     started = time.monotonic()
     made.start()
+    os.chmod(base, 0o777)  # the user's jobs write their logs, the fake device's usage files and the simulated state
+    for name in ("devmem", "sim.json", "sim.json.lock", "log/agent.log"):  # the jobs' processes write these too
+        (base / name).touch()
+        os.chmod(base / name, 0o666)
     made.start_agent()
     print(f"cluster up in {time.monotonic() - started:.1f} s")
     yield made
@@ -130,9 +139,12 @@ def submit(cluster: CgroupCluster, name: str, command: str, mem: str = "4.5G") -
             f"FAKE_NVML_UUID={SimBackend.open(base / 'sim.json').gpu(0).uuid} "
             f"FAKE_CUDA_SIM_MIRROR=\"'{sys.executable}' '{HERE}/sim_mirror.py' {base}/sim.json $SLURM_JOB_GPUS\"\n"
             f"{command}\n")
-    job, _ = cluster.client.sbatch("-D", str(base), "-o", f"{base}/{name}-%j.out", "--gres=gpu:1",
-                                   f"--export=ALL,GPUSHARE_CONFIG={cluster.gpushare_conf}", script=text)
-    return job
+    done = subprocess.run(cluster.user_argv(LOGIN_TEST_USER, [
+        "sbatch", "--parsable", "-D", str(base), "-o", f"{base}/{name}-%j.out", "--gres=gpu:1",
+        f"--export=ALL,GPUSHARE_CONFIG={cluster.gpushare_conf}"]), input=text, capture_output=True, text=True,
+        env=cluster.env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return int(done.stdout.strip().split(";")[0])
 
 
 def words(text: str) -> dict[str, str]:
@@ -144,6 +156,10 @@ def test_c_and_ctypes_jobs_stop_at_their_share_beside_a_neighbour(cluster: Cgrou
     started = time.monotonic()
     # the reason is said once per node until it changes: forget an earlier run's
     subprocess.run(cluster.argv(["rm", "-f", f"{HARDCAP_DIR}/{UNAVAILABLE_NOTE}"]), env=cluster.env, check=True)
+    # the node's runtime directory as the AdminComment lock makes it when it runs before any Prolog (it once
+    # made it 0700, and no job of an ordinary user was capped after that)
+    subprocess.run(cluster.argv([sys.executable, "-c", "from gpushare.slurm.admin_comment import _host_lock\n"
+                                 "with _host_lock():\n    pass\n"]), env=cluster.env, check=True)
     guard_before = call(cluster.agent_socket, {"op": "status"})["guard"]
     alloc = f"{cluster.base}/hardcap-bin/alloc"
     ctypes_job = (f"'{sys.executable}' -c \"import ctypes\n"
@@ -165,7 +181,10 @@ def test_c_and_ctypes_jobs_stop_at_their_share_beside_a_neighbour(cluster: Cgrou
         log = cluster.base / f"{name}-{job}.out"
         assert cluster.wait_job(job, 90).state == "COMPLETED", log.read_text() if log.exists() else "no log"
         out[name] = log.read_text()
+    user = pwd.getpwnam(LOGIN_TEST_USER).pw_uid
+    assert {cluster.client.require_job(job).user_id for job in jobs.values()} == {user}  # an ordinary user's jobs
     for name in ("c", "py"):
+        assert "gpushare-hardcap:" not in out[name], out[name]  # never "cannot open limits file (…)"
         got = words(out[name])
         share = int(got["limit"]) * MiB
         assert got["preload"].startswith(f"{cluster.base}/hardcap-bin/libgpushare-hardcap.so"), out[name]
