@@ -63,12 +63,14 @@ def test_wheel_from_the_clone_installs_and_runs_on_a_gpu_node(tmp_path: Path) ->
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), "."], cwd=source,
                    check=True, capture_output=True, timeout=300)
     [wheel] = dist.glob("slurm_gpushare-*-py3-none-any.whl")
-    venv = tmp_path / "opt-gpushare"
+    venv = tmp_path / "opt-gpushare-0.1.0"  # the page's layout: a virtualenv per release, a link to the one in use
     subprocess.run([BASE_PYTHON, "-m", "venv", str(venv)], check=True, timeout=120)
-    install = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", f"{wheel}[node]"],
+    link = tmp_path / "opt-gpushare"
+    link.symlink_to(venv)
+    install = subprocess.run([str(link / "bin" / "python"), "-m", "pip", "install", "-q", f"{wheel}[node]"],
                              capture_output=True, text=True, timeout=600)
     assert install.returncode == 0, install.stderr[-3000:]
-    bin_dir = venv / "bin"
+    bin_dir = link / "bin"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUSHARE_", "SLURM_"))}
     env.update({"SLURM_CONF": str(tmp_path / "etc-slurm" / "slurm.conf"), "PYTHONPATH": ""})
 
@@ -80,7 +82,7 @@ def test_wheel_from_the_clone_installs_and_runs_on_a_gpu_node(tmp_path: Path) ->
                 "print(u.find_spec('torch') is None, u.find_spec('pynvml') is not None, "
                 "u.find_spec('prometheus_client') is not None, gpushare.__file__)")
     assert probe.stdout.split()[:3] == ["True", "True", "True"], probe.stdout + probe.stderr
-    assert str(venv) in probe.stdout  # the installed copy, not this checkout
+    assert str(tmp_path) in probe.stdout  # the installed copy, not this checkout
     helped = run(bin_dir / "gpushare", "--help")
     assert helped.returncode == 0 and "doctor" in helped.stdout
     assert run(bin_dir / "gpushare", "doctor", "--help").returncode == 0
@@ -104,3 +106,11 @@ def test_wheel_from_the_clone_installs_and_runs_on_a_gpu_node(tmp_path: Path) ->
     config = run(bin_dir / "gpushare", "slurm-config", "--install-lua", lua, "--slurm-version", "22.05")
     assert config.returncode == 0, config.stderr
     assert f"Prolog={bin_dir}/gpushare-prolog" in config.stdout and (lua / "job_submit.lua").is_file()
+    # the chains, too, name the link and not the release (an upgrade is one rename; docs/deployment.md)
+    (site.parent / "slurm.conf").write_text(f"Epilog={tmp_path}/epilog.d/*.sh\n")
+    chains = run(bin_dir / "gpushare", "slurm-config", "--install-chains", tmp_path / "chains", "--slurm-version",
+                 "22.05")
+    assert chains.returncode == 0 and f"Epilog={tmp_path}/chains/gpushare-chain-Epilog" in chains.stdout, chains.stderr
+    wrapper = (tmp_path / "chains" / "gpushare-chain-Epilog").read_text()
+    assert f"exec {bin_dir}/python3 -I -m gpushare.slurm_plugins.chain --slot Epilog" in wrapper, wrapper
+    assert str(venv) not in wrapper and f"GPUSHARE_CONFIG={site}" in wrapper

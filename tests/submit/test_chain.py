@@ -187,3 +187,20 @@ def test_the_printed_lines_say_restart_not_reconfigure(tmp_path: Path, capsys) -
     note = out.index("# Restart, do not reconfigure")
     assert note < out.index("GresTypes=gpu,shard") and "failed to parse tres weights str" in out[note:]
     assert "restart slurmctld, then every slurmd" in out[note:]
+
+
+def test_the_wrappers_name_the_release_through_its_link(tmp_path: Path) -> None:
+    """/opt/gpushare -> /opt/gpushare-0.1.0: what slurm-config writes names the link, so an upgrade or a rollback
+    is one rename and the chains follow it (they once named the release and kept running it)."""
+    from gpushare.slurm_plugins.slurm_config import chain_wrapper, stable_prefix
+
+    release = tmp_path / "gpushare-0.1.0"
+    (release / "bin").mkdir(parents=True)
+    (release / "bin" / "python3").symlink_to(sys.executable)
+    (release / "pyvenv.cfg").write_text(f"home = {Path(sys.executable).parent}\n")
+    (tmp_path / "gpushare").symlink_to(release)
+    assert stable_prefix(str(release)) == str(tmp_path / "gpushare") == stable_prefix(str(tmp_path / "gpushare"))
+    assert stable_prefix(str(tmp_path / "elsewhere")) == str(tmp_path / "elsewhere")
+    text = chain_wrapper("Epilog", ["/site/epilog"], f"{tmp_path}/gpushare/bin")
+    assert f"exec {tmp_path}/gpushare/bin/python3 -I -m gpushare.slurm_plugins.chain" in text
+    assert "gpushare-0.1.0" not in text
