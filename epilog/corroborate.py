@@ -17,7 +17,8 @@ the cap is the evidence a real OOM leaves. ``[oom] corroborate = "no"`` restores
 A *collateral* OOM (:func:`collateral_evidence`) is the other case: the job did not fill its share, but a
 neighbour on its GPU was over its own cap when the job failed. The node agent, which saw the neighbour
 over, wrote ``collateral: {by, gpu, at}`` into the job's record (AdminComment, and its run record); the
-job is then re-run on its own share at no cost to its user (gpushare.epilog.recovery).
+job is then re-run on its own share, the first time at no cost to its user (gpushare.epilog.recovery), unless
+:func:`own_overrun` shows the job was over its own cap as well: an offender is never a victim.
 """
 
 from __future__ import annotations
@@ -71,6 +72,43 @@ def collateral_evidence(record: dict[str, Any] | None, records_dir: str, job_id:
         at = note.get("at")
         if isinstance(at, (int, float)) and not isinstance(at, bool) and at - 5.0 <= ended_at <= at + window_s:
             return note
+    return None
+
+
+def own_overrun(record: dict[str, Any] | None, records_dir: str, job_id: str, restarts: int,
+                request: GresRequest, cfg: Config) -> str | None:
+    """What shows that this run of the job was itself over its GPU memory cap, from records only root writes:
+    the node agent's backstop acted on it (``run.stop``, or an ``oom`` entry in its run record), or its
+    measured peak exceeded its cap (``run.cap_gib`` / the run record's ``caps.mem_limit_mib``; its share when
+    neither is known) by more than the backstop's tolerance, the agent's own test for an offender. None when
+    nothing shows it.
+
+    Why: two jobs over their caps on one GPU are each marked as the other's victim; a job over its own cap is
+    an offender, never collateral (gpushare.epilog.recovery)."""
+    run = (record or {}).get("run")
+    run = run if isinstance(run, dict) else {}
+    if run.get("stop") == "agent-backstop":
+        return "the node agent's backstop acted on it"
+    caps: list[int] = []
+    cap_gib = run.get("cap_gib")
+    if isinstance(cap_gib, (int, float)) and not isinstance(cap_gib, bool) and cap_gib > 0:
+        caps.append(int(cap_gib * GiB))
+    if _trusted_dir(records_dir):
+        try:
+            for entry in RecordLedger(Path(records_dir)).get(job_id, restarts):
+                oom = entry.get("oom")
+                if isinstance(oom, dict) and oom.get("source") == "agent-backstop":
+                    return "the node agent's backstop acted on it"
+                limit = (entry.get("caps") or {}).get("mem_limit_mib") if isinstance(entry.get("caps"), dict) else None
+                if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
+                    caps.append(limit << 20)
+        except (OSError, ValueError):
+            pass
+    cap = min(caps) if caps else failed_size_bytes(request, cfg)
+    peak = measured_peak_bytes(record, records_dir, job_id, restarts)
+    tolerance = cfg.agent.backstop_tolerance_mib << 20
+    if cap and peak is not None and peak > cap + tolerance:
+        return f"its measured GPU memory peaked at {peak / GiB:.1f} GiB, over its {cap / GiB:.1f} GiB cap"
     return None
 
 

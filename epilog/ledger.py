@@ -117,9 +117,17 @@ class Ledger:
         return sorted(entries, key=lambda e: int(e.get("restarts", 0)))
 
     def retries_used(self, job_id: str) -> int:
-        """How many times this job was already requeued for an OOM (entries that got that far)."""
-        return sum(1 for e in self.entries_for(job_id)
-                   if e.get("action") == "requeue" and "requeuehold" in e.get("steps", []))
+        """How many times this job was already requeued for an OOM (entries that got that far), not counting
+        its free re-run as a neighbour's collateral (``charged`` false; entries without the key count)."""
+        return sum(1 for e in self._requeued(job_id) if e.get("charged") is not False)
+
+    def free_reruns(self, job_id: str) -> int:
+        """How many free re-runs (collateral, ``charged`` false) this job already got."""
+        return sum(1 for e in self._requeued(job_id) if e.get("charged") is False)
+
+    def _requeued(self, job_id: str) -> list[dict[str, Any]]:
+        return [e for e in self.entries_for(job_id)
+                if e.get("action") == "requeue" and "requeuehold" in e.get("steps", [])]
 
     def unfinished(self, min_age_s: float = 30.0, now: float | None = None) -> list[dict[str, Any]]:
         """Requeues a crashed or interrupted run left half done (older than ``min_age_s``)."""

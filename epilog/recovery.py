@@ -226,20 +226,23 @@ def merge_oom_comment(existing: str | None, oom: dict[str, Any]) -> str | None:
     return record_format.render({**kept, "oom": oom})
 
 
-MAX_COLLATERAL = 3  # collateral re-runs of one job (each needs a neighbour over its cap: bounded anyway)
+MAX_FREE_COLLATERAL = 1  # free collateral re-runs of one job; a later OOM, collateral or not, is charged
 
 
 def decide(job: JobFacts, verdict: OomVerdict, cfg: Config, retries_used: int,
            mig_available: set[str] | None = None, corroboration: tuple[bool, str] = (True, ""),
            user_recoveries: int = 0, whole_gpu_as_gpu: bool = False,
-           collateral: dict[str, Any] | None = None) -> Action:
+           collateral: dict[str, Any] | None = None, overran: str | None = None, free_reruns: int = 0) -> Action:
     """Choose the action for one ended job. Never raises on job content.
 
     ``corroboration`` is gpushare.epilog.corroborate's verdict on the log message; ``user_recoveries``
     the requeues this user's jobs already got in the last 24 hours (the ledger's per-user budget);
     ``whole_gpu_as_gpu``: the Slurm release accepts ``shard`` → ``gpu`` on a held job
     (``SlurmVersion.held_gres_across_names``); ``collateral``: the agent's note that a neighbour was over its
-    cap on the job's GPU when it failed (gpushare.epilog.corroborate.collateral_evidence).
+    cap on the job's GPU when it failed (gpushare.epilog.corroborate.collateral_evidence); ``overran``: what
+    shows the job was over its own cap too (gpushare.epilog.corroborate.own_overrun), which makes it no
+    victim; ``free_reruns``: the free collateral re-runs the ledger counted for it. ``retries_used`` counts
+    the charged requeues only (gpushare.epilog.ledger.Ledger.retries_used).
     """
     if not verdict.is_oom:
         return Action("none", verdict.reason)
@@ -249,9 +252,13 @@ def decide(job: JobFacts, verdict: OomVerdict, cfg: Config, retries_used: int,
     previous = (job.record or {}).get("oom")
     spent = max(retries_used, _int(previous.get("n")) if isinstance(previous, dict) else 0)
     family = verdict.family or "unknown"
-    victim = _collateral(job, collateral, previous, spent, limit, family, cfg)
-    if victim is not None:
-        return victim
+    free_used = max(free_reruns, _int(previous.get("coll")) if isinstance(previous, dict) else 0)
+    budget = cfg.oom.max_recoveries_per_user_day
+    if overran is None:  # a job over its own cap is an offender, whoever else was over beside it
+        victim = _collateral(job, collateral, spent, limit, family, cfg, free_used,
+                             budget_left=not budget or user_recoveries < budget)
+        if victim is not None:
+            return victim
     if spent >= limit:
         why = (f"GPU out of memory again after {spent} recovery retr{'y' if spent == 1 else 'ies'}"
                if spent else "GPU out of memory; recovery is off ([oom] max_retries = 0)")
@@ -276,7 +283,6 @@ def decide(job: JobFacts, verdict: OomVerdict, cfg: Config, retries_used: int,
                       user_message=f"gpushare: the job's log reports a GPU out-of-memory error ({family}), but "
                                    f"gpushare's own measurements do not confirm it ({evidence}); the job was not "
                                    "re-run on a larger GPU share. Ask for more GPU memory and resubmit.")
-    budget = cfg.oom.max_recoveries_per_user_day
     if budget and user_recoveries >= budget:
         why = f"this user's jobs already got {user_recoveries} OOM recoveries in 24 hours"
         return Action("stay_failed", f"GPU out of memory, not requeued: {why} "
@@ -285,7 +291,8 @@ def decide(job: JobFacts, verdict: OomVerdict, cfg: Config, retries_used: int,
                       user_message=f"gpushare: the job ran out of GPU memory ({family}) and was not requeued: {why}, "
                                    "the daily limit. Ask for more GPU memory and resubmit.")
     retry = spent + 1
-    oom = {"n": retry, "max": limit, "fam": family, "from": job.gres.text, "to": new_gres}
+    oom = {"n": retry, "max": limit, "fam": family, "from": job.gres.text, "to": new_gres,
+           **({"coll": free_used} if free_used else {})}  # the free re-run stays spent
     backing = f"; {evidence}" if evidence else ""  # what corroborated it, for the admin reading the log
     return Action("requeue", f"GPU out of memory ({family}); requeue with {why}{backing}", new_gres=new_gres,
                   nice=(job.nice or 0) - cfg.oom.priority_boost, retry=retry, max_retries=limit, oom=oom,
@@ -293,24 +300,42 @@ def decide(job: JobFacts, verdict: OomVerdict, cfg: Config, retries_used: int,
                                f"eligible at once (recovery {retry} of {limit}).")
 
 
-def _collateral(job: JobFacts, note: dict[str, Any] | None, previous: Any, spent: int, limit: int, family: str,
-                cfg: Config) -> Action | None:
-    """A victim's OOM (a neighbour over its cap on its GPU): re-run at once on its own share, its recovery
-    retries and its user's daily budget untouched, nothing learned (its estimate was right), the offender
-    named in its record. None when not collateral, or after MAX_COLLATERAL such re-runs."""
+def _collateral(job: JobFacts, note: dict[str, Any] | None, spent: int, limit: int, family: str, cfg: Config,
+                free_used: int, budget_left: bool) -> Action | None:
+    """A victim's OOM (a neighbour over its cap on its GPU, the job itself not over its own): re-run at once
+    on its own share, nothing learned (its estimate was right), the offender named in its record. The first
+    such re-run is free (its recovery retries and its user's daily budget untouched); a job that ends in
+    another OOM after it is charged like any recovery (a retry and the budget), so a job is re-run at most
+    ``max_retries`` + 1 times whatever notes it carries. None when not collateral, or when a charged re-run
+    is not left (the usual rules then decide)."""
     if note is None or not job.requeue_allowed or not job.gres.text:
         return None
-    times = _int(previous.get("coll")) if isinstance(previous, dict) else 0
-    if times >= MAX_COLLATERAL:
+    free = free_used < MAX_FREE_COLLATERAL
+    if not free and (spent >= limit or not budget_left):
         return None
     offender = str(note.get("by"))[:40]
     why = f"job {offender}" if offender.isdigit() else offender
-    oom = {"n": spent, "max": limit, "fam": family, "from": job.gres.text, "to": job.gres.text,
-           "coll": times + 1, "by": offender}
+    retry = spent if free else spent + 1
+    oom = {"n": retry, "max": limit, "fam": family, "from": job.gres.text, "to": job.gres.text,
+           "coll": free_used + 1 if free else free_used, "by": offender}
+    cost = ("This does not count against your OOM recoveries." if free else
+            f"It had a free re-run after a neighbour's overrun already; this one counts (recovery {retry} of {limit}).")
     return Action("requeue", f"GPU out of memory while {why} was over its GPU memory cap on GPU {note.get('gpu')} "
-                             f"(collateral); requeue on its own share", new_gres=job.gres.text,
-                  nice=(job.nice or 0) - cfg.oom.priority_boost, retry=spent, max_retries=limit, oom=oom, learn=False,
-                  charged=False,
+                             f"(collateral{'' if free else ', charged'}); requeue on its own share",
+                  new_gres=job.gres.text, nice=(job.nice or 0) - cfg.oom.priority_boost, retry=retry,
+                  max_retries=limit, oom=oom, learn=False, charged=not free,
                   user_message=f"gpushare: the job ran out of GPU memory ({family}) while {why} on the same GPU was "
-                               "over its own memory cap; requeued at once on the same share. This does not count "
-                               "against your OOM recoveries.")
+                               f"over its own memory cap; requeued at once on the same share. {cost}")
+
+
+def log_not_kept(action: Action, why: str) -> Action:
+    """``action`` (a requeue) not carried out because the failed run's log could not be copied aside first
+    (gpushare.user_files.keep_logs): the rerun would truncate it, and the failed run's output, with its error,
+    would be gone. The job stays failed, its log whole, its retries and its user's budget untouched."""
+    spent = action.retry - 1 if action.charged else action.retry
+    return Action("stay_failed", f"GPU out of memory, not requeued: the failed run's log could not be kept "
+                                 f"({why[:200]}), and a rerun would truncate it", retry=spent,
+                  max_retries=action.max_retries, learn=action.learn,
+                  user_message="gpushare: the job ran out of GPU memory and was not re-run: a copy of its log could "
+                               "not be made, and a rerun would have overwritten it. Ask for more GPU memory and "
+                               "resubmit.")

@@ -14,6 +14,7 @@ step never leaves a job held: if the GRES change is refused the job is still rel
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import logging.handlers
 import os
@@ -23,16 +24,16 @@ import sys
 import time
 from typing import Any, Callable, Mapping
 
-from gpushare.epilog.corroborate import collateral_evidence, corroborate
+from gpushare.epilog.corroborate import collateral_evidence, corroborate, own_overrun
 from gpushare.epilog.executor import execute, finish, resume_unfinished, spawn_finisher
 from gpushare.epilog.ledger import FINAL_STATES, Ledger
 from gpushare.epilog import task_epilog
 from gpushare.epilog.oom_detect import OomVerdict, classify, compile_patterns
 from gpushare.epilog.oom_observe import would_requeue
 from gpushare.oom_counts import count
-from gpushare.user_files import append_note, kept_name, keep_logs, read_tail
+from gpushare.user_files import append_note, keep_logs, new_token, note_kept, read_tail, restore_logs
 from gpushare.epilog.learn import learn_from_oom
-from gpushare.epilog.recovery import RECOVERABLE_STATES, Action, JobFacts, decide, whole_gpu_shards
+from gpushare.epilog.recovery import RECOVERABLE_STATES, Action, JobFacts, decide, log_not_kept, whole_gpu_shards
 from gpushare.config import Config, load_config
 from gpushare.gpus import GiB
 from gpushare.slurm.client import SlurmClient, SlurmError, check_job_id
@@ -178,11 +179,14 @@ def _handle_heavy(job_id: str, env: Mapping[str, str], client: SlurmClient, cfg:
             needs_types = bool(job.gres.named("gpu"))
             collateral = collateral_evidence(job.record, cfg.agent.records_dir, job.job_id, job.restarts,
                                              _ended_at(env), cfg.agent.backstop_grace_s + COLLATERAL_SLACK_S)
+            overran = own_overrun(job.record, cfg.agent.records_dir, job.job_id, job.restarts, job.gres, cfg) \
+                if collateral is not None else None
             action = decide(job, verdict, cfg, ledger.retries_used(job.job_id),
                             mig_types(client) if needs_types else None,
                             corroborate(cfg, job.record, job.gres, job.job_id, job.restarts),
                             ledger.user_recoveries(job.uid), whole_gpu_as_gpu=_gres_across_names(client),
-                            collateral=collateral)
+                            collateral=collateral, overran=overran,
+                            free_reruns=ledger.free_reruns(job.job_id))
             if action.kind == "none":
                 return f"none: {action.reason}"
             # a pilot: record, requeue nothing; a job rewritten to shards under enforce before the switch keeps
@@ -192,11 +196,22 @@ def _handle_heavy(job_id: str, env: Mapping[str, str], client: SlurmClient, cfg:
                 if cfg.policy.mode == "off":
                     return f"none: [policy] mode = off (enforce would requeue: {action.reason})"
                 return would_requeue(job, verdict, action, ledger, client)
+            token = new_token()
+            kept: list[str] = []
+            if action.kind == "requeue":  # before the rerun can start: it would truncate the logs
+                copies, why_not = _keep(job, cfg, token)
+                if copies is None:  # never requeued without: the rerun would truncate the log
+                    action = log_not_kept(action, why_not)
+                elif copies:
+                    kept = copies
+                    action = dataclasses.replace(
+                        action, oom={**(action.oom or {}), "kept": f"oom-run{job.restarts}.{token}"},
+                        user_message=f"{action.user_message} This run's output is kept in {', '.join(kept)}.")
             if action.learn:
                 _learn(job, cfg, client)
             if action.kind == "requeue" and action.charged:
                 ledger.note_user_recovery(job.uid)
-            entry = ledger.put(_entry(job, verdict, action))
+            entry = ledger.put({**_entry(job, verdict, action), **({"kept": kept} if kept else {})})
             count(ledger.dir, action.kind)  # gpushare_oom_recoveries_total{outcome} on submitd's endpoint
             ledger.append_history({"job": job.job_id, "restarts": job.restarts, "event": action.kind,
                                    "reason": action.reason, "message": verdict.message})
@@ -207,12 +222,11 @@ def _handle_heavy(job_id: str, env: Mapping[str, str], client: SlurmClient, cfg:
             log.warning("job %s: %s; matched: %s", job.job_id, action.reason, verdict.message)
             if resume_later is not None:  # if this run dies part-way, a detached process finishes it
                 resume_later(RESUME_DELAY_S)
-            kept = _logs(job, cfg, "keep")  # before the rerun can start: it would truncate them
             outcome = execute(entry, client, ledger, finish_later)
             if outcome.startswith("requeue"):
-                _tell_user(job, action.user_message, cfg, run=job.restarts if kept else None)
+                _tell_user(job, action.user_message, cfg, kept=(token, kept) if kept else None)
             elif kept:
-                _logs(job, cfg, "restore")
+                _restore(job, cfg, token)
             return outcome
         if entry.get("state") in FINAL_STATES:
             return f"already handled: {entry.get('state')}"
@@ -267,21 +281,24 @@ def _entry(job: JobFacts, verdict: OomVerdict, action: Action) -> dict[str, Any]
             "family": verdict.family, "message": verdict.message, "source": verdict.source,
             "old_gres": job.gres.text, "new_gres": action.new_gres, "nice": action.nice,
             "oom": action.oom, "retry": action.retry, "max_retries": action.max_retries,
-            "steps": []}
+            "charged": action.charged, "steps": []}
 
 
-def _tell_user(job: JobFacts, message: str, cfg: Config, run: int | None = None) -> None:
-    """The note into the job's log (and, with ``run``, into that run's kept copy) as the job's user: here when
-    we are root, else through gpushare-submitd, the controller's root service (slurm_plugins/job_notes.py),
-    since SlurmUser cannot write the user's files."""
+def _tell_user(job: JobFacts, message: str, cfg: Config, kept: tuple[str, list[str]] | None = None) -> None:
+    """The note into the job's log (and, with ``kept``: the copies' token and names, into the copies of the
+    failed run's logs) as the job's user: here when we are root, else through gpushare-submitd, the
+    controller's root service (slurm_plugins/job_notes.py), since SlurmUser cannot write the user's files."""
     if not message or not job.log_paths:
         return
     try:
-        if os.geteuid() == 0:  # the log itself, and the failed run's copy when one was kept
-            for path in [job.log_paths[0]] + ([] if run is None else [kept_name(job.log_paths[0], run)]):
-                append_note(path, message, job.uid, job.gid, cfg.oom.read_timeout_s)
+        if os.geteuid() == 0:  # the copies first: they outlive the log, which the rerun truncates
+            if kept is not None:
+                note_kept(job.log_paths, job.restarts, kept[0], message, job.uid, job.gid, cfg.oom.read_timeout_s,
+                          job.work_dir)
+            append_note(job.log_paths[0], message, job.uid, job.gid, cfg.oom.read_timeout_s)
             return
-        request = {"op": "note", "job_id": job.job_id, "message": message, **({} if run is None else {"run": run})}
+        request = {"op": "note", "job_id": job.job_id, "message": message,
+                   **({} if kept is None else {"run": job.restarts, "token": kept[0]})}
         reply = ask(cfg.submit.socket, request, timeout_s=cfg.oom.read_timeout_s)
         if reply.get("user_msg") != "written":
             log.info("job %s: note not added to the job log: %s", job.job_id, reply.get("user_msg", "no answer"))
@@ -289,23 +306,39 @@ def _tell_user(job: JobFacts, message: str, cfg: Config, run: int | None = None)
         log.info("job %s: could not add a note to the job log: %s", job.job_id, exc)
 
 
-def _logs(job: JobFacts, cfg: Config, step: str) -> bool:
-    """Copy the end of the job's logs aside before its requeue (``keep``), or drop the copies when it did
-    not happen (``restore``); True when done. Best effort: without a copy the rerun truncates the log, as
-    without us."""
+def _keep(job: JobFacts, cfg: Config, token: str) -> tuple[list[str] | None, str]:
+    """Copy the end of the job's logs aside before its requeue (gpushare.user_files.keep_logs): (the copies'
+    names, "") – an empty list when no log is here to copy – or (None, why no copy could be made)."""
     if not job.log_paths:
-        return False
+        return [], ""
     try:
         if os.geteuid() == 0:
-            return keep_logs(job.log_paths, step, job.restarts, job.uid, job.gid, cfg.oom.read_timeout_s) > 0
-        reply = ask(cfg.submit.socket, {"op": "note", "job_id": job.job_id, "run": job.restarts, "step": step},
-                    timeout_s=cfg.oom.read_timeout_s)
-        if reply.get("user_msg") in ("kept", "restored"):
-            return True
-        log.info("job %s: logs not kept (%s): %s", job.job_id, step, reply.get("user_msg", "no answer"))
+            return keep_logs(job.log_paths, job.restarts, job.uid, job.gid, cfg.oom.read_timeout_s, token,
+                             job.work_dir), ""
+        reply = ask(cfg.submit.socket, {"op": "note", "job_id": job.job_id, "run": job.restarts, "step": "keep",
+                                        "token": token}, timeout_s=cfg.oom.read_timeout_s)
+        answer = reply.get("user_msg", "no answer from gpushare-submitd")
+        if answer.startswith("kept "):
+            names = json.loads(answer[len("kept "):])
+            if isinstance(names, list) and all(isinstance(name, str) for name in names):
+                return names, ""
+        return None, answer[:300]
+    except (OSError, ValueError) as exc:
+        return None, str(exc)[:300]
+
+
+def _restore(job: JobFacts, cfg: Config, token: str) -> None:
+    """Drop the copies ``_keep`` made when the requeue did not happen (the log stays whole); best effort."""
+    try:
+        if os.geteuid() == 0:
+            restore_logs(job.log_paths, job.restarts, token, job.uid, job.gid, cfg.oom.read_timeout_s, job.work_dir)
+            return
+        reply = ask(cfg.submit.socket, {"op": "note", "job_id": job.job_id, "run": job.restarts, "step": "restore",
+                                        "token": token}, timeout_s=cfg.oom.read_timeout_s)
+        if reply.get("user_msg") != "restored":
+            log.info("job %s: copies of its logs not removed: %s", job.job_id, reply.get("user_msg", "no answer"))
     except OSError as exc:
-        log.info("job %s: logs not kept (%s): %s", job.job_id, step, exc)
-    return False
+        log.info("job %s: copies of its logs not removed: %s", job.job_id, exc)
 
 
 def _client(cfg: Config) -> SlurmClient:

@@ -52,9 +52,10 @@ def test_oom_job_is_requeued_on_all_shards_then_boosted(setup) -> None:  # type:
     assert fake.fields["TresPerNode"] == "gres:shard:40"
     assert '"to":"gres:shard:40"' in fake.fields["AdminComment"]
     # the user is told in their own log, and in the copy of its end kept before the rerun can truncate it
-    kept = err.with_name(err.name + ".oom-run0")
-    assert "requeued with shard:4 -> shard:40" in err.read_text()
+    [kept] = err.parent.glob(err.name + ".oom-run0.*")  # a name nobody could know before: not squattable
+    assert "requeued with shard:4 -> shard:40" in err.read_text() and f"kept in {kept}" in err.read_text()
     assert kept.read_text().startswith(OOM_TEXT) and "requeued with shard:4 -> shard:40" in kept.read_text()
+    assert json.loads(fake.fields["AdminComment"].removeprefix("gpushare:"))["oom"]["kept"] == kept.name.split(".", 2)[2]
     # the node Epilog rewrites the comment from a copy it read before our update (a real race, measured)
     fake.fields["AdminComment"] = 'gpushare:{"run":{"ttfk_s":1.5},"v":1}'
     fake.complete()  # slurmctld finishes completion; the detached finisher then runs
@@ -137,7 +138,7 @@ def test_refused_requeue_leaves_the_job_failed_and_the_entry_closed(setup) -> No
     entry = Ledger(cfg.oom.ledger_dir).get("1", 0)
     assert entry["state"] == "stay_failed" and Ledger(cfg.oom.ledger_dir).unfinished(min_age_s=0) == []
     assert "requeued" not in err.read_text()  # the user is not told of a requeue that did not happen
-    assert not err.with_name(err.name + ".oom-run0").exists()  # nor left a copy of a log that stays whole
+    assert not list(err.parent.glob(err.name + ".oom-run0*"))  # nor left a copy of a log that stays whole
     assert Ledger(cfg.oom.ledger_dir).retries_used("1") == 0
 
 

@@ -8,11 +8,19 @@ an OOM (cheap filter first, bounded concurrency).
 
 from __future__ import annotations
 
+import json
+import multiprocessing
 import os
+import pwd
+import shutil
+import tempfile
 import time
 from pathlib import Path
+from typing import Any, Iterator
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpushare.atomic import write_json_atomic
 from gpushare.config import parse_config
@@ -20,6 +28,7 @@ from gpushare.epilog import slurmctld_epilog as hook
 from gpushare.epilog.ledger import Ledger
 from oom_fake_slurm import FakeSlurm
 
+root_only = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as other users")
 OOM_TEXT = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has ...\n"
 ME = {"UserId": f"me({os.geteuid()})", "GroupId": f"me({os.getegid()})"}
 
@@ -236,7 +245,8 @@ def test_a_victim_of_a_neighbours_overrun_is_requeued_on_its_share_at_no_cost(tm
     assert entry["new_gres"] == entry["old_gres"] and "collateral" in entry["reason"] and "job 7" in entry["reason"]
     assert entry["oom"]["by"] == "7" and entry["oom"]["n"] == 0 and ledger.user_recoveries(os.geteuid()) == 0
     assert not (tmp_path / "cache" / "by-script").exists()  # its estimate was right: nothing learned
-    assert "does not count against your OOM recoveries" in (tmp_path / "err-1.txt.oom-run0").read_text()  # kept
+    [kept] = tmp_path.glob("err-1.txt.oom-run0.*")
+    assert "does not count against your OOM recoveries" in kept.read_text()  # kept
 
 
 @pytest.mark.hostile
@@ -246,3 +256,230 @@ def test_an_old_collateral_note_buys_nothing(tmp_path: Path) -> None:
     fake = _oom_job(tmp_path, comment=_collateral(time.time() - 3600))
     fake.fields["TresPerNode"] = "gres:shard:11"
     assert hook.run(_env(), client=fake, cfg=cfg, finish_later=None).startswith("stay_failed")
+
+
+# --- a neighbour against the victim's kept log, a link swapped in for a folder, two offenders --------------
+
+VICTIM, NEIGHBOUR = 4242, 4343  # two ordinary users (no passwd entry needed: the hook drops to the numbers)
+SHARED = 'gpushare:{"decision":"shared","run":{"peak_gib":3.9},"v":1}'  # a corroborated OOM of its own
+
+
+@pytest.fixture
+def sticky() -> Iterator[Path]:
+    """A shared scratch folder as /tmp is: everyone may create, only owners may remove (mode 1777)."""
+    path = Path(tempfile.mkdtemp(prefix="gpushare-sticky-", dir="/tmp"))
+    os.chmod(path, 0o1777)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _victim_job(log: Path, work_dir: Path, comment: str = SHARED) -> FakeSlurm:
+    log.write_text(OOM_TEXT)
+    os.chown(log, VICTIM, VICTIM)
+    return FakeSlurm({"JobId": "1", "StdErr": str(log), "StdOut": str(log), "AdminComment": comment,
+                      "UserId": f"victim({VICTIM})", "GroupId": f"victim({VICTIM})", "WorkDir": str(work_dir)})
+
+
+def _victim_env() -> dict[str, str]:
+    return {"SLURM_JOB_ID": "1", "SLURM_JOB_UID": str(VICTIM), "SLURM_JOB_GID": str(VICTIM)}
+
+
+@root_only
+@pytest.mark.hostile
+def test_a_neighbour_cannot_deny_the_copy_of_a_victims_log(tmp_path: Path, sticky: Path) -> None:
+    """The neighbour read StdErr= from ``scontrol show job`` and created every name the copy could have had
+    before (``<log>.oom-run<N>`` for the next runs) in the shared sticky folder: the copy is made anyway, as
+    the victim, under a name nobody could know, and the victim reads where in its note and its record."""
+    log = sticky / "job-1.err"
+    fake = _victim_job(log, sticky)
+    for run in range(4):
+        squat = sticky / f"job-1.err.oom-run{run}"
+        squat.write_text("nothing to see here\n")
+        os.chown(squat, NEIGHBOUR, NEIGHBOUR)
+        os.chmod(squat, 0o644)
+    outcome = hook.run(_victim_env(), client=fake, cfg=_cfg(tmp_path), finish_later=None)
+    assert outcome.startswith("requeue"), outcome
+    [kept] = [p for p in sticky.glob("job-1.err.oom-run0.*")]
+    assert kept.stat().st_uid == VICTIM and kept.stat().st_mode & 0o777 == 0o600
+    assert kept.read_text().startswith(OOM_TEXT)  # the failed run's output, whatever the rerun does to the log
+    assert f"kept in {kept}" in kept.read_text() and f"kept in {kept}" in log.read_text()  # and where it is
+    record = json.loads(fake.fields["AdminComment"].removeprefix("gpushare:"))
+    assert record["oom"]["kept"] == kept.name.removeprefix("job-1.err.")  # `scontrol show job` tells it too
+    assert (sticky / "job-1.err.oom-run0").read_text() == "nothing to see here\n"  # the squat untouched
+
+
+@root_only
+def test_a_log_whose_folder_takes_no_copy_is_kept_in_the_working_directory(tmp_path: Path, sticky: Path) -> None:
+    """The admin created the log in a folder the user cannot write: the copy goes to the job's working
+    directory; with no place at all the job is not requeued, so its log is never truncated uncopied."""
+    logs = sticky / "admin-logs"
+    logs.mkdir(mode=0o755)  # root's
+    work = sticky / "work"
+    work.mkdir()
+    os.chown(work, VICTIM, VICTIM)
+    log = logs / "job-1.err"
+    fake = _victim_job(log, work)
+    assert hook.run(_victim_env(), client=fake, cfg=_cfg(tmp_path), finish_later=None).startswith("requeue")
+    [kept] = work.glob("job-1.err.oom-run0.*")
+    assert kept.read_text().startswith(OOM_TEXT) and kept.stat().st_uid == VICTIM
+    assert not list(logs.glob("*.oom-run*"))
+
+    os.chmod(work, 0o555)  # now nowhere to copy to: no requeue, the log stays whole and says why
+    log.write_text(OOM_TEXT)
+    fake = _victim_job(log, work)
+    fake.fields.update(JobId="2")
+    outcome = hook.run({**_victim_env(), "SLURM_JOB_ID": "2"}, client=fake, cfg=_cfg(tmp_path / "2"),
+                       finish_later=None)
+    assert outcome.startswith("stay_failed") and "could not be kept" in outcome, outcome
+    assert not [c for c in fake.calls if c[0] == "requeuehold"]
+    assert log.read_text().startswith(OOM_TEXT) and "a copy of its log could not be made" in log.read_text()
+    assert Ledger(str(tmp_path / "2" / "ledger")).user_recoveries(VICTIM) == 0  # nor charged
+
+
+def _detect_as(reader_uid: int, job: Any, cfg: Any, out: "multiprocessing.Queue[Any]") -> None:
+    os.setgroups([])
+    os.setgid(reader_uid)
+    os.setuid(reader_uid)
+    verdict = hook.detect(job, cfg)
+    out.put((verdict.is_oom, verdict.problems))
+
+
+@root_only
+@pytest.mark.hostile
+def test_a_folder_swapped_for_a_link_does_not_make_the_hook_read_slurmusers_files(tmp_path: Path,
+                                                                                   sticky: Path) -> None:
+    """SlurmUser is unprivileged, so the hook reads as SlurmUser: the user swapped the log's folder for a link
+    to SlurmUser's own folder between the job's end and the hook, where a 0600 file of SlurmUser's has the log's
+    name (and an OOM line). Its lines are not matched: the opened file is not the job's user's."""
+    from gpushare.epilog.recovery import JobFacts
+    from gpushare.slurm.gres_request import GresRequest
+
+    slurm_user = pwd.getpwnam("nobody").pw_uid
+    private = sticky / "slurmuser-private"
+    private.mkdir(mode=0o700)
+    secret = private / "job-1.err"
+    secret.write_text(OOM_TEXT)
+    os.chmod(secret, 0o600)
+    for path in (private, secret):
+        os.chown(path, slurm_user, slurm_user)
+    home = sticky / "victim"
+    home.mkdir()
+    os.chown(home, VICTIM, VICTIM)
+    (home / "logs").symlink_to(private)  # was a folder of the user's while the job ran
+    os.lchown(home / "logs", VICTIM, VICTIM)
+    job = JobFacts(job_id="1", state="COMPLETING", exit_code=1, exit_signal=0, restarts=0,
+                   gres=GresRequest.parse("gres:shard:4"), node="n1", uid=VICTIM, gid=VICTIM,
+                   log_paths=(str(home / "logs" / "job-1.err"),), record=None)
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_detect_as, args=(slurm_user, job, _cfg(tmp_path), queue))
+    proc.start()
+    is_oom, problems = queue.get(timeout=30)
+    proc.join(30)
+    assert not is_oom and "not a file of the job's user" in " ".join(problems), problems
+
+
+def _over_cap(by: str, at: float, **run: object) -> str:
+    """A job marked the victim of ``by`` that was itself over its 4 GiB cap (peak 9 GiB) on the same GPU."""
+    return "gpushare:" + json.dumps({"collateral": {"at": at, "by": by, "gpu": 0}, "decision": "shared",
+                                     "run": {"peak_gib": 9.0, "cap_gib": 4.0, **run}, "v": 1})
+
+
+@pytest.mark.hostile
+def test_two_jobs_over_their_caps_do_not_excuse_each_other(tmp_path: Path) -> None:
+    """One user's jobs 11 and 12 on one GPU, each over its cap, each marked the other's victim by the agent:
+    neither is re-run as collateral; each recovery is an ordinary one, charged to retries and budget."""
+    cfg = _cfg(tmp_path, max_recoveries_per_user_day=5)
+    now = time.time()
+    outcomes = []
+    for job, other in (("11", "12"), ("12", "11")):
+        fake = _oom_job(tmp_path, job, comment=_over_cap(other, now - 3))
+        outcomes.append(hook.run(_env(job), client=fake, cfg=cfg, finish_later=None))
+        assert "collateral" not in fake.fields["AdminComment"].partition('"oom"')[2]
+    assert all(o.startswith("requeue") and "collateral" not in o for o in outcomes), outcomes
+    ledger = Ledger(cfg.oom.ledger_dir)
+    assert ledger.user_recoveries(os.geteuid()) == 2
+    assert [ledger.get(j, 0)["new_gres"] for j in ("11", "12")] == ["gres:shard:40"] * 2  # the usual, larger run
+
+
+@pytest.mark.hostile
+def test_the_decision_never_calls_an_offender_collateral(tmp_path: Path) -> None:
+    """The decision itself, with both jobs' evidence: each is the other's marked victim, and each record
+    shows its own overrun (its peak over its cap, or the backstop acting on it, in the AdminComment or in the
+    agent's run record)."""
+    from gpushare.epilog.corroborate import collateral_evidence, own_overrun
+    from gpushare.epilog.oom_detect import OomVerdict
+    from gpushare.epilog.recovery import JobFacts, decide
+    from gpushare.slurm.gres_request import GresRequest
+    from gpushare.slurm.record import parse as parse_record
+
+    cfg = _cfg(tmp_path)
+    records = tmp_path / "records"
+    records.mkdir(mode=0o755)
+    now = time.time()
+    verdict = OomVerdict(True, "GPU out of memory (pytorch)", "pytorch", OOM_TEXT.strip(), "/e")
+    write_json_atomic(records / "13.0.json", {"job": "13", "restarts": 0, "oom": {"source": "agent-backstop"}})
+    cases = {"11": _over_cap("12", now - 3), "12": _over_cap("11", now - 3, stop="agent-backstop"),
+             "13": _collateral(now - 3, "14")}  # 13: its own peak looks fine, its run record shows the backstop
+    for job_id, comment in cases.items():
+        record = parse_record(comment)
+        facts = JobFacts(job_id=job_id, state="COMPLETING", exit_code=1, exit_signal=0, restarts=0,
+                         gres=GresRequest.parse("gres:shard:4"), node="n1", uid=7, gid=7, log_paths=("/e",),
+                         record=record)
+        note = collateral_evidence(record, str(records), job_id, 0, now, 70.0)
+        overran = own_overrun(record, str(records), job_id, 0, facts.gres, cfg)
+        assert note is not None and overran is not None, job_id
+        action = decide(facts, verdict, cfg, 0, corroboration=(True, "measured"), collateral=note, overran=overran)
+        assert action.kind == "requeue" and action.charged and "collateral" not in action.reason, (job_id, action)
+        assert action.new_gres == "gres:shard:40" and action.oom and action.oom["n"] == 1
+    victim = parse_record(_collateral(now - 3))  # a real victim (peak 1 GiB of 4) still gets its free re-run
+    assert own_overrun(victim, str(records), "14", 0, GresRequest.parse("gres:shard:4"), cfg) is None
+
+
+@pytest.mark.hostile
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.booleans()), min_size=1, max_size=12), st.integers(0, 3))
+def test_collateral_reruns_are_bounded_whatever_notes_a_job_carries(runs: list[tuple[bool, bool]],
+                                                                    max_retries: int) -> None:
+    """Any sequence of OOMs of one job, each with or without a neighbour's note and with or without its own
+    corroboration: at most one re-run is free, and the job is requeued at most ``max_retries`` + 1 times."""
+    from gpushare.epilog.oom_detect import OomVerdict
+    from gpushare.epilog.recovery import JobFacts, decide
+    from gpushare.slurm.gres_request import GresRequest
+
+    cfg = parse_config({"oom": {"max_retries": max_retries, "max_recoveries_per_user_day": 0},
+                        "nodes": [{"names": "n1", "gpu": "a100-40gb", "count": 2}]})
+    verdict = OomVerdict(True, "GPU out of memory (pytorch)", "pytorch", OOM_TEXT.strip(), "/e")
+    record: dict[str, Any] = {"decision": "shared", "run": {"peak_gib": 1.0}, "v": 1}
+    gres, charged, free = "gres:shard:4", 0, 0
+    for restarts, (noted, backed) in enumerate(runs):
+        facts = JobFacts(job_id="1", state="COMPLETING", exit_code=1, exit_signal=0, restarts=restarts,
+                         gres=GresRequest.parse(gres), node="n1", uid=7, gid=7, log_paths=("/e",), record=record)
+        action = decide(facts, verdict, cfg, charged, corroboration=(backed, "x"),
+                        collateral={"by": "7", "gpu": 0, "at": 1.0} if noted else None)
+        if action.kind != "requeue":
+            break
+        charged, free = charged + action.charged, free + (not action.charged)
+        record = {**record, "oom": action.oom}
+        gres = action.new_gres or gres
+    assert free <= 1 and charged <= max_retries
+
+
+@pytest.mark.hostile
+def test_a_sparse_20_gib_log_ending_in_the_oom_line_is_read(tmp_path: Path) -> None:
+    """20 GiB of holes, then the OOM line: the tail's only line starts before the window and is still seen."""
+    from gpushare.user_files import read_tail
+
+    log = tmp_path / "job-1.err"
+    with open(log, "wb") as handle:
+        handle.truncate(20 << 30)  # sparse: costs no disk
+        handle.seek(20 << 30)
+        handle.write(OOM_TEXT.encode())
+    try:
+        assert "OutOfMemoryError" in read_tail(str(log), 65536, os.geteuid(), os.getegid())
+        fake = FakeSlurm({"JobId": "1", "StdErr": str(log), "StdOut": str(log), "AdminComment": SHARED, **ME})
+        outcome = hook.run(_env(), client=fake, cfg=_cfg(tmp_path), finish_later=None)
+        assert "no log could be read" not in outcome and outcome.startswith("requeue"), outcome
+    finally:
+        for path in tmp_path.glob("job-1.err*"):
+            path.unlink()

@@ -214,11 +214,13 @@ def _read_as_unprivileged_slurmuser(path: str, job_uid: int, out: "multiprocessi
 
 @root_only
 def test_unprivileged_slurmuser_reads_only_what_it_may(open_tmp: Path) -> None:
-    """With SlurmUser=slurm the hook is not root: it reads as itself and can never read more."""
+    """With SlurmUser=slurm the hook is not root: it reads as itself and can never read more, and only the
+    job's user's own files (a world-readable file of someone else's is no log of the job's)."""
     ctx = multiprocessing.get_context("fork")
     readable = open_tmp / "group-readable.err"
     readable.write_text("CUDA error: out of memory\n")
     os.chmod(readable, 0o644)
+    os.chown(readable, 4242, 4242)
     private = open_tmp / "private.err"
     private.write_text("CUDA error: out of memory\n")
     os.chmod(private, 0o600)
@@ -230,7 +232,7 @@ def test_unprivileged_slurmuser_reads_only_what_it_may(open_tmp: Path) -> None:
         results.append(queue.get(timeout=20))
         proc.join(20)
     assert results[0] == ("ok", "CUDA error: out of memory\n")
-    assert results[1][0] == "error" and "Permission denied" in results[1][1]
+    assert results[1][0] == "error" and "not a file of the job's user" in results[1][1]
 
 
 def test_the_agents_backstop_stop_is_an_oom_of_the_job_its_own() -> None:

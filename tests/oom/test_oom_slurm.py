@@ -52,12 +52,13 @@ def test_oom_on_a_shard_is_requeued_once_on_the_whole_gpu_and_completes(cluster:
     record = json.loads(fields.admin_comment.removeprefix("gpushare:"))
     oom = {**record["oom"], "from": plain_gres(record["oom"]["from"]), "to": plain_gres(record["oom"]["to"])}
     assert oom == {"n": 1, "max": 1, "fam": "pytorch", "from": "shard:4", "to": exclusive_gres(cluster)}
+    kept = oom.pop("kept")  # where the failed run's logs were copied: oom-run0.<12 random hex digits>
     out = (cluster.base / f"job-{job_id}.out").read_text()
     assert "restart=1 shards=40" in out and "training finished" in out
     # the failed run's logs were moved aside before the rerun could truncate them, the note in its stderr
-    first = (cluster.base / f"job-{job_id}.err.oom-run0").read_text()
-    assert "CUDA out of memory" in first and "requeued with" in first, first
-    assert "restart=0" in (cluster.base / f"job-{job_id}.out.oom-run0").read_text()
+    first = (cluster.base / f"job-{job_id}.err.{kept}").read_text()
+    assert "CUDA out of memory" in first and "requeued with" in first and f"job-{job_id}.err.{kept}" in first, first
+    assert "restart=0" in (cluster.base / f"job-{job_id}.out.{kept}").read_text()
     entry = ledger_of(cluster).get(str(job_id), 0)
     assert entry["state"] == "done" and entry["message"].startswith("torch.OutOfMemoryError: CUDA out of memory.")
     history = [h for h in ledger_of(cluster).history() if h["job"] == str(job_id)]

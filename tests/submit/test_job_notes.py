@@ -38,3 +38,12 @@ def test_a_note_slurm_cannot_place_is_reported_not_raised(server: SubmitServer) 
     decision, job = server.decide_line(line)  # no Slurm tools where [slurm] bin_dir points
     assert decision.action == "accept" and decision.user_message.startswith("not written"), decision
     assert job == "note for job 42"
+
+
+@pytest.mark.parametrize("token", ["", "../../etc", "ABCDEF012345", "0123456789abc", None])
+def test_a_copy_request_needs_a_copy_token_of_twelve_hex_digits(server: SubmitServer, token: object) -> None:
+    """The token becomes part of file names the service creates or removes as the job's user."""
+    for step in ("keep", "restore"):
+        line = json.dumps({"op": "note", "job_id": "42", "run": 0, "step": step, "token": token}).encode() + b"\n"
+        decision, _ = server.decide_line(line)
+        assert decision.user_message.startswith("not written: note: token"), decision
