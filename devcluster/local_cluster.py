@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from devcluster import slurm_runtime
-from devcluster.processes import kill_leftovers, stop_group, wait_until
+from devcluster.processes import kill_leftovers, scaled, stop_group, time_scale, wait_until
 from devcluster.accounting import Accounting
 from devcluster.slurm_runtime import SLURM_USER, SlurmRuntime, own_by_slurm, traversable_below_tmp
 from gpushare.atomic import write_text_atomic
@@ -422,24 +422,47 @@ class LocalCluster:
     def _nodes_idle(self) -> bool:
         return nodes_idle(self.client, self.all_nodes)
 
-    def _wait(self, predicate, timeout_s: float, message: str) -> None:  # type: ignore[no-untyped-def]
+    def _wait(self, predicate, timeout_s: float, message: str, seen=None) -> None:  # type: ignore[no-untyped-def]
+        """Wait for ``predicate`` (deadline ``timeout_s`` scaled to the machine's load); on time-out, raise with
+        ``message``, the deadline and load, and what ``seen()`` (when given) shows at that moment."""
         if not wait_until(predicate, timeout_s):
-            raise ClusterError(f"{message} within {timeout_s:.0f} s; logs in {self.base / 'log'}")
+            raise ClusterError(f"{message} within {scaled(timeout_s):.0f} s{load_note()}"
+                               f"{'; seen: ' + _describe(seen) if seen else ''}; logs in {self.base / 'log'}")
 
     def wait_job(self, job_id: int | str, timeout_s: float = 60.0) -> Job:
         return wait_job(self.client, job_id, timeout_s)
 
 
 def wait_job(client: SlurmClient, job_id: int | str, timeout_s: float = 60.0) -> Job:
-    """Poll until the job is in a final state (flags such as COMPLETING gone); returns its record."""
-    deadline = time.monotonic() + timeout_s
+    """Poll until the job is in a final state (flags such as COMPLETING gone); returns its record. The
+    deadline is ``timeout_s`` scaled to the machine's load; a time-out says the job's last state, reason
+    and node."""
+    limit_s = scaled(timeout_s)
+    deadline = time.monotonic() + limit_s
     job: Job | None = None
     while time.monotonic() < deadline:
         job = client.job(job_id)
         if job is not None and job.state in ENDED_STATES and not job.completing:
             return job
         time.sleep(0.2)
-    raise ClusterError(f"job {job_id} not finished in {timeout_s:.0f} s (state {job.states if job else None})")
+    seen = f"state {job.states}, reason {job.reason or 'none'}, nodes {job.nodes or 'none'}" if job else "no record"
+    raise ClusterError(f"job {job_id} not finished in {limit_s:.0f} s{load_note()} ({seen})")
+
+
+def load_note() -> str:
+    """`` (load 9.8 on 2 cores, deadlines ×4.9)``: how busy the machine was when a wait ran out."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return ""
+    return f" (load {load:.1f} on {os.cpu_count()} cores, deadlines x{time_scale():.1f})"
+
+
+def _describe(seen) -> str:  # type: ignore[no-untyped-def]
+    try:
+        return repr(seen())[:500]
+    except Exception as exc:  # what was seen cannot be read: that is what was seen
+        return f"unreadable ({type(exc).__name__}: {exc})"[:500]
 
 
 def controller_up(client: SlurmClient) -> bool:

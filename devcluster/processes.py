@@ -1,4 +1,6 @@
-"""Waiting for and stopping the test clusters' daemons: one way, for every harness in devcluster."""
+"""Waiting for and stopping the test clusters' daemons: one way, for every harness in devcluster.
+
+Every wait has a deadline written for a quiet machine and stretched by :func:`time_scale` on a loaded one."""
 
 from __future__ import annotations
 
@@ -8,9 +10,38 @@ import time
 from collections.abc import Callable
 
 
+#: Set to a number to stretch every test wait by that factor (``make test`` under a known load, a slow CI box).
+TIME_SCALE_VAR = "GPUSHARE_TEST_TIME_SCALE"
+MAX_TIME_SCALE = 8.0
+
+
+def time_scale() -> float:
+    """How many times longer than on a quiet machine a test wait may take: ``$GPUSHARE_TEST_TIME_SCALE`` when
+    set, else the one-minute load average per core, never below 1 nor above MAX_TIME_SCALE. A deadline written
+    for a quiet two-core machine then holds at load 10 on the same two cores (factor 5), where daemons,
+    Prologs and polls all wait their turn for a CPU; a quiet machine waits exactly as written."""
+    value = os.environ.get(TIME_SCALE_VAR, "").strip()
+    if value:
+        try:
+            return max(1.0, float(value))
+        except ValueError:
+            raise ValueError(f"{TIME_SCALE_VAR}={value!r}: not a number") from None
+    try:
+        per_core = os.getloadavg()[0] / (os.cpu_count() or 1)
+    except OSError:
+        return 1.0
+    return min(MAX_TIME_SCALE, max(1.0, per_core))
+
+
+def scaled(timeout_s: float) -> float:
+    """``timeout_s`` stretched by :func:`time_scale`: what a test's deadline means on this machine now."""
+    return timeout_s * time_scale()
+
+
 def wait_until(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.2) -> bool:
-    """Poll ``predicate`` until it holds (True) or ``timeout_s`` passed (False)."""
-    deadline = time.monotonic() + timeout_s
+    """Poll ``predicate`` until it holds (True) or ``timeout_s`` (scaled to the machine's load, :func:`scaled`)
+    passed (False)."""
+    deadline = time.monotonic() + scaled(timeout_s)
     while time.monotonic() < deadline:
         if predicate():
             return True

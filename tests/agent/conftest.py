@@ -98,8 +98,11 @@ class AgentCluster(LocalCluster):
     def node_features(self) -> list[str]:
         return NodeFeature(self.client, "n1", FEATURE).read()[1]
 
-    def wait_for(self, predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-        self._wait(predicate, timeout_s, what)
+    def wait_for(self, predicate: Callable[[], bool], timeout_s: float, what: str,
+                 seen: Callable[[], object] | None = None) -> None:
+        """Wait for ``predicate`` (deadline scaled to the machine's load); a time-out says ``what`` was awaited
+        and what ``seen()`` shows then."""
+        self._wait(predicate, timeout_s, what, seen)
 
 
 @pytest.fixture

@@ -209,7 +209,8 @@ def test_c_and_ctypes_jobs_stop_at_their_share_beside_a_neighbour(cluster: Cgrou
     # the agent sampled each job's usage on the simulated GPU the fake driver mirrors into: its records show
     # each job's real peak (all of its share but the shim's context charge; the neighbour's 2000 MiB) ...
     ledger = RecordLedger(str(cluster.base / "records"))
-    cluster._wait(lambda: all(ledger.get(str(job)) for job in jobs.values()), 30, "the agent wrote no record")
+    cluster._wait(lambda: all(ledger.get(str(job)) for job in jobs.values()), 30, "the agent's record of every job",
+                  seen=lambda: {name: ledger.get(str(job)) for name, job in jobs.items()})
     peaks = {name: ledger.get(str(job))[0]["gpus"]["0"]["peak_bytes"] for name, job in jobs.items()}
     limits = {name: int(words(out[name])["limit"]) * MiB for name in jobs}
     assert peaks["c"] == peaks["py"] == limits["c"] - charge, (peaks, limits)
@@ -230,7 +231,8 @@ def test_a_program_escaping_the_shim_is_stopped_by_the_backstop(cluster: CgroupC
     job = submit(cluster, "escape", f"env -u LD_PRELOAD {cluster.base}/hardcap-bin/alloc linked {MiB} 10000 3")
     ledger = RecordLedger(str(cluster.base / "records"))
     cluster._wait(lambda: any((r.get("oom") or {}).get("source") == "agent-backstop" for r in ledger.get(str(job))),
-                  60, "the backstop never stopped the escaping job")
+                  60, "the backstop to stop the escaping job (an agent-backstop OOM record)",
+                  seen=lambda: (ledger.get(str(job)), cluster.client.job(job)))
     oom = next(r["oom"] for r in ledger.get(str(job)) if r.get("oom"))
     assert oom["action"] == "stop" and oom["peak_bytes"] == 10000 * MiB > oom["cap_bytes"] + oom["tolerance_bytes"]
     assert call(cluster.agent_socket, {"op": "status"})["guard"]["backstop_stops"] == before + 1
