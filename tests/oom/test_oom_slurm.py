@@ -51,8 +51,8 @@ def test_oom_on_a_shard_is_requeued_once_on_the_whole_gpu_and_completes(cluster:
     assert not fields.nice  # its own nice (0) back: its place in the queue, no fixed boost
     record = json.loads(fields.admin_comment.removeprefix("gpushare:"))
     oom = {**record["oom"], "from": plain_gres(record["oom"]["from"]), "to": plain_gres(record["oom"]["to"])}
-    assert oom == {"n": 1, "max": 1, "fam": "pytorch", "from": "shard:4", "to": exclusive_gres(cluster)}
     kept = oom.pop("kept")  # where the failed run's logs were copied: oom-run0.<12 random hex digits>
+    assert oom == {"n": 1, "max": 1, "fam": "pytorch", "from": "shard:4", "to": exclusive_gres(cluster)}
     out = (cluster.base / f"job-{job_id}.out").read_text()
     assert "restart=1 shards=40" in out and "training finished" in out
     # the failed run's logs were moved aside before the rerun could truncate them, the note in its stderr
