@@ -320,6 +320,28 @@ def hook_slot_checks(cfg: Config, conf_path: str, keys: tuple[str, ...], status:
                                f"read {cfg.source}")] if named else []
 
 
+_LUA_SOCKET = re.compile(r'^local SOCKET_PATH = "([^"]*)"', re.M)
+
+
+def lua_module_check(cfg: Config, conf_path: str) -> Check | None:
+    """The Lua module slurmctld runs carries the socket it was written for: the one in the gpushare.toml
+    checked here? (A module written from another file asks another service, or none.)"""
+    folder = Path(conf_path).parent
+    for path in (folder / "gpushare_submit.lua", folder / "job_submit.lua"):
+        try:
+            found = _LUA_SOCKET.search(path.read_text(errors="replace"))
+        except OSError:
+            continue
+        if found is None:
+            continue
+        if found.group(1) != cfg.submit.socket:
+            return Check("lua module", PROBLEM, f"{path} asks {found.group(1)}, but {cfg.source} says [submit] socket "
+                                                f"= {cfg.submit.socket}: gpushare slurm-config --config {cfg.source} "
+                                                f"--install-lua {folder}")
+        return Check("lua module", OK, f"{path} asks {found.group(1)}, as {cfg.source} says")
+    return None
+
+
 def parse_show_config(text: str) -> dict[str, str]:
     """``scontrol show config``'s ``Key = Value`` lines, keys lower-cased; ``(null)`` as empty."""
     found = {}
@@ -396,6 +418,7 @@ def controller_checks(cfg: Config, force: bool = False) -> list[Check]:
         return hook_slot_checks(cfg, conf_path, SLURMD_SLOTS) if shutil.which("slurmd") else []
     checks = [Check("slurmuser", OK, f"slurmctld runs as {account.name} (uid {account.uid}, group {account.group})"),
               socket_check(cfg, account), lua_check(keys), *hook_lines_check(keys, conf_path)]
+    checks += [c for c in (lua_module_check(cfg, conf_path),) if c]
     checks += hook_slot_checks(cfg, conf_path, ("EpilogSlurmctld", "MailProg"))  # where slurmctld runs them
     checks += hook_slot_checks(cfg, conf_path, SLURMD_SLOTS, PROBLEM if shutil.which("slurmd") else NOTE)
     if not _no_slurm():

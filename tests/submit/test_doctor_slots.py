@@ -135,3 +135,18 @@ def test_without_systemd_the_timers_line_names_each_command(monkeypatch) -> None
     units = Path(__file__).resolve().parents[2] / "etc" / "systemd"
     assert "gpushare-epilog-slurmctld --resume" in (units / "gpushare-oom-resume.service").read_text()
     assert "OnUnitInactiveSec=2min" in (units / "gpushare-oom-resume.timer").read_text()
+
+
+def test_the_lua_module_asks_the_socket_of_the_checked_configuration(tmp_path: Path) -> None:
+    from gpushare.config import parse_config
+    from gpushare.slurm_plugins.controller_doctor import lua_module_check
+    from gpushare.slurm_plugins.slurm_config import render_lua_module
+
+    cfg, conf = _site(tmp_path, "")
+    assert lua_module_check(cfg, conf) is None  # no module here
+    (tmp_path / "gpushare_submit.lua").write_text(render_lua_module(cfg))
+    assert lua_module_check(cfg, conf).status == "ok"  # type: ignore[union-attr]
+    other = parse_config({"submit": {"socket": "/run/other/submitd.sock"}})
+    (tmp_path / "gpushare_submit.lua").write_text(render_lua_module(other))
+    check = lua_module_check(cfg, conf)
+    assert check is not None and check.status == "problem" and "/run/other/submitd.sock" in check.detail
