@@ -2,7 +2,8 @@
 #   make demo   — install everything, start a local Slurm with simulated GPUs, estimate and submit a job
 #                 (SLURM=24.11 or SLURM=26.05: that Slurm, from a Debian chroot built once and cached)
 #   make test   — install everything, run the whole test suite (unit + real-Slurm integration) on the host's
-#                 Slurm 22.05, then the tests marked `slurm` again on each of CHROOT_SLURM
+#                 Slurm 22.05, then the tests marked `slurm` again on 26.05 and those also marked
+#                 `version_sensitive` on 24.11 (the tiers below `check`)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # Debian's interpreter, not a per-user one (pyenv lives under /root): Slurm jobs and estimation jobs run
@@ -69,25 +70,38 @@ lint: setup
 check: lint
 	$(PY) -m pytest -q -n auto -m "not slurm and not torch and not slow and not hostile"
 
-# The fault tests (marker faults: daemons killed and restarted mid-work, docs/reliability.md) run on the oldest
-# and the newest release; the release between them is left out of that marker only, to keep `make test` inside
-# CI's time (GPUSHARE_TEST_SLURM=24.11 pytest -m faults runs them there by hand).
+# The tiers of `make test` (docs/testing.md has the rule and the measured times):
+#   1. 22.05, the tests that start no Slurm daemon and no hostile load: one pytest-xdist worker per core
+#      (TEST_WORKERS), whole modules per worker (--dist loadfile: module fixtures stay with their tests);
+#   2. 22.05, the tests marked slurm or hostile, one at a time (daemons, ports and load proofs of their own);
+#   3. each of CHROOT_SLURM: every test marked slurm on the releases in FULL_SLURM (the newest), and on the
+#      others only those also marked version_sensitive (each says why its code or expectations differ by
+#      release; tests/core/test_test_harness.py keeps the list honest). The release between the oldest and
+#      the newest also leaves out the fault tests (marker faults, docs/reliability.md): by hand there with
+#      GPUSHARE_TEST_SLURM=24.11 pytest -m faults.
+# Each tier runs even when an earlier one failed; make fails if any did. Exit 5 ("no tests collected") is not
+# a failure: a version may simply have no tests selected. The tiers' wall times are printed at the end.
+TEST_WORKERS ?= auto
+FULL_SLURM ?= 26.05
 FAULTS_SKIPPED_ON ?= 24.11
 
-# Every run happens even when an earlier one failed; make fails if any did. Exit 5 ("no tests collected")
-# is not a failure: a version may simply have no tests selected.
 test: setup lint
 	@$(MAKE) --no-print-directory python-envs || echo "python-envs not built: the tests that need it skip, saying why"
-	@status=0; \
-	echo "== whole suite on the host's Slurm"; \
-	GPUSHARE_TEST_SLURM=22.05 $(PY) -m pytest -q; rc=$$?; \
-	[ $$rc -eq 0 ] || [ $$rc -eq 5 ] || status=1; \
+	@status=0; table=""; began=$$(date +%s); \
+	tier() { name="$$1"; shift; echo "== $$name"; start=$$(date +%s); "$$@"; rc=$$?; took=$$(( $$(date +%s) - start )); \
+	  if [ $$rc -eq 0 ] || [ $$rc -eq 5 ]; then result=passed; else result="FAILED (exit $$rc)"; status=1; fi; \
+	  table="$$table$$(printf '%-58s %4d min %02d s  %s' "$$name" $$((took / 60)) $$((took % 60)) "$$result")\n"; }; \
+	tier "22.05: no Slurm daemons (-n $(TEST_WORKERS))" env GPUSHARE_TEST_SLURM=22.05 \
+	  $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slurm and not hostile"; \
+	tier "22.05: -m \"slurm or hostile\"" env GPUSHARE_TEST_SLURM=22.05 $(PY) -m pytest -q -m "slurm or hostile"; \
 	for v in $(CHROOT_SLURM); do \
-	  marks="slurm"; [ "$$v" = "$(FAULTS_SKIPPED_ON)" ] && marks="slurm and not faults"; \
-	  echo "== tests marked $$marks on Slurm $$v"; \
-	  GPUSHARE_TEST_SLURM=$$v $(PY) -m pytest -q -m "$$marks"; rc=$$?; \
-	  [ $$rc -eq 0 ] || [ $$rc -eq 5 ] || status=1; \
+	  marks="slurm"; case " $(FULL_SLURM) " in *" $$v "*) ;; *) marks="slurm and version_sensitive";; esac; \
+	  [ "$$v" = "$(FAULTS_SKIPPED_ON)" ] && marks="$$marks and not faults"; \
+	  tier "$$v: -m \"$$marks\"" env GPUSHARE_TEST_SLURM=$$v $(PY) -m pytest -q -m "$$marks"; \
 	done; \
+	took=$$(( $$(date +%s) - began )); \
+	table="$$table$$(printf '%-58s %4d min %02d s' "all tiers" $$((took / 60)) $$((took % 60)))\n"; \
+	echo "== make test: wall time per tier"; printf '%b' "$$table"; \
 	exit $$status
 
 # Researchers' environments with other PyTorch releases, for the tests of gpu-estimate --python

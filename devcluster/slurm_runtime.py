@@ -107,6 +107,35 @@ def traversable_below_tmp(path: Path) -> None:
             os.chmod(folder, (mode & 0o7777) | 0o011)
 
 
+def unreachable_folder(path: Path, user: str) -> Path | None:
+    """The outermost folder on the way to ``path`` that ``user`` cannot pass (no search permission), ``path``
+    itself when it is there but not executable to ``user``, or None when ``user`` can run it. Asked as
+    ``user`` (``runuser``), so ACLs and groups count as the kernel counts them."""
+    path = Path(os.path.abspath(path))
+    steps = [*reversed(path.parents), path]
+    script = 'for d in "$@"; do test -x "$d" || { printf %s "$d"; exit 1; }; done'
+    proc = subprocess.run(["runuser", "-u", user, "--", "sh", "-c", script, "sh", *map(str, steps)],
+                          capture_output=True, text=True)
+    return Path(proc.stdout) if proc.returncode and proc.stdout else None
+
+
+def checkout_out_of_reach(paths: Iterable[str | os.PathLike[str]], users: Iterable[str]) -> str | None:
+    """One line saying which folder keeps one of ``users`` (the Slurm account, an ordinary job user) from
+    ``paths`` (the virtualenv's python, the checkout its editable install imports from), which every hook,
+    service and job of a test cluster runs, and the way out; None when all of them reach all. A clone in
+    root's 0700 home otherwise fails dozens of tests, each as if the product were broken."""
+    users = tuple(users)
+    for path in paths:
+        for user in users:
+            folder = unreachable_folder(Path(path), user)
+            if folder is not None:
+                return (f"the Slurm tests cannot run from here: {user} cannot pass {folder} to reach {path} "
+                        f"(hooks, services and jobs run as {', '.join(users)}); clone into a folder every user "
+                        f"can traverse (e.g. /srv or /opt) and run make there, or allow search only: "
+                        f"chmod o+x {folder}")
+    return None
+
+
 def missing_requirements(version: str | None = None) -> str | None:
     """Why a local cluster of ``version`` (default: the requested one) cannot run here, or None."""
     version = version or requested_version()

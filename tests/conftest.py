@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from devcluster.local_cluster import LocalCluster, missing_requirements
-from devcluster.slurm_runtime import ENV_VAR, requested_version
+from devcluster.local_cluster import REPO, LocalCluster, missing_requirements
+from devcluster.slurm_runtime import ENV_VAR, checkout_out_of_reach, requested_version, slurm_account
 
 BIN_DIR = os.path.dirname(sys.executable)
 # Fixtures that start a real Slurm (here and in the sub-directories' conftests).
@@ -41,6 +41,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if SLURM_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slurm)
+        for mark in item.iter_markers("version_sensitive"):  # 24.11 runs only these: each says why
+            reason = mark.args[0] if mark.args else mark.kwargs.get("reason", "")
+            if not isinstance(reason, str) or not reason.strip():
+                raise pytest.UsageError(f"{item.nodeid}: version_sensitive needs a reason (what differs by release)")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Stop the session at once, in one line, where Slurm tests are selected and the Slurm account or an
+    ordinary user cannot run this checkout's virtualenv (a clone in root's 0700 home): every hook, service and
+    job of a test cluster runs it, and each of those tests would otherwise fail as if the product were broken
+    (docs/testing.md)."""
+    if not any(item.get_closest_marker("slurm") for item in session.items) or missing_requirements():
+        return
+    problem = checkout_out_of_reach((sys.executable, REPO), (slurm_account().pw_name, "nobody"))
+    if problem:
+        pytest.exit(problem, returncode=pytest.ExitCode.USAGE_ERROR)
 
 
 def _require_slurm() -> None:

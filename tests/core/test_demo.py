@@ -13,6 +13,7 @@ from devcluster.slurm_runtime import requested_version, tres
 pytestmark = pytest.mark.slurm
 
 
+@pytest.mark.version_sensitive("TresPerNode is spelled gres:shard (22.05) or gres/shard (23.02+)")
 def test_demo_runs_end_to_end():
     problem = missing_requirements()
     if problem:

@@ -45,6 +45,7 @@ class SplitCluster(MigNodeCluster):
         self._spawn(f"slurmd-{node}", ["slurmd", "-D", "-N", node, "-f", str(self.conf)])
 
 
+@pytest.mark.version_sensitive("scontrol reconfigure applies a GRES count change from 24.11 on; 22.05 needs slurmctld and slurmd restarted")
 def test_controller_decides_and_writes_the_files_while_the_node_only_changes_its_gpus() -> None:
     base, state, sim, cluster = start_mig_cluster("gpushare-slurm-migctl-", SplitCluster)
     try:

@@ -85,6 +85,7 @@ def start_mig_cluster(prefix: str, cls: type[MigNodeCluster] = MigNodeCluster
     return base, state, sim, cluster
 
 
+@pytest.mark.version_sensitive("scontrol reconfigure applies a GRES count change from 24.11 on; 22.05 needs slurmctld and slurmd restarted")
 def test_pending_mig_jobs_reshape_the_node_and_run_on_their_profiles(tmp_path: Path) -> None:
     base, state, sim, cluster = start_mig_cluster("gpushare-slurm-mig-")
     try:

@@ -108,6 +108,7 @@ def _recovered(cluster, job_id: int, timeout_s: float = 150.0):  # type: ignore[
     raise AssertionError(f"job {job_id} not finished in {timeout_s:.0f} s: {job}")
 
 
+@pytest.mark.version_sensitive("the OOM rerun is gpu:1 where a held job may change GRES name (24.11+), shard:40 on 22.05")
 def test_a_framework_oom_is_corroborated_through_slurm_requeued_whole_and_its_lesson_kept(multihost):
     """Shipped [oom] defaults (corroboration on). The job fills 4.2 GiB of its 5 GiB share on gpu1 and ends
     with PyTorch's own OOM text in a log on gpu1's disk. The controller has neither the log nor the node's
@@ -161,6 +162,7 @@ def test_the_check_command_names_the_node_whose_configuration_differs_or_is_miss
 MIG_WANTED = ("3g.20gb", "2g.10gb", "1g.5gb", "1g.5gb")
 
 
+@pytest.mark.version_sensitive("MIG jobs get devices with shard in GresTypes from 24.11 (not 22.05); reconfigure applies the layout")
 def test_pending_mig_jobs_reshape_the_configless_node_and_run_on_their_profiles(multihost):
     """mig1 has no slurm.conf or gres.conf of its own (configless). The controller alone decides its target
     from the pending jobs and owns the files; mig1 changes its GPU; they meet only in mig1's Slurm record

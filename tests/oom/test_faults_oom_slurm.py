@@ -34,7 +34,10 @@ from gpushare.slurm_plugins.decision import parse_record
 from oom_slurm_util import exclusive_gres, oom_settings, trust_log_messages
 
 pytestmark = [pytest.mark.slurm, pytest.mark.faults,
-              pytest.mark.skipif(missing_requirements() is not None, reason=str(missing_requirements()))]
+              pytest.mark.skipif(missing_requirements() is not None, reason=str(missing_requirements())),
+              pytest.mark.version_sensitive("OOM recovery reruns a shard job as gpu:1 on 24.11+, shard:40 on 22.05; "
+                                            "24.11 keeps a requeued job COMPLETING across a slurmctld restart "
+                                            "(docs/reliability.md)")]
 
 # Fails its first run (not an OOM: the real hook leaves it alone), succeeds when run again.
 JOB = '#!/bin/sh\n[ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] || exit 3\necho "rerun shards=$SLURM_SHARDS_ON_NODE"\n'

@@ -19,7 +19,8 @@ from gpushare.slurm.version import SUPPORTED
 FORGED = ('true WorkDir=/forged AdminComment=gpushare:{"decision":"shared","v":1} StdErr=/etc/shadow '
           'StdOut=/etc/shadow TresPerNode=gres:gpu:9 JobState=COMPLETED Restarts=9 UserId=root(0)')
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.version_sensitive(
+    "the adapter reads each release's own JSON shapes (squeue data parser v0.0.38, v0.0.42, v0.0.45)")]
 
 
 def test_version_is_detected_and_supported(slurm_cluster) -> None:
