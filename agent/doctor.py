@@ -131,18 +131,19 @@ def shared_path_checks(cfg: Config) -> list[Check]:
 
 def hardcap_check(cfg: Config, limits_dir: str | None = None) -> Check | None:
     """Would the hard cap shim cap jobs on this host? None where it is off or this is no GPU node (neither the
-    shim nor the runtime directory here). The shim reads its limits from inside the job as the job's user, so
-    every folder on the way to ``limits_dir`` (the path compiled into it) must be searchable by an ordinary
-    user: checked as ``nobody`` when the doctor runs as root, from the folders' modes otherwise. A runtime
-    directory made 0700 once left every job of a node uncapped with "cannot open limits file (Permission
-    denied)" on each job's stderr and nothing else to show for it."""
+    shim nor the agent's socket folder here: a controller has a runtime directory too). The shim reads its
+    limits from inside the job as the job's user, so every folder on the way to ``limits_dir`` (the path
+    compiled into it) must be searchable by an ordinary user: checked as ``nobody`` when the doctor runs as
+    root, from the folders' modes otherwise. A runtime directory made 0700 once left every job of a node
+    uncapped with "cannot open limits file (Permission denied)" on each job's stderr and nothing else to show
+    for it."""
     from gpushare.prolog.hardcap import HARDCAP_DIR
     from gpushare.run_dir import reachable_by_others
 
     limits_dir = limits_dir or HARDCAP_DIR
     library = cfg.agent.hardcap_library
     if cfg.agent.hardcap not in ("shim", "auto") or not (os.path.exists(library)
-                                                          or os.path.isdir(os.path.dirname(limits_dir))):
+                                                          or os.path.isdir(os.path.join(cfg.agent.run_dir, "agent"))):
         return None
     if not os.path.isfile(library):
         return Check("hardcap", PROBLEM, f"[agent] hardcap_library {library}: no such file; jobs would run "

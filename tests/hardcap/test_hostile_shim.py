@@ -171,6 +171,10 @@ def test_doctor_reports_a_shim_that_would_not_cap(node, tmp_path: Path) -> None:
     cfg.agent.hardcap = "off"
     assert hardcap_check(cfg, str(run / "hardcap")) is None
     cfg.agent.hardcap, cfg.agent.hardcap_library = "auto", str(tmp_path / "missing.so")
+    cfg.agent.run_dir = str(tmp_path / "controller")  # no agent here: not a GPU node, nothing to say
+    assert hardcap_check(cfg, str(run / "hardcap")) is None
+    (tmp_path / "node" / "agent").mkdir(parents=True)  # a GPU node (the agent's socket folder) without the shim
+    cfg.agent.run_dir = str(tmp_path / "node")
     check = hardcap_check(cfg, str(run / "hardcap"))
     assert check is not None and check.status == PROBLEM and "missing.so" in check.detail
 
