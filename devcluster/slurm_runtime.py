@@ -129,10 +129,14 @@ def checkout_out_of_reach(paths: Iterable[str | os.PathLike[str]], users: Iterab
         for user in users:
             folder = unreachable_folder(Path(path), user)
             if folder is not None:
+                # the folders past the first closed one, as root sees their modes (user cannot look yet)
+                below = [d for d in Path(os.path.abspath(path)).parents if folder in d.parents]
+                closed = [folder, *(d for d in sorted(below, key=lambda d: len(d.parts))
+                                    if d.is_dir() and not d.stat().st_mode & 0o001)]
                 return (f"the Slurm tests cannot run from here: {user} cannot pass {folder} to reach {path} "
                         f"(hooks, services and jobs run as {', '.join(users)}); clone into a folder every user "
                         f"can traverse (e.g. /srv or /opt) and run make there, or allow search only: "
-                        f"chmod o+x {folder}")
+                        f"chmod o+x {' '.join(map(str, closed))}")
     return None
 
 

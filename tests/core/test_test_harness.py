@@ -153,10 +153,13 @@ def test_a_checkout_below_a_0700_folder_is_named_as_out_of_reach() -> None:
         for folder in (outer / "clone", outer / "clone" / ".venv", python.parent):
             folder.chmod(0o755)
         outer.chmod(0o700)
+        (outer / "clone").chmod(0o750)  # closed too, behind the first: named in the same line
         assert unreachable_folder(python, SLURM_USER) == outer
         line = checkout_out_of_reach([python], [SLURM_USER, "nobody"])
         assert line is not None and "\n" not in line
-        assert f"{SLURM_USER} cannot pass {outer} to reach {python}" in line and f"chmod o+x {outer}" in line
+        assert f"{SLURM_USER} cannot pass {outer} to reach {python}" in line
+        assert line.endswith(f"chmod o+x {outer} {outer / 'clone'}")
+        (outer / "clone").chmod(0o755)
         outer.chmod(0o711)  # search only: enough
         assert unreachable_folder(python, SLURM_USER) is None
         assert checkout_out_of_reach([python, outer / "clone"], [SLURM_USER, "nobody"]) is None
