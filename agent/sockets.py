@@ -64,12 +64,39 @@ def peer_creds(sock: socket.socket) -> tuple[int, int, int]:
     return pid, uid, gid
 
 
+def bind(path: Path, mode: int, dir_mode: int) -> socket.socket:
+    """A listening, non-blocking Unix socket at ``path`` (its folder ``dir_mode``, itself ``mode``; created
+    under a umask that leaves no window in which it is more open than that)."""
+    path.parent.mkdir(mode=dir_mode, parents=True, exist_ok=True)
+    os.chmod(path.parent, dir_mode)
+    path.unlink(missing_ok=True)  # a stale socket from a killed agent
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o177)
+    try:
+        listener.bind(str(path))
+    finally:
+        os.umask(old_umask)
+    os.chmod(path, mode)
+    listener.listen(BACKLOG)
+    listener.setblocking(False)
+    return listener
+
+
 def busy_reply(detail: str) -> dict[str, Any]:
     return {"ok": False, "busy": True, "error": f"busy: {detail}; try again shortly"}
 
 
 def encode(reply: dict[str, Any]) -> bytes:
     return (json.dumps(reply, default=str, separators=(",", ":")) + "\n").encode()
+
+
+def answer_now(sock: socket.socket, reply: dict[str, Any]) -> None:
+    """One line into a fresh connection's empty send buffer (never blocks), then close it."""
+    try:
+        sock.send(encode(reply))
+    except OSError:
+        pass
+    sock.close()
 
 
 @dataclass(eq=False)
@@ -147,11 +174,8 @@ class SocketServer:
         self.on_close, self.on_trouble = on_close, on_trouble
         self.admission = Admission(bounds)
         self.counters: Counter[str] = Counter()  # busy, refused, deadline, served, thread_errors
-        self._cv = threading.Condition()
-        self._queues: dict[int, deque[tuple[Connection, bytes]]] = {}  # uid -> complete requests
-        self._rotation: deque[int] = deque()  # uids with queued requests, in turn
-        self._workers: list[threading.Thread] = []
-        self._idle = 0
+        self._cv = threading.Condition()  # guards _open, _resume and _stopping
+        self._pool = Pool(bounds.workers, name, self._run, self._trouble)
         self._resume: list[Connection] = []  # sessions handed back by workers, to read again
         self._open: set[Connection] = set()
         self._stopping = False
@@ -163,19 +187,7 @@ class SocketServer:
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> "SocketServer":
-        self.path.parent.mkdir(mode=self.dir_mode, parents=True, exist_ok=True)
-        os.chmod(self.path.parent, self.dir_mode)
-        self.path.unlink(missing_ok=True)  # a stale socket from a killed agent
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        old_umask = os.umask(0o177)
-        try:
-            listener.bind(str(self.path))
-        finally:
-            os.umask(old_umask)
-        os.chmod(self.path, self.mode)
-        listener.listen(BACKLOG)
-        listener.setblocking(False)
-        self._listener = listener
+        self._listener = listener = bind(self.path, self.mode, self.dir_mode)
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
@@ -193,8 +205,8 @@ class SocketServer:
             return
         with self._cv:
             self._stopping = True
-            self._cv.notify_all()
             connections = list(self._open)
+        self._pool.stop()
         for connection in connections:
             try:
                 connection.sock.shutdown(socket.SHUT_RDWR)
@@ -236,21 +248,25 @@ class SocketServer:
         except Exception:  # noqa: BLE001 - said loudly; the agent's other sockets go on
             log.exception("%s: socket server stopped", self.name)
         finally:
-            for key in list(self._selector.get_map().values()):
-                if isinstance(key.data, Connection):
-                    self._close(key.data)
+            self._pool.stop()
+            with self._cv:
+                left = list(self._open)  # read by the selector, queued, or with a worker (which sees it closed)
+            for connection in left:
+                self._close(connection)
             self._selector.close()
             for sock in (self._listener, self._wake_r, self._wake_w):
                 if sock is not None:
                     sock.close()
 
-    def _timeout(self) -> float:
+    def _pending(self) -> list[Connection]:
+        """The connections being read with a request under way (their deadline running)."""
         assert self._selector is not None
-        deadlines = [key.data.deadline for key in self._selector.get_map().values()
-                     if isinstance(key.data, Connection) and key.data.deadline is not None]
-        if not deadlines:
-            return 1.0
-        return min(1.0, max(0.0, min(deadlines) - time.monotonic()))
+        return [key.data for key in self._selector.get_map().values()
+                if isinstance(key.data, Connection) and key.data.deadline is not None]
+
+    def _timeout(self) -> float:
+        deadlines = [connection.deadline for connection in self._pending() if connection.deadline is not None]
+        return min(1.0, max(0.0, min(deadlines) - time.monotonic())) if deadlines else 1.0
 
     def _accept(self) -> None:
         assert self._listener is not None
@@ -273,28 +289,19 @@ class SocketServer:
             if self.allowed_uids is not None and uid not in self.allowed_uids:
                 self.counters["refused"] += 1
                 log.warning("%s: refused a connection from uid %d", self.name, uid)
-                self._answer_now(sock, {"ok": False, "error": self.refusal})
+                answer_now(sock, {"ok": False, "error": self.refusal})
                 continue
             busy = self.admission.enter(uid)
             if busy is not None:
                 self.counters["busy"] += 1
                 if self.counters["busy"] in (1, 10, 100) or self.counters["busy"] % 1000 == 0:
                     log.warning("%s: %s: answered busy (%d so far)", self.name, busy, self.counters["busy"])
-                self._answer_now(sock, busy_reply(busy))
+                answer_now(sock, busy_reply(busy))
                 continue
             connection = Connection(sock, pid, uid, deadline=time.monotonic() + self.bounds.deadline_s)
             with self._cv:
                 self._open.add(connection)
             self._selector_register(connection)
-
-    @staticmethod
-    def _answer_now(sock: socket.socket, reply: dict[str, Any]) -> None:
-        """One line into a fresh connection's empty send buffer (never blocks), then close it."""
-        try:
-            sock.send(encode(reply))
-        except OSError:
-            pass
-        sock.close()
 
     def _selector_register(self, connection: Connection) -> None:
         assert self._selector is not None
@@ -355,10 +362,7 @@ class SocketServer:
             pass
 
     def _expire(self, now: float) -> None:
-        assert self._selector is not None
-        late = [key.data for key in self._selector.get_map().values()
-                if isinstance(key.data, Connection) and key.data.deadline is not None and key.data.deadline <= now]
-        for connection in late:
+        for connection in [c for c in self._pending() if c.deadline is not None and c.deadline <= now]:
             self.counters["deadline"] += 1
             self._unwatch(connection)
             self._fail(connection, {"ok": False, "error": f"request not complete within "
@@ -396,78 +400,26 @@ class SocketServer:
 
     # -- the workers -------------------------------------------------------------------------------
     def _submit(self, connection: Connection, line: bytes) -> None:
-        with self._cv:
-            queue = self._queues.get(connection.uid)
-            if queue is None:
-                queue = self._queues[connection.uid] = deque()
-                self._rotation.append(connection.uid)
-            queue.append((connection, line))
-            waiting = sum(len(q) for q in self._queues.values())
-            grow = waiting > self._idle and len(self._workers) < self.bounds.workers
-            self._cv.notify()
-        if grow:
-            worker = threading.Thread(target=self._work, name=f"gpushare-{self.name}-worker", daemon=True)
+        if not self._pool.submit(connection, line):  # no worker running, none could be started
+            self.counters["busy"] += 1
+            self._fail(connection, busy_reply("the agent cannot start a thread now"))
+
+    def _run(self, connection: Connection, line: bytes) -> None:
+        """A worker's turn at one request: serve it, then close the connection or hand the session back."""
+        if connection.closed:
+            return
+        keep = self._serve(connection, line)
+        if keep and not self._stopping:
             try:
-                worker.start()
-            except RuntimeError as exc:  # the task limit: the workers already running serve the queue
-                self._trouble(f"cannot start a worker thread ({exc})")
-                if not self._workers:
-                    self._drop(connection, busy_reply("the agent cannot start a thread now"))
+                connection.sock.setblocking(False)
+            except OSError:
+                self._close(connection)
                 return
             with self._cv:
-                self._workers.append(worker)
-
-    def _drop(self, connection: Connection, reply: dict[str, Any]) -> None:
-        with self._cv:
-            queue = self._queues.get(connection.uid)
-            if queue is None or not any(c is connection for c, _ in queue):
-                return
-            self._queues[connection.uid] = deque(item for item in queue if item[0] is not connection)
-        self.counters["busy"] += 1
-        self._fail(connection, reply)
-
-    def _next(self) -> tuple[Connection, bytes] | None:
-        with self._cv:
-            self._idle += 1
-            try:
-                while not self._stopping:
-                    while self._rotation:
-                        uid = self._rotation.popleft()
-                        queue = self._queues.get(uid)
-                        if not queue:
-                            self._queues.pop(uid, None)
-                            continue
-                        item = queue.popleft()
-                        if queue:
-                            self._rotation.append(uid)
-                        else:
-                            del self._queues[uid]
-                        return item
-                    self._cv.wait()
-                return None
-            finally:
-                self._idle -= 1
-
-    def _work(self) -> None:
-        while True:
-            item = self._next()
-            if item is None:
-                return
-            connection, line = item
-            if connection.closed:
-                continue
-            keep = self._serve(connection, line)
-            if keep and not self._stopping:
-                try:
-                    connection.sock.setblocking(False)
-                except OSError:
-                    self._close(connection)
-                    continue
-                with self._cv:
-                    self._resume.append(connection)
-                self._wake()
-            else:
-                self._close(connection)
+                self._resume.append(connection)
+            self._wake()
+        else:
+            self._close(connection)
 
     def _serve(self, connection: Connection, line: bytes) -> bool:
         """Run the handler on one line and send its reply; whether the session goes on."""
@@ -495,3 +447,81 @@ class SocketServer:
             return True
         except OSError:
             return False
+
+
+class Pool:
+    """At most ``size`` worker threads, started as needed and then kept, running ``run(connection, line)``
+    on queued requests taken round-robin by uid (one uid's queue never delays another's by more than one)."""
+
+    def __init__(self, size: int, name: str, run: Callable[[Connection, bytes], None],
+                 trouble: Callable[[str], None]) -> None:
+        self.size, self.name, self.run, self.trouble = size, name, run, trouble
+        self._cv = threading.Condition()
+        self._queues: dict[int, deque[tuple[Connection, bytes]]] = {}  # uid -> complete requests
+        self._rotation: deque[int] = deque()  # uids with queued requests, in turn
+        self._workers = 0
+        self._idle = 0
+        self._stopping = False
+
+    def submit(self, connection: Connection, line: bytes) -> bool:
+        """Queue a request; False when no worker runs and none could be started (the caller answers busy)."""
+        with self._cv:
+            queue = self._queues.get(connection.uid)
+            if queue is None:
+                queue = self._queues[connection.uid] = deque()
+                self._rotation.append(connection.uid)
+            queue.append((connection, line))
+            waiting = sum(len(q) for q in self._queues.values())
+            grow = waiting > self._idle and self._workers < self.size
+            if grow:
+                self._workers += 1
+            self._cv.notify()
+        if not grow:
+            return True
+        try:
+            threading.Thread(target=self._work, name=f"gpushare-{self.name}-worker", daemon=True).start()
+            return True
+        except RuntimeError as exc:  # the task limit: the workers already running serve the queue
+            self.trouble(f"cannot start a worker thread ({exc})")
+            with self._cv:
+                self._workers -= 1
+                if self._workers:
+                    return True
+                self._queues[connection.uid] = deque(i for i in self._queues[connection.uid] if i[0] is not connection)
+                return False
+
+    def stop(self) -> list[Connection]:
+        """Let the workers end once their request is done; the connections still queued."""
+        with self._cv:
+            self._stopping = True
+            left = [connection for queue in self._queues.values() for connection, _ in queue]
+            self._queues.clear()
+            self._rotation.clear()
+            self._cv.notify_all()
+        return left
+
+    def _next(self) -> tuple[Connection, bytes] | None:
+        with self._cv:
+            self._idle += 1
+            try:
+                while not self._stopping:
+                    while self._rotation:
+                        uid = self._rotation.popleft()
+                        queue = self._queues.get(uid)
+                        if not queue:
+                            self._queues.pop(uid, None)
+                            continue
+                        item = queue.popleft()
+                        if queue:
+                            self._rotation.append(uid)
+                        else:
+                            del self._queues[uid]
+                        return item
+                    self._cv.wait()
+                return None
+            finally:
+                self._idle -= 1
+
+    def _work(self) -> None:
+        while (item := self._next()) is not None:
+            self.run(*item)
