@@ -110,8 +110,8 @@ def what_if(jobs: list[Job], config_file: str | None, release: str, nodes: int, 
         return [], []
     live = setup(load_config(config_file), release)
     keys = ("wait_mean_s", "wait_p95_s", "jct_mean_s", "jct_p95_s")
-    common = {"nodes": nodes, "gpus_per_node": gpus_per_node, "gpu": gpu,
-              "throughputs": data_dir(None) / THROUGHPUTS_NAME}
+    common: dict[str, Any] = {"nodes": nodes, "gpus_per_node": gpus_per_node, "gpu": gpu,
+                              "throughputs": data_dir(None) / THROUGHPUTS_NAME}
     runs: list[dict[str, Any]] = []
     waits: list[float] = []
     for util in UTILS:
