@@ -37,14 +37,29 @@ class ScriptRun:
     steps: int
     gpu: PresentedGpu
     on_step: Callable[[int], None] | None = None
+    module: bool = False  # ``script`` is a module name: run as ``python -m script`` runs it
+
+    def main_file(self) -> str:
+        """The file that runs as ``__main__`` (a module's, a package's ``__main__.py``)."""
+        if not self.module:
+            return self.script
+        import importlib.util
+
+        try:
+            spec = importlib.util.find_spec(self.script)
+            if spec is not None and spec.submodule_search_locations:
+                spec = importlib.util.find_spec(f"{self.script}.__main__")
+        except (ImportError, ValueError):
+            spec = None
+        return spec.origin if spec is not None and spec.origin else self.script
 
 
 @contextlib.contextmanager
 def _script_environment(run: ScriptRun) -> Iterator[None]:
     """argv, sys.path[0] and cwd-independent module state as ``python SCRIPT ARGS`` would have them."""
     saved_argv, saved_path0 = sys.argv, sys.path[0] if sys.path else None
-    sys.argv = [run.script, *run.args]
-    script_dir = os.path.dirname(os.path.abspath(run.script))
+    sys.argv = [run.script, *run.args]  # runpy.run_module puts the module's file in argv[0]
+    script_dir = os.getcwd() if run.module else os.path.dirname(os.path.abspath(run.script))
     if sys.path:
         sys.path[0] = script_dir
     else:
@@ -65,7 +80,10 @@ def _run_script(run: ScriptRun, tracker: PhaseTracker) -> bool:
     (Lightning moves the module to the CPU), re-raise something else, or swallow it and carry on to its
     end — does not turn it into a failure."""
     try:
-        runpy.run_path(run.script, run_name="__main__")
+        if run.module:
+            runpy.run_module(run.script, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(run.script, run_name="__main__")
     except StopCapture:
         return True
     except BaseException as exc:

@@ -112,26 +112,39 @@ def command(ctx: click.Context, gpus: tuple[str, ...], iterations: int | None, m
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
     launch = None
-    from gpushare.estimator_cli.launch_line import LaunchLineError, is_launcher, parse, rank_zero_env
+    from gpushare.estimator_cli.launch_line import (LaunchLineError, command_script, is_launcher, module_file, parse,
+                                                    python_of, rank_zero_env)
 
-    if is_launcher(script):  # torchrun/accelerate launch/srun/python ... as the batch script has it
-        try:
+    module = False
+    command_python = None  # the Python a console script's first line names
+    try:
+        if is_launcher(script):  # torchrun/accelerate launch/srun/python ... as the batch script has it
             launch = parse([script, *script_args])
-        except LaunchLineError as exc:
-            click.echo(f"gpu-estimate: {exc}", err=True)
-            return EXIT_USAGE
-        script, script_args = launch.script, tuple(launch.args)
-        if not launch.launcher.startswith("python"):
-            # rank 0 of the launcher's world, in this process and the capture child (and the cache key)
-            os.environ.update(rank_zero_env(launch))
+            script, script_args, module = launch.script, tuple(launch.args), launch.module
+            if not launch.launcher.startswith("python"):
+                # rank 0 of the launcher's world, in this process and the capture child (and the cache key)
+                os.environ.update(rank_zero_env(launch))
+        if not module and "/" not in script and not os.path.isfile(script):
+            # a command (litgpt, tune, yolo): the console script it stands for runs as the script
+            script = command_script(script)
+            command_python = python_of(script)
+    except LaunchLineError as exc:
+        click.echo(f"gpu-estimate: {exc}", err=True)
+        return EXIT_USAGE
     if devices is not None:  # read by the capture child (torch.cuda.device_count()), part of the cache key
         from gpushare.estimator_cli.launch_line import DEVICES_VAR
 
         os.environ[DEVICES_VAR] = str(devices)
-    try:
-        script_bytes = Path(script).read_bytes()
-    except OSError as exc:
-        raise click.BadParameter(f"cannot read {script}: {exc.strerror}", param_hint="SCRIPT") from exc
+    if module:  # python -m pkg: the file it runs, found without importing (else its name) keys the cache
+        found = module_file(script, [os.getcwd(), *sys.path[1:]])
+        script_bytes = Path(found).read_bytes() if found else script.encode()
+    else:
+        try:
+            script_bytes = Path(script).read_bytes()
+        except OSError as exc:
+            raise click.BadParameter(f"cannot read {script}: {exc.strerror}", param_hint="SCRIPT") from exc
+    if python is None and command_python and not _own_python(command_python):
+        python = command_python  # the console script's environment, as --python would name it
     from gpushare.estimator_cli.interpreter import InterpreterError
 
     try:
@@ -146,7 +159,7 @@ def command(ctx: click.Context, gpus: tuple[str, ...], iterations: int | None, m
         iterations=iterations or est.iterations,
         limits=Limits(timeout_s=timeout or est.timeout_s, max_address_space=limit_bytes,
                       warm_idle_s=0.0 if no_warm else est.warm_worker_idle_s, python=interpreter),
-        plot=plot, snapshot=snapshot, cfg=cfg)
+        plot=plot, snapshot=snapshot, cfg=cfg, module=module)
     show_progress = sys.stderr.isatty() if progress is None else progress
     # Settings that change the document: capture, the [policy] margins the recommendation uses, and this
     # tool's version (a new estimator may estimate differently).
@@ -156,6 +169,10 @@ def command(ctx: click.Context, gpus: tuple[str, ...], iterations: int | None, m
     if interpreter is not None:  # another environment: its own estimate, even with the same PyTorch
         settings["python"] = [interpreter.path, interpreter.prefix, interpreter.python_version]
         torch_version = interpreter.torch_version
+    if module or command_python:  # code of an installed package: a new version of it is a new estimate
+        from gpushare.estimator_cli.warm_worker import installed_distributions
+
+        settings["program"] = [script, installed_distributions()]
     key = cache_mod.cache_key(script_bytes, request.args, dict(os.environ), torch_version, targets, settings)
     directory = Path(cache_dir) if cache_dir else cache_mod.default_cache_dir()
     doc = None
@@ -192,6 +209,15 @@ def command(ctx: click.Context, gpus: tuple[str, ...], iterations: int | None, m
 
         click.echo(render_text(doc))
     return EXIT_OK
+
+
+def _own_python(path: str) -> bool:
+    """Whether the Python a console script names is gpu-estimate's own (same environment's ``bin``)."""
+    import shutil
+
+    found = path if "/" in path else shutil.which(path)
+    return found is not None and os.path.dirname(os.path.abspath(found)) == os.path.dirname(
+        os.path.abspath(sys.executable))
 
 
 def _interpreter(python: str | None, own_if_unusable: bool) -> tuple[Interpreter | None, str | None]:

@@ -90,14 +90,14 @@ def _start(runner_args: list[str], env: dict[str, str], log: str, log_handle: An
 
 
 def _run_child(mode: str, script: str, args: list[str], steps: int, gpu: PresentedGpu, limits: Limits,
-               deadline: float, on_progress: Callable[[str], None] | None, batch_divisor: int = 1
-               ) -> tuple[dict[str, Any], str, str, str | None]:
+               deadline: float, on_progress: Callable[[str], None] | None, batch_divisor: int = 1,
+               module: bool = False) -> tuple[dict[str, Any], str, str, str | None]:
     """The child's result document and output, with the kind of child (see ``_start``)."""
     with tempfile.TemporaryDirectory(prefix="gpu-estimate-") as tmp:
         out, status, log = (os.path.join(tmp, n) for n in ("result.json", "status", "output.log"))
         runner_args = ["--mode", mode, "--steps", str(steps), "--out", out, "--status", status,
                        "--max-address-space", str(limits.max_address_space), "--gpu", json.dumps(asdict(gpu)),
-                       "--batch-divisor", str(batch_divisor), script, "--", *args]
+                       "--batch-divisor", str(batch_divisor), *(["--module"] if module else []), script, "--", *args]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         with open(log, "wb") as log_handle:
             proc, process, note = _start(runner_args, env, log, log_handle, limits, deadline, on_progress)
@@ -216,7 +216,8 @@ def needs_launcher(error: dict[str, Any]) -> str | None:
 
 
 def run_capture(script: str, args: list[str], mode: str, steps: int, gpu: PresentedGpu, limits: Limits,
-                on_progress: Callable[[str], None] | None = None, batch_divisor: int = 1) -> CaptureOutcome:
+                on_progress: Callable[[str], None] | None = None, batch_divisor: int = 1,
+                module: bool = False) -> CaptureOutcome:
     """Capture in ``mode`` ("fake", "profile" or "auto": fake, then profile when fake cannot go on).
     ``batch_divisor`` > 1 divides the script's batch size in profile mode (estimator_cli/reduced_batch.py)."""
     deadline = time.monotonic() + limits.timeout_s
@@ -227,7 +228,7 @@ def run_capture(script: str, args: list[str], mode: str, steps: int, gpu: Presen
     for attempt in order:
         try:
             result, output, process, note = _run_child(attempt, script, args, steps, gpu, limits, deadline,
-                                                       on_progress, batch_divisor)
+                                                       on_progress, batch_divisor, module)
         except CaptureFailed as exc:  # a time-out or a killed child after fake mode gave up: say why it did
             if fallback:
                 exc.args = (f"{exc}; {_FAKE_FIRST}{fallback}",)

@@ -37,6 +37,7 @@ class Request:
     plot: str | None
     snapshot: str | None
     cfg: Config
+    module: bool = False  # ``script`` is a module name, run as ``python -m`` runs it
 
 
 def presented(device: DeviceModel) -> PresentedGpu:
@@ -68,7 +69,7 @@ def run(request: Request, key: str, show_progress: bool, tool_version: str) -> t
             remaining.timeout_s = max(1.0, request.limits.timeout_s - (time.monotonic() - start))
             try:
                 captures[group] = run_capture(request.script, request.args, request.mode, request.iterations,
-                                              presented(device), remaining, progress.update)
+                                              presented(device), remaining, progress.update, module=request.module)
             except CaptureFailed as exc:  # reduced-batch profiles and extrapolation, or exc again
                 series[group] = _reduced_series(request, device, start, progress, exc)
                 largest = series[group].points[-1].outcome
@@ -114,7 +115,7 @@ def _reduced_series(request: Request, device: DeviceModel, start: float, progres
         limits = dataclasses.replace(request.limits, timeout_s=max(
             1.0, request.limits.timeout_s - (time.monotonic() - start)))
         return run_capture(request.script, request.args, "profile", request.iterations, presented(device),
-                           limits, progress.update, batch_divisor=divisor)
+                           limits, progress.update, batch_divisor=divisor, module=request.module)
 
     return reduced_batch.run_series(failure, capture, lambda text: progress.update(text, force=True))
 

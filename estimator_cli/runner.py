@@ -156,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-address-space", type=int, default=0)
     parser.add_argument("--gpu", required=True, help="JSON of PresentedGpu fields")
     parser.add_argument("--batch-divisor", type=int, default=1, help="profile mode: divide the batch size")
+    parser.add_argument("--module", action="store_true", help="SCRIPT is a module, run as python -m runs it")
     parser.add_argument("script")
     parser.add_argument("args", nargs=argparse.REMAINDER)
     opts = parser.parse_args(argv)
@@ -173,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         from gpushare.estimator_cli.placeholders import DataDependent
 
         run = ScriptRun(opts.script, args, opts.steps, PresentedGpu(**json.loads(opts.gpu)),
-                        _status_writer(opts.status, opts.steps))
+                        _status_writer(opts.status, opts.steps), module=opts.module)
         loaded_before = set(sys.modules)
         try:
             if opts.mode == "fake":
@@ -182,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
                 with tempfile.TemporaryDirectory(prefix="gpu-estimate-trace-") as tmp:
                     capture = capture_profile(run, tmp)
             result["capture"] = capture.to_json()
-            result["local_modules"] = local_modules(opts.script, loaded_before)
+            result["local_modules"] = local_modules(run.main_file(), loaded_before)
             from gpushare.estimator_cli.preload import framework_modules
 
             result["framework_modules"] = framework_modules(loaded_before)

@@ -7,19 +7,25 @@ anything (copy data, start servers); only the Python command of the training is 
 Recognised (after optional ``VAR=value`` prefixes, ``exec``, ``time``, ``nohup``, ``srun [options]``):
 
 - ``python [-u -O -B -W x -X x] train.py args``, ``python3.11 …``, ``/path/to/venv/bin/python …``;
+- ``python -m package.module args`` (how ``module``): gpu-estimate runs it as ``python -m`` does;
 - ``python -m torch.distributed.run|torch.distributed.launch [options] train.py args``;
-- ``torchrun [options] train.py args``;
-- ``accelerate launch [options] train.py args``;
+- ``torchrun [options] train.py args``, ``accelerate launch [options] train.py args``, ``deepspeed [options]
+  train.py args``, ``lightning run model`` / ``fabric run [model] [options] train.py args``; each also with
+  ``-m``/``--module`` (a module instead of a file);
 - ``./train.py args`` (any path ending in ``.py`` run as a command): its ``#!`` line names the interpreter;
-- a ``#GPUSHARE script=train.py`` directive: that file, with the arguments of the line that runs it if any.
+- a ``#GPUSHARE script=train.py`` directive: that file, with the arguments of the line that runs it if any;
+- when no line above is found: the last command of the script that is not a shell builtin or a common
+  utility (``litgpt finetune_lora …``, ``tune run …``, ``yolo train …``: a package's console script), how
+  ``command``. Whether it is a Python program is for gpu-estimate to find out, in the job's environment (it
+  refuses anything else); this text analysis cannot tell.
 
 When several lines qualify, the last one wins (preparation usually comes first) and the choice is
 reported. Arguments may use variables assigned earlier in the script with plain ``NAME=value`` lines;
 anything else (``$SLURM_ARRAY_TASK_ID``) is reported as unresolved and left as written.
 
-Known limitations: ``python -m package`` (no file), ``python -c``, containers (``apptainer exec``),
-``conda run``, ``mpirun``/``deepspeed`` launchers and commands built in shell functions are not followed;
-the result then says why and names the ``#GPUSHARE script=`` directive as the fix.
+Known limitations: ``python -c``, containers (``apptainer exec``), ``conda run``, ``mpirun`` and commands
+built in shell functions are not followed; the result then says why and names the ``#GPUSHARE script=``
+directive as the fix.
 """
 
 from __future__ import annotations
@@ -34,9 +40,27 @@ _PYTHON_RE = re.compile(r"^(?:.*/)?python(?:\d+(?:\.\d+)?)?$")
 _ASSIGN_RE = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(\S*)\s*$")
 _VAR_RE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
 _OPERATORS = {";", "&&", "||", "|", "&", ">", ">>", "<", "<<", ">&", "&>", "2>", "2>>", "(", ")", "|&"}
-_CANDIDATE_RE = re.compile(r"python|torchrun|accelerate|\.py\b")  # every recognised launcher names one of these
+_CANDIDATE_RE = re.compile(r"python|torchrun|accelerate|deepspeed|lightning|fabric|\.py\b")  # launchers named
 _PREFIX_WORDS = {"exec", "time", "nohup", "command", "stdbuf"}
 _DISTRIBUTED_MODULES = {"torch.distributed.run", "torch.distributed.launch"}
+_MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_COMMAND_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.+-]*$")  # a plain command name: no path, no variable
+# First words that are not training: shell keywords and builtins, environment set-up, file and network tools,
+# Slurm's own commands, containers and MPI (not followed), and interpreters of other languages.
+_NOT_TRAINING = frozenset("""
+    if then else elif fi for while until do done case esac function select in time coproc { } [ [[ ! : true false
+    cd pushd popd echo printf export unset set shopt source . eval exit return trap wait sleep read shift ulimit
+    umask alias unalias local declare typeset readonly let test hash type command builtin enable getopts jobs
+    kill disown logout exec
+    module ml conda mamba micromamba activate deactivate pip pip3 uv pipx spack virtualenv
+    nvidia-smi nvcc mkdir rmdir cp mv rm ln ls cat tee touch chmod chown tar unzip zip gzip gunzip xz wget curl
+    git rsync scp ssh find xargs grep sed awk head tail sort uniq wc cut tr date hostname whoami id env which
+    printenv df du free top ps pkill seq basename dirname realpath readlink mktemp stat nproc lscpu
+    sbatch scontrol squeue scancel sacct sinfo salloc sattach sstat srun mpirun mpiexec orterun
+    apptainer singularity docker podman enroot charliecloud shifter
+    bash sh zsh dash ksh csh tcsh perl ruby node java Rscript R julia make cmake
+    huggingface-cli hf wandb mlflow tensorboard ray jupyter
+""".split())
 
 # Bounds on what a batch script can make this (privileged, per-request) code build. Why: ``A=<30 KB>``
 # then ``python t.py $A$A…`` once expanded to ~0.5 GB in one request. A real training command is a few
@@ -57,6 +81,9 @@ _SRUN_FLAGS = {"-l", "--label", "-u", "--unbuffered", "--exclusive", "-K", "--ki
                "--multi-prog", "--overcommit", "-O", "--exact", "--whole", "-s", "--oversubscribe"}
 _TORCHRUN_FLAGS = {"--standalone", "--no_python", "--no-python", "--run_path", "--run-path", "-m", "--module",
                    "--use_env", "--use-env"}
+_DEEPSPEED_FLAGS = {"--module", "--no_python", "--no_local_rank", "--no_ssh", "--no_ssh_check", "--force_multi",
+                    "--save_pid", "--autotuning", "--bind_cores_to_rank", "-q", "--quiet"}
+_MODULE_FLAGS = {"-m", "--module"}  # the launcher runs a module, not a file
 _ACCELERATE_FLAGS = {"--cpu", "--multi_gpu", "--tpu", "--use_deepspeed", "--use_fsdp", "--use_megatron_lm",
                      "--use_xpu", "-m", "--module", "--no_python", "--debug", "-q", "--quiet", "--same_network",
                      "--enable_cpu_affinity"}
@@ -68,7 +95,7 @@ class TrainingCommand:
 
     script: str
     args: tuple[str, ...] = ()
-    how: str = "python"  # python | torchrun | accelerate | shebang | directive
+    how: str = "python"  # python | module | torchrun | accelerate | deepspeed | fabric | shebang | command | directive
     line: int = 0
     notes: tuple[str, ...] = ()
     # The launcher word as written (python3, $VENV/bin/python, torchrun): the interpreter the training would
@@ -129,6 +156,10 @@ def find_training_command(batch_script: str, directive_script: str | None = None
             skipped.append(f"line {line.number}: {found.reason}")
     if directive_script:
         return _from_directive(directive_script, candidates)
+    if not candidates and not directive_script:  # a package's console script (litgpt, tune, yolo)?
+        command = _last_command(batch_script[:max_bytes], variables)
+        if command is not None:
+            return command
     if not candidates:
         detail = f" ({skipped[-1]})" if skipped else ""
         return NotFound("no 'python train.py', torchrun or accelerate launch line found in the batch script"
@@ -201,7 +232,8 @@ def _parse_command(line: _Line, variables: dict[str, str]) -> TrainingCommand | 
     while words and (re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", words[0]) or words[0] in _PREFIX_WORDS):
         words.pop(0)
     found = _parse_words(line, words, variables)
-    if isinstance(found, TrainingCommand) and words and (words[0] == "srun" or found.how in ("torchrun", "accelerate")):
+    if isinstance(found, TrainingCommand) and words and (
+            words[0] == "srun" or found.how in ("torchrun", "accelerate", "deepspeed", "fabric", "module")):
         head = words[:len(words) - 1 - len(found.args)]
         budget = [MAX_COMMAND_BYTES]
         try:
@@ -222,9 +254,18 @@ def _parse_words(line: _Line, words: list[str], variables: dict[str, str]) -> Tr
     if _PYTHON_RE.match(words[0]):
         return _python(line, words[1:], variables)
     if head == "torchrun":
-        return _script_after(line, _skip_options(words[1:], _TORCHRUN_FLAGS), "torchrun", variables)
+        return _launched(line, words[1:], _TORCHRUN_FLAGS, "torchrun", variables)
     if head == "accelerate" and len(words) > 1 and words[1] == "launch":
-        return _script_after(line, _skip_options(words[2:], _ACCELERATE_FLAGS), "accelerate", variables)
+        return _launched(line, words[2:], _ACCELERATE_FLAGS, "accelerate", variables)
+    if head == "deepspeed":
+        return _launched(line, words[1:], _DEEPSPEED_FLAGS, "deepspeed", variables)
+    if head in ("lightning", "fabric") and words[1:2] == ["run"]:
+        rest = words[2:]
+        if rest[:1] == ["model"]:
+            rest = rest[1:]
+        elif head == "lightning":
+            return None
+        return _launched(line, rest, set(), "fabric", variables)
     if head.endswith(".py") and "$" not in words[0]:  # ./train.py: run by the interpreter its #! line names
         return _script_after(line, words, "shebang", variables)
     return None
@@ -237,12 +278,10 @@ def _python(line: _Line, words: list[str], variables: dict[str, str]) -> Trainin
         if option == "-m":
             module = words[index + 1] if index + 1 < len(words) else ""
             if module in _DISTRIBUTED_MODULES:
-                rest = _skip_options(words[index + 2:], _TORCHRUN_FLAGS)
-                return _script_after(line, rest, "torchrun", variables)
+                return _launched(line, words[index + 2:], _TORCHRUN_FLAGS, "torchrun", variables)
             if module == "accelerate.commands.launch":
-                return _script_after(line, _skip_options(words[index + 2:], _ACCELERATE_FLAGS), "accelerate",
-                                     variables)
-            return NotFound(f"'python -m {module[:40]}' runs a module, not a file")
+                return _launched(line, words[index + 2:], _ACCELERATE_FLAGS, "accelerate", variables)
+            return _script_after(line, words[index + 1:], "module", variables, module=True)
         if option == "-c":
             return None  # one-liners (version checks, downloads) are not training
         index += 2 if option in _PYTHON_VALUE_OPTS else 1
@@ -262,7 +301,47 @@ def _skip_options(words: list[str], flags: set[str]) -> list[str]:
     return words[index:]
 
 
-def _script_after(line: _Line, words: list[str], how: str, variables: dict[str, str]) -> TrainingCommand | NotFound:
+def _launched(line: _Line, words: list[str], flags: set[str], how: str,
+              variables: dict[str, str]) -> TrainingCommand | NotFound:
+    """The script (or, after ``-m``/``--module``, the module) a launcher starts, after its options."""
+    rest = _skip_options(words, flags)
+    module = any(word in _MODULE_FLAGS for word in words[:len(words) - len(rest)])
+    return _script_after(line, rest, how, variables, module=module)
+
+
+def _last_command(text: str, variables: dict[str, str]) -> TrainingCommand | None:
+    """The last plain command of the batch script that is not a builtin or a common utility (_NOT_TRAINING):
+    a package's console script, for gpu-estimate to resolve in the job's environment. Only the last
+    MAX_CANDIDATES command lines are tokenised."""
+    lines = [line for line in _all_lines(text) if not _ASSIGN_RE.match(line.text)][-MAX_CANDIDATES:]
+    for line in reversed(lines):
+        if len(line.text) > 2 * MAX_COMMAND_BYTES:
+            continue
+        try:
+            words = _split(line.text)
+        except ValueError:
+            continue
+        while words and (re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", words[0]) or words[0] in _PREFIX_WORDS):
+            words.pop(0)
+        if not words or words[0] in _NOT_TRAINING or not _COMMAND_RE.match(words[0]) or _CANDIDATE_RE.search(words[0]):
+            continue  # the launchers and Python lines are the main rules' (python -c, ./run.sh: not training)
+        found = _script_after(line, words, "command", variables, command=True)
+        if isinstance(found, TrainingCommand):
+            return replace(found, interpreter=words[0])
+    return None
+
+
+def _all_lines(text: str) -> list[_Line]:
+    """Every logical line but comments and blank ones (continuations joined)."""
+    if "\\\n" in text or "\\\r" in text:
+        return [_Line(start, line) for start, line in joined_lines(text) if line.strip()
+                and not line.strip().startswith("#")]
+    return [_Line(number, line.strip()) for number, line in enumerate(text.splitlines(), 1)
+            if line.strip() and not line.strip().startswith("#")]
+
+
+def _script_after(line: _Line, words: list[str], how: str, variables: dict[str, str], module: bool = False,
+                  command: bool = False) -> TrainingCommand | NotFound:
     if not words:
         return NotFound(f"{how} without a script")
     if len(words) > MAX_WORDS:
@@ -280,7 +359,9 @@ def _script_after(line: _Line, words: list[str], how: str, variables: dict[str, 
         return NotFound(f"the command on line {line.number} {exc}")
     if "$" in script:
         return NotFound(f"script path {words[0][:60]!r} uses an unknown variable")
-    if not script.endswith(".py"):
+    if module and not _MODULE_RE.match(script):
+        return NotFound(f"{script[:60]!r} is not a module name")
+    if not module and not command and not script.endswith(".py"):
         return NotFound(f"{script[:60]!r} is not a .py file")
     return TrainingCommand(script, tuple(args), how, line.number, tuple(dict.fromkeys(all_notes)))
 

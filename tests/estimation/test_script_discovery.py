@@ -105,7 +105,7 @@ def test_directive_names_the_script_and_takes_the_arguments_of_its_line():
 
 @pytest.mark.parametrize("script, needle", [
     ("#!/bin/bash\n./run.sh --gpu\n", "no 'python train.py'"),
-    ("#!/bin/bash\npython -m mypackage.train --epochs 3\n", "runs a module"),
+    ("#!/bin/bash\npython -m 'not a module'\n", "not a module name"),
     ("#!/bin/bash\npython -c 'print(1)'\n", "no 'python train.py'"),
     ("#!/bin/bash\ntorchrun --standalone\n", "without a script"),
     ("#!/bin/bash\npython $SCRIPT --x\n", "unknown variable"),
@@ -143,3 +143,38 @@ def test_launcher_words_go_with_the_command(body, launcher):
     found = find_training_command("#!/bin/bash\n" + body + "\n")
     assert isinstance(found, TrainingCommand) and found.script == "train.py"
     assert found.launcher == launcher
+
+
+@pytest.mark.parametrize("body, script, args, how, launcher, interpreter", [
+    ("python -m mypackage.train --epochs 3", "mypackage.train", ("--epochs", "3"), "module", ("python", "-m"),
+     "python"),
+    ("srun -n 2 python3 -u -m pkg.train --x", "pkg.train", ("--x",), "module",
+     ("srun", "-n", "2", "python3", "-u", "-m"), "python3"),
+    ("torchrun --nproc_per_node 2 -m pkg.train --y", "pkg.train", ("--y",), "torchrun",
+     ("torchrun", "--nproc_per_node", "2", "-m"), "torchrun"),
+    ("deepspeed --num_gpus 2 train.py --deepspeed ds.json", "train.py", ("--deepspeed", "ds.json"), "deepspeed",
+     ("deepspeed", "--num_gpus", "2"), "deepspeed"),
+    ("lightning run model --devices 2 train.py", "train.py", (), "fabric",
+     ("lightning", "run", "model", "--devices", "2"), "lightning"),
+    ("fabric run --devices 2 t.py --z", "t.py", ("--z",), "fabric", ("fabric", "run", "--devices", "2"), "fabric"),
+    ("module load cuda\nlitgpt download m\nlitgpt finetune_lora checkpoints/m --data Alpaca\necho done\nwait",
+     "litgpt", ("finetune_lora", "checkpoints/m", "--data", "Alpaca"), "command", (), "litgpt"),
+    ("MODEL=yolo11n.pt\nyolo train data=coco8.yaml model=$MODEL epochs=3 2>&1 | tee log", "yolo",
+     ("train", "data=coco8.yaml", "model=yolo11n.pt", "epochs=3"), "command", (), "yolo"),
+    ("tune run lora_finetune_single_device --config llama3/8B_lora_single_device", "tune",
+     ("run", "lora_finetune_single_device", "--config", "llama3/8B_lora_single_device"), "command", (), "tune"),
+])
+def test_modules_launchers_and_console_scripts(body, script, args, how, launcher, interpreter):
+    """What gpu-estimate accepts as a user types it, the estimation job gets from the batch script: the
+    launcher words and the command go through whole (a console script is resolved by gpu-estimate)."""
+    found = find_training_command(HPC_SITE.split("nvidia-smi")[0] + body + "\n")
+    assert isinstance(found, TrainingCommand)
+    assert (found.script, found.args, found.how, found.launcher, found.interpreter) == \
+        (script, args, how, launcher, interpreter)
+
+
+def test_a_console_script_only_when_no_python_line_and_never_a_utility():
+    assert find_training_command("#!/bin/bash\nlitgpt download m\npython train.py\nyolo val\n").script == "train.py"
+    for body in ("echo start\nnvidia-smi\nsleep 10", "./run.sh --gpu", "apptainer exec i.sif python t.py",
+                 "conda activate ml\nwandb login\nhuggingface-cli download m", "bash run.sh", "$TRAINER --x"):
+        assert isinstance(find_training_command("#!/bin/bash\n" + body + "\n"), NotFound), body

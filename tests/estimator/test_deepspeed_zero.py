@@ -60,7 +60,7 @@ def test_deepspeed_launch_lines(line, script, args, world, local):
 
 
 @pytest.mark.parametrize("line, what", [
-    ("deepspeed --module pkg.train", "only a script file"),
+    ("deepspeed --no_python no-such-trainer-command", "neither a file nor a command"),
     ("deepspeed --include localhost:0,1 train.py", "--num_gpus"),
     ("deepspeed --num_gpus=two train.py", "not a count"),
 ])

@@ -40,7 +40,7 @@ def test_launch_lines(line, script, args, world, local):
 
 @pytest.mark.parametrize("line, what", [
     ("torchrun --nproc_per_node=x train.py", "not a count"),
-    ("torchrun -m pkg.train", "only a script file"),
+    ("torchrun --no-python no-such-trainer-command", "neither a file nor a command"),
     ("accelerate config", "accelerate launch"),
     ("torchrun --nproc_per_node=2", "no training script"),
 ])
