@@ -78,8 +78,9 @@ def node() -> Iterator[dict]:
             os.setuid(AGENT_UID)
 
     if group is None:
-        for path in (base, base / "sim.json", base / "no-slurm"):
-            os.chown(path, AGENT_UID, AGENT_UID)
+        for path in (base, base / "sim.json", base / "sim.json.lock", base / "no-slurm"):
+            if path.exists():
+                os.chown(path, AGENT_UID, AGENT_UID)
     agent = subprocess.Popen([sys.executable, "-m", "gpushare.agent.daemon", "--config", str(conf), "--node", "n1"],
                              preexec_fn=limit, stdout=subprocess.DEVNULL, stderr=open(base / "agent.err", "wb"))
     api = base / "run" / "agent" / "agent.sock"
