@@ -336,6 +336,36 @@ def test_a_log_whose_folder_takes_no_copy_is_kept_in_the_working_directory(tmp_p
     assert Ledger(str(tmp_path / "2" / "ledger")).user_recoveries(VICTIM) == 0  # nor charged
 
 
+def _copy_under_a_size_limit(log: str, places: list[str], out: "multiprocessing.Queue[Any]") -> None:
+    import resource
+    import signal
+
+    from gpushare.user_files import TailError, _copy_here
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG, as on a full disk
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+    try:
+        out.put(("kept", _copy_here(log, places)))
+    except TailError as exc:
+        out.put(("error", str(exc)))
+
+
+def test_a_copy_that_fails_part_way_leaves_no_half_copy(tmp_path: Path) -> None:
+    """The disk fills while the copy is written: that copy is removed and the next place tried; with none
+    left the caller is told (and does not requeue)."""
+    log = tmp_path / "job-1.err"
+    log.write_bytes(b"step\n" * 20000 + OOM_TEXT.encode())
+    places = [str(tmp_path / "job-1.err.oom-run0.0123456789ab"), str(tmp_path / "work.oom-run0.0123456789ab")]
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_copy_under_a_size_limit, args=(str(log), places, queue))
+    proc.start()
+    outcome, text = queue.get(timeout=30)
+    proc.join(30)
+    assert outcome == "error" and "no copy could be made" in text and text.count("File too large") == 2, text
+    assert not any(os.path.exists(p) for p in places)
+
+
 def _detect_as(reader_uid: int, job: Any, cfg: Any, out: "multiprocessing.Queue[Any]") -> None:
     os.setgroups([])
     os.setgid(reader_uid)
