@@ -372,10 +372,12 @@ def restart_problems(running: dict[str, str], settings: list[tuple[str, str]]) -
                         "running slurmctld does not")
     weighted = {part.split("=", 1)[0].strip().lower() for name, value in settings if name == "tresbillingweights"
                 for part in value.split(",") if part.lower().startswith("gres/")}
-    unknown = sorted(w for w in weighted if w.split("/", 1)[1].split(":", 1)[0] not in gres_running)
+    # a weight must name a TRES of the running slurmctld (its GresTypes and AccountingStorageTRES)
+    unknown = sorted(w for w in weighted if w.split("/", 1)[1].split(":", 1)[0] not in gres_running
+                     or (tres_running and w.split(":", 1)[0] not in tres_running))
     if unknown:
-        problems.append(f"TRESBillingWeights names {','.join(unknown)}, a GRES the running slurmctld does not "
-                        "know: `scontrol reconfigure` now stops it (fatal: failed to parse tres weights str)")
+        problems.append(f"TRESBillingWeights names {','.join(unknown)}, not a TRES of the running slurmctld: "
+                        "`scontrol reconfigure` now stops it (fatal: failed to parse tres weights str)")
     return problems
 
 

@@ -452,7 +452,7 @@ def render_billing_lines(cfg: Config, with_slurmdbd: bool) -> str:
 RESTART_NOTE = (
     "# Restart, do not reconfigure: GresTypes takes effect only when the daemons start, and with it the lines "
     "naming shard (NodeName Gres=, gres.conf, AccountingStorageTRES); a TRESBillingWeights naming GRES/shard reread by "
-    "`scontrol reconfigure` while slurmctld still runs without shard in GresTypes stops slurmctld (fatal: "
+    "`scontrol reconfigure` while shard is no TRES of the running slurmctld stops it (fatal: "
     "failed to parse tres weights str). Merge every line into slurm.conf and gres.conf on every host, run "
     "`gpushare doctor` (it names what the running slurmctld lacks), then restart slurmctld, then every slurmd "
     "(docs/deployment.md, Restart or reconfigure)")

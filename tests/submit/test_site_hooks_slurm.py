@@ -146,3 +146,35 @@ def test_a_glob_prolog_chained_runs_each_site_script_and_ours(make_cluster, tmp_
     assert log.read_text().splitlines() == [f"20-second.sh {job_id}", f"10-first.sh {job_id}", f"ours {job_id}"]
     state = cluster.client.node_states().get("n1", "")
     assert "drain" not in state and "down" not in state, state
+
+
+def test_the_doctor_names_what_only_a_restart_applies_before_a_reconfigure_stops_slurmctld(make_cluster) -> None:
+    """slurm.conf gains a GRES in GresTypes and a billing weight for it while slurmctld runs: the doctor's restart
+    line names both, and says a reconfigure would stop slurmctld, which `scontrol reconfigure` then does
+    (measured here, without slurmdbd: the weight names no TRES of the running slurmctld). With the weight
+    taken out and slurmctld and slurmd restarted, the line is ok."""
+    from gpushare.slurm_plugins.controller_doctor import restart_check
+
+    cluster: LocalCluster = make_cluster(with_submitd=False, with_hook=False)
+    cfg = cluster.config()
+    check = restart_check(cfg, str(cluster.conf))
+    assert check is not None and check.status == "ok", check
+    conf = cluster.conf.read_text().replace("GresTypes=gpu,shard", "GresTypes=gpu,shard,nic")
+    conf = conf.replace("PartitionName=gpu ", 'PartitionName=gpu TRESBillingWeights="CPU=1,GRES/nic=1" ')
+    cluster.conf.write_text(conf)
+    check = restart_check(cfg, str(cluster.conf))
+    assert check is not None and check.status == "problem", check
+    assert "GresTypes: slurm.conf has nic" in check.detail and "names gres/nic" in check.detail, check.detail
+    assert "reconfigure` now stops it" in check.detail
+    assert "restart slurmctld, then every slurmd" in check.detail
+
+    log = cluster.base / "log" / "slurmctld.log"
+    cluster.client.run("scontrol", "reconfigure", check=False)
+    deadline = time.monotonic() + 30
+    while "failed to parse tres weights" not in log.read_text(errors="replace"):
+        assert time.monotonic() < deadline, log.read_text(errors="replace")[-2000:]
+        time.sleep(0.5)
+    cluster.conf.write_text(conf.replace(' TRESBillingWeights="CPU=1,GRES/nic=1"', ""))
+    cluster.restart_slurm()
+    check = restart_check(cfg, str(cluster.conf))
+    assert check is not None and check.status == "ok", check
