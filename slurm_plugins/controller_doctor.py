@@ -140,7 +140,12 @@ def hook_lines_check(keys: dict[str, str], conf_path: str) -> list[Check]:
         if not lua.is_file() or "gpushare" not in lua.read_text(errors="replace"):
             checks.append(Check("hooks", PROBLEM, f"{lua}: does not load gpushare's shim: gpushare slurm-config "
                                                   f"--install-lua {lua.parent}"))
-    epilog = keys.get("epilogslurmctld", "")
+    try:  # Slurm 24.05+ runs every EpilogSlurmctld line: ours may be any of them
+        from gpushare.slurm.conf_file import read_settings
+
+        epilog = ",".join(value for name, value in read_settings(conf_path) if name == "epilogslurmctld" and value)
+    except SlurmConfError:
+        epilog = keys.get("epilogslurmctld", "")
     if not _mentions(epilog, "gpushare-epilog-slurmctld"):
         checks.append(Check("hooks", PROBLEM, f"{conf_path}: EpilogSlurmctld={epilog or '(unset)'}: no OOM recovery; "
                                               "add gpushare-epilog-slurmctld (gpushare slurm-config prints the line)"))

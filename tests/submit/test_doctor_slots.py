@@ -150,3 +150,15 @@ def test_the_lua_module_asks_the_socket_of_the_checked_configuration(tmp_path: P
     (tmp_path / "gpushare_submit.lua").write_text(render_lua_module(other))
     check = lua_module_check(cfg, conf)
     assert check is not None and check.status == "problem" and "/run/other/submitd.sock" in check.detail
+
+
+def test_ours_on_any_epilogslurmctld_line_counts(tmp_path: Path) -> None:
+    from gpushare.slurm.conf_file import read_keys
+    from gpushare.slurm_plugins.controller_doctor import hook_lines_check
+
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("JobSubmitPlugins=lua\nEpilogSlurmctld=/opt/gpushare/bin/gpushare-epilog-slurmctld\n"
+                    "EpilogSlurmctld=/usr/local/jobstats/slurmctldepilog.sh\n")  # Slurm 24.05+: both run
+    (tmp_path / "job_submit.lua").write_text("require('gpushare_submit')\n")
+    checks = hook_lines_check(read_keys(conf), str(conf))
+    assert [c.status for c in checks] == ["ok"], checks
