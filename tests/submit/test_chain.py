@@ -204,3 +204,17 @@ def test_the_wrappers_name_the_release_through_its_link(tmp_path: Path) -> None:
     text = chain_wrapper("Epilog", ["/site/epilog"], f"{tmp_path}/gpushare/bin")
     assert f"exec {tmp_path}/gpushare/bin/python3 -I -m gpushare.slurm_plugins.chain" in text
     assert "gpushare-0.1.0" not in text
+
+
+def test_a_comma_in_a_slot_is_part_of_the_file_name_as_in_slurm(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """No slot takes a comma list (slurm.conf(5)): `Epilog=/a,/b` is one path, which slurmd would fail to find;
+    the chain and the doctor read it the same way instead of running two programs Slurm never would."""
+    from gpushare.config import load_config
+    from gpushare.slurm_plugins.controller_doctor import hook_slot_checks
+    from gpushare.slurm_plugins.slurm_config import site_hooks
+
+    a, b = _program(tmp_path / "a", "exit 0\n"), _program(tmp_path / "b", "exit 0\n")
+    (tmp_path / "slurm.conf").write_text(f"Epilog={a},{b}\n")
+    assert site_hooks(str(tmp_path / "slurm.conf")) == {"Epilog": [f"{a},{b}"]}
+    [check] = hook_slot_checks(load_config(str(EXAMPLE)), str(tmp_path / "slurm.conf"), ("Epilog",))
+    assert check.status == "problem" and f"{a},{b} matches no file" in check.detail
