@@ -218,3 +218,54 @@ def test_a_comma_in_a_slot_is_part_of_the_file_name_as_in_slurm(tmp_path: Path, 
     assert site_hooks(str(tmp_path / "slurm.conf")) == {"Epilog": [f"{a},{b}"]}
     [check] = hook_slot_checks(load_config(str(EXAMPLE)), str(tmp_path / "slurm.conf"), ("Epilog",))
     assert check.status == "problem" and f"{a},{b} matches no file" in check.detail
+
+
+def _release(base: Path, version: str, log: Path) -> Path:
+    """A virtualenv-shaped release: its python3 imports this gpushare, its gpushare-epilog says its version."""
+    import site
+    import sysconfig
+
+    release = base / f"gpushare-{version}"
+    (release / "bin").mkdir(parents=True)
+    (release / "bin" / "python3").symlink_to(sys.executable)
+    (release / "pyvenv.cfg").write_text(f"home = {Path(sys._base_executable).parent}\n")  # type: ignore[attr-defined]
+    packages = release / Path(sysconfig.get_path("purelib")).relative_to(sys.prefix)
+    packages.mkdir(parents=True)
+    (packages / "dev.pth").write_text(f"import site; site.addsitedir({site.getsitepackages()[0]!r})\n")
+    _program(release / "bin" / "gpushare-epilog", f'echo "ours {version}" >> {log}\n')
+    return release
+
+
+def test_an_upgrade_and_a_rollback_are_one_rename_for_a_chain(tmp_path: Path) -> None:
+    """docs/deployment.md, Upgrade: /opt/gpushare links the release in use, the chain names the link. Switching
+    the link runs the other release's program at once, back and forth; removing the old release after the
+    switch leaves the chain whole (it once named the release: after the removal the site's program ran alone)."""
+    import os
+
+    from gpushare.slurm_plugins.slurm_config import install_chains, stable_prefix
+
+    log = tmp_path / "ran.log"
+    site = _logging_program(tmp_path / "site-epilog", log)
+    old, new, link = _release(tmp_path, "0.1.0", log), _release(tmp_path, "0.2.0", log), tmp_path / "gpushare"
+    link.symlink_to(old)
+    hook_dir = os.path.join(stable_prefix(str(old)), "bin")  # slurm-config's default, run from release 0.1.0
+    chain = install_chains({"Epilog": [site]}, hook_dir, tmp_path)["Epilog"]
+    assert "0.1.0" not in Path(chain).read_text()
+
+    def switch(to: Path) -> list[str]:
+        (tmp_path / "gpushare.next").symlink_to(to)
+        (tmp_path / "gpushare.next").rename(link)  # mv -T: one rename
+        if log.exists():
+            log.unlink()
+        done = subprocess.run([chain], capture_output=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return log.read_text().splitlines()
+
+    assert switch(old) == ["site-epilog", "ours 0.1.0"]
+    assert switch(new) == ["site-epilog", "ours 0.2.0"]  # upgrade
+    assert switch(old) == ["site-epilog", "ours 0.1.0"]  # rollback
+    assert switch(new) == ["site-epilog", "ours 0.2.0"]
+    import shutil
+
+    shutil.rmtree(old)  # the old release removed once the new one has run a while
+    assert switch(new) == ["site-epilog", "ours 0.2.0"]
