@@ -21,7 +21,8 @@ of the tensor it writes (its value is no longer known).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+from typing import Any, Callable, Iterator
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
@@ -64,6 +65,25 @@ class ConcreteValues:
                 and _small(meta) and not isinstance(source, torch.nn.Parameter) and source not in self.tainted_host:
             with _disable_current_modes():
                 self.attach(meta, source.detach().to(dtype=meta.dtype, copy=True))
+
+    @contextlib.contextmanager
+    def swapping(self, t1: Any, t2: Any) -> Iterator[None]:
+        """``torch.utils.swap_tensors(t1, t2)`` inside: it refuses a tensor with a weak reference, which the
+        store keeps on each tensor it knows a value of (``load_state_dict`` swaps a model's buffers in while
+        parameters are swapped). The entries are taken out for the swap and follow the contents: afterwards
+        ``t1`` holds what ``t2`` held, value included."""
+        held = [(table, table.pop(t1, None), table.pop(t2, None)) for table in (self.shadows, self.tainted_host)]
+        swapped = False
+        try:
+            yield
+            swapped = True
+        finally:
+            for table, v1, v2 in held:
+                first, second = (v2, v1) if swapped else (v1, v2)
+                if first is not None:
+                    table[t1] = first
+                if second is not None:
+                    table[t2] = second
 
     def note(self, what: str, concrete: bool) -> None:
         table = self.concrete_reads if concrete else self.placeholder_reads

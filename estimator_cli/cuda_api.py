@@ -116,8 +116,17 @@ def presented_cuda(gpu: PresentedGpu, live_bytes: Callable[[], int], peak_bytes:
         (cuda, "get_rng_state_all"): lambda *a, **k: [torch.zeros(16, dtype=torch.uint8)],
         (cuda, "set_rng_state"): _noop_factory(),
         (cuda, "set_rng_state_all"): _noop_factory(),
+        (cuda, "initial_seed"): lambda *a, **k: torch.initial_seed(),
         (cuda, "is_current_stream_capturing"): lambda *a, **k: False,
     }
+    # the same random-state functions by their defining module's name (``torch.cuda.random.get_rng_state``):
+    # those too would reach the real runtime
+    random_mod = getattr(cuda, "random", None)
+    if random_mod is not None:
+        for name in ("get_rng_state", "get_rng_state_all", "set_rng_state", "set_rng_state_all", "manual_seed",
+                     "manual_seed_all", "seed", "seed_all", "initial_seed"):
+            if hasattr(random_mod, name):
+                patches[(random_mod, name)] = patches[(cuda, name)]
     accel = getattr(torch, "accelerator", None)
     if accel is not None:
         patches.update({

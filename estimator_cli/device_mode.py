@@ -10,9 +10,13 @@ as a context — is redirected, by this TorchFunctionMode, to:
 - ``meta`` in fake mode: GPU tensors then have shapes, dtypes, strides and autograd, but no data and no
   compute, so 3 steps of ResNet-50 cost the same at batch 32 and 256; host-side work (model
   construction, data pipeline, samplers) stays real, so values computed on the CPU are the real ones.
-  Meta tensors report ``.device`` as ``cuda:0`` to the script, so device-dependent Python (optimizer
-  foreach/fused defaults, ``x.device.type == 'cuda'``) takes the GPU branch. Reading a GPU value gives a
-  tainted placeholder (estimator_cli/placeholders.py) or stops fake capture.
+  Meta tensors report ``.device`` as ``cuda:0``, ``.is_cuda`` and not ``.is_meta`` to the script, so
+  device-dependent Python (optimizer foreach/fused defaults, ``x.device.type == 'cuda'``, checkpointing's
+  device inference, code that skips meta tensors) takes the GPU branch; the capture's own modules see
+  ``is_meta`` as it is. Reading a GPU value gives a tainted placeholder (estimator_cli/placeholders.py) or
+  stops fake capture. The redirect is only ever an argument to torch: a call that hands a device back
+  (``Module.to``'s argument parser) gives the GPU the script asked for, so the module's own ``t.to(device)``
+  is a move to the GPU, never the script's ``.to('meta')``.
 - ``cpu`` in profile mode: real execution; the moved copies are tagged so the profiler trace can tell
   host memory from "GPU" memory.
 
@@ -34,6 +38,7 @@ materialized on the GPU (``to_empty(device="cuda")``, ``.to("cuda")``) is a new 
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Callable
 
 import torch
@@ -53,6 +58,8 @@ _T = torch.Tensor
 _PARSE_TO = torch._C._nn._parse_to  # Module.to's argument parser
 _DEVICE_GET = _T.device
 _IS_CUDA_GET = _T.is_cuda
+_IS_META_GET = _T.is_meta
+_OWN_CODE = "gpushare.estimator_cli."  # the capture's own modules read a tensor's real device
 # Keyed by the torch callables a mode sees (methods, builtins, slot wrappers: no common type but Callable).
 _VALUE_READS: dict[Callable[..., Any], str] = {_T.tolist: ".tolist()", _T.numpy: ".numpy()", _T.__bool__: "a condition on a tensor",
                 _T.__index__: "a tensor used as an index", _T.__int__: "int(tensor)"}
@@ -116,6 +123,7 @@ class CudaPresenter(TorchFunctionMode):
         self._hook: Any = None
         self._module_moves = 0  # inside Module._apply (model.cpu(), model.to(...)): see _read
         self._saved_apply: Any = None
+        self._saved_swap: Any = None  # torch.utils.swap_tensors, patched in fake mode (concrete_values.py)
         # backward's Python hooks see the presenter (FSDP2's gathers): only for a launcher's world, which
         # needs it, so single-process estimates keep their established event sequences
         self.backward_under_mode = False
@@ -129,6 +137,13 @@ class CudaPresenter(TorchFunctionMode):
             self._hook = register_module_parameter_registration_hook(self._on_parameter)
             self._saved_apply = torch.nn.Module._apply
             presenter, original = self, self._saved_apply
+            self._saved_swap = torch.utils.swap_tensors
+            values, swap = self.values, self._saved_swap
+
+            def swap_tensors(t1: Any, t2: Any) -> None:
+                with values.swapping(t1, t2):  # its weak references would stop the swap
+                    swap(t1, t2)
+            torch.utils.swap_tensors = swap_tensors
 
             def _apply(module: Any, *args: Any, **kwargs: Any) -> Any:
                 presenter._module_moves += 1
@@ -152,6 +167,9 @@ class CudaPresenter(TorchFunctionMode):
         if self._saved_apply is not None:
             setattr(torch.nn.Module, "_apply", self._saved_apply)
             self._saved_apply = None
+        if self._saved_swap is not None:
+            torch.utils.swap_tensors = self._saved_swap
+            self._saved_swap = None
         super().__exit__(*exc)
 
     def _on_parameter(self, module: Any, name: str, param: Any) -> None:
@@ -180,6 +198,19 @@ class CudaPresenter(TorchFunctionMode):
         if _is_cuda_device(value) or (isinstance(value, int) and not isinstance(value, bool)):
             return self.target, True
         return value, False
+
+    def _restore_devices(self, out: Any, asked: Any) -> Any:
+        """The GPU the script asked for, in place of the target device a call hands back (``Module.to``'s
+        argument parser returns the device it was given): the rewrite is an argument to torch, never a
+        value the script sees, so a later ``t.to(device)`` is a move to the GPU, not the script's own
+        ``.to('meta')``."""
+        if isinstance(out, torch.device) and out.type == self.target.type:
+            if isinstance(asked, int) and not isinstance(asked, bool):
+                return torch.device("cuda", asked)
+            return torch.device(asked)
+        if type(out) is tuple and any(isinstance(v, torch.device) for v in out):
+            return tuple(self._restore_devices(v, asked) for v in out)
+        return out
 
     def _move(self, func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         """``Tensor.to`` / ``Tensor.cuda``: host→GPU becomes host→target."""
@@ -230,6 +261,17 @@ class CudaPresenter(TorchFunctionMode):
             else:
                 self.values.propagate(func, args, kwargs, out)
         return out
+
+    def _module_load(self, param: Any, other: Any, assign: bool = False) -> Any:
+        """``Tensor.module_load``: how ``load_state_dict`` copies a checkpoint's tensor in while parameters are
+        swapped (the capture keeps their identity that way, estimator_cli/capture.py). Torch's own body —
+        ``other.detach()``, or ``param.copy_(other).detach()`` — with each call through the presenter, as the
+        script's calls go: a weight file's tensor copied into a model on the host leaves the model's tensor as
+        it is, and a copy into a GPU tensor gives it the checkpoint's value where that is known."""
+        if assign:
+            return self.__torch_function__(_T.detach, (), (other,))
+        copied = self.__torch_function__(_T.copy_, (), (param, other))
+        return self.__torch_function__(_T.detach, (), (copied,))
 
     def _host_weight_move(self, func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         """``.to('cpu', ...)`` of a weight read from a file's header: the same on meta (a dtype change is
@@ -327,6 +369,15 @@ class CudaPresenter(TorchFunctionMode):
         if self.fake and owner is _IS_CUDA_GET:
             return True if (args[0].is_meta and not is_script_meta(args[0])) \
                 or args[0] in self.sparse else func(*args, **kwargs)
+        if self.fake and owner is _IS_META_GET:
+            # a GPU tensor is not a meta tensor to the script (Lightning refuses meta parameters, torchtune
+            # skips building its RoPE cache on meta); the capture's own code sees where it really lives
+            if args[0].is_meta and not is_script_meta(args[0]) \
+                    and not sys._getframe(1).f_globals.get("__name__", "").startswith(_OWN_CODE):
+                return False
+            return func(*args, **kwargs)
+        if self.fake and func is _T.module_load:
+            return self._module_load(*args, **kwargs)
         if self.fake and self.sparse.involved(args, kwargs):
             return self.sparse.call(func, args, kwargs, self._rewrite)
         if self.fake and (func is _T.to or func is _T.cuda) and args[0] in self.values.tainted_host:
@@ -372,11 +423,14 @@ class CudaPresenter(TorchFunctionMode):
             kwargs = dict(kwargs)
             if _is_meta_device(kwargs["device"]):
                 where = "meta"
-            kwargs["device"], hit = self._rewrite(kwargs["device"])
+            asked = kwargs["device"]
+            kwargs["device"], hit = self._rewrite(asked)
             if hit and not self.fake:
-                return self._tag(func(*args, **kwargs))
+                return self._restore_devices(self._tag(func(*args, **kwargs)), asked)
             if hit:
                 where = "gpu"
+                if func is _PARSE_TO:  # no tensor comes out: only the device to give back
+                    return self._restore_devices(func(*args, **kwargs), asked)
         # set in place, not by a helper frame around the call: with one, a Trainer script with gradient
         # checkpointing (benchmarks/current_jobs/hf_trainer_clm.py) estimated 0.25 GiB higher (cause not traced)
         saved = set_placement(where) if where is not None and self.fake else None
