@@ -325,6 +325,34 @@ def hook_slot_checks(cfg: Config, conf_path: str, keys: tuple[str, ...], status:
                                f"read {cfg.source}")] if named else []
 
 
+_UNIT_CONFIG = re.compile(r"^Environment=.*?\bGPUSHARE_CONFIG=(\S+)", re.M)
+
+
+def unit_config_checks(cfg: Config, unit_dir: str = "/etc/systemd/system") -> list[Check]:
+    """Each installed gpushare unit reads the gpushare.toml checked here? Its ``Environment=GPUSHARE_CONFIG``
+    (the unit file, then its drop-ins, the last one winning), else /etc/slurm/gpushare.toml."""
+    from gpushare.config import DEFAULT_PATH
+
+    checked = os.path.realpath(cfg.source) if cfg.from_file else None
+    problems, seen = [], 0
+    for unit in sorted(Path(unit_dir).glob("gpushare-*.service")):
+        seen += 1
+        reads = str(DEFAULT_PATH)
+        for part in [unit, *sorted(Path(f"{unit}.d").glob("*.conf"))]:
+            try:
+                pins = _UNIT_CONFIG.findall(part.read_text(errors="replace"))
+            except OSError:
+                continue
+            if pins:
+                reads = pins[-1].strip('"')
+        if checked is None or os.path.realpath(reads) != checked:
+            problems.append(Check("units", PROBLEM, f"{unit.name} reads {reads}, not {checked or 'a gpushare.toml'}: "
+                                                    f"systemctl edit {unit.name} (Environment=GPUSHARE_CONFIG=...)"))
+    if problems or not seen:
+        return problems
+    return [Check("units", OK, f"{seen} gpushare unit(s) in {unit_dir} read {cfg.source}")]
+
+
 _LUA_SOCKET = re.compile(r'^local SOCKET_PATH = "([^"]*)"', re.M)
 
 
@@ -422,10 +450,10 @@ def controller_checks(cfg: Config, force: bool = False) -> list[Check]:
     except SlurmConfError as exc:
         return [Check("controller", PROBLEM, f"{exc}")] if force else []
     if not (force or is_controller(keys)):  # a GPU node: its own hook slots
-        return hook_slot_checks(cfg, conf_path, SLURMD_SLOTS) if shutil.which("slurmd") else []
+        return hook_slot_checks(cfg, conf_path, SLURMD_SLOTS) + unit_config_checks(cfg) if shutil.which("slurmd") else []
     checks = [Check("slurmuser", OK, f"slurmctld runs as {account.name} (uid {account.uid}, group {account.group})"),
               socket_check(cfg, account), lua_check(keys), *hook_lines_check(keys, conf_path)]
-    checks += [c for c in (lua_module_check(cfg, conf_path),) if c]
+    checks += [c for c in (lua_module_check(cfg, conf_path),) if c] + unit_config_checks(cfg)
     checks += hook_slot_checks(cfg, conf_path, ("EpilogSlurmctld", "MailProg"))  # where slurmctld runs them
     checks += hook_slot_checks(cfg, conf_path, SLURMD_SLOTS, PROBLEM if shutil.which("slurmd") else NOTE)
     if not _no_slurm():

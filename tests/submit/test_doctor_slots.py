@@ -162,3 +162,22 @@ def test_ours_on_any_epilogslurmctld_line_counts(tmp_path: Path) -> None:
     (tmp_path / "job_submit.lua").write_text("require('gpushare_submit')\n")
     checks = hook_lines_check(read_keys(conf), str(conf))
     assert [c.status for c in checks] == ["ok"], checks
+
+
+def test_each_installed_unit_reads_the_checked_configuration(tmp_path: Path) -> None:
+    import shutil
+
+    from gpushare.slurm_plugins.controller_doctor import unit_config_checks
+
+    cfg, _ = _site(tmp_path, "")
+    units = tmp_path / "system"
+    units.mkdir()
+    shipped = Path(__file__).resolve().parents[2] / "etc" / "systemd"
+    for name in ("gpushare-submitd.service", "gpushare-oom-resume.service"):
+        shutil.copy(shipped / name, units / name)
+    checks = unit_config_checks(cfg, str(units))  # the shipped units name /etc/slurm/gpushare.toml
+    assert [c.status for c in checks] == ["problem", "problem"] and "systemctl edit" in checks[0].detail
+    for name in ("gpushare-submitd.service", "gpushare-oom-resume.service"):  # what `systemctl edit` writes
+        (units / f"{name}.d").mkdir()
+        (units / f"{name}.d" / "override.conf").write_text(f"[Service]\nEnvironment=GPUSHARE_CONFIG={cfg.source}\n")
+    assert [c.status for c in unit_config_checks(cfg, str(units))] == ["ok"]
