@@ -178,3 +178,40 @@ def test_the_doctor_names_what_only_a_restart_applies_before_a_reconfigure_stops
     cluster.restart_slurm()
     check = restart_check(cfg, str(cluster.conf))
     assert check is not None and check.status == "ok", check
+
+
+def test_epilogslurmctld_reads_the_checked_file_through_its_wrapper(make_cluster, tmp_path: Path) -> None:
+    """slurm.conf outside /etc/slurm: slurmctld passes no SLURM_CONF to EpilogSlurmctld, so our program named
+    directly runs on built-in defaults (its log line goes to syslog, not the [oom] log_file); the wrapper
+    --install-hooks writes pins the file, and the hook logs where that file says."""
+    from gpushare.config import DEFAULT_PATH
+    from gpushare.slurm_plugins.controller_doctor import slot_problems
+    from gpushare.slurm_plugins.slurm_config import install_hooks
+
+    if DEFAULT_PATH.exists():
+        pytest.skip(f"{DEFAULT_PATH} exists here: a bare hook would read it")
+    cluster: LocalCluster = make_cluster(with_submitd=False, with_hook=False)
+    oom_log, cfg = cluster.base / "log" / "oom.log", cluster.config()
+    conf = cluster.conf.read_text().splitlines()
+
+    def run_with(epilog: str) -> str:
+        cluster.conf.write_text("\n".join(f"EpilogSlurmctld={epilog}" if line.startswith("EpilogSlurmctld=") else line
+                                          for line in conf) + "\n")
+        cluster.client.run("scontrol", "reconfigure")
+        time.sleep(2)
+        job_id, _ = cluster.client.sbatch("-D", str(tmp_path), "-o", "/dev/null", script="#!/bin/sh\ntrue\n")
+        assert cluster.wait_job(job_id).state == "COMPLETED"
+        return str(job_id)
+
+    os.chmod(tmp_path, 0o755)
+    bare = f"{cluster.bin_dir}/gpushare-epilog-slurmctld"
+    assert any("reads /etc/slurm/gpushare.toml" in p for p in slot_problems(cfg, str(cluster.conf), "EpilogSlurmctld", bare))
+    first = run_with(bare)
+    wrapper = install_hooks(["EpilogSlurmctld"], cluster.bin_dir, cluster.base / "hooks", str(cluster.gpushare_conf))
+    assert slot_problems(cfg, str(cluster.conf), "EpilogSlurmctld", wrapper["EpilogSlurmctld"]) == []
+    second = run_with(wrapper["EpilogSlurmctld"])
+    deadline = time.monotonic() + 30  # EpilogSlurmctld runs after the job is reported complete
+    while not (oom_log.exists() and f"job {second}:" in oom_log.read_text()):
+        assert time.monotonic() < deadline, "the pinned EpilogSlurmctld did not log to [oom] log_file"
+        time.sleep(0.5)
+    assert f"job {first}:" not in oom_log.read_text()  # the bare one ran on defaults: its line went elsewhere
