@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from gpushare.config import CORROBORATE_FRACTION
 from gpushare.gres import GpuError, open_backend
 from gpushare.agent.adopt import RETRY_S, Adopter, process_uid
 from gpushare.agent.api import node_name
@@ -65,7 +66,8 @@ class Agent:
     def __init__(self, cfg: AgentSection, backend: GpuBackend, clock: Callable[[], float] = time.time,
                  feature: NodeFeature | None = None, registry: Any = None,
                  pid_job: Callable[[int], str | None] = process_job, slurm: Any = None,
-                 pid_uid: Callable[[int], int | None] = process_uid, evidence_fraction: float = 0.8) -> None:
+                 pid_uid: Callable[[int], int | None] = process_uid,
+                 evidence_fraction: float = CORROBORATE_FRACTION) -> None:
         self.cfg = cfg
         # OOM recovery's corroboration on the controller ([oom] corroborate_fraction): a shared job's peak at or
         # above this share of its GPU share is written into its AdminComment while it runs (_queue_annotations)

@@ -28,16 +28,11 @@ from __future__ import annotations
 import logging
 import re
 
-from gpushare.slurm.client import SlurmClient, SlurmError, parse_scontrol_record
+from gpushare.slurm.client import SlurmClient, SlurmError
+from gpushare.slurm.nodes import features, first_record
 
 log = logging.getLogger("gpushare.agent")
 _NODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-
-
-def _features(text: str | None) -> list[str]:
-    if not text or text == "(null)":
-        return []
-    return [f for f in text.split(",") if f]
 
 
 class NodeFeature:
@@ -53,9 +48,8 @@ class NodeFeature:
 
     def read(self) -> tuple[list[str], list[str]]:
         """(available, active) features of the node; admin-set text, not user input."""
-        out = self.client.run("scontrol", "show", "node", "-o", self.node)
-        fields = parse_scontrol_record(out.splitlines()[0] if out.strip() else "")
-        return _features(fields.get("AvailableFeatures")), _features(fields.get("ActiveFeatures"))
+        fields = first_record(self.client, self.node)
+        return features(fields.get("AvailableFeatures")), features(fields.get("ActiveFeatures"))
 
     def apply(self, want_open: bool) -> bool:
         """Make the feature active iff ``want_open``; True when scontrol had to change something."""

@@ -31,7 +31,7 @@ from typing import Any
 from gpushare.config import Config
 from gpushare.epilog.learn import failed_size_bytes
 from gpushare.epilog.records import RecordLedger
-from gpushare.gpus import GiB
+from gpushare.gpus import GiB, find_mig_profile
 from gpushare.slurm.gres_request import GresRequest
 
 
@@ -122,8 +122,7 @@ def _trusted_dir(path: str) -> bool:
 
 
 def _is_mig(request: GresRequest, cfg: Config) -> bool:
-    names = {p.name for m in cfg.gpus.values() for p in m.mig_profiles}
-    return any(item.type in names for item in request.named("gpu"))
+    return any(find_mig_profile(cfg.gpus.values(), item.type) for item in request.named("gpu"))
 
 
 def corroborate(cfg: Config, record: dict[str, Any] | None, request: GresRequest, job_id: str,

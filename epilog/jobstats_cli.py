@@ -16,20 +16,22 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import click
 
 from gpushare.estimate.cache import LEARN_FACTOR
+from gpushare.gpus import BUILTIN_GPUS, GiB, GpuModel
 from gpushare.slurm import record as record_format
 from gpushare.slurm.accounting import job_rows
 from gpushare.slurm.client import SlurmClient, SlurmError
 from gpushare.slurm.jobs import check_job_id
+from gpushare.slurm.tres import gpu_tres
 
 VERSION = 1
 _FIELDS = ("JobIDRaw", "JobID", "User", "State", "ExitCode", "Elapsed", "NodeList", "AllocTRES", "SystemComment",
            "AdminComment")
-_TRES = re.compile(r"gres/(gpu|shard)(?::([^=,]+))?=(\d+)")
 GENEROUS = 0.7  # a peak below this fraction of the share means the job asked for too much
 
 
@@ -43,17 +45,6 @@ def _elapsed_s(text: str) -> float | None:
         return None
     days, hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
     return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
-
-
-def _gres(alloc_tres: str) -> dict[str, Any]:
-    """``{"gpu": N, "shard": N, "type": "a100-40gb"}`` from sacct's AllocTRES."""
-    out: dict[str, Any] = {}
-    for kind, gpu_type, count in _TRES.findall(alloc_tres):
-        if gpu_type:
-            out.setdefault("type", gpu_type)
-        else:
-            out[kind] = int(count)
-    return out
 
 
 def from_sacct(client: SlurmClient, job: str) -> list[dict[str, str]] | None:
@@ -73,16 +64,18 @@ def from_scontrol(client: SlurmClient, job: str) -> list[dict[str, str]]:
              "SystemComment": "", "AdminComment": found.admin_comment or ""}]
 
 
-def summarise(runs: list[dict[str, str]], live: dict[str, Any] | None = None) -> dict[str, Any]:
+def summarise(runs: list[dict[str, str]], live: dict[str, Any] | None = None,
+              catalogue: Mapping[str, GpuModel] | None = None) -> dict[str, Any]:
     """The jobstats document of a job from its runs (the last one is described; pure). ``live``: the running
-    job's summary so far from the agent on its node (``live_summary``), which replaces a stored partial one."""
+    job's summary so far from the agent on its node (``live_summary``), which replaces a stored partial one.
+    ``catalogue``: the site's GPU models (``Config.gpus``; default: the built-in ones)."""
     last = runs[-1]
     record = record_format.stored(last.get("AdminComment"), last.get("SystemComment")) or {}
     found = record.get("run")
     run: dict[str, Any] = found if isinstance(found, dict) else {}
     if live is not None:
         run = live
-    gres = _gres(last.get("AllocTRES", ""))
+    gres = gpu_tres(last.get("AllocTRES", ""))
     exit_code, _, signal = last.get("ExitCode", "").partition(":")
     gpus = {str(k): {"peak_gib": v[0], "smact_pct": v[1]} for k, v in (run.get("gpus") or {}).items()
             if isinstance(v, list) and len(v) == 2}
@@ -94,7 +87,7 @@ def summarise(runs: list[dict[str, str]], live: dict[str, Any] | None = None) ->
         "elapsed_s": _elapsed_s(last.get("Elapsed", "")), "node": run.get("node") or last.get("NodeList") or None,
         "gres": _gres_text(gres), "gpu_type": gres.get("type"),
         "decision": record.get("decision"), "est_gib": record.get("est_gib"), "margin_gib": record.get("margin_gib"),
-        "share_gib": _share_gib(gres, run), "peak_gib": run.get("peak_gib"), "gpus": gpus,
+        "share_gib": _share_gib(gres, run, catalogue), "peak_gib": run.get("peak_gib"), "gpus": gpus,
         "ttfk_s": run.get("ttfk_s"), "ttfk_source": run.get("ttfk_src"),
         "energy_j": run.get("energy_j"), "energy_share_j": run.get("share_j"),
         "caps": run.get("caps"), "cap_gib": run.get("cap_gib"), "stopped_by": run.get("stop"),
@@ -106,7 +99,7 @@ def summarise(runs: list[dict[str, str]], live: dict[str, Any] | None = None) ->
         # (the database was away as the job ended) and delivers it when it can (docs/reliability.md)
         "partial": bool(run) and "fin" not in run and "exit" not in run and _ended(last.get("State")),
         "live": live is not None}
-    doc["advice"] = advice(doc)
+    doc["advice"] = advice(doc, catalogue)
     return doc
 
 
@@ -133,21 +126,19 @@ def _gres_text(gres: dict[str, Any]) -> str | None:
     return f"shard:{gres['shard']}" if gres.get("shard") else None
 
 
-def _share_gib(gres: dict[str, Any], run: dict[str, Any]) -> float | None:
+def _share_gib(gres: dict[str, Any], run: dict[str, Any], catalogue: Mapping[str, GpuModel] | None) -> float | None:
     """GPU memory the job was given: its shards (1 GiB each), else its whole GPU (by its type), else its cap."""
     if gres.get("shard") and not gres.get("gpu"):
         return float(gres["shard"])
-    model = _model(gres.get("type"))
+    model = _model(gres.get("type"), catalogue)
     if gres.get("gpu") and model is not None:
         return round(model.total_gib, 2)
     cap = run.get("cap_gib")
     return float(cap) if isinstance(cap, (int, float)) else None
 
 
-def _model(name: str | None) -> Any:
-    from gpushare.gpus import BUILTIN_GPUS
-
-    return BUILTIN_GPUS.get(str(name or "").lower())
+def _model(name: str | None, catalogue: Mapping[str, GpuModel] | None) -> GpuModel | None:
+    return (BUILTIN_GPUS if catalogue is None else catalogue).get(str(name or "").lower())
 
 
 def _mem_directive(peak_gib: float) -> str:
@@ -155,8 +146,8 @@ def _mem_directive(peak_gib: float) -> str:
     return f"#GPUSHARE mem={max(1, math.ceil(peak_gib))}G"
 
 
-def advice(doc: dict[str, Any]) -> str:
-    """One plain-language line on how to ask next time (pure)."""
+def advice(doc: dict[str, Any], catalogue: Mapping[str, GpuModel] | None = None) -> str:
+    """One plain-language line on how to ask next time (pure; ``catalogue`` as for :func:`summarise`)."""
     peak, share = doc.get("peak_gib"), doc.get("share_gib")
     oom = doc.get("oom")
     if isinstance(oom, dict) and doc.get("runs", 1) > 1:
@@ -177,7 +168,7 @@ def advice(doc: dict[str, Any]) -> str:
                 if not doc.get("recorded") else "no GPU memory was measured: the job may never have used its GPU")
     if isinstance(share, (int, float)) and share > 0:
         if doc.get("gpu_type") and doc.get("gres", "").startswith("gpu:"):
-            slice_text = _slice(doc["gpu_type"], peak)
+            slice_text = _slice(doc["gpu_type"], peak, catalogue)
             if peak < GENEROUS * share:
                 tail = f"; {slice_text}" if slice_text else ""
                 return (f"this job peaked at {peak:g} GiB of a whole {share:g} GiB GPU: next time "
@@ -194,12 +185,11 @@ def _gib_of(gres: str) -> float | None:
     return float(match.group(1)) if match else None
 
 
-def _slice(gpu_type: str, peak_gib: float) -> str:
+def _slice(gpu_type: str, peak_gib: float, catalogue: Mapping[str, GpuModel] | None) -> str:
     """"a 2g.10gb slice would have held it" when the GPU type has MIG, else ""."""
-    model = _model(gpu_type)
+    model = _model(gpu_type, catalogue)
     if model is None or not model.mig_capable:
         return ""
-    from gpushare.gpus import GiB
     from gpushare.policy.profiles import tightest_profile
 
     profile = tightest_profile(model, int(peak_gib * GiB))
@@ -289,7 +279,7 @@ def command(job_id: str, as_json: bool, config_file: str | None) -> None:
     if not runs:
         raise NotFound(f"job {job}: not in Slurm's records, or not yours to read")
     state = (runs[-1].get("State") or "").split(" ")[0]
-    doc = summarise(runs, live_summary(job, config_file) if state == "RUNNING" else None)
+    doc = summarise(runs, live_summary(job, config_file) if state == "RUNNING" else None, _catalogue(config_file))
     click.echo(json.dumps(doc, sort_keys=True) if as_json else render(doc))
 
 
@@ -314,6 +304,18 @@ def live_summary(job: str, config_file: str | None) -> dict[str, Any] | None:
         return None
     run = reply.get("run") if reply.get("ok") else None
     return run if isinstance(run, dict) else None
+
+
+def _catalogue(config_file: str | None) -> Mapping[str, GpuModel]:
+    """The site's GPU catalogue (its ``[gpus.*]`` models beside the built-in ones) when a gpushare config is
+    readable; the built-in one otherwise."""
+    from gpushare.config import load_config
+    from gpushare.errors import GpushareError
+
+    try:
+        return load_config(config_file).gpus
+    except (GpushareError, OSError, ValueError):
+        return BUILTIN_GPUS
 
 
 def _client(config_file: str | None) -> SlurmClient:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from gpushare.config import Config
 from gpushare.estimate.cache import write_learned_floor
-from gpushare.gpus import GiB
+from gpushare.gpus import GiB, find_mig_profile
 from gpushare.slurm.gres_request import GresRequest
 
 
@@ -21,11 +21,8 @@ def failed_size_bytes(request: GresRequest, cfg: Config) -> int | None:
     for item in request.items:
         if item.name == "shard":
             return item.count * GiB
-        if item.name == "gpu" and item.type:
-            for model in cfg.gpus.values():
-                for profile in model.mig_profiles:
-                    if profile.name == item.type:
-                        return profile.usable_bytes
+        if item.name == "gpu" and (profile := find_mig_profile(cfg.gpus.values(), item.type)):
+            return profile.usable_bytes
     return None
 
 

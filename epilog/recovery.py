@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 from gpushare.epilog.oom_detect import OomVerdict
 from gpushare.config import Config
-from gpushare.gpus import MigProfile
+from gpushare.gpus import MigProfile, find_mig_profile
 from gpushare.slurm import record as record_format
 from gpushare.slurm.record import parse as parse_record
 from gpushare.slurm.jobs import Job, log_paths
@@ -154,7 +154,7 @@ def next_mig_profile(cfg: Config, profile_name: str, available: set[str] | None 
     """
     models = sorted(cfg.gpus.values(), key=lambda m: m.name != model_name)
     for model in models:
-        current = next((p for p in model.mig_profiles if p.name == profile_name), None)
+        current = model.find_mig_profile(profile_name)
         if current is None:
             continue
         bigger = [p for p in model.mig_profiles if p.usable_bytes > current.usable_bytes
@@ -165,7 +165,7 @@ def next_mig_profile(cfg: Config, profile_name: str, available: set[str] | None 
 
 
 def is_mig_type(cfg: Config, type_name: str | None) -> bool:
-    return bool(type_name) and any(p.name == type_name for m in cfg.gpus.values() for p in m.mig_profiles)
+    return find_mig_profile(cfg.gpus.values(), type_name) is not None
 
 
 # --- the decision -----------------------------------------------------------------------------------

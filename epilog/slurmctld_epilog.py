@@ -18,7 +18,6 @@ import json
 import logging
 import logging.handlers
 import os
-import re
 import subprocess
 import sys
 import time
@@ -39,6 +38,7 @@ from gpushare.gpus import GiB
 from gpushare.slurm.client import SlurmClient, SlurmError, check_job_id
 from gpushare.slurm.hostlist import expand_hostlist, first_host
 from gpushare.slurm.jobs import Job, log_paths
+from gpushare.slurm.nodes import offered_gpu_types
 from gpushare.submitd_client import ask
 
 log = logging.getLogger("gpushare.epilog")
@@ -63,11 +63,10 @@ def detect(job: JobFacts, cfg: Config) -> OomVerdict:
 def mig_types(client: SlurmClient) -> set[str] | None:
     """GPU types the cluster's nodes offer (``sinfo %G``); None when Slurm cannot tell us."""
     try:
-        out = client.run("sinfo", "-h", "-o", "%G")
+        return offered_gpu_types(client)
     except (SlurmError, OSError) as exc:
         log.warning("cannot list GRES types (%s); any larger MIG profile is allowed", exc)
         return None
-    return {m.group(1) for m in re.finditer(r"gpu:([\w.+-]+):\d", out)}
 
 
 def _succeeded(env: Mapping[str, str]) -> bool:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from gpushare.cuda_context import context_bytes_for, sm_arch_of
+from gpushare.cuda_context import context_bytes_for
 from gpushare.gpus import KiB, GpuModel, MigProfile, capacity_bytes, parse_target
 
 
@@ -69,8 +69,9 @@ class DeviceModel:
 
 
 def sm_arch_for(model: GpuModel) -> tuple[int, int]:
-    """Compute capability of a catalogue model; site-added models are matched by marketing name."""
-    return sm_arch_of(model.name, model.marketing_name)
+    """Compute capability of a catalogue model (a site-added one's comes from the config file or its marketing
+    name: :class:`gpushare.gpus.GpuModel`)."""
+    return model.sm_arch
 
 
 def cublas_workspace_bytes(sm_arch: tuple[int, int], env: str | None = None) -> int:
@@ -124,7 +125,7 @@ def device_for(
         model=model,
         mig_profile=profile,
         capacity_bytes=capacity_bytes(model, profile),
-        context_bytes=context_bytes_for(arch, uses_cublas=uses_cublas, uses_cudnn=uses_cudnn),
+        context_bytes=model.context_bytes(uses_cublas=uses_cublas, uses_cudnn=uses_cudnn),
         cublas_workspace_bytes=cublas_workspace_bytes(arch, cublas_workspace_config),
         cublaslt_workspace_bytes=cublaslt_workspace_bytes(cublaslt_workspace_size, cublaslt_unified),
         sm_arch=arch,

@@ -29,6 +29,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Sequence
 
+from gpushare.gpus import MAX_THREADS_PER_SM, max_threads_per_sm
+
 if TYPE_CHECKING:  # torch only where a capture runs: staging_bytes is the orchestrator's (a torch-free parent)
     import torch
 
@@ -38,13 +40,8 @@ WARP_SIZE = 32
 VT0 = 4  # gpu_reduce_kernel's default vt0 and input_vec_size
 MIN_VALUES_PER_THREAD = 16
 MAX_VALUES_PER_THREAD = 256
-# maxThreadsPerMultiProcessor by compute capability (CUDA C++ Programming Guide, "Technical
-# Specifications per Compute Capability"); anything not listed takes 2048.
-MAX_THREADS_PER_SM = {(7, 5): 1024, (8, 6): 1536, (8, 9): 1536, (12, 0): 1536, (12, 1): 1536}
-
-
-def max_threads_per_sm(sm_arch: tuple[int, int]) -> int:
-    return MAX_THREADS_PER_SM.get(sm_arch, 2048)
+# maxThreadsPerMultiProcessor is a figure of the GPU model: gpushare.gpus (torch-free, like this module's top).
+__all__ = ["MAX_THREADS_PER_SM", "geometry_of", "max_threads_per_sm", "staging_bytes"]
 
 
 def _acc_size(dtype: torch.dtype) -> int:

@@ -22,9 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from gpushare.errors import GpushareError
-from gpushare.gpus import BUILTIN_GPUS, GiB, MiB, GpuModel
+from gpushare.gpus import BUILTIN_GPUS, DEFAULT_POWER_W, GiB, MiB, GpuModel
 
 DEFAULT_PATH = Path("/etc/slurm/gpushare.toml")
+# OOM recovery's corroboration: a measured peak at least this share of a job's GPU memory backs its OOM. The
+# one definition: ``[oom] corroborate_fraction`` defaults to it, the controller's check
+# (gpushare.epilog.corroborate) reads the setting, and the agent writes a job's peak once it reaches it.
+CORROBORATE_FRACTION = 0.8
 FILE_NAME = "gpushare.toml"
 CONFIG_VERSION = 1
 NO_DIGEST = "none"  # what a component running on built-in defaults reports as its configuration's digest
@@ -206,7 +210,7 @@ class OomSection:
     corroborate: str = _opt("yes", _one_of("yes", "no"),
                             "yes: the larger re-run needs a gpushare 'shared' decision and measured GPU memory "
                             "near the share; no: the log message alone suffices (trusted users only)")
-    corroborate_fraction: float = _opt(0.8, _between(0.1, 1.0),
+    corroborate_fraction: float = _opt(CORROBORATE_FRACTION, _between(0.1, 1.0),
                                        "measured peak at least this share of the job's GPU memory backs an OOM")
     max_recoveries_per_user_day: int = _opt(5, _between(0, 1000000),
                                             "OOM requeues per user in any 24 hours; 0: no limit")
@@ -374,6 +378,11 @@ class ExtraGpu:
     total_gib: float = _opt(0.0, _positive, "device memory")
     sms: int = _opt(0, _between(0, 100000), "streaming multiprocessors")
     marketing_name: str = _opt("", None, "NVML name prefix")
+    compute_capability: str = _opt("", lambda v: None if v == "" or re.fullmatch(r"\d{1,2}\.\d", v) else
+                                   "must be MAJOR.MINOR, e.g. '9.0'",
+                                   "CUDA compute capability; empty: from marketing_name (the CUDA context size)")
+    idle_watts: float = _opt(0.0, _between(0.0, 10000.0), "idle board power; 0: the default (simulated GPUs)")
+    max_watts: float = _opt(0.0, _between(0.0, 10000.0), "maximum board power; 0: the default (simulated GPUs)")
 
 
 @dataclass
@@ -600,9 +609,12 @@ def parse_config(data: dict[str, Any], source: str = "<string>") -> Config:
         extra = _build(ExtraGpu, table, f"{source}: [gpus.{gpu_name}]")
         if extra.total_gib <= 0:
             raise ConfigError(f"{source}: [gpus.{gpu_name}].total_gib: required and must be positive")
+        major, _, minor = extra.compute_capability.partition(".")
         cfg.gpus[gpu_name.lower()] = GpuModel(
             name=gpu_name.lower(), marketing_name=extra.marketing_name or gpu_name,
             total_bytes=int(extra.total_gib * GiB), sms=extra.sms,
+            sm_arch=(int(major), int(minor)) if extra.compute_capability else (0, 0),
+            power_w=(extra.idle_watts or DEFAULT_POWER_W[0], extra.max_watts or DEFAULT_POWER_W[1]),
         )
     nodes = data.get("nodes", [])
     if not isinstance(nodes, list):

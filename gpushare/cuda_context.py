@@ -24,33 +24,11 @@ Numbers (MiB), by compute capability:
 
 from __future__ import annotations
 
-import re
+from gpushare.gpus import DEFAULT_SM_ARCH, MiB, sm_arch_of
 
-from gpushare.gpus import MiB
-
-# Compute capability per catalogue model (not part of the catalogue, which only describes memory and MIG).
-SM_ARCH_BY_NAME: dict[str, tuple[int, int]] = {
-    "a100-40gb": (8, 0),
-    "a100-80gb": (8, 0),
-    "a30-24gb": (8, 0),
-    "h100-80gb": (9, 0),
-    "h200-141gb": (9, 0),
-    "l40s-48gb": (8, 9),
-    "v100-32gb": (7, 0),
-    "rtx3060-12gb": (8, 6),
-    "rtx4060-8gb": (8, 9),
-}
-# Fallback for site-added models: the marketing name NVML reports.
-_SM_ARCH_BY_MARKETING = (
-    (re.compile(r"\b(B100|B200|GB200)\b"), (10, 0)),
-    (re.compile(r"\b(H100|H200|H800|GH200)\b"), (9, 0)),
-    (re.compile(r"\b(L4|L40S?|RTX 40\d\d|RTX 6000 Ada)\b"), (8, 9)),
-    (re.compile(r"\b(A100|A30|A800)\b"), (8, 0)),
-    (re.compile(r"\b(A10|A40|A16|A2|RTX 30\d\d|RTX A\d000)\b"), (8, 6)),
-    (re.compile(r"\b(T4|RTX 20\d\d)\b"), (7, 5)),
-    (re.compile(r"\bV100\b"), (7, 0)),
-)
-DEFAULT_SM_ARCH = (8, 0)
+# The compute capability is a figure of the GPU model (gpushare.gpus); ``sm_arch_of`` and ``DEFAULT_SM_ARCH``
+# are re-exported for the node's callers that hold only NVML's names.
+__all__ = ["DEFAULT_SM_ARCH", "context_bytes_for", "sm_arch_of"]
 
 # CUDA context with lazy module loading, by compute capability major.minor (see the module docstring).
 _CONTEXT_MIB: dict[tuple[int, int], int] = {
@@ -68,16 +46,6 @@ _LIB_MIB: dict[tuple[int, int], tuple[int, int]] = {
     (9, 0): (132, 20),  # measured, H200
 }
 _DEFAULT_LIB_MIB = (64, 128)
-
-
-def sm_arch_of(name: str | None, marketing_name: str = "") -> tuple[int, int]:
-    """Compute capability of a catalogue model by key, or of a site-added one by its NVML marketing name."""
-    if name in SM_ARCH_BY_NAME:
-        return SM_ARCH_BY_NAME[name]
-    for pattern, arch in _SM_ARCH_BY_MARKETING:
-        if pattern.search(marketing_name or name or ""):
-            return arch
-    return DEFAULT_SM_ARCH
 
 
 def context_bytes_for(sm_arch: tuple[int, int], *, uses_cublas: bool = True, uses_cudnn: bool = True) -> int:

@@ -9,10 +9,19 @@ Sources: memory totals are what ``nvidia-smi``/``cudaMemGetInfo`` report for the
 from `docs/mig-profiles.md` (NVIDIA MIG User Guide v580 listings). At run time NVML is the source of
 truth; this table seeds the planner, the estimator and the simulated backend. Sites add models in the
 config file (``[gpus.<name>]``).
+
+Every per-model figure lives on :class:`GpuModel`, here and nowhere else: memory, SMs, MIG profiles, the
+compute capability (which sizes the CUDA context, :mod:`gpushare.cuda_context`, and the reduction kernels'
+grids) and the power range the simulated backend draws. A site model from the config file gets the same
+figures: its compute capability from its NVML marketing name unless the file gives it, the default power
+range unless the file gives one. ``tests/core/test_catalogue_home.py`` checks that no other module keeps a
+table keyed by model name.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 KiB = 1 << 10  # the one definition of the binary units; everyone imports these
@@ -39,6 +48,36 @@ class MigProfile:
         return self.usable_bytes / GiB
 
 
+# Compute capability of a model the catalogue does not list with one: its NVML marketing name.
+_SM_ARCH_BY_MARKETING = (
+    (re.compile(r"\b(B100|B200|GB200)\b"), (10, 0)),
+    (re.compile(r"\b(H100|H200|H800|GH200)\b"), (9, 0)),
+    (re.compile(r"\b(L4|L40S?|RTX 40\d\d|RTX 6000 Ada)\b"), (8, 9)),
+    (re.compile(r"\b(A100|A30|A800)\b"), (8, 0)),
+    (re.compile(r"\b(A10|A40|A16|A2|RTX 30\d\d|RTX A\d000)\b"), (8, 6)),
+    (re.compile(r"\b(T4|RTX 20\d\d)\b"), (7, 5)),
+    (re.compile(r"\bV100\b"), (7, 0)),
+)
+DEFAULT_SM_ARCH = (8, 0)
+# Idle and maximum board power of a model the catalogue gives none for (the simulated backend's power).
+DEFAULT_POWER_W = (50.0, 300.0)
+# maxThreadsPerMultiProcessor by compute capability (CUDA C++ Programming Guide, "Technical
+# Specifications per Compute Capability"); anything not listed takes 2048.
+MAX_THREADS_PER_SM = {(7, 5): 1024, (8, 6): 1536, (8, 9): 1536, (12, 0): 1536, (12, 1): 1536}
+
+
+def sm_arch_from_marketing_name(marketing_name: str) -> tuple[int, int]:
+    """Compute capability by the NVML marketing name (``DEFAULT_SM_ARCH`` when no family matches)."""
+    for pattern, arch in _SM_ARCH_BY_MARKETING:
+        if pattern.search(marketing_name):
+            return arch
+    return DEFAULT_SM_ARCH
+
+
+def max_threads_per_sm(sm_arch: tuple[int, int]) -> int:
+    return MAX_THREADS_PER_SM.get(sm_arch, 2048)
+
+
 @dataclass(frozen=True)
 class GpuModel:
     """A whole GPU model as the cluster sees it."""
@@ -49,6 +88,26 @@ class GpuModel:
     sms: int
     memory_slices: int = 0  # 0 when the model has no MIG
     mig_profiles: tuple[MigProfile, ...] = field(default=())
+    sm_arch: tuple[int, int] = (0, 0)  # compute capability; (0, 0): from the marketing name at construction
+    power_w: tuple[float, float] = DEFAULT_POWER_W  # (idle W, max W): datasheet TDP, typical idle draw
+
+    def __post_init__(self) -> None:
+        if self.sm_arch == (0, 0):
+            object.__setattr__(self, "sm_arch", sm_arch_from_marketing_name(self.marketing_name or self.name))
+
+    @property
+    def max_threads_per_sm(self) -> int:
+        return max_threads_per_sm(self.sm_arch)
+
+    def context_bytes(self, *, uses_cublas: bool = True, uses_cudnn: bool = True) -> int:
+        """CUDA context plus the library kernels a training step loads (:mod:`gpushare.cuda_context`)."""
+        from gpushare.cuda_context import context_bytes_for
+
+        return context_bytes_for(self.sm_arch, uses_cublas=uses_cublas, uses_cudnn=uses_cudnn)
+
+    def find_mig_profile(self, name: str | None) -> MigProfile | None:
+        """The profile called ``name`` (None: none such)."""
+        return find_mig_profile((self,), name)
 
     @property
     def total_gib(self) -> float:
@@ -69,6 +128,15 @@ class GpuModel:
                 return profile
         known = ", ".join(p.name for p in self.mig_profiles) or "none"
         raise KeyError(f"{self.name} has no MIG profile {name!r} (known: {known})")
+
+
+def find_mig_profile(models: Iterable[GpuModel], name: str | None) -> MigProfile | None:
+    """The first profile called ``name`` on ``models`` in their order (None: none, or no name). Profile names
+    repeat across models (``1g.10gb`` is an A100-40GB 1g.2x and an A100-80GB 1g): pass the node's own model
+    first, or one model, where the sizes matter."""
+    if not name:
+        return None
+    return next((p for m in models for p in m.mig_profiles if p.name == name), None)
 
 
 def _gib(value: float) -> int:
@@ -142,17 +210,31 @@ _A30_PROFILES = (
 BUILTIN_GPUS: dict[str, GpuModel] = {
     m.name: m
     for m in (
-        GpuModel("a100-40gb", "NVIDIA A100-SXM4-40GB", 40960 * MiB, 108, 8, _A100_40_PROFILES),
-        GpuModel("a100-80gb", "NVIDIA A100-SXM4-80GB", 81920 * MiB, 108, 8, _A100_80_PROFILES),
-        GpuModel("h100-80gb", "NVIDIA H100 80GB HBM3", 81559 * MiB, 132, 8, _H100_PROFILES),
-        GpuModel("h200-141gb", "NVIDIA H200", 143771 * MiB, 132, 8, _H200_PROFILES),
-        GpuModel("a30-24gb", "NVIDIA A30", 24576 * MiB, 56, 4, _A30_PROFILES),
-        GpuModel("l40s-48gb", "NVIDIA L40S", 46068 * MiB, 142),
-        GpuModel("v100-32gb", "Tesla V100-SXM2-32GB", 32768 * MiB, 80),
-        GpuModel("rtx3060-12gb", "NVIDIA GeForce RTX 3060", 12288 * MiB, 28),
-        GpuModel("rtx4060-8gb", "NVIDIA GeForce RTX 4060", 8188 * MiB, 24),
+        GpuModel("a100-40gb", "NVIDIA A100-SXM4-40GB", 40960 * MiB, 108, 8, _A100_40_PROFILES,
+                 sm_arch=(8, 0), power_w=(55.0, 400.0)),
+        GpuModel("a100-80gb", "NVIDIA A100-SXM4-80GB", 81920 * MiB, 108, 8, _A100_80_PROFILES,
+                 sm_arch=(8, 0), power_w=(60.0, 400.0)),
+        GpuModel("h100-80gb", "NVIDIA H100 80GB HBM3", 81559 * MiB, 132, 8, _H100_PROFILES,
+                 sm_arch=(9, 0), power_w=(70.0, 700.0)),
+        GpuModel("h200-141gb", "NVIDIA H200", 143771 * MiB, 132, 8, _H200_PROFILES,
+                 sm_arch=(9, 0), power_w=(75.0, 700.0)),
+        GpuModel("a30-24gb", "NVIDIA A30", 24576 * MiB, 56, 4, _A30_PROFILES,
+                 sm_arch=(8, 0), power_w=(30.0, 165.0)),
+        GpuModel("l40s-48gb", "NVIDIA L40S", 46068 * MiB, 142, sm_arch=(8, 9), power_w=(35.0, 350.0)),
+        GpuModel("v100-32gb", "Tesla V100-SXM2-32GB", 32768 * MiB, 80, sm_arch=(7, 0), power_w=(40.0, 300.0)),
+        GpuModel("rtx3060-12gb", "NVIDIA GeForce RTX 3060", 12288 * MiB, 28, sm_arch=(8, 6),
+                 power_w=(15.0, 170.0)),
+        GpuModel("rtx4060-8gb", "NVIDIA GeForce RTX 4060", 8188 * MiB, 24, sm_arch=(8, 9),
+                 power_w=(10.0, 115.0)),
     )
 }
+
+
+def sm_arch_of(name: str | None, marketing_name: str = "") -> tuple[int, int]:
+    """Compute capability of a built-in model by key, else of any GPU by its NVML marketing name."""
+    if name in BUILTIN_GPUS:
+        return BUILTIN_GPUS[name].sm_arch
+    return sm_arch_from_marketing_name(marketing_name or name or "")
 
 
 def parse_target(name: str, catalogue: dict[str, GpuModel] | None = None) -> tuple[GpuModel, MigProfile | None]:

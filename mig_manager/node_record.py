@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from gpushare.errors import GpushareError
 from gpushare.slurm.client import SlurmClient, SlurmError
-from gpushare.slurm.jobs import parse_scontrol_record
+from gpushare.slurm.nodes import show_node, value
 
 PREFIX = "gpushare-mig|v1"
 MAX_CHARS = 16000  # measured: 60,000 characters round-trip exactly on every release; a node needs far less
@@ -172,15 +172,8 @@ class NodeRecord:
 
 def read_records(client: SlurmClient, node: str | None = None) -> list[NodeRecord]:
     """Every node's record (one ``scontrol`` call), or one node's."""
-    out = client.run("scontrol", "show", "node", "-o", *([node] if node else []))
-    records = []
-    for line in out.splitlines():
-        fields = parse_scontrol_record(line)
-        if not fields.get("NodeName"):
-            continue
-        null = lambda key: "" if fields.get(key, "") == "(null)" else fields.get(key, "")  # noqa: E731
-        records.append(NodeRecord(fields["NodeName"], fields.get("State", ""), null("Gres"), null("Comment"),
-                                  null("Extra")))
+    records = [NodeRecord(fields["NodeName"], fields.get("State", ""), value(fields, "Gres"),
+                          value(fields, "Comment"), value(fields, "Extra")) for fields in show_node(client, node)]
     if node and not any(r.name == node for r in records):
         raise SlurmError(f"scontrol show node {node}: no such node")
     return records

@@ -22,7 +22,6 @@ show the new layout: no daemon restart from the node, no ``ssh`` to the controll
 from __future__ import annotations
 
 import logging
-import datetime
 import re
 import shlex
 import subprocess
@@ -33,7 +32,8 @@ from collections.abc import Iterable
 from typing import Callable, Protocol
 
 from gpushare.mig_manager.gres_files import rewrite_site_node_gres
-from gpushare.slurm.client import SlurmClient, SlurmError, parse_scontrol_record
+from gpushare.slurm import nodes
+from gpushare.slurm.client import SlurmClient, SlurmError
 from gpushare.slurm.jobs import Job
 
 log = logging.getLogger("gpushare.mig")
@@ -61,14 +61,6 @@ class NodeStatus:
     @property
     def invalid(self) -> bool:
         return bool(self.flags & {"INVAL", "INVALID", "INVALID_REG"})
-
-
-def _timestamp(text: str) -> float | None:
-    """Slurm's local ``2026-11-26T09:20:53`` as seconds since the epoch; None for ``None``/``Unknown``."""
-    try:
-        return datetime.datetime.fromisoformat(text).timestamp()
-    except ValueError:
-        return None
 
 
 def gpu_counts(gres: str) -> Counter[str]:
@@ -142,14 +134,11 @@ class SlurmNodeQueries:
         self.client = client
 
     def status(self, node: str) -> NodeStatus:
-        out = self.client.run("scontrol", "show", "node", "-o", node)
-        fields = parse_scontrol_record(out.splitlines()[0] if out.strip() else "")
+        fields = nodes.first_record(self.client, node)
         if fields.get("NodeName") != node:
             raise SlurmError(f"scontrol show node {node}: no such node")
-        reason = re.sub(r"\s*\[[^\]]*@[^\]]*\]\s*$", "", fields.get("Reason", "")).strip()
-        gres = fields.get("Gres", "")
-        return NodeStatus(fields.get("State", ""), "" if reason == "(null)" else reason,
-                          "" if gres == "(null)" else gres, _timestamp(fields.get("SlurmdStartTime", "")))
+        return NodeStatus(fields.get("State", ""), nodes.reason(fields), nodes.value(fields, "Gres"),
+                          nodes.timestamp(fields.get("SlurmdStartTime", "")))
 
     def drain(self, node: str, reason: str) -> None:
         if not _REASON_OK.match(reason):

@@ -14,8 +14,8 @@ What stays here: Slurm's view (shards, exclusive holders), the job → process m
 what the GPU reported at each change, from which the 1 Hz telemetry window is sampled on demand
 (with small seeded noise, so scores near a threshold jitter as a real DCGM series does) instead of
 ticking every second. Aggregation and power are the backend's: per-process SMACT/SMOCC/DRAMA add up,
-capped at 1; power = idle + (max − idle)·min(1, ΣSMACT). Idle/max per model
-below are datasheet TDPs and typical idle draws (an assumption where no datasheet gives idle).
+capped at 1; power = idle + (max − idle)·min(1, ΣSMACT). Idle/max per model are the catalogue's
+(``GpuModel.power_w``: datasheet TDPs and typical idle draws, an assumption where no datasheet gives idle).
 """
 
 from __future__ import annotations
@@ -31,17 +31,6 @@ from gpushare.gpus import GiB, MiB, GpuModel
 
 CONTEXT_GIB = 0.5
 NOISE_SIGMA = 0.02
-POWER_W: dict[str, tuple[float, float]] = {  # model -> (idle W, max W)
-    "a100-40gb": (55.0, 400.0),
-    "a100-80gb": (60.0, 400.0),
-    "h100-80gb": (70.0, 700.0),
-    "h200-141gb": (75.0, 700.0),
-    "a30-24gb": (30.0, 165.0),
-    "l40s-48gb": (35.0, 350.0),
-    "v100-32gb": (40.0, 300.0),
-    "rtx3060-12gb": (15.0, 170.0),
-    "rtx4060-8gb": (10.0, 115.0),
-}
 _NOISE_LEN = 8191  # prime, so GPU indices and seconds do not fall into step
 _NOISE: dict[int, list[float]] = {}
 
@@ -183,9 +172,10 @@ class SimCluster:
     """
 
     def __init__(self, model: GpuModel, capacity: int, nodes: int, per_node: int, clock: Callable[[], float]):
-        idle, peak = POWER_W.get(model.name, (50.0, 300.0))
+        idle, peak = model.power_w
         self.clock = clock
         self.model_name = model.name
+        self.power_w = model.power_w
         self.gpus = [SimGpu(i, i // per_node, capacity) for i in range(nodes * per_node)]
         self._power = [{"index": i, "idle_power_w": idle, "max_power_w": peak} for i in range(len(self.gpus))]
         self._procs: list[dict[str, dict[str, Any]]] = [{} for _ in self.gpus]  # per GPU: job -> process

@@ -19,7 +19,6 @@ from typing import Any
 from gpushare.gpus import GiB, GpuModel
 from gpushare.policy import schemes
 from gpushare.policy.profiles import tightest_profile
-from gpushare.simulator.device import POWER_W
 from gpushare.simulator.trace import JobSpec
 from gpushare.simulator.workload import UTIL_CLASSES
 
@@ -32,7 +31,7 @@ def _full_slices(model: GpuModel) -> int:
 
 def _energy(model: GpuModel, intervals: Sequence[tuple[int, float, float, float]], gpus: int, end: float) -> float:
     """Joules over [0, end] for all GPUs; intervals are (gpu, start, stop, SMACT contribution)."""
-    lo, hi = POWER_W.get(model.name, (50.0, 300.0))
+    lo, hi = model.power_w
     total = 0.0
     for gpu in range(gpus):
         mine = [i for i in intervals if i[0] == gpu]

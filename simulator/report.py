@@ -53,9 +53,7 @@ def _sublinear_energy(sim: Any, gpu: Any, start: float, end: float) -> float:
     A sensitivity figure beside the backend's linear counter: under a linear model collocation can only
     save idle power; measured GPUs draw less than proportionally more power at higher load.
     """
-    from gpushare.simulator.device import POWER_W
-
-    lo, hi = POWER_W.get(sim.cluster.model_name, (50.0, 300.0))
+    lo, hi = sim.cluster.power_w
     history = [(t, lo + (hi - lo) * min(1.0, a) ** SUBLINEAR_EXPONENT) for t, _, a, *_ in gpu.history]
     return _time_average([(t, 0, p) for t, p in history], 2, start, end) * (end - start) if end > start else 0.0
 

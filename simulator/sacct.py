@@ -25,15 +25,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from datetime import datetime, timezone
 
 from gpushare.slurm import record as record_format
 from gpushare.slurm.jobs import number as json_number
+from gpushare.slurm.tres import gpu_tres_counts
 from gpushare.simulator.trace import TraceError
 
-_TRES = re.compile(r"gres/(gpu|shard)(?::[^=,]+)?=(\d+)")
 _REQUIRED = ("Submit", "Start", "End", "AllocTRES")
 
 
@@ -128,7 +127,7 @@ def convert(text: str, name: str = "<sacct>", mem_gib: float = 8.0, util: str = 
             raise TraceError(f"{where}: expected {len(header)} '|'-separated fields")
         if "." in fields.get("JobID", ""):
             continue  # a job step; -X avoids these
-        tres = {kind: int(count) for kind, count in _TRES.findall(fields["AllocTRES"])}
+        tres = gpu_tres_counts(fields["AllocTRES"])
         start, end = _time(fields["Start"], where, "Start"), _time(fields["End"], where, "End")
         submit = _time(fields["Submit"], where, "Submit")
         if not tres or start is None or end is None or submit is None:

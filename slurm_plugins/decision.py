@@ -228,7 +228,7 @@ def mig_profile_for(need_bytes: int, models: list[GpuModel]) -> tuple[MigProfile
     if not models:
         return None, None
     names = set.intersection(*({p.name for p in m.mig_profiles if not p.media_extensions} for m in models))
-    variants = {name: [p for m in models for p in m.mig_profiles if p.name == name] for name in names}
+    variants = {name: [p for m in models if (p := m.find_mig_profile(name))] for name in names}
 
     def rank(name: str) -> tuple[int, int]:
         return min(p.usable_bytes for p in variants[name]), max(p.compute_slices for p in variants[name])

@@ -106,12 +106,12 @@ def test_simulated_gpus_report_what_the_simulated_backend_reports():
     energy counter."""
     from gpushare.gpus import BUILTIN_GPUS, GiB
     from gpushare.gres.sim_backend import SimBackend
-    from gpushare.simulator.device import CONTEXT_GIB, POWER_W, SimCluster
+    from gpushare.simulator.device import CONTEXT_GIB, SimCluster
 
     clock = [0.0]
     model = BUILTIN_GPUS["a100-40gb"]
     cluster = SimCluster(model, 40 * GiB, 1, 2, clock=lambda: clock[0])
-    idle, peak = POWER_W[model.name]
+    idle, peak = model.power_w
     backend = SimBackend.from_scenario({"version": 1, "name": "t", "gpus": [
         {"index": i, "model": model.name, "idle_power_w": idle, "max_power_w": peak} for i in range(2)]},
         clock=lambda: clock[0])
