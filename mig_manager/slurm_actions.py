@@ -33,11 +33,11 @@ from typing import Callable, Protocol
 
 from gpushare.mig_manager.gres_files import rewrite_site_node_gres
 from gpushare.slurm import nodes
+from gpushare.slurm.nodes import gpu_counts
 from gpushare.slurm.client import SlurmClient, SlurmError
 from gpushare.slurm.jobs import Job
 
 log = logging.getLogger("gpushare.mig")
-_GRES_ITEM_RE = re.compile(r"^(?:gres[:/])?gpu:([A-Za-z0-9_.+-]{1,40}):(\d{1,4})(?:\(.*\))?$")
 _REASON_OK = re.compile(r"^[A-Za-z0-9 _.:@#=/+,-]{1,120}$")
 
 
@@ -61,16 +61,6 @@ class NodeStatus:
     @property
     def invalid(self) -> bool:
         return bool(self.flags & {"INVAL", "INVALID", "INVALID_REG"})
-
-
-def gpu_counts(gres: str) -> Counter[str]:
-    """``gpu:3g.20gb:1,gpu:1g.5gb:2`` → {"3g.20gb": 1, "1g.5gb": 2}; other GRES and junk are ignored."""
-    counts: Counter[str] = Counter()
-    for item in gres.split(","):
-        match = _GRES_ITEM_RE.match(item.strip())
-        if match:
-            counts[match.group(1).lower()] += int(match.group(2))
-    return counts
 
 
 class SlurmActions(Protocol):

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import datetime
 import re
+from collections import Counter
 from typing import Protocol
 
 from gpushare.slurm.jobs import parse_scontrol_record
 
 SINFO_GRES_ARGS = ("-h", "-o", "%G")
 _GPU_TYPE = re.compile(r"gpu:([\w.+-]+):\d")
+_GRES_ITEM = re.compile(r"^(?:gres[:/])?gpu:([A-Za-z0-9_.+-]{1,40}):(\d{1,4})(?:\(.*\))?$")
 _REASON_SUFFIX = re.compile(r"\s*\[[^\]]*@[^\]]*\]\s*$")  # " [root@2026-11-22T03:19:09]" after a Reason
 
 
@@ -62,6 +64,17 @@ def features(text: str | None) -> list[str]:
     if not text or text == "(null)":
         return []
     return [f for f in text.split(",") if f]
+
+
+def gpu_counts(gres: str) -> Counter[str]:
+    """Typed GPUs of a node's ``Gres=`` or a job's GPU request: ``gpu:3g.20gb:1,gpu:1g.5gb:2`` →
+    {"3g.20gb": 1, "1g.5gb": 2}; other GRES, untyped GPUs and junk are ignored."""
+    counts: Counter[str] = Counter()
+    for item in gres.split(","):
+        match = _GRES_ITEM.match(item.strip())
+        if match:
+            counts[match.group(1).lower()] += int(match.group(2))
+    return counts
 
 
 def gpu_types(sinfo_gres: str) -> set[str]:
