@@ -137,8 +137,7 @@ def hardcap_check(cfg: Config, limits_dir: str | None = None) -> Check | None:
     root, from the folders' modes otherwise. A runtime directory made 0700 once left every job of a node
     uncapped with "cannot open limits file (Permission denied)" on each job's stderr and nothing else to show
     for it."""
-    from gpushare.prolog.hardcap import HARDCAP_DIR
-    from gpushare.run_dir import reachable_by_others
+    from gpushare.run_dir import HARDCAP_DIR, reachable_by_others
 
     limits_dir = limits_dir or HARDCAP_DIR
     library = cfg.agent.hardcap_library

@@ -23,7 +23,7 @@ SUBCOMMANDS: dict[str, str] = {
     "jobstats": "gpushare.epilog.jobstats_cli:command",
     "status": "gpushare.agent.status_cli:command",
     "estimates": "gpushare.slurm_plugins.estimates_cli:command",
-    "pilot": "gpushare.pilot_cli:command",
+    "pilot": "gpushare.simulator.pilot_cli:command",
 }
 
 

@@ -18,6 +18,9 @@ import stat
 from pathlib import Path
 
 MODE = 0o755
+# Where the Prolog writes each job's hard cap limits and the shim reads them: compiled into the shim
+# (HARDCAP_DIR in gres/hardcap/hardcap.c), read by the Prolog and by the doctor's check.
+HARDCAP_DIR = "/run/gpushare/hardcap"
 
 
 def make_run_dir(path: str | os.PathLike[str]) -> Path:

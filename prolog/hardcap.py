@@ -33,12 +33,11 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 
 from gpushare.atomic import flock_within, write_json_atomic, write_text_atomic
 from gpushare.cuda_context import DEFAULT_SM_ARCH, context_bytes_for, sm_arch_of
-from gpushare.run_dir import make_run_dir
+from gpushare.run_dir import HARDCAP_DIR, make_run_dir
 
 if TYPE_CHECKING:
     from gpushare.gres.device import GpuBackend, GpuInfo
 
-HARDCAP_DIR = "/run/gpushare/hardcap"  # compiled into the shim (HARDCAP_DIR in hardcap.c)
 # Charged once per process and GPU for the CUDA context and the library kernels loaded into it, which the
 # driver allocates out of the shim's sight but which count against the job's share on the device (and in the
 # backstop's samples). Per GPU it is gpushare.cuda_context's figure for the GPU's generation (``context_charge``):

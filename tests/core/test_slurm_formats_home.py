@@ -14,10 +14,7 @@ from gpushare.slurm.tres import gpu_tres, gpu_tres_counts
 ROOT = Path(__file__).resolve().parents[2]
 HOME = ROOT / "gpushare" / "slurm"
 # Left where they are, each with its reason.
-LEFT = {
-    "gpushare/pilot_report.py": "the core layer may not import the Slurm layer; its AllocTRES reading moves with "
-                                "the pilot report's gather step",
-}
+LEFT: dict[str, str] = {}
 
 
 def _package_files() -> list[Path]:

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gpushare.pilot_cli import FIELDS, SEP, command, rows_to_jobs
-from gpushare.pilot_render import to_html, to_text
-from gpushare.pilot_report import Job, build, coverage, safety, sharing
+from gpushare.simulator.pilot_cli import FIELDS, SEP, command, rows_to_jobs
+from gpushare.simulator.pilot_render import to_html, to_text
+from gpushare.simulator.pilot_report import Job, build, coverage, safety, sharing
 
 H = 3600.0
 NO_LINE = "no 'python train.py', torchrun or accelerate launch line found in the batch script"

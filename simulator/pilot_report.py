@@ -6,24 +6,23 @@ the node's half, the would-be cap and backstop stop beside the measured peak (``
 gpushare.policy.observe). An admin turns sharing on after seeing those on the site's own jobs; this module
 turns the accounting rows of a period into the findings, each with one line of advice.
 
-Three parts: gather (gpushare.pilot_cli: ``sacct`` rows -> :class:`Job`), compute (here: functions of a list
-of jobs, no I/O, no clock) and render (gpushare.pilot_render: text, JSON, HTML). A record of a job decided
+Three parts: gather (gpushare.simulator.pilot_cli: ``sacct`` rows -> :class:`Job`), compute (here: functions of a list
+of jobs, no I/O, no clock) and render (gpushare.simulator.pilot_render: text, JSON, HTML). A record of a job decided
 under enforce is read the same way (its ``decision`` is what observe's ``would`` holds).
 """
 
 from __future__ import annotations
 
 import math
-import re
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpushare.gpus import BUILTIN_GPUS
 from gpushare.policy.observe import would_share
+from gpushare.slurm.tres import gpu_tres
 
 VERSION = 1
-_TRES = re.compile(r"gres/(gpu|shard)(?::([^=,]+))?=(\d+)")
 KEPT_WHOLE = ("multi-gpu", "multi-node", "heterogeneous", "per-job", "typed", "explicit")
 
 
@@ -72,18 +71,9 @@ class Job:
 
 
 def tres(alloc_tres: str) -> tuple[int, int, str | None]:
-    """(GPUs, shards, GPU type) from sacct's AllocTRES."""
-    gpus = shards = 0
-    gpu_type = None
-    for kind, typ, count in _TRES.findall(alloc_tres or ""):
-        if typ:
-            gpu_type = gpu_type or typ
-            continue
-        if kind == "gpu":
-            gpus = int(count)
-        else:
-            shards = int(count)
-    return gpus, shards, gpu_type
+    """(GPUs, shards, GPU type) from sacct's AllocTRES (read by gpushare.slurm.tres, the one home of that format)."""
+    counts = gpu_tres(alloc_tres)
+    return int(counts.get("gpu", 0)), int(counts.get("shard", 0)), counts.get("type")
 
 
 def _num(value: Any) -> float | None:

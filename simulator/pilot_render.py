@@ -2,7 +2,7 @@
 
 Why our own SVG: the page is opened from disk on an admin's machine, often with no network; so no script, no
 CDN, no image files: three inline SVG plots (peak vs would-be cap, per-partition GPU-hours, wait-time
-distribution) drawn here from the report document (gpushare.pilot_report.build).
+distribution) drawn here from the report document (gpushare.simulator.pilot_report.build).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Runs on the controller or a login host: no GPU, no root beyond what ``sacct`` ne
 (``--since 7d``, ``--partition``, ``--account``) or a saved export of it (``--from``), each row with our
 record (gpushare.slurm.record.stored: SystemComment under AdminComment); the what-if replays the same jobs
 through ``--policy live`` with this site's configuration over several seeds and every utilisation model the
-simulator ships. Compute: gpushare.pilot_report; render: gpushare.pilot_render. docs/agent.md, *Pilot report*.
+simulator ships. Compute: gpushare.simulator.pilot_report; render: gpushare.simulator.pilot_render. docs/agent.md, *Pilot report*.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from gpushare.pilot_report import Job, build, tres
+from gpushare.simulator.pilot_report import Job, build, tres
 from gpushare.slurm import record as record_format
 
 FIELDS = ("JobIDRaw", "JobName", "User", "Account", "Partition", "State", "Submit", "Start", "End", "AllocTRES",
@@ -158,7 +158,7 @@ def report_command(since: str, partition: str | None, account: str | None, from_
                    html_path: str | None, run_whatif: bool, seeds: int, config_file: str | None, release: str,
                    nodes: int | None, gpus_per_node: int, gpu: str) -> None:
     """Coverage, would-be sharing, safety and a what-if for the period, with one line of advice per finding."""
-    from gpushare.pilot_render import to_html, to_json, to_text
+    from gpushare.simulator.pilot_render import to_html, to_json, to_text
 
     now = datetime.now(timezone.utc).astimezone()
     start = now if from_file else since_time(since, now)  # an export holds its own period
