@@ -215,3 +215,48 @@ def test_epilogslurmctld_reads_the_checked_file_through_its_wrapper(make_cluster
         assert time.monotonic() < deadline, "the pinned EpilogSlurmctld did not log to [oom] log_file"
         time.sleep(0.5)
     assert f"job {first}:" not in oom_log.read_text()  # the bare one ran on defaults: its line went elsewhere
+
+
+def test_several_prolog_lines_run_as_slurmd_runs_them(make_cluster, tmp_path: Path) -> None:
+    """Slurm 24.05+ takes Prolog on several lines: slurmd runs each line's files (a pattern's z before a), line
+    after line. Measured alone, then chained into one line by slurm-config: the same order, ours after."""
+    import subprocess
+    import sys
+
+    cluster: LocalCluster = make_cluster(with_submitd=False, with_hook=False)
+    if not cluster.slurm_at_least("24.05"):
+        pytest.skip(f"Slurm {cluster.slurm_version} takes one Prolog line")
+    base, log = cluster.base, cluster.base / "prolog-ran.log"
+    (base / "prolog.d").mkdir()
+    for path in (base / "prolog.d" / "10-first.sh", base / "prolog.d" / "20-second.sh", base / "late.sh"):
+        path.write_text(f"#!/bin/sh\necho {path.name} >> {log}\n")
+        path.chmod(0o755)
+    ours = base / "ours-bin"
+    ours.mkdir()
+    (ours / "gpushare-prolog").write_text(f"#!/bin/sh\necho ours >> {log}\n")
+    (ours / "gpushare-prolog").chmod(0o755)
+    conf = [line for line in cluster.conf.read_text().splitlines() if not line.startswith("Prolog=")]
+    site = [f"Prolog={base}/prolog.d/*.sh", f"Prolog={base}/late.sh"]
+
+    def job_order(lines: list[str]) -> list[str]:
+        cluster.conf.write_text("\n".join([*conf, *lines]) + "\n")
+        cluster.client.run("scontrol", "reconfigure")
+        time.sleep(2)
+        if log.exists():
+            log.unlink()
+        job_id, _ = cluster.client.sbatch("-D", str(tmp_path), "-o", "/dev/null", script="#!/bin/sh\ntrue\n")
+        assert cluster.wait_job(job_id).state == "COMPLETED"
+        state = cluster.client.node_states().get("n1", "")
+        assert "drain" not in state and "down" not in state, state
+        return log.read_text().splitlines()
+
+    os.chmod(tmp_path, 0o755)
+    assert job_order(site) == ["20-second.sh", "10-first.sh", "late.sh"]
+    cluster.conf.write_text("\n".join([*conf, *site]) + "\n")
+    printed = subprocess.run([sys.executable, "-m", "gpushare.cli", "slurm-config", "--config",
+                              str(cluster.gpushare_conf), "--hook-dir", str(ours), "--slurm-conf", str(cluster.conf),
+                              "--slurm-version", cluster.slurm_version, "--install-chains", str(base / "chains")],
+                             capture_output=True, text=True, timeout=120, check=True).stdout
+    chained = [line for line in printed.splitlines() if line.startswith("Prolog=")]
+    assert chained == [f"Prolog={base}/chains/gpushare-chain-Prolog"] and "2 lines: replace every Prolog=" in printed
+    assert job_order(chained) == ["20-second.sh", "10-first.sh", "late.sh", "ours"]
