@@ -284,6 +284,15 @@ def slot_problems(cfg: Config, conf_path: str, key: str, value: str) -> list[str
         if python and not os.access(python, os.X_OK):
             problems.append(f"{where}: {python} is gone: the site's programs run alone, gpushare's never (an "
                             "older release removed?): rerun gpushare slurm-config --install-chains")
+    if name.startswith("gpushare-hook-"):  # the failing-open wrapper: its program must still be there
+        line = next((line for line in text.splitlines() if line.endswith(' "$@"') and line[:1] in "'/"), "")
+        try:
+            program = shlex.split(line)[0] if line else ""
+        except (ValueError, IndexError):
+            program = ""
+        if program and not os.access(program, os.X_OK):
+            problems.append(f"{where}: {program} is gone: the hook succeeds and does nothing (an older release "
+                            "removed?): rerun gpushare slurm-config --install-hooks")
     pinned = pinned_config(value) if text else None
     if pinned is not None:
         if not os.path.isfile(pinned):

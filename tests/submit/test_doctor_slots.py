@@ -84,6 +84,10 @@ def test_every_program_of_ours_reads_the_checked_configuration(tmp_path: Path) -
     wrapper = tmp_path / "gpushare-hook-EpilogSlurmctld"
     _program(wrapper, hook_wrapper("EpilogSlurmctld", str(hooks), cfg.source).removeprefix("#!/bin/sh\n"))
     assert slot_problems(cfg, conf, "EpilogSlurmctld", str(wrapper)) == []
+    (hooks / "gpushare-epilog-slurmctld").unlink()  # the release it named was removed
+    problems = slot_problems(cfg, conf, "EpilogSlurmctld", str(wrapper))
+    assert len(problems) == 1 and "gpushare-epilog-slurmctld is gone" in problems[0], problems
+    _program(hooks / "gpushare-epilog-slurmctld")
     other = tmp_path / "other.toml"
     other.write_text(EXAMPLE.read_text())
     _program(wrapper, hook_wrapper("EpilogSlurmctld", str(hooks), str(other)).removeprefix("#!/bin/sh\n"))
