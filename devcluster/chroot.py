@@ -355,6 +355,14 @@ def _prepare_locked(root: Path, binds: Sequence[str]) -> None:
         elif not inside.exists():
             inside.parent.mkdir(parents=True, exist_ok=True)
             inside.touch()
+        # slurm and the jobs' users must pass the chroot's own folders on the way to a bind (a checkout under
+        # /root meets the chroot's 0700 /root): search permission only, inside the chroot, which is ours
+        for folder in inside.parents:
+            if folder == root or root not in folder.parents:
+                continue
+            mode = folder.stat().st_mode
+            if not mode & 0o001:
+                folder.chmod((mode & 0o7777) | 0o011)
     links, _ = interpreter_chain()
     for link, target in links:
         inside = root / link.lstrip("/")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import pwd
 import re
+import shlex
 import shutil
 import subprocess
 from collections.abc import Iterable, Sequence
@@ -119,6 +120,18 @@ def unreachable_folder(path: Path, user: str) -> Path | None:
     return Path(proc.stdout) if proc.returncode and proc.stdout else None
 
 
+def closed_folders(path: str | os.PathLike[str], user: str) -> list[Path]:
+    """The folders on the way to ``path`` that keep ``user`` out, outermost first: the first one ``user``
+    cannot pass (asked as ``user``), then those past it without search permission for others (as root sees
+    their modes: ``user`` cannot look yet). Empty when ``user`` reaches ``path``."""
+    folder = unreachable_folder(Path(path), user)
+    if folder is None:
+        return []
+    below = [d for d in Path(os.path.abspath(path)).parents if folder in d.parents]
+    return [folder, *(d for d in sorted(below, key=lambda d: len(d.parts))
+                      if d.is_dir() and not d.stat().st_mode & 0o001)]
+
+
 def checkout_out_of_reach(paths: Iterable[str | os.PathLike[str]], users: Iterable[str]) -> str | None:
     """One line saying which folder keeps one of ``users`` (the Slurm account, an ordinary job user) from
     ``paths`` (the virtualenv's python, the checkout its editable install imports from), which every hook,
@@ -127,17 +140,52 @@ def checkout_out_of_reach(paths: Iterable[str | os.PathLike[str]], users: Iterab
     users = tuple(users)
     for path in paths:
         for user in users:
-            folder = unreachable_folder(Path(path), user)
-            if folder is not None:
-                # the folders past the first closed one, as root sees their modes (user cannot look yet)
-                below = [d for d in Path(os.path.abspath(path)).parents if folder in d.parents]
-                closed = [folder, *(d for d in sorted(below, key=lambda d: len(d.parts))
-                                    if d.is_dir() and not d.stat().st_mode & 0o001)]
-                return (f"the Slurm tests cannot run from here: {user} cannot pass {folder} to reach {path} "
+            closed = closed_folders(path, user)
+            if closed:
+                return (f"the Slurm tests cannot run from here: {user} cannot pass {closed[0]} to reach {path} "
                         f"(hooks, services and jobs run as {', '.join(users)}); clone into a folder every user "
                         f"can traverse (e.g. /srv or /opt) and run make there, or allow search only: "
                         f"chmod o+x {' '.join(map(str, closed))}")
     return None
+
+
+#: Set inside the private mount namespace :func:`open_view_argv` makes (so a session re-run there does not
+#: try again).
+OPEN_VIEW_VAR = "GPUSHARE_TEST_OPEN_VIEW"
+
+
+def open_view_argv(closed: Sequence[Path], keep: Sequence[Path], argv: Sequence[str]) -> list[str] | None:
+    """``argv`` run in a private mount namespace in which the ``closed`` folders (outermost first, all below
+    the first) are searchable by every user, while on disk they keep their modes: an overlay is mounted over
+    the outermost (its upper layer in a scratch folder under /tmp, with the folder's owner and mode), the
+    folders get ``o+x`` there, and each of ``keep`` (the checkout, a virtualenv below the same folder) is the
+    real folder again, bound back over the overlay, so what the session writes there lands on disk. Daemons,
+    hooks and jobs the session starts inherit the namespace. None where this cannot be done (a path that an
+    overlay option cannot carry, closed folders in two trees)."""
+    top = Path(closed[0])
+    if any(top != c and top not in Path(c).parents for c in closed) or any(
+            ch in str(p) for p in (top, *keep) for ch in ",:"):
+        return None
+    q = shlex.quote
+    keep = sorted({Path(k) for k in keep if top in Path(k).parents}, key=lambda k: len(k.parts))
+    keep = [k for n, k in enumerate(keep) if not any(o in k.parents for o in keep[:n])]  # one bind carries both
+    setup = ['mkdir "$stash/upper" "$stash/work"',
+             f'chown --reference={q(str(top))} "$stash/upper"', f'chmod --reference={q(str(top))} "$stash/upper"']
+    for n, k in enumerate(keep):
+        setup += [f'mkdir "$stash/keep{n}"', f'mount --bind {q(str(k))} "$stash/keep{n}"']
+    setup.append(f'mount -t overlay overlay -o "lowerdir={top},upperdir=$stash/upper,workdir=$stash/work" {q(str(top))}')
+    setup.append("chmod o+x " + " ".join(q(str(c)) for c in closed))
+    setup += [f'mount --bind "$stash/keep{n}" {q(str(k))}' for n, k in enumerate(keep)]
+    # mounts are the namespace's, so the subshell's stay; where one fails the command still runs and says why
+    lines = ["stash=$(mktemp -d /tmp/gpushare-open-view-XXXXXX) || exit 1",
+             "( set -e; " + "; ".join(setup) + " ) || echo 'could not open the folders on the way to the checkout in a "
+             "private mount namespace' >&2",
+             '"$@"', "rc=$?",
+             "umount -l " + " ".join([*(q(str(k)) for k in reversed(keep)), q(str(top))]) + " 2>/dev/null",
+             # rmdir, never rm -r, on the mount points: one still mounted would be the real checkout
+             'for d in "$stash"/keep*; do umount -l "$d" 2>/dev/null; rmdir "$d" 2>/dev/null; done',
+             'rm -rf "$stash/upper" "$stash/work"; rmdir "$stash" 2>/dev/null', "exit $rc"]
+    return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", "\n".join(lines), "sh", *argv]
 
 
 def missing_requirements(version: str | None = None) -> str | None:

@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from devcluster.local_cluster import REPO, LocalCluster, missing_requirements
-from devcluster.slurm_runtime import ENV_VAR, checkout_out_of_reach, requested_version, slurm_account
+from devcluster.slurm_runtime import (ENV_VAR, OPEN_VIEW_VAR, checkout_out_of_reach, closed_folders, open_view_argv,
+                                     requested_version, slurm_account)
 
 BIN_DIR = os.path.dirname(sys.executable)
 # Fixtures that start a real Slurm (here and in the sub-directories' conftests).
@@ -48,15 +49,34 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Stop the session at once, in one line, where Slurm tests are selected and the Slurm account or an
-    ordinary user cannot run this checkout's virtualenv (a clone in root's 0700 home): every hook, service and
-    job of a test cluster runs it, and each of those tests would otherwise fail as if the product were broken
+    """Where Slurm tests are selected and the Slurm account or an ordinary user cannot run this checkout's
+    virtualenv (a clone in root's 0700 home): every hook, service and job of a test cluster runs it, and each
+    of those tests would fail as if the product were broken. As root, run the session again in a private
+    mount namespace in which the closed folders are searchable (on disk they stay as they are); otherwise,
+    or where that did not help, stop at once with one line naming the folder and the way out
     (docs/testing.md)."""
     if not any(item.get_closest_marker("slurm") for item in session.items) or missing_requirements():
         return
-    problem = checkout_out_of_reach((sys.executable, REPO), (slurm_account().pw_name, "nobody"))
-    if problem:
-        pytest.exit(problem, returncode=pytest.ExitCode.USAGE_ERROR)
+    users, paths = (slurm_account().pw_name, "nobody"), (sys.executable, REPO)
+    problem = checkout_out_of_reach(paths, users)
+    if not problem:
+        return
+    if os.geteuid() == 0 and not os.environ.get(OPEN_VIEW_VAR) and not hasattr(session.config, "workerinput") \
+            and shutil.which("unshare"):
+        closed = sorted({c for p in paths for u in users for c in closed_folders(p, u)}, key=lambda c: len(c.parts))
+        params = session.config.invocation_params
+        argv = open_view_argv(closed, [REPO, Path(sys.prefix)], [sys.executable, "-m", "pytest", *params.args])
+        if argv:
+            capture = session.config.pluginmanager.getplugin("capturemanager")
+            if capture is not None:
+                capture.suspend_global_capture(in_=True)
+            said = problem.split("from here: ", 1)[-1].split(" (hooks")[0]
+            sys.stderr.write(f"{said}: the session runs again in a private mount namespace where "
+                             f"{' '.join(map(str, closed))} are searchable (on disk they stay as they are)\n")
+            sys.stderr.flush()
+            os.chdir(params.dir)
+            os.execvpe(argv[0], argv, {**os.environ, OPEN_VIEW_VAR: "1"})
+    pytest.exit(problem, returncode=pytest.ExitCode.USAGE_ERROR)
 
 
 def _require_slurm() -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import os
 import re
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -19,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from devcluster import processes
-from devcluster.slurm_runtime import SLURM_USER, checkout_out_of_reach, unreachable_folder
+from devcluster.slurm_runtime import (SLURM_USER, checkout_out_of_reach, closed_folders, open_view_argv,
+                                     unreachable_folder)
 from gpushare.slurm.version import SlurmVersion
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -164,5 +166,35 @@ def test_a_checkout_below_a_0700_folder_is_named_as_out_of_reach() -> None:
         assert unreachable_folder(python, SLURM_USER) is None
         assert checkout_out_of_reach([python, outer / "clone"], [SLURM_USER, "nobody"]) is None
         assert subprocess.run(["runuser", "-u", SLURM_USER, "--", "test", "-x", str(python)]).returncode == 0
+    finally:
+        subprocess.run(["rm", "-rf", str(outer)], check=False)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare (util-linux)")
+def test_the_open_view_lets_the_slurm_account_through_and_leaves_the_disk_as_it_was() -> None:
+    """What a Slurm session from a clone in a 0700 folder runs in: the closed folders searchable inside a
+    private mount namespace, the checkout itself the real one (what is written there stays), and outside
+    nothing changed and no scratch folder left."""
+    outer = Path(tempfile.mkdtemp(prefix="gpushare-0700-", dir="/tmp"))
+    try:
+        clone = outer / "home" / "clone"
+        clone.mkdir(parents=True)
+        (clone / "hook").write_text("#!/bin/sh\necho reached\n")
+        (clone / "hook").chmod(0o755)
+        clone.chmod(0o755)
+        (outer / "home").chmod(0o700)
+        outer.chmod(0o700)
+        closed = closed_folders(clone / "hook", SLURM_USER)
+        assert closed == [outer, outer / "home"]
+        before = set(Path("/tmp").glob("gpushare-open-view-*"))
+        argv = open_view_argv(closed, [clone], ["sh", "-c", f"runuser -u {SLURM_USER} -- {clone}/hook && "
+                                                            f"echo kept > {clone}/written"])
+        assert argv is not None
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        assert (done.returncode, done.stdout) == (0, "reached\n"), done.stderr
+        assert (clone / "written").read_text() == "kept\n"  # on disk: the checkout was the real one
+        assert (outer.stat().st_mode & 0o777, (outer / "home").stat().st_mode & 0o777) == (0o700, 0o700)
+        assert set(Path("/tmp").glob("gpushare-open-view-*")) == before
+        assert unreachable_folder(clone / "hook", SLURM_USER) == outer  # outside the view: closed as before
     finally:
         subprocess.run(["rm", "-rf", str(outer)], check=False)
