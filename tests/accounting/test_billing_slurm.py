@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from devcluster.local_cluster import LocalCluster
+from devcluster.processes import scaled
 from gpushare.slurm_plugins.slurm_config import render_billing_lines
 
 pytestmark = pytest.mark.slurm
@@ -85,7 +86,7 @@ def _qos_limits_bound_shared_jobs(cluster: LocalCluster, tmp_path: Path, gib: in
     run("sacctmgr", "-i", "modify", "qos", "where", "name=onegpu", "set",
         "MaxTRESPerUser=gres/gpu=-1,gres/shard=-1,billing=" + str(1 + gib))
     run("scontrol", "update", f"jobid={extra}", "nice=1")  # a change makes the scheduler look again
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + scaled(20)
     while (reason := _pending_reason(cluster, extra)) == "PENDING QOSMaxGRESPerUser" and time.monotonic() < deadline:
         time.sleep(0.3)
     assert reason == "PENDING QOSMaxBillingPerUser", reason
@@ -93,7 +94,7 @@ def _qos_limits_bound_shared_jobs(cluster: LocalCluster, tmp_path: Path, gib: in
     run("scancel", str(holder))
     _running_or_done(cluster, extra)  # the holder gone, the shared job starts: the limit was the only bar
     # sacct: the shared job's billing (one CPU + 4 shards), stored by slurmdbd
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + scaled(30)
     alloc = ""
     while "billing=" not in alloc and time.monotonic() < deadline:
         alloc = run("sacct", "-j", str(extra), "-X", "-n", "-P", "-o", "AllocTRES").strip()

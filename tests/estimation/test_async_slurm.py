@@ -19,6 +19,7 @@ from gpushare.slurm_plugins.estimation_plan import ESTIMATION_JOB_PREFIX
 from gpushare.slurm.gres_request import plain_gres
 from gpushare.slurm.jobs import Job
 from devcluster.local_cluster import LOGIN_TEST_USER, LocalCluster
+from devcluster.processes import scaled
 
 TEST_USER = LOGIN_TEST_USER  # created by conftest (ensure_login_user)
 
@@ -161,7 +162,7 @@ def test_user_may_release_by_hand_and_the_record_says_so(est_cluster, work, user
     final = wait_released(est_cluster, job_id, timeout_s=30)
     assert final["decision"] == "exclusive" and "released by its user" in final["why"]
     assert plain_gres(est_cluster.wait_job(job_id).tres_per_node) == "shard:40"
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + scaled(20)
     while any(j.name == f"{ESTIMATION_JOB_PREFIX}{job_id}" and j.state in ("PENDING", "RUNNING")
               for j in estimation_jobs(est_cluster)):
         assert time.monotonic() < deadline, "orphaned estimation job not cancelled"
@@ -183,7 +184,7 @@ def test_fifty_jobs_at_once_all_released_within_caps(est_cluster, work, user):
         ids = list(pool.map(lambda i: submit_as_user(est_cluster, work, STUBS + f"python train{i % 10}.py\n",
                                                      f"--job-name=burst{i}")[0], range(50)))
     most = 0
-    deadline = time.monotonic() + 150
+    deadline = time.monotonic() + scaled(150)
     pending = set(ids)
     while pending:
         assert time.monotonic() < deadline, f"still held: {sorted(pending)}"

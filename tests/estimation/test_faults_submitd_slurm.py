@@ -30,6 +30,7 @@ from gpushare.slurm.gres_request import plain_gres
 from gpushare.slurm_plugins.decision import parse_record
 from gpushare.slurm_plugins.estimation_plan import ESTIMATION_JOB_PREFIX
 from devcluster.local_cluster import LOGIN_TEST_USER, LocalCluster
+from devcluster.processes import scaled
 
 pytestmark = [pytest.mark.slurm, pytest.mark.faults]
 
@@ -200,7 +201,7 @@ def test_submitd_killed_as_it_submits_an_estimation_job_never_estimates_twice(es
     write(work, "train.py", "# FAKE_PEAK_GIB=2\n# FAKE_SLEEP_S=3\n", user)
     job_id, _ = submit(est_cluster, work, STUBS + "python train.py\n")
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + scaled(60)
         while not estimation_jobs_for(est_cluster, job_id):
             assert time.monotonic() < deadline, "no estimation job submitted"
             time.sleep(0.02)

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from devcluster.local_cluster import LOGIN_TEST_USER, LocalCluster, ensure_login_user, missing_requirements
+from devcluster.processes import scaled
 from gpushare.slurm.gres_request import plain_gres
 from gpushare.slurm_plugins.decision import parse_record
 from gpushare.slurm_plugins.estimationd import EstimationService
@@ -82,7 +83,7 @@ def test_a_decoy_renamed_as_the_victims_estimation_does_not_size_it(est_cluster,
     # root may already have cancelled the renamed decoy (it carries our output name): the defence, not a failure
     assert release.returncode == 0 or "already finished" in release.stderr, release.stderr
 
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + scaled(20)
     while time.monotonic() < deadline:  # the service cancels the decoy; the old one attached it
         assert record_of(est_cluster, victim).get("est_job") != decoy, "the decoy was attached to the victim"
         found = est_cluster.client.job(decoy)
@@ -91,7 +92,7 @@ def test_a_decoy_renamed_as_the_victims_estimation_does_not_size_it(est_cluster,
         time.sleep(0.3)
 
     subprocess.run(["scancel", *sleepers], env=est_cluster.env, check=False)  # the victim's turn comes
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + scaled(90)
     while (final := record_of(est_cluster, victim)).get("decision") == "estimating":
         assert time.monotonic() < deadline, f"victim {victim} still held"
         time.sleep(0.3)

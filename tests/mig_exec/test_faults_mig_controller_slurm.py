@@ -18,6 +18,7 @@ import threading
 import time
 
 import pytest
+from devcluster.processes import scaled
 
 from gpushare.config import parse_config
 from gpushare.mig_manager.coordination import controller_pass
@@ -80,7 +81,7 @@ def test_slurmctld_restarted_twice_during_a_controller_coordinated_reshape_appli
                 outcome["error"] = exc
         worker = threading.Thread(target=node_run, daemon=True)
         worker.start()
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + scaled(60)
         while record()[0].state != "files" and time.monotonic() < deadline and worker.is_alive():
             time.sleep(0.2)
         report, _ = record()

@@ -21,6 +21,7 @@ import threading
 import time
 
 import pytest
+from devcluster.processes import scaled
 
 from gpushare.config import parse_config
 from gpushare.mig_manager.coordination import controller_pass
@@ -108,7 +109,7 @@ def test_controller_decides_and_writes_the_files_while_the_node_only_changes_its
                 outcome["error"] = exc
         worker = threading.Thread(target=node_run, daemon=True)
         worker.start()
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + scaled(30)
         while (record()[0].state != "files") and time.monotonic() < deadline and worker.is_alive():
             time.sleep(0.2)
         report, _ = record()

@@ -31,6 +31,7 @@ from gpushare.mig_manager.journal import JournalStore, Op
 from gpushare.mig_manager.reshape import build_executor, reshape_for_demand
 from gpushare.mig_manager.slurm_actions import SlurmNodeActions, gpu_counts
 from devcluster.local_cluster import LocalCluster
+from devcluster.processes import scaled
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 STANDBY = "gpu:1g.5gb:7,gpu:2g.10gb:3,gpu:3g.20gb:2,gpu:4g.20gb:1,gpu:7g.40gb:1"
@@ -95,7 +96,7 @@ def test_pending_mig_jobs_reshape_the_node_and_run_on_their_profiles(tmp_path: P
         assert gpu_counts(gres_now()) == {"7g.40gb": 1}
         # a job on the 7g.40gb: while it runs, demand plans nothing (never touch a busy instance)
         blocker, _ = client.sbatch("--gres=gpu:7g.40gb:1", "-o", str(base / "blocker.out"), "--wrap", "sleep 3")
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + scaled(20)
         while client.require_job(blocker).state != "RUNNING" and time.monotonic() < deadline:
             time.sleep(0.2)
         jobs = {}
@@ -152,7 +153,7 @@ def test_pending_mig_jobs_reshape_the_node_and_run_on_their_profiles(tmp_path: P
         # a CPU job runs on the node through the reshape: neither the restarts (22.05) nor the reconfigure
         # (24.11+) may end it
         cpu_job, _ = client.sbatch("-o", str(base / "cpu.out"), "--wrap", "echo start; sleep 6; echo done")
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + scaled(20)
         while client.require_job(cpu_job).state != "RUNNING" and time.monotonic() < deadline:
             time.sleep(0.2)
 

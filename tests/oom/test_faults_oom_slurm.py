@@ -27,6 +27,7 @@ import pytest
 
 from devcluster.local_cluster import LocalCluster, missing_requirements
 from devcluster.slurm_runtime import SLURM_USER, slurm_account
+from devcluster.processes import scaled
 from gpushare.atomic import write_json_atomic
 from gpushare.epilog.ledger import Ledger
 from gpushare.slurm.gres_request import plain_gres
@@ -72,7 +73,7 @@ def _half_done(cluster: LocalCluster, steps: list[str], released: bool, state: s
     out = cluster.base / "oom-faults"
     out.mkdir(exist_ok=True)
     job_id, _ = cluster.client.sbatch("--gres=shard:4", "-o", str(out / "job-%j.out"), script=JOB)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + scaled(60)
     while True:
         job = cluster.client.require_job(job_id)
         if job.state == "FAILED" and not job.completing:
@@ -117,7 +118,7 @@ def test_a_requeue_half_done_across_a_controller_restart_happens_once(cluster, s
     started = time.monotonic()
     cluster.restart_controller()
     _resume(cluster)
-    deadline = time.monotonic() + 60 + STALE_COMPLETION_S
+    deadline = time.monotonic() + scaled(60 + STALE_COMPLETION_S)
     eligible_since: float | None = None
     while True:
         job = cluster.client.require_job(job_id)
@@ -235,7 +236,7 @@ def test_observe_records_the_requeue_it_would_make_and_requeues_nothing(cluster)
                                           str(out / "job-%j.err"),
                                           script=f"#!/bin/sh\ncat >&2 <<'EOF'\n{message}EOF\nexit 1\n")
         ledger = Ledger(cluster.config().oom.ledger_dir)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + scaled(60)
         while ledger.get(str(job_id), 0) is None:
             assert time.monotonic() < deadline, f"no decision for {job_id}: {_log(cluster)}"
             time.sleep(0.2)

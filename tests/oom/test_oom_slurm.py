@@ -22,6 +22,7 @@ from gpushare.slurm.gres_request import plain_gres
 from oom_slurm_util import JOB, exclusive_gres, ledger_of, oom_log, oom_settings, trust_log_messages, wait_final
 from gpushare.estimate.source import cache_lookup
 from devcluster.local_cluster import LocalCluster, missing_requirements
+from devcluster.processes import scaled
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow,
               pytest.mark.skipif(missing_requirements() is not None, reason=str(missing_requirements()))]
@@ -134,7 +135,7 @@ def test_recovery_interrupted_by_a_controller_restart_is_finished(cluster: Local
     assert held.state == "PENDING" and held.priority == 0  # held across the restart
     trigger = submit(cluster, need=1)  # any job's end runs the hook, which resumes the recovery
     wait_final(cluster, trigger, restarts=0)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + scaled(60)
     while ledger.get(str(job_id), 0)["state"] != "done" and time.monotonic() < deadline:
         time.sleep(0.25)
     assert ledger.get(str(job_id), 0)["state"] == "done", oom_log(cluster)

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from devcluster.local_cluster import LocalCluster
+from devcluster.processes import scaled
 from gpushare.slurm_plugins.slurm_config import hook_wrapper, install_chains, install_hooks
 
 BROKEN = "#!/nonexistent/gpushare-venv/bin/python\nimport sys\nsys.exit(0)\n"  # what a removed virtualenv leaves
@@ -54,7 +55,7 @@ def test_a_prolog_that_cannot_start_python_does_not_drain_the_node(make_cluster,
 
     _set_prolog(cluster, str(broken / "gpushare-prolog"))  # the entry point itself, as slurm.conf named it before
     first, _ = cluster.client.sbatch("-D", str(tmp_path), "-o", "/dev/null", script=script)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + scaled(60)
     while "drain" not in _state(cluster):
         assert time.monotonic() < deadline, f"node state {_state(cluster)!r}: the broken Prolog did not drain it"
         time.sleep(0.5)

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from devcluster.local_cluster import LocalCluster, missing_requirements
+from devcluster.processes import scaled
 from gpushare.slurm.gres_request import plain_gres
 from gpushare.slurm_plugins.decision import parse_record
 from gpushare.slurm_plugins.queue_view import QueueView
@@ -37,7 +38,7 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
     try:
         made.start()
         log = base / "log" / "submitd.log"
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + scaled(30)
         while "queue view taken" not in (log.read_text() if log.exists() else ""):
             assert time.monotonic() < deadline, "gpushare-submitd took no view of the queue"
             time.sleep(0.2)
@@ -76,7 +77,7 @@ def test_jobs_keep_whole_gpus_while_idle_ones_are_left_then_share(cluster, job_d
     # the view read back from this Slurm: no idle GPU, the third pending (once the first two run)
     view = QueueView(cluster.client.run, 30.0)
     assert view.refresh()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + scaled(30)
     while cluster.client.require_job(second).state != "RUNNING":
         assert time.monotonic() < deadline
         time.sleep(0.2)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from devcluster.local_cluster import LocalCluster
+from devcluster.processes import scaled
 from gpushare.slurm.client import SlurmError
 from gpushare.slurm.gres_request import plain_gres
 from gpushare.slurm_plugins.decision import parse_record
@@ -90,7 +91,7 @@ def test_scope_sees_the_default_partition_and_observe_changes_nothing(make_clust
     log = cluster.base / "log" / "submitd.log"
     reloads = log.read_text().count("configuration reloaded")
     os.kill(cluster.pids["submitd"], signal.SIGHUP)
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + scaled(15)
     while log.read_text().count("configuration reloaded") == reloads:
         assert time.monotonic() < deadline, log.read_text()[-1000:]
         time.sleep(0.1)
@@ -170,7 +171,7 @@ def test_the_doctor_names_what_only_a_restart_applies_before_a_reconfigure_stops
 
     log = cluster.base / "log" / "slurmctld.log"
     cluster.client.run("scontrol", "reconfigure", check=False)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + scaled(30)
     while "failed to parse tres weights" not in log.read_text(errors="replace"):
         assert time.monotonic() < deadline, log.read_text(errors="replace")[-2000:]
         time.sleep(0.5)
@@ -210,7 +211,7 @@ def test_epilogslurmctld_reads_the_checked_file_through_its_wrapper(make_cluster
     wrapper = install_hooks(["EpilogSlurmctld"], cluster.bin_dir, cluster.base / "hooks", str(cluster.gpushare_conf))
     assert slot_problems(cfg, str(cluster.conf), "EpilogSlurmctld", wrapper["EpilogSlurmctld"]) == []
     second = run_with(wrapper["EpilogSlurmctld"])
-    deadline = time.monotonic() + 30  # EpilogSlurmctld runs after the job is reported complete
+    deadline = time.monotonic() + scaled(30)  # EpilogSlurmctld runs after the job is reported complete
     while not (oom_log.exists() and f"job {second}:" in oom_log.read_text()):
         assert time.monotonic() < deadline, "the pinned EpilogSlurmctld did not log to [oom] log_file"
         time.sleep(0.5)
