@@ -1,7 +1,7 @@
 """How the trace simulator's cost grows with the trace: wall time and peak RSS per run, growth exponent.
 
     python benchmarks/simulator_scale.py [--jobs 1000 10000 100000] [--gpus 64 256 1024] [--policy magm]
-                                         [--release 22.05] [--repeat 1]
+                                         [--release 22.05] [--repeat 1] [--load 0.8] [--json]
 
 What an admin would run before deploying: a synthetic Philly-format trace (``wait_seconds,num_tasks``:
 exponential gaps, 1-8 GPUs per job: 1, 1, 1, 1, 2, 2, 4 or 8 uniformly) read by the simulator's own trace
@@ -15,13 +15,15 @@ log(wall time) against log(jobs) at each cluster size; n log n over 1k-100k jobs
 defaults (or ``$GPUSHARE_CONFIG``), Slurm ``--release``, gpu-estimate's measured error as the estimator.
 ``--repeat N`` runs each case N times (each in a fresh process) and prints the median wall time, its range
 and the median CPU time of the run's process (user + system, which other work on a shared machine moves
-less than the wall time).
+less than the wall time). ``--json``: the run also writes ``gpushare simulate --json``'s document (to
+/dev/null), timed with it, as the command does.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import random
 import resource
 import statistics
@@ -33,7 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpushare.simulator import trace  # noqa: E402
+from gpushare.simulator import report, trace  # noqa: E402
 from gpushare.simulator.cli import THROUGHPUTS_NAME, data_dir  # noqa: E402
 from gpushare.simulator.engine import SimConfig  # noqa: E402
 from gpushare.simulator.runner import simulation  # noqa: E402
@@ -63,13 +65,18 @@ def settings(policy: str, release: str) -> dict[str, Any]:
     return {"estimator": "measured", "caps": live.caps, "recovery": live.recovery, "live": live}
 
 
-def run_one(jobs: int, gpus: int, policy: str, load: float, release: str = "22.05") -> dict[str, float]:
-    """One run in this (fresh) process: trace reading and simulation timed together, peak RSS after."""
+def run_one(jobs: int, gpus: int, policy: str, load: float, release: str = "22.05",
+            as_json: bool = False) -> dict[str, float]:
+    """One run in this (fresh) process: trace reading, simulation and (``as_json``) the JSON document timed
+    together, peak RSS after."""
     started = time.perf_counter()
     specs = trace.parse(synthetic_trace(jobs, gpus, load), "synthetic", 0)
     config = SimConfig(nodes=gpus // PER_NODE, gpus_per_node=PER_NODE, gpu="a100-80gb", policy=policy,
                        throughputs=data_dir(None) / THROUGHPUTS_NAME, **settings(policy, release))
     sim = simulation(specs, config).run()
+    if as_json:
+        with open(os.devnull, "w") as out:
+            report.write_json(sim, out)
     wall = time.perf_counter() - started
     done = sum(j.state == "done" for j in sim.jobs.values())
     end = max((j.end for j in sim.jobs.values() if j.end is not None), default=0.0)
@@ -78,7 +85,7 @@ def run_one(jobs: int, gpus: int, policy: str, load: float, release: str = "22.0
             "done": done, "days": end / 86400}
 
 
-def _isolated(args: tuple[int, int, str, float, str]) -> dict[str, float]:
+def _isolated(args: tuple[int, int, str, float, str, bool]) -> dict[str, float]:
     with ProcessPoolExecutor(1) as pool:  # a process of its own, so that ru_maxrss is this run's
         return pool.submit(run_one, *args).result()
 
@@ -98,16 +105,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load", type=float, default=0.8)
     parser.add_argument("--release", default="22.05", help="--policy live: the Slurm release")
     parser.add_argument("--repeat", type=int, default=1, help="runs per case; the table gives the median")
+    parser.add_argument("--json", action="store_true", help="time writing the --json document too")
     args = parser.parse_args(argv)
     deployed = f", Slurm {args.release}, shipped defaults" if args.policy == "live" else ""
     print(f"policy {args.policy}{deployed}, a100-80gb x 8 per node, offered load {args.load}, Philly-format "
-          f"synthetic trace, median of {args.repeat} run(s) per case\n")
+          f"synthetic trace{', --json document written' if args.json else ''}, median of {args.repeat} run(s) per "
+          f"case, load average before {os.getloadavg()[0]:.1f}\n")
     print("| jobs | GPUs | wall s (median) | min-max s | CPU s (median) | peak RSS MiB | completed | simulated days |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     results = []
     for gpus in args.gpus:
         for jobs in args.jobs:
-            runs = [_isolated((jobs, gpus, args.policy, args.load, args.release)) for _ in range(args.repeat)]
+            runs = [_isolated((jobs, gpus, args.policy, args.load, args.release, args.json))
+                    for _ in range(args.repeat)]
             walls = [x["wall_s"] for x in runs]
             r = dict(runs[0], wall_s=statistics.median(walls), cpu_s=statistics.median(x["cpu_s"] for x in runs),
                      rss_mib=max(x["rss_mib"] for x in runs))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -137,7 +138,10 @@ def command(trace_path: str | None, nodes: int, gpus_per_node: int, gpu: str, po
         return
     config = configs[0]
     sim = simulation(jobs, config).run()
-    click.echo(report.to_json(sim) if as_json else report.to_text(report.summarise(sim)))
+    if as_json:
+        report.write_json(sim, sys.stdout)
+    else:
+        click.echo(report.to_text(report.summarise(sim)))
     if plot_dir:
         from gpushare.simulator import plots  # matplotlib only when asked for
 

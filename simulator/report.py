@@ -10,9 +10,11 @@ makespan across GPUs.
 
 from __future__ import annotations
 
+import io
 import json
 import math
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, TextIO
 
 from gpushare.gpus import GiB
 
@@ -91,26 +93,61 @@ def summarise(sim: Any) -> dict[str, Any]:
 
 
 def job_records(sim: Any) -> list[dict[str, Any]]:
-    return [{
+    return list(_job_rows(sim))
+
+
+def _job_rows(sim: Any) -> Iterator[dict[str, Any]]:
+    return ({
         "job_id": j.spec.job_id, "model": j.spec.model, "batch": j.spec.batch, "gpus": j.spec.gpus,
         "mem_gib": j.spec.mem_gib, "request_gib": None if j.request is None else j.request / GiB,
         "submit_s": j.spec.submit_s, "start_s": j.first_start, "end_s": j.end, "state": j.state,
         "placed_on": j.gpus, "wait_s": j.wait_s, "exec_s": j.exec_s, "ooms": j.ooms,
         "neighbour_ooms": j.neighbour_ooms, "recovered": j.recovered,
         "ttfk_s": j.spec.ttfk_s, "reason": j.reason or None,
-    } for j in sorted(sim.jobs.values(), key=lambda j: j.spec.job_id)]
+    } for j in sorted(sim.jobs.values(), key=lambda j: j.spec.job_id))
 
 
 def gpu_timelines(sim: Any) -> list[dict[str, Any]]:
     """Per GPU, the step series the backend reported: [time s, memory used GiB, SMACT, power W] per change."""
-    return [{"index": g.index, "node": g.node, "energy_mj": sim.energy_j[g.index] / 1e6,
+    return list(_gpu_rows(sim))
+
+
+def _gpu_rows(sim: Any) -> Iterator[dict[str, Any]]:
+    return ({"index": g.index, "node": g.node, "energy_mj": sim.energy_j[g.index] / 1e6,
              "steps": [[round(t, 3), round(used / GiB, 3), round(a, 4), round(p, 1)] for t, used, a, _, _, p in g.history]}
-            for g in sim.gpus]
+            for g in sim.gpus)
+
+
+def write_json(sim: Any, out: TextIO) -> None:
+    """The ``--json`` document, ``{"version", "summary", "jobs", "gpus"}``, written to ``out`` as it is made:
+    one line per job and per GPU, compact separators, NaN as null.
+
+    Why streamed: 100,000 jobs on 1,024 GPUs make a document of hundreds of MB; building it whole (every row
+    a dict kept, then one indented string) took as long as the simulation and held all of it in memory."""
+    encode = json.JSONEncoder(allow_nan=False, separators=(",", ":")).encode
+
+    def dump(row: Any) -> str:
+        try:
+            return encode(row)
+        except ValueError:  # a NaN somewhere (rare): walk the row for it only then
+            return encode(clean(row))
+
+    out.write('{"version":1,\n"summary":' + dump(summarise(sim)) + ',\n"jobs":[')
+    for name, rows in (("jobs", _job_rows(sim)), ("gpus", _gpu_rows(sim))):
+        if name == "gpus":
+            out.write('],\n"gpus":[')
+        sep = "\n"
+        for row in rows:
+            out.write(sep + dump(row))
+            sep = ",\n"
+    out.write("]}\n")
 
 
 def to_json(sim: Any) -> str:
-    document = {"version": 1, "summary": summarise(sim), "jobs": job_records(sim), "gpus": gpu_timelines(sim)}
-    return json.dumps(clean(document), indent=2, allow_nan=False)
+    """``write_json``'s document as one string."""
+    buffer = io.StringIO()
+    write_json(sim, buffer)
+    return buffer.getvalue()
 
 
 def clean(value: Any) -> Any:

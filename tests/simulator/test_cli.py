@@ -51,6 +51,26 @@ def test_json_document_and_plots(tmp_path):
         assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
 
 
+def test_json_document_is_written_one_row_per_line_and_holds_what_the_records_hold():
+    """``--json`` streams its document (a large run's rows are not all built and then joined): one line per
+    job and per GPU, the same content as the records the report functions return."""
+    from gpushare.simulator import report
+    from gpushare.simulator.engine import SimConfig
+    from gpushare.simulator.runner import simulation
+
+    sim = simulation(trace.read(DATA / "carma_trace1.csv", seed=0),
+                     SimConfig(nodes=1, gpus_per_node=3, gpu="a100-40gb", policy="lug", estimator="none")).run()
+    text = report.to_json(sim)
+    lines = text.splitlines()
+    assert len(lines) == 4 + len(sim.jobs) + len(sim.gpus) and lines[0] == '{"version":1,'
+    doc = json.loads(text)
+    assert doc == report.clean({"version": 1, "summary": report.summarise(sim), "jobs": report.job_records(sim),
+                                "gpus": report.gpu_timelines(sim)})
+    assert simulate("--policy", "lug", "--json").stdout.splitlines()[2] == '"jobs":['  # the command streams it
+    sim.jobs[min(sim.jobs)].exec_s = float("nan")  # not JSON: written as null
+    assert json.loads(report.to_json(sim))["jobs"][0]["exec_s"] is None
+
+
 def test_bad_trace_line_is_one_line_error(tmp_path):
     bad = tmp_path / "t.csv"
     bad.write_text("0,1\n600,one\n")
