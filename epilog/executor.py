@@ -28,7 +28,7 @@ import time
 from typing import Any, Callable
 
 from gpushare.epilog.ledger import Ledger
-from gpushare.epilog.recovery import merge_oom_comment
+from gpushare.policy.oom_recovery import merge_oom_comment
 from gpushare.slurm.admin_comment import merge_write
 from gpushare.slurm.client import JobGone, SlurmClient, SlurmError, check_job_id
 from gpushare.slurm.gres_request import GresRequest

@@ -12,18 +12,8 @@ from pathlib import Path
 
 from gpushare.config import Config
 from gpushare.estimate.cache import write_learned_floor
-from gpushare.gpus import GiB, find_mig_profile
+from gpushare.policy.oom_recovery import failed_size_bytes
 from gpushare.slurm.gres_request import GresRequest
-
-
-def failed_size_bytes(request: GresRequest, cfg: Config) -> int | None:
-    """GPU memory the job had when it ran out: shards (1 GiB each) or its MIG slice; None if unknown."""
-    for item in request.items:
-        if item.name == "shard":
-            return item.count * GiB
-        if item.name == "gpu" and (profile := find_mig_profile(cfg.gpus.values(), item.type)):
-            return profile.usable_bytes
-    return None
 
 
 def learn_from_oom(cfg: Config, script: str, job_id: str, request: GresRequest, cap_bytes: int,

@@ -18,8 +18,10 @@ O_NOFOLLOW and refuses anything but a regular file (docs/oom-messages.md, "Secur
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable
+
+from gpushare.policy.oom_recovery import OomVerdict
 
 
 MAX_MESSAGE_CHARS = 300  # what we keep of a matched line: the ledger and the admin comment stay small
@@ -84,17 +86,6 @@ BUILTIN_PATTERNS: tuple[OomPattern, ...] = (
 def compile_patterns(extra: Iterable[str] = ()) -> tuple[OomPattern, ...]:
     """Built-in patterns plus the site's ``[oom] patterns_extra`` (validated at config load)."""
     return BUILTIN_PATTERNS + tuple(_p("site", text, "site configuration [oom] patterns_extra") for text in extra)
-
-
-@dataclass(frozen=True)
-class OomVerdict:
-    is_oom: bool
-    reason: str  # one line, for the log and the ledger
-    family: str | None = None
-    message: str | None = None  # the matched line, cleaned and shortened
-    source: str | None = None  # which log file it came from
-    problems: tuple[str, ...] = field(default=())  # files we could not read, and why
-    unread: bool = False  # it failed and no log could be read here (they may be on another host's disk)
 
 
 def _clean(line: str) -> str:

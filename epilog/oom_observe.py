@@ -16,8 +16,7 @@ import time
 from typing import Any
 
 from gpushare.epilog.ledger import Ledger
-from gpushare.epilog.oom_detect import OomVerdict
-from gpushare.epilog.recovery import Action, JobFacts
+from gpushare.policy.oom_recovery import Action, JobFacts, OomVerdict
 from gpushare.epilog.stored_record import WAIT_S, _fields_to_set, _live_record, rows
 from gpushare.slurm import record as record_format
 from gpushare.slurm.admin_comment import merge_fields, merge_write

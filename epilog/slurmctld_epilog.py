@@ -2,10 +2,12 @@
 
 slurmctld runs it as SlurmUser (often root) after every job, with the job's facts in the environment,
 no PATH and no SLURM_CONF. It asks Slurm for the job's structured record for the rest, reads the job's log tails as the
-job's user (gpushare.user_files), recognises an OOM (gpushare.epilog.oom_detect), decides (gpushare.epilog.recovery)
-and carries the decision out step by step, recording
-each step in the ledger (gpushare.epilog.ledger) so that a second run, or a run after a crash, finishes the same
-recovery instead of starting another one.
+job's user (gpushare.user_files) and recognises an OOM (gpushare.epilog.oom_detect). Recovery is gather → decide →
+act: the job's evidence is gathered once (gpushare.epilog.oom_evidence), judged by the pure decision
+(gpushare.policy.oom_recovery.decide), and carried out step by step (:func:`act`, gpushare.epilog.executor),
+recording each step in the ledger (gpushare.epilog.ledger) so that a second run, or a run after a crash, finishes
+the same recovery instead of starting another one. ``--finish`` and ``--resume`` continue that act from the
+ledger's entry; neither gathers nor decides again.
 
 Fail-safe (docs/style.md #10): every problem of ours is logged loudly and the exit status is always 0; a failed
 step never leaves a job held: if the GRES change is refused the job is still released.
@@ -23,50 +25,23 @@ import sys
 import time
 from typing import Any, Callable, Mapping
 
-from gpushare.epilog.corroborate import collateral_evidence, corroborate, own_overrun
 from gpushare.epilog.executor import execute, finish, resume_unfinished, spawn_finisher
 from gpushare.epilog.ledger import FINAL_STATES, Ledger
-from gpushare.epilog import task_epilog
-from gpushare.epilog.oom_detect import OomVerdict, classify, compile_patterns
+from gpushare.epilog.oom_evidence import detect, gather
 from gpushare.epilog.oom_observe import would_requeue
 from gpushare.oom_counts import count
-from gpushare.user_files import append_note, keep_logs, new_token, note_kept, read_tail, restore_logs
+from gpushare.user_files import append_note, keep_logs, new_token, note_kept, restore_logs
 from gpushare.epilog.learn import learn_from_oom
-from gpushare.epilog.recovery import RECOVERABLE_STATES, Action, JobFacts, decide, log_not_kept, whole_gpu_shards
+from gpushare.policy.oom_recovery import (RECOVERABLE_STATES, Action, JobFacts, OomEvidence, OomVerdict, decide,
+                                          log_not_kept, whole_gpu_shards)
 from gpushare.config import Config, load_config
 from gpushare.gpus import GiB
 from gpushare.slurm.client import SlurmClient, SlurmError, check_job_id
 from gpushare.slurm.hostlist import expand_hostlist, first_host
 from gpushare.slurm.jobs import Job, log_paths
-from gpushare.slurm.nodes import offered_gpu_types
 from gpushare.submitd_client import ask
 
 log = logging.getLogger("gpushare.epilog")
-
-
-def detect(job: JobFacts, cfg: Config) -> OomVerdict:
-    """Read each log tail as the job's user and classify; unreadable logs are noted, never fatal."""
-    if job.exit_code == 0 and job.exit_signal == 0:
-        return classify([], 0, 0, ())
-    tails: list[tuple[str, str | None]] = []  # (path, tail; None: unreadable)
-    problems: list[str] = []
-    for path in job.log_paths:
-        try:
-            tails.append((path, read_tail(path, cfg.oom.tail_bytes, job.uid, job.gid, cfg.oom.read_timeout_s)))
-        except OSError as exc:  # TailError, or an I/O error of the file system itself
-            problems.append(str(exc))
-            tails.append((path, None))
-    return classify(tails, job.exit_code, job.exit_signal, compile_patterns(cfg.oom.patterns_extra),
-                    tuple(problems))
-
-
-def mig_types(client: SlurmClient) -> set[str] | None:
-    """GPU types the cluster's nodes offer (``sinfo %G``); None when Slurm cannot tell us."""
-    try:
-        return offered_gpu_types(client)
-    except (SlurmError, OSError) as exc:
-        log.warning("cannot list GRES types (%s); any larger MIG profile is allowed", exc)
-        return None
 
 
 def _succeeded(env: Mapping[str, str]) -> bool:
@@ -127,17 +102,6 @@ def prefilter(env: Mapping[str, str], cfg: Config) -> tuple[str | None, OomVerdi
     return None, verdict
 
 
-def reported_from_node(job: JobFacts, verdict: OomVerdict) -> OomVerdict:
-    """``verdict``, or the OOM message the job's TaskEpilog read on the node and put in its Comment
-    (gpushare.epilog.task_epilog), for this run, when the logs here showed none."""
-    report = task_epilog.parse(job.comment)
-    if verdict.is_oom or report is None or report["restarts"] != job.restarts:
-        return verdict
-    return OomVerdict(True, f"GPU out of memory ({report['family']}) in {report['source']} on {job.node or 'its node'}, "
-                            "reported by the job's TaskEpilog", report["family"], report["line"],
-                      f"{job.node}:{report['source']}", verdict.problems)
-
-
 def handle(job_id: str, env: Mapping[str, str], client: SlurmClient, cfg: Config, ledger: Ledger,
            finish_later: Callable[[str, int], None] | None = None, slot_wait_s: float = 60.0,
            resume_later: Callable[[float], None] | None = None) -> str:
@@ -171,77 +135,62 @@ def _handle_heavy(job_id: str, env: Mapping[str, str], client: SlurmClient, cfg:
             return "busy: another run is handling this job"
         entry = ledger.get(job.job_id, job.restarts)
         if entry is None:
-            verdict = early if early is not None and _same_paths(early, job) else detect(job, cfg)
-            verdict = reported_from_node(job, verdict)
-            for problem in verdict.problems:
-                log.warning("job %s: %s", job.job_id, problem)
-            needs_types = bool(job.gres.named("gpu"))
-            collateral = collateral_evidence(job.record, cfg.agent.records_dir, job.job_id, job.restarts,
-                                             _ended_at(env), cfg.agent.backstop_grace_s + COLLATERAL_SLACK_S)
-            overran = own_overrun(job.record, cfg.agent.records_dir, job.job_id, job.restarts, job.gres, cfg) \
-                if collateral is not None else None
-            action = decide(job, verdict, cfg, ledger.retries_used(job.job_id),
-                            mig_types(client) if needs_types else None,
-                            corroborate(cfg, job.record, job.gres, job.job_id, job.restarts),
-                            ledger.user_recoveries(job.uid), whole_gpu_as_gpu=_gres_across_names(client),
-                            collateral=collateral, overran=overran,
-                            free_reruns=ledger.free_reruns(job.job_id))
+            evidence = gather(job, env, client, cfg, ledger, early)
+            action = decide(evidence, cfg)
             if action.kind == "none":
                 return f"none: {action.reason}"
-            # a pilot: record, requeue nothing; a job rewritten to shards under enforce before the switch keeps
-            # its recovery until it ends, as it keeps its caps and backstop (docs/submit-path.md)
-            if action.kind == "requeue" and cfg.policy.mode != "enforce" and \
-                    (job.record or {}).get("decision") != "shared":
-                if cfg.policy.mode == "off":
-                    return f"none: [policy] mode = off (enforce would requeue: {action.reason})"
-                return would_requeue(job, verdict, action, ledger, client)
-            token = new_token()
-            kept: list[str] = []
-            if action.kind == "requeue":  # before the rerun can start: it would truncate the logs
-                copies, why_not = _keep(job, cfg, token)
-                if copies is None:  # never requeued without: the rerun would truncate the log
-                    action = log_not_kept(action, why_not)
-                elif copies:
-                    kept = copies
-                    action = dataclasses.replace(
-                        action, oom={**(action.oom or {}), "kept": f"oom-run{job.restarts}.{token}"},
-                        user_message=f"{action.user_message} This run's output is kept in {', '.join(kept)}.")
-            if action.learn:
-                _learn(job, cfg, client)
-            if action.kind == "requeue" and action.charged:
-                ledger.note_user_recovery(job.uid)
-            entry = ledger.put({**_entry(job, verdict, action), **({"kept": kept} if kept else {})})
-            count(ledger.dir, action.kind)  # gpushare_oom_recoveries_total{outcome} on submitd's endpoint
-            ledger.append_history({"job": job.job_id, "restarts": job.restarts, "event": action.kind,
-                                   "reason": action.reason, "message": verdict.message})
-            if action.kind == "stay_failed":
-                log.warning("job %s: %s; matched: %s", job.job_id, action.reason, verdict.message)
-                _tell_user(job, action.user_message, cfg)
-                return f"stay_failed: {action.reason}"
-            log.warning("job %s: %s; matched: %s", job.job_id, action.reason, verdict.message)
-            if resume_later is not None:  # if this run dies part-way, a detached process finishes it
-                resume_later(RESUME_DELAY_S)
-            outcome = execute(entry, client, ledger, finish_later)
-            if outcome.startswith("requeue"):
-                _tell_user(job, action.user_message, cfg, kept=(token, kept) if kept else None)
-            elif kept:
-                _restore(job, cfg, token)
-            return outcome
+            return act(evidence, action, client, cfg, ledger, finish_later, resume_later)
         if entry.get("state") in FINAL_STATES:
             return f"already handled: {entry.get('state')}"
         return execute(entry, client, ledger, finish_later)
 
 
-def _ended_at(env: Mapping[str, str]) -> float:
-    """When the job ended: slurmctld's SLURM_JOB_END_TIME (26.05 sets it; measured), else now (the hook
-    runs as the job ends)."""
-    value = env.get("SLURM_JOB_END_TIME", "")
-    return float(value) if value.isdigit() else time.time()
-
-
-def _same_paths(verdict: OomVerdict, job: JobFacts) -> bool:
-    """The early verdict read the same files Slurm's record names (else read them again)."""
-    return verdict.source is None or verdict.source in job.log_paths
+def act(evidence: OomEvidence, action: Action, client: SlurmClient, cfg: Config, ledger: Ledger,
+        finish_later: Callable[[str, int], None] | None = None,
+        resume_later: Callable[[float], None] | None = None) -> str:
+    """Carry out ``action`` (a requeue or a stay-failed) decided on ``evidence``: observe mode's record of it, the
+    failed run's logs kept aside, the lesson learned, the ledger's entry, the executor's steps and the user's
+    note; returns what happened. Runs under the ledger's claim of the job's run."""
+    job, verdict = evidence.job, evidence.verdict
+    # a pilot: record, requeue nothing; a job rewritten to shards under enforce before the switch keeps
+    # its recovery until it ends, as it keeps its caps and backstop (docs/submit-path.md)
+    if action.kind == "requeue" and cfg.policy.mode != "enforce" and \
+            (job.record or {}).get("decision") != "shared":
+        if cfg.policy.mode == "off":
+            return f"none: [policy] mode = off (enforce would requeue: {action.reason})"
+        return would_requeue(job, verdict, action, ledger, client)
+    token = new_token()
+    kept: list[str] = []
+    if action.kind == "requeue":  # before the rerun can start: it would truncate the logs
+        copies, why_not = _keep(job, cfg, token)
+        if copies is None:  # never requeued without: the rerun would truncate the log
+            action = log_not_kept(action, why_not)
+        elif copies:
+            kept = copies
+            action = dataclasses.replace(
+                action, oom={**(action.oom or {}), "kept": f"oom-run{job.restarts}.{token}"},
+                user_message=f"{action.user_message} This run's output is kept in {', '.join(kept)}.")
+    if action.learn:
+        _learn(job, cfg, client)
+    if action.kind == "requeue" and action.charged:
+        ledger.note_user_recovery(job.uid)
+    entry = ledger.put({**_entry(job, verdict, action), **({"kept": kept} if kept else {})})
+    count(ledger.dir, action.kind)  # gpushare_oom_recoveries_total{outcome} on submitd's endpoint
+    ledger.append_history({"job": job.job_id, "restarts": job.restarts, "event": action.kind,
+                           "reason": action.reason, "message": verdict.message})
+    if action.kind == "stay_failed":
+        log.warning("job %s: %s; matched: %s", job.job_id, action.reason, verdict.message)
+        _tell_user(job, action.user_message, cfg)
+        return f"stay_failed: {action.reason}"
+    log.warning("job %s: %s; matched: %s", job.job_id, action.reason, verdict.message)
+    if resume_later is not None:  # if this run dies part-way, a detached process finishes it
+        resume_later(RESUME_DELAY_S)
+    outcome = execute(entry, client, ledger, finish_later)
+    if outcome.startswith("requeue"):
+        _tell_user(job, action.user_message, cfg, kept=(token, kept) if kept else None)
+    elif kept:
+        _restore(job, cfg, token)
+    return outcome
 
 
 def _learn(job: JobFacts, cfg: Config, client: SlurmClient) -> None:
@@ -254,15 +203,6 @@ def _learn(job: JobFacts, cfg: Config, client: SlurmClient) -> None:
             log.info("job %s: raised the cached estimate of its batch script (%s)", job.job_id, path.name)
     except Exception as exc:  # noqa: BLE001 - learning is a bonus; recovery must go on
         log.warning("job %s: could not update the estimate cache: %s", job.job_id, exc)
-
-
-def _gres_across_names(client: SlurmClient) -> bool:
-    """Whether this Slurm lets a held job change ``shard`` → ``gpu`` (24.11+); False when unknown."""
-    try:
-        return client.version.held_gres_across_names
-    except (SlurmError, OSError, ValueError, AttributeError) as exc:
-        log.info("Slurm release unknown (%s): the exclusive retry asks for all shards of a GPU", exc)
-        return False
 
 
 def _job(client: SlurmClient, job_id: str) -> Job | None:
@@ -344,9 +284,6 @@ def _client(cfg: Config) -> SlurmClient:
     return SlurmClient.from_config(cfg)
 
 
-# How long after the agent first saw a neighbour over its cap a job's OOM still counts as collateral, on top of
-# the backstop's grace: the neighbour is stopped by then, and a victim fails within seconds of its allocation.
-COLLATERAL_SLACK_S = 60.0
 RESUME_DELAY_S = 45.0  # past resume_unfinished's 30 s minimum age: a live hook run is never raced
 
 

@@ -381,7 +381,7 @@ def test_a_folder_swapped_for_a_link_does_not_make_the_hook_read_slurmusers_file
     """SlurmUser is unprivileged, so the hook reads as SlurmUser: the user swapped the log's folder for a link
     to SlurmUser's own folder between the job's end and the hook, where a 0600 file of SlurmUser's has the log's
     name (and an OOM line). Its lines are not matched: the opened file is not the job's user's."""
-    from gpushare.epilog.recovery import JobFacts
+    from gpushare.policy.oom_recovery import JobFacts
     from gpushare.slurm.gres_request import GresRequest
 
     slurm_user = pwd.getpwnam("nobody").pw_uid
@@ -436,14 +436,13 @@ def test_two_jobs_over_their_caps_do_not_excuse_each_other(tmp_path: Path) -> No
 def test_the_decision_never_calls_an_offender_collateral(tmp_path: Path) -> None:
     """The decision itself, with both jobs' evidence: each is the other's marked victim, and each record
     shows its own overrun (its peak over its cap, or the backstop acting on it, in the AdminComment or in the
-    agent's run record)."""
-    from gpushare.epilog.corroborate import collateral_evidence, own_overrun
-    from gpushare.epilog.oom_detect import OomVerdict
-    from gpushare.epilog.recovery import JobFacts, decide
+    agent's run record). Each OOM counts as corroborated, so only the collateral rule is judged."""
+    from gpushare.epilog.oom_evidence import run_records
+    from gpushare.policy.oom_recovery import JobFacts, OomEvidence, OomVerdict, collateral_note, decide, own_overrun
     from gpushare.slurm.gres_request import GresRequest
     from gpushare.slurm.record import parse as parse_record
 
-    cfg = _cfg(tmp_path)
+    cfg = _cfg(tmp_path, corroborate="no")
     records = tmp_path / "records"
     records.mkdir(mode=0o755)
     now = time.time()
@@ -456,14 +455,15 @@ def test_the_decision_never_calls_an_offender_collateral(tmp_path: Path) -> None
         facts = JobFacts(job_id=job_id, state="COMPLETING", exit_code=1, exit_signal=0, restarts=0,
                          gres=GresRequest.parse("gres:shard:4"), node="n1", uid=7, gid=7, log_paths=("/e",),
                          record=record)
-        note = collateral_evidence(record, str(records), job_id, 0, now, 70.0)
-        overran = own_overrun(record, str(records), job_id, 0, facts.gres, cfg)
+        evidence = OomEvidence(facts, verdict, run_records(str(records), job_id, 0), ended_at=now)
+        note = collateral_note(record, evidence.run_records, now, 70.0)
+        overran = own_overrun(record, evidence.run_records, facts.gres, cfg)
         assert note is not None and overran is not None, job_id
-        action = decide(facts, verdict, cfg, 0, corroboration=(True, "measured"), collateral=note, overran=overran)
+        action = decide(evidence, cfg)
         assert action.kind == "requeue" and action.charged and "collateral" not in action.reason, (job_id, action)
         assert action.new_gres == "gres:shard:40" and action.oom and action.oom["n"] == 1
     victim = parse_record(_collateral(now - 3))  # a real victim (peak 1 GiB of 4) still gets its free re-run
-    assert own_overrun(victim, str(records), "14", 0, GresRequest.parse("gres:shard:4"), cfg) is None
+    assert own_overrun(victim, run_records(str(records), "14", 0), GresRequest.parse("gres:shard:4"), cfg) is None
 
 
 @pytest.mark.hostile
@@ -473,8 +473,7 @@ def test_collateral_reruns_are_bounded_whatever_notes_a_job_carries(runs: list[t
                                                                     max_retries: int) -> None:
     """Any sequence of OOMs of one job, each with or without a neighbour's note and with or without its own
     corroboration: at most one re-run is free, and the job is requeued at most ``max_retries`` + 1 times."""
-    from gpushare.epilog.oom_detect import OomVerdict
-    from gpushare.epilog.recovery import JobFacts, decide
+    from gpushare.policy.oom_recovery import JobFacts, OomEvidence, OomVerdict, decide, failed_size_bytes
     from gpushare.slurm.gres_request import GresRequest
 
     cfg = parse_config({"oom": {"max_retries": max_retries, "max_recoveries_per_user_day": 0},
@@ -483,10 +482,12 @@ def test_collateral_reruns_are_bounded_whatever_notes_a_job_carries(runs: list[t
     record: dict[str, Any] = {"decision": "shared", "run": {"peak_gib": 1.0}, "v": 1}
     gres, charged, free = "gres:shard:4", 0, 0
     for restarts, (noted, backed) in enumerate(runs):
+        request = GresRequest.parse(gres)
+        note = {"collateral": {"by": "7", "gpu": 0, "at": 1.0}} if noted else {}
         facts = JobFacts(job_id="1", state="COMPLETING", exit_code=1, exit_signal=0, restarts=restarts,
-                         gres=GresRequest.parse(gres), node="n1", uid=7, gid=7, log_paths=("/e",), record=record)
-        action = decide(facts, verdict, cfg, charged, corroboration=(backed, "x"),
-                        collateral={"by": "7", "gpu": 0, "at": 1.0} if noted else None)
+                         gres=request, node="n1", uid=7, gid=7, log_paths=("/e",), record={**record, **note})
+        measured = ({"gpus": {"0": {"peak_bytes": failed_size_bytes(request, cfg)}}},) if backed else ()  # share full
+        action = decide(OomEvidence(facts, verdict, measured, retries_used=charged, ended_at=1.0), cfg)
         if action.kind != "requeue":
             break
         charged, free = charged + action.charged, free + (not action.charged)

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gpushare.epilog.learn import failed_size_bytes, learn_from_oom
+from gpushare.epilog.learn import learn_from_oom
+from gpushare.policy.oom_recovery import failed_size_bytes
 from gpushare.estimate.cache import learned_document
 from gpushare.config import parse_config
 from gpushare.gpus import GiB

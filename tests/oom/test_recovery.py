@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
-from gpushare.epilog.oom_detect import OomVerdict
-from gpushare.epilog.recovery import JobFacts, decide, merge_oom_comment, next_mig_profile, whole_gpu_shards
+from gpushare.config import Config
+from gpushare.policy.oom_recovery import (Action, JobFacts, OomEvidence, OomVerdict, decide as decide_on,
+                                          failed_size_bytes, merge_oom_comment, next_mig_profile, whole_gpu_shards)
 from gpushare.slurm.hostlist import expand_hostlist
 from gpushare.slurm.jobs import job_from_json
 from oom_fake_slurm import FakeSlurm
@@ -27,6 +29,17 @@ def cfg(**oom: object):  # type: ignore[no-untyped-def]
 
 def job(**fields: str) -> JobFacts:
     return JobFacts.from_job(FakeSlurm(fields).job("1"), {})
+
+
+def decide(facts: JobFacts, verdict: OomVerdict, config: Config, retries_used: int = 0,
+           mig_available: set[str] | None = None, whole_gpu_as_gpu: bool = False) -> Action:
+    """The decision on the evidence of a corroborated OOM (gpushare sized the job, the agent measured its share
+    full), so these tests judge the sizes and the bounds; tests/oom/test_oom_decision.py judges the evidence."""
+    share = failed_size_bytes(facts.gres, config)
+    backed = dataclasses.replace(facts, record={"decision": "shared", **(facts.record or {})})
+    return decide_on(OomEvidence(backed, verdict, ({"gpus": {"0": {"peak_bytes": share}}},) if share else (),
+                                 retries_used=retries_used, mig_available=mig_available,
+                                 whole_gpu_as_gpu=whole_gpu_as_gpu), config)
 
 
 def test_facts_from_the_structured_record() -> None:

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from gpushare.epilog import task_epilog
-from gpushare.epilog.oom_detect import OomVerdict
-from gpushare.epilog.recovery import JobFacts
+from gpushare.policy.oom_recovery import JobFacts, OomVerdict
 from gpushare.slurm.gres_request import GresRequest
-from gpushare.epilog.slurmctld_epilog import reported_from_node
+from gpushare.epilog.oom_evidence import reported_from_node
 
 LINE = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
 

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from gpushare.epilog.recovery import JobFacts
+from gpushare.policy.oom_recovery import JobFacts
 from gpushare.slurm.gres_request import plain_gres
 from gpushare.slurm.jobs import ENDED_STATES
 from gpushare.slurm.version import SUPPORTED

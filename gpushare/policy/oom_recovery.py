@@ -1,5 +1,12 @@
-"""What to do with a job that ended: requeue it on a whole GPU (or a bigger MIG slice), leave it failed,
-or nothing. Pure: job facts, the OOM verdict and the config in, an Action out; no I/O, no clock.
+"""OOM recovery's decision: requeue a job that ran out of GPU memory on a whole GPU (or a bigger MIG slice),
+re-run a neighbour's victim on its own share, leave it failed, or nothing. Pure: one evidence record and the
+settings in, an Action out; no I/O, no clock.
+
+Recovery is gather → decide → act. The EpilogSlurmctld gathers (gpushare.epilog.oom_evidence: Slurm's record
+of the job and the hook's environment, the logs' tail read as the job's user, the node agent's run records, the
+ledger's counts, the cluster's GPU types and Slurm's release) into one :class:`OomEvidence`; :func:`decide`
+judges it here; the hook and its executor act (gpushare.epilog.executor: hold, GRES, record, release, boost; the
+user's note), and ``--finish`` and ``--resume`` continue that act from the ledger's entry, never deciding again.
 
 Why these actions (docs/compatibility.md): a held job's GRES may change only within the same name and typed
 form, so a ``shard`` job is re-sized to *all the shards of one GPU* (exclusive in effect, since shard
@@ -9,17 +16,39 @@ priority in both priority/basic and priority/multifactor, and survives ``scontro
 set priority does not). Retries are bounded by ``[oom] max_retries``; the count comes from the ledger
 and from the job's own record, whichever is higher, so neither a lost ledger nor a rewritten comment can
 unbound it.
+
+Why corroboration: a log line is the user's text. A ``shard:1`` job that prints PyTorch's OOM message and exits
+1 would otherwise be re-run on a whole GPU, and many cheap jobs could repeat that. So the whole-GPU (or larger
+MIG) re-run is granted only when root-written records agree that the job really filled its share
+(:func:`corroborate`):
+
+- the job was sized by gpushare (its ``gpushare:`` AdminComment record says ``decision: shared``); a job
+  that asked for shards itself gets no free upgrade (MIG slices are exempt from this part: their memory
+  limit is enforced by the hardware, and the upgrade is one profile);
+- and the node agent measured the job's device memory at least ``[oom] corroborate_fraction`` of its share
+  (gpushare.config.CORROBORATE_FRACTION by default, the fraction the agent also writes a job's peak at),
+  either in the record's ``run.peak_gib`` (written by the agent and the node Epilog) or in the agent's run
+  record of the job when the controller can read it (co-located or shared).
+
+NVML reports no per-process "out of memory" event, so the device itself cannot testify; peak memory near
+the cap is the evidence a real OOM leaves. ``[oom] corroborate = "no"`` restores trust in the log alone.
+
+A *collateral* OOM (:func:`collateral_note`) is the other case: the job did not fill its share, but a
+neighbour on its GPU was over its own cap when the job failed. The node agent, which saw the neighbour
+over, wrote ``collateral: {by, gpu, at}`` into the job's record (AdminComment, and its run record); the
+job is then re-run on its own share, the first time at no cost to its user, unless :func:`own_overrun`
+shows the job was over its own cap as well: an offender is never a victim.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Any, Mapping
+from collections.abc import Set
+from dataclasses import dataclass, field
+from typing import Any, Mapping, TypeGuard
 
-from gpushare.epilog.oom_detect import OomVerdict
 from gpushare.config import Config
-from gpushare.gpus import MigProfile, find_mig_profile
+from gpushare.gpus import GiB, MigProfile, find_mig_profile
 from gpushare.slurm import record as record_format
 from gpushare.slurm.record import parse as parse_record
 from gpushare.slurm.jobs import Job, log_paths
@@ -28,6 +57,23 @@ from gpushare.slurm.gres_request import GresItem, GresRequest, format_gres
 
 # EpilogSlurmctld sees the job while it is still COMPLETING; the exit status then tells failure apart.
 RECOVERABLE_STATES = ("FAILED", "COMPLETING", "")
+MAX_FREE_COLLATERAL = 1  # free collateral re-runs of one job; a later OOM, collateral or not, is charged
+# How long after the agent first saw a neighbour over its cap a job's OOM still counts as collateral, on top of
+# the backstop's grace: the neighbour is stopped by then, and a victim fails within seconds of its allocation.
+COLLATERAL_SLACK_S = 60.0
+
+
+@dataclass(frozen=True)
+class OomVerdict:
+    """What the job's log tails (or its TaskEpilog's report) say: gpushare.epilog.oom_detect.classify."""
+
+    is_oom: bool
+    reason: str  # one line, for the log and the ledger
+    family: str | None = None
+    message: str | None = None  # the matched line, cleaned and shortened
+    source: str | None = None  # which log file it came from
+    problems: tuple[str, ...] = field(default=())  # files we could not read, and why
+    unread: bool = False  # it failed and no log could be read here (they may be on another host's disk)
 
 
 def _int(text: str | None, default: int = 0) -> int:
@@ -121,6 +167,127 @@ class Action:
     charged: bool = True  # counts against the user's daily budget (False: collateral, the neighbour's doing)
 
 
+@dataclass(frozen=True)
+class OomEvidence:
+    """Everything :func:`decide` judges one ended run of a job by, gathered once (gpushare.epilog.oom_evidence).
+
+    Only ``job`` and ``verdict`` come from text the user can shape (the logs, through the verdict); the run
+    records are the node agent's, in a folder only root writes, and the counts are the ledger's."""
+
+    job: JobFacts  # Slurm's structured record and the hook's environment, with our gpushare: record
+    verdict: OomVerdict  # the logs' tail as the job's user reads it, or the TaskEpilog's report from the node
+    run_records: tuple[Mapping[str, Any], ...] = ()  # the agent's records of this run (``[agent] records_dir``)
+    retries_used: int = 0  # the ledger's charged requeues of the job (Ledger.retries_used)
+    free_reruns: int = 0  # the ledger's free collateral re-runs of the job (Ledger.free_reruns)
+    user_recoveries: int = 0  # the ledger's requeues of this user's jobs in the last 24 hours
+    mig_available: Set[str] | None = None  # GPU types the cluster's nodes offer (``sinfo``); None: unknown
+    whole_gpu_as_gpu: bool = False  # the release accepts shard -> gpu on a held job (held_gres_across_names)
+    ended_at: float = 0.0  # when the job ended (slurmctld's SLURM_JOB_END_TIME, else when the hook ran)
+
+
+# --- the agent's evidence: measured peak, own overrun, a neighbour's overrun --------------------------------
+
+
+def _number(value: Any) -> TypeGuard[int | float]:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def failed_size_bytes(request: GresRequest, cfg: Config) -> int | None:
+    """GPU memory the job had when it ran out: shards (1 GiB each) or its MIG slice; None if unknown."""
+    for item in request.items:
+        if item.name == "shard":
+            return item.count * GiB
+        if item.name == "gpu" and (profile := find_mig_profile(cfg.gpus.values(), item.type)):
+            return profile.usable_bytes
+    return None
+
+
+def measured_peak_bytes(record: Mapping[str, Any] | None, run_records: tuple[Mapping[str, Any], ...]) -> int | None:
+    """The largest device memory gpushare measured for this run of the job; None when nobody measured it."""
+    peaks: list[int] = []
+    run = (record or {}).get("run")
+    if isinstance(run, dict) and _number(run.get("peak_gib")):
+        peaks.append(int(float(run["peak_gib"]) * GiB))
+    for entry in run_records:
+        for gpu in (entry.get("gpus") or {}).values():
+            value = gpu.get("peak_bytes") if isinstance(gpu, dict) else None
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                peaks.append(value)
+    return max(peaks) if peaks else None
+
+
+def collateral_note(record: Mapping[str, Any] | None, run_records: tuple[Mapping[str, Any], ...],
+                    ended_at: float, window_s: float) -> dict[str, Any] | None:
+    """The agent's note that a neighbour was over its cap on this job's GPU, when the job ended within
+    ``window_s`` after the agent first saw it (and not before it, less a few seconds of clock skew
+    between node and controller); None otherwise. Only root writes either place it is read from."""
+    found: list[Any] = [(record or {}).get("collateral"), *(entry.get("collateral") for entry in run_records)]
+    for note in found:
+        if not isinstance(note, dict) or not isinstance(note.get("by"), str):
+            continue
+        at = note.get("at")
+        if _number(at) and at - 5.0 <= ended_at <= at + window_s:
+            return note
+    return None
+
+
+def own_overrun(record: Mapping[str, Any] | None, run_records: tuple[Mapping[str, Any], ...],
+                request: GresRequest, cfg: Config) -> str | None:
+    """What shows that this run of the job was itself over its GPU memory cap, from records only root writes:
+    the node agent's backstop acted on it (``run.stop``, or an ``oom`` entry in its run record), or its
+    measured peak exceeded its cap (``run.cap_gib`` / the run record's ``caps.mem_limit_mib``; its share when
+    neither is known) by more than the backstop's tolerance, the agent's own test for an offender. None when
+    nothing shows it.
+
+    Why: two jobs over their caps on one GPU are each marked as the other's victim; a job over its own cap is
+    an offender, never collateral."""
+    run = (record or {}).get("run")
+    run = run if isinstance(run, dict) else {}
+    if run.get("stop") == "agent-backstop":
+        return "the node agent's backstop acted on it"
+    caps: list[int] = []
+    cap_gib = run.get("cap_gib")
+    if _number(cap_gib) and cap_gib > 0:
+        caps.append(int(cap_gib * GiB))
+    for entry in run_records:
+        oom = entry.get("oom")
+        if isinstance(oom, dict) and oom.get("source") == "agent-backstop":
+            return "the node agent's backstop acted on it"
+        limit = (entry.get("caps") or {}).get("mem_limit_mib") if isinstance(entry.get("caps"), dict) else None
+        if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
+            caps.append(limit << 20)
+    cap = min(caps) if caps else failed_size_bytes(request, cfg)
+    peak = measured_peak_bytes(record, run_records)
+    tolerance = cfg.agent.backstop_tolerance_mib << 20
+    if cap and peak is not None and peak > cap + tolerance:
+        return f"its measured GPU memory peaked at {peak / GiB:.1f} GiB, over its {cap / GiB:.1f} GiB cap"
+    return None
+
+
+def _is_mig(request: GresRequest, cfg: Config) -> bool:
+    return any(find_mig_profile(cfg.gpus.values(), item.type) for item in request.named("gpu"))
+
+
+def corroborate(cfg: Config, record: Mapping[str, Any] | None, request: GresRequest,
+                run_records: tuple[Mapping[str, Any], ...]) -> tuple[bool, str]:
+    """(True, evidence) when the OOM is backed by our own records, else (False, what is missing)."""
+    if cfg.oom.corroborate == "no":
+        return True, "not checked ([oom] corroborate = no)"
+    if not _is_mig(request, cfg) and (record or {}).get("decision") != "shared":
+        return False, "its GPU share was not sized by gpushare (no 'shared' decision in its record)"
+    share = failed_size_bytes(request, cfg)
+    if not share:
+        return False, f"the size of its GPU share ({request.text[:60]!r}) is unknown"
+    peak = measured_peak_bytes(record, run_records)
+    if peak is None:
+        return False, "no measurement of its GPU memory (node agent) backs the message"
+    need = cfg.oom.corroborate_fraction * share
+    if peak < need:
+        return False, (f"its measured GPU memory peaked at {peak / GiB:.1f} GiB, below "
+                       f"{cfg.oom.corroborate_fraction:.0%} of its {share / GiB:.1f} GiB share")
+    return True, f"measured peak {peak / GiB:.1f} GiB of a {share / GiB:.1f} GiB share"
+
+
 # --- hostlists and GPU sizes ------------------------------------------------------------------------
 
 
@@ -145,7 +312,7 @@ def node_model(cfg: Config, node: str) -> str | None:
     return None
 
 
-def next_mig_profile(cfg: Config, profile_name: str, available: set[str] | None = None,
+def next_mig_profile(cfg: Config, profile_name: str, available: Set[str] | None = None,
                      model_name: str | None = None) -> MigProfile | None:
     """The smallest profile with more memory than ``profile_name`` on the same GPU model (None: none).
 
@@ -171,7 +338,7 @@ def is_mig_type(cfg: Config, type_name: str | None) -> bool:
 # --- the decision -----------------------------------------------------------------------------------
 
 
-def _bigger_request(job: JobFacts, cfg: Config, mig_available: set[str] | None,
+def _bigger_request(job: JobFacts, cfg: Config, mig_available: Set[str] | None,
                     whole_gpu_as_gpu: bool = False) -> tuple[str | None, str]:
     """(new tres_per_node, why) or (None, why not).
 
@@ -226,36 +393,33 @@ def merge_oom_comment(existing: str | None, oom: dict[str, Any]) -> str | None:
     return record_format.render({**kept, "oom": oom})
 
 
-MAX_FREE_COLLATERAL = 1  # free collateral re-runs of one job; a later OOM, collateral or not, is charged
+def decide(evidence: OomEvidence, cfg: Config) -> Action:
+    """Choose the action for one ended job from its evidence and the settings. Never raises on job content.
 
-
-def decide(job: JobFacts, verdict: OomVerdict, cfg: Config, retries_used: int,
-           mig_available: set[str] | None = None, corroboration: tuple[bool, str] = (True, ""),
-           user_recoveries: int = 0, whole_gpu_as_gpu: bool = False,
-           collateral: dict[str, Any] | None = None, overran: str | None = None, free_reruns: int = 0) -> Action:
-    """Choose the action for one ended job. Never raises on job content.
-
-    ``corroboration`` is gpushare.epilog.corroborate's verdict on the log message; ``user_recoveries``
-    the requeues this user's jobs already got in the last 24 hours (the ledger's per-user budget);
-    ``whole_gpu_as_gpu``: the Slurm release accepts ``shard`` → ``gpu`` on a held job
-    (``SlurmVersion.held_gres_across_names``); ``collateral``: the agent's note that a neighbour was over its
-    cap on the job's GPU when it failed (gpushare.epilog.corroborate.collateral_evidence); ``overran``: what
-    shows the job was over its own cap too (gpushare.epilog.corroborate.own_overrun), which makes it no
-    victim; ``free_reruns``: the free collateral re-runs the ledger counted for it. ``retries_used`` counts
-    the charged requeues only (gpushare.epilog.ledger.Ledger.retries_used).
+    The log's OOM message is corroborated by the agent's measurements (:func:`corroborate`); a job the agent
+    marked a neighbour's victim (:func:`collateral_note`, within the backstop's grace plus
+    ``COLLATERAL_SLACK_S`` of the mark) is re-run on its own share unless it was over its own cap too
+    (:func:`own_overrun`); ``evidence.retries_used`` counts the charged requeues only, and
+    ``evidence.user_recoveries`` the requeues this user's jobs already got in the last 24 hours (the ledger's
+    per-user budget).
     """
+    job, verdict = evidence.job, evidence.verdict
     if not verdict.is_oom:
         return Action("none", verdict.reason)
     if job.state not in RECOVERABLE_STATES:
         return Action("none", f"state {job.state}: only failed jobs are recovered")
     limit = cfg.oom.max_retries
     previous = (job.record or {}).get("oom")
-    spent = max(retries_used, _int(previous.get("n")) if isinstance(previous, dict) else 0)
+    spent = max(evidence.retries_used, _int(previous.get("n")) if isinstance(previous, dict) else 0)
     family = verdict.family or "unknown"
-    free_used = max(free_reruns, _int(previous.get("coll")) if isinstance(previous, dict) else 0)
+    free_used = max(evidence.free_reruns, _int(previous.get("coll")) if isinstance(previous, dict) else 0)
     budget = cfg.oom.max_recoveries_per_user_day
-    if overran is None:  # a job over its own cap is an offender, whoever else was over beside it
-        victim = _collateral(job, collateral, spent, limit, family, cfg, free_used,
+    user_recoveries = evidence.user_recoveries
+    note = collateral_note(job.record, evidence.run_records, evidence.ended_at,
+                           cfg.agent.backstop_grace_s + COLLATERAL_SLACK_S)
+    # a job over its own cap is an offender, whoever else was over beside it
+    if note is not None and own_overrun(job.record, evidence.run_records, job.gres, cfg) is None:
+        victim = _collateral(job, note, spent, limit, family, cfg, free_used,
                              budget_left=not budget or user_recoveries < budget)
         if victim is not None:
             return victim
@@ -271,17 +435,17 @@ def decide(job: JobFacts, verdict: OomVerdict, cfg: Config, retries_used: int,
                       retry=spent, max_retries=limit,
                       user_message=f"gpushare: the job ran out of GPU memory ({family}); it was submitted with "
                                    "--no-requeue, so it was not re-run on a whole GPU.")
-    new_gres, why = _bigger_request(job, cfg, mig_available, whole_gpu_as_gpu)
+    new_gres, why = _bigger_request(job, cfg, evidence.mig_available, evidence.whole_gpu_as_gpu)
     if new_gres is None:
         return Action("stay_failed", f"GPU out of memory, not requeued: {why}", retry=spent, max_retries=limit,
                       user_message=f"gpushare: the job ran out of GPU memory ({family}) and was not requeued: "
                                    f"{why}.")
-    backed, evidence = corroboration
+    backed, backing = corroborate(cfg, job.record, job.gres, evidence.run_records)
     if not backed:
-        return Action("stay_failed", f"GPU out of memory reported but not corroborated, not requeued: {evidence}",
+        return Action("stay_failed", f"GPU out of memory reported but not corroborated, not requeued: {backing}",
                       retry=spent, max_retries=limit, learn=False,
                       user_message=f"gpushare: the job's log reports a GPU out-of-memory error ({family}), but "
-                                   f"gpushare's own measurements do not confirm it ({evidence}); the job was not "
+                                   f"gpushare's own measurements do not confirm it ({backing}); the job was not "
                                    "re-run on a larger GPU share. Ask for more GPU memory and resubmit.")
     if budget and user_recoveries >= budget:
         why = f"this user's jobs already got {user_recoveries} OOM recoveries in 24 hours"
@@ -293,8 +457,8 @@ def decide(job: JobFacts, verdict: OomVerdict, cfg: Config, retries_used: int,
     retry = spent + 1
     oom = {"n": retry, "max": limit, "fam": family, "from": job.gres.text, "to": new_gres,
            **({"coll": free_used} if free_used else {})}  # the free re-run stays spent
-    backing = f"; {evidence}" if evidence else ""  # what corroborated it, for the admin reading the log
-    return Action("requeue", f"GPU out of memory ({family}); requeue with {why}{backing}", new_gres=new_gres,
+    shown = f"; {backing}" if backing else ""  # what corroborated it, for the admin reading the log
+    return Action("requeue", f"GPU out of memory ({family}); requeue with {why}{shown}", new_gres=new_gres,
                   nice=(job.nice or 0) - cfg.oom.priority_boost, retry=retry, max_retries=limit, oom=oom,
                   user_message=f"gpushare: the job ran out of GPU memory ({family}); requeued with {why}, "
                                f"eligible at once (recovery {retry} of {limit}).")
