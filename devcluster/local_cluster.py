@@ -84,12 +84,16 @@ def _free_port() -> int:
 
 def share_always(toml_extra: str) -> str:
     """``[policy] share_when = "always"`` unless the test sets it: a test cluster is idle between tests, and
-    the queue gate (``share_when = "queued"``) would keep every job on a whole GPU; its own tests ask for it."""
-    if "share_when" in toml_extra:
+    the queue gate (``share_when = "queued"``) would keep every job on a whole GPU; its own tests ask for it.
+    Likewise ``max_jobs_per_gpu = 0``: tests pack several small jobs onto one simulated GPU and check their
+    memory-sized shards (``shard:4`` for 3 GiB); the bound's own tests set it."""
+    added = "".join(line for key, line in (("share_when", 'share_when = "always"\n'),
+                                           ("max_jobs_per_gpu", "max_jobs_per_gpu = 0\n")) if key not in toml_extra)
+    if not added:
         return toml_extra
     if "[policy]\n" in toml_extra:
-        return toml_extra.replace("[policy]\n", '[policy]\nshare_when = "always"\n', 1)
-    return f'{toml_extra}\n[policy]\nshare_when = "always"\n'
+        return toml_extra.replace("[policy]\n", "[policy]\n" + added, 1)
+    return f"{toml_extra}\n[policy]\n{added}"
 
 
 @dataclass

@@ -115,6 +115,9 @@ class PolicySection:
                                "call, off the submit path); a view older than three of these is not used")
     compute_sizing: bool = _opt(False, None, "a job marked heavy ('#GPUSHARE compute=heavy') asks for more than "
                                 "half a GPU's shards, so two heavy jobs never share a GPU")
+    max_jobs_per_gpu: int = _opt(4, _between(0, 64),
+                                 "at most this many shared jobs on one GPU: a shared job asks for at least "
+                                 "1/max_jobs_per_gpu of the GPU's shards (0: memory alone decides)")
 
 
 @dataclass

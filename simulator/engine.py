@@ -39,12 +39,12 @@ from typing import Sequence
 
 from gpushare.gpus import GiB, capacity_bytes, parse_target
 from gpushare.policy import risk
-from gpushare.simulator.policies import GpuState, JobRequest, Policy, _walk, make_policy
+from gpushare.simulator.policies import GpuState, JobRequest, Policy, make_policy
 from gpushare.simulator import estimators
 from gpushare.simulator.device import CONTEXT_GIB, SimCluster, SimGpu, noise_bound, noise_scores
 from gpushare.simulator.interference import Interference
 from gpushare.simulator.live import LiveSetup
-from gpushare.policy.share_gate import Pressure, compute_shards, gate
+from gpushare.policy.share_gate import Pressure, compute_shards, gate, share_shards
 from gpushare.simulator.trace import JobSpec
 from gpushare.simulator.workload import UTIL_PROFILES
 
@@ -236,8 +236,11 @@ class Simulation:
                                             spec.submit_s)
             if live and request is not None and request > live.exclusive_above * self.gpus[0].capacity_bytes:
                 self.jobs[spec.job_id].whole = True
-            elif live and live.compute_sizing:  # the class is known to the simulation (its trace column)
-                self.jobs[spec.job_id].shards = max(self.jobs[spec.job_id].shards, compute_shards(spec.util, total))
+            elif live:
+                run = self.jobs[spec.job_id]
+                if live.compute_sizing:  # the class is known to the simulation (its trace column)
+                    run.shards = max(run.shards, compute_shards(spec.util, total))
+                run.shards = share_shards(run.shards, total, live.max_jobs_per_gpu)
         self.queue: deque[JobRun] = deque()
         self.recovery: deque[JobRun] = deque()
         self._view: tuple[float, Pressure] | None = None  # --policy live: the queue view and when it was taken
@@ -436,14 +439,16 @@ class Simulation:
     def _choose_idle(self, n: int) -> list[int] | None:
         """``Policy.choose`` for whole GPUs — the lowest-index idle GPUs of one node — from the idle GPUs
         the engine keeps sorted (``_idle``), instead of filtering every GPU of the cluster per attempt."""
-        views, idle, per_node = self.snapshot(), self._idle, self.config.gpus_per_node
+        self.snapshot()  # brings ``_idle`` up to date
+        idle, per_node = self._idle, self.config.gpus_per_node
         assert idle is not None
-
-        def node(i: int) -> list[GpuState]:
-            lo, hi = bisect.bisect_left(idle, i * per_node), bisect.bisect_left(idle, (i + 1) * per_node)
-            return [views[k] for k in idle[lo:hi]]
-
-        return _walk((views[k] for k in idle), n, lambda g: True, node)
+        at = 0
+        while at < len(idle):  # node by node, lowest first: the first with n idle GPUs gives its lowest n
+            end = bisect.bisect_left(idle, (idle[at] // per_node + 1) * per_node, at)
+            if end - at >= n:
+                return idle[at:at + n]
+            at = end
+        return None
 
     def _try_place(self, job: JobRun) -> bool:
         request = JobRequest(job.spec.job_id, job.spec.gpus, job.request, job.shards,

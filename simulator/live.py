@@ -19,6 +19,8 @@ placement                              Slurm's own shard selection: first-fit (e
 ``[oom] max_retries``                  OOM recovery on (≥ 1) or off
 ``[policy] margin_*``                  the margin added to each estimate
 ``[policy] exclusive_above_fraction``  estimate + margin above it keeps a whole GPU
+``[policy] max_jobs_per_gpu``          a shared job's shards are at least that fraction of the GPU
+                                       (``gpushare.policy.share_gate.share_shards``)
 estimates                              gpu-estimate's measured error (``estimators.MEASURED``)
 =====================================  ==========================================================================
 """
@@ -50,6 +52,7 @@ class LiveSetup:
     share_when: str = "always"  # or "queued": share only while idle whole GPUs do not cover the queue
     queue_view_s: float = 30.0  # how often gpushare-submitd refreshes its view of the queue
     compute_sizing: bool = False  # a heavy job asks for more than half a GPU's shards
+    max_jobs_per_gpu: int = 4  # a shared job asks for at least this fraction of a GPU's shards (0: memory alone)
 
     def describe(self) -> str:
         """One line for the report: what was deployed."""
@@ -59,7 +62,8 @@ class LiveSetup:
                 f"caps {'on' if self.caps else 'off'}, recovery {'on' if self.recovery else 'off'}, "
                 f"margin {self.margin_fraction:.0%}/{self.margin_min_gib:g} GiB, whole GPU above "
                 f"{self.exclusive_above:.0%}, shared {self.share_when}"
-                + (", heavy jobs over half a GPU" if self.compute_sizing else ""))
+                + (", heavy jobs over half a GPU" if self.compute_sizing else "")
+                + (f", at most {self.max_jobs_per_gpu} jobs per GPU" if self.max_jobs_per_gpu else ""))
 
 
 def advised_placement(cfg: Config, version: SlurmVersion) -> str:
@@ -93,4 +97,5 @@ def setup(cfg: Config, release: str = "22.05", placement: str = "advised") -> Li
         caps=agent.framework_caps == "yes" or agent.backstop == "stop", recovery=cfg.oom.max_retries > 0,
         margin_fraction=cfg.policy.margin_fraction, margin_min_gib=cfg.policy.margin_min_gib,
         exclusive_above=cfg.policy.exclusive_above_fraction, share_when=cfg.policy.share_when,
-        queue_view_s=cfg.policy.queue_view_s, compute_sizing=cfg.policy.compute_sizing)
+        queue_view_s=cfg.policy.queue_view_s, compute_sizing=cfg.policy.compute_sizing,
+        max_jobs_per_gpu=cfg.policy.max_jobs_per_gpu)

@@ -16,7 +16,7 @@ from typing import Any
 
 from gpushare.config import Config
 from gpushare.gpus import GiB, GpuModel, MigProfile
-from gpushare.policy.share_gate import Pressure, compute_shards, gate
+from gpushare.policy.share_gate import Pressure, compute_shards, gate, share_shards
 from gpushare.estimate.directives import Directives
 from gpushare.estimate.source import Estimate
 from gpushare.slurm import record as record_format
@@ -293,11 +293,15 @@ def _size_shared(request: SubmitRequest, per_node: list[GresItem], gpu: GresItem
     memory_shards = shards
     if cfg.policy.compute_sizing:
         shards = min(gpu_gib, max(shards, compute_shards(compute, gpu_gib)))
+    sized = shards
+    shards = share_shards(shards, gpu_gib, cfg.policy.max_jobs_per_gpu)
     new_items = [gpu.replaced("shard", None, shards) if item is gpu else item for item in per_node]
     new_value = format_gres(new_items)
     why = f"fits {memory_shards} of {gpu_gib} GiB"
-    if shards > memory_shards:
-        why += f"; compute heavy: {shards} shards, so no other heavy job pairs with it"
+    if sized > memory_shards:
+        why += f"; compute heavy: {sized} shards, so no other heavy job pairs with it"
+    if shards > sized:
+        why += f"; {shards} shards, so at most {cfg.policy.max_jobs_per_gpu} jobs share the GPU"
     record = {"v": RECORD_VERSION, "decision": "shared", **base, "old": request.tres_per_node,
               "new": new_value, "why": why}
     if verdict is not None and queue is not None and queue.pressure is not None and cfg.policy.share_when != "always":

@@ -5,6 +5,10 @@ of 0.93-0.94, MPS 1.13-1.19; docs/benchmarks.md), and it pays only when the alte
 whole GPU. While the job's partitions have idle whole GPUs beyond what pending jobs already ask for, the
 job keeps ``gpu:1`` and lands on one of them; once they run out, it is sized to a share as before.
 
+Once shared, how many jobs one GPU takes is bounded too (:func:`share_shards`): Slurm's shard accounting
+counts memory only, so without a bound a GPU of 80 GiB takes ten small jobs, and a burst that finds no
+idle GPU stacks them on one GPU for their whole run, long after the burst has passed.
+
 Pure: a queue-pressure view and the count of GPUs already promised since that view was taken in, a
 verdict out. ``gpushare-submitd`` builds the view off its hot path (slurm_plugins/queue_view.py); the
 simulator's ``--policy live`` builds it from its own cluster (simulator/engine.py). Both call
@@ -62,3 +66,18 @@ def compute_shards(compute: str | None, gpu_shards: int) -> int:
     if compute == "heavy" and gpu_shards > 0:
         return gpu_shards // 2 + 1
     return 0
+
+
+def share_shards(memory_shards: int, gpu_shards: int, max_jobs: int) -> int:
+    """The shards a shared job asks for: what its memory needs, and at least ``1/max_jobs`` of the GPU, so
+    that no more than ``max_jobs`` jobs ever share one GPU (``max_jobs`` 0: memory alone).
+
+    Why a bound on the count and not on measured load: at submit time the job's GPU is not chosen yet, and
+    how busy the jobs are is not known (the simulator's utilisation models disagree by a factor of two on
+    the same trace). What holds whatever their load is time-slicing's bound: next to ``k`` jobs that keep the
+    SMs busy a job runs at ``1/(k+1)`` of its speed or better, for its whole run, while the wait sharing
+    saved lasts only until a whole GPU comes free. Bounding ``k`` bounds the worst case of that trade.
+    """
+    if max_jobs > 0 and gpu_shards > 0:
+        return min(gpu_shards, max(memory_shards, gpu_shards // max_jobs))
+    return memory_shards

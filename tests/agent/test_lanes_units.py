@@ -277,7 +277,7 @@ def test_lane_charge_with_and_without_a_split():
 
 
 def test_decision_records_lanes_and_charges_fewer_shards():
-    cfg = parse_config({})
+    cfg = parse_config({"policy": {"max_jobs_per_gpu": 0}})  # shards = memory, whatever the jobs per GPU
     request = SubmitRequest(user_id=1000, tres_per_node="gres/gpu:1", script="#!/bin/sh\n#GPUSHARE lanes\n")
     estimate = Estimate(12 * GiB, "directive:estimate", "", 4 * GiB, 8 * GiB)
     plain = decide(request, parse_directives(""), estimate, cfg)

@@ -81,7 +81,7 @@ def test_submit_writes_estimate_and_copy_that_the_hook_accepts(tmp_path, monkeyp
     copy = tmp_path / ".gpushare" / "train.sbatch"
     assert seen == [["sbatch", "--hold", str(copy)]]
     script = copy.read_text()
-    cfg = parse_config({"nodes": [{"names": "n1", "gpu": "a100-40gb"}]})
+    cfg = parse_config({"nodes": [{"names": "n1", "gpu": "a100-40gb"}], "policy": {"max_jobs_per_gpu": 0}})
     directives = parse_directives(script)
     (tmp_path / ".gpushare" / "train.sbatch.estimate.json").unlink()  # a controller that cannot read it
     estimate = find_estimate(cfg, directives, script, "/nonexistent", os.getuid(), ["a100-40gb"])

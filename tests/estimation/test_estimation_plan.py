@@ -19,7 +19,7 @@ NODES = [{"names": "n1", "gpu": "a100-40gb", "count": 2}]
 def config(**estimation):
     table = {"partition": "cpu", "max_per_user": 2, "max_total": 3, "watchdog_s": 900, "time_limit_s": 600}
     table.update(estimation)
-    return parse_config({"estimation": table, "nodes": NODES})
+    return parse_config({"estimation": table, "nodes": NODES, "policy": {"max_jobs_per_gpu": 0}})  # shards = memory
 
 
 CFG = config()

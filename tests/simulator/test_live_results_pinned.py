@@ -24,10 +24,11 @@ from gpushare.simulator.engine import SimConfig
 from gpushare.simulator.live import setup
 from gpushare.simulator.runner import simulation
 
-ALWAYS = {"policy": {"share_when": "always"}}  # shared whatever the queue: the placement paths at work
+# shared whatever the queue, as many jobs per GPU as memory allows: the placement paths at work
+ALWAYS = {"policy": {"share_when": "always", "max_jobs_per_gpu": 0}}
 VARIANTS = {"22.05": ("22.05", ALWAYS), "24.11": ("24.11", ALWAYS),
             "22.05-withheld": ("22.05", {**ALWAYS, "agent": {"withhold": "feature"}}),
-            "22.05-queued": ("22.05", {"policy": {"share_when": "queued"}})}
+            "22.05-queued": ("22.05", {"policy": {"share_when": "queued", "max_jobs_per_gpu": 0}})}
 PINNED: dict[str, dict[str, Any]] = {
     "22.05": {"makespan_s": 187480.28, "jct_mean_s": 4158.872, "ooms": 3,
              "placements_sha256": "5d3b8d5530024240315a702b003d7d05298ca6ad1431c05af346bbd90e6eb63c"},

@@ -11,7 +11,8 @@ from gpushare.gpus import GiB
 from gpushare.slurm_plugins.decision import Estimate, SubmitRequest, decide, parse_record
 from gpushare.estimate.directives import parse_directives
 
-CFG = parse_config({"nodes": [{"names": "n1", "gpu": "a100-40gb", "count": 2}]})
+# memory arithmetic: no bound on the jobs per GPU (test_share_gate.py tests the bound)
+CFG = parse_config({"policy": {"max_jobs_per_gpu": 0}, "nodes": [{"names": "n1", "gpu": "a100-40gb", "count": 2}]})
 
 
 def run(tres: str | None = "gres:gpu:1", script: str = "#!/bin/bash\n", est_gib: float | None = None,
@@ -58,7 +59,7 @@ def test_no_estimate_keeps_gpu_and_says_how_to_fix():
 
 
 def test_recover_mode_uses_default_size():
-    cfg = parse_config({"policy": {"without_estimate": "recover", "recover_default_gib": 8},
+    cfg = parse_config({"policy": {"without_estimate": "recover", "recover_default_gib": 8, "max_jobs_per_gpu": 0},
                         "nodes": [{"names": "n1", "gpu": "a100-40gb"}]})
     decision = run(cfg=cfg)
     assert decision.tres_per_node == "gres:shard:9"
@@ -136,7 +137,7 @@ def test_record_is_compact_json():
     json.loads(decision.admin_comment[len("gpushare:"):])
 
 
-MIG_CFG = parse_config({"nodes": [{"names": "n1", "gpu": "a100-40gb", "count": 2},
+MIG_CFG = parse_config({"policy": {"max_jobs_per_gpu": 0}, "nodes": [{"names": "n1", "gpu": "a100-40gb", "count": 2},
                                   {"names": "m[1-2]", "gpu": "a100-40gb", "mig": True, "partition": "mig"},
                                   {"names": "m3", "gpu": "a100-80gb", "mig": True, "partition": "mig80"}]})
 

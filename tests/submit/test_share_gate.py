@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gpushare.config import parse_config
-from gpushare.policy.share_gate import Pressure, compute_shards, gate
+from gpushare.policy.share_gate import Pressure, compute_shards, gate, share_shards
 from gpushare.estimate.directives import parse_directives
 from gpushare.gpus import GiB
 from gpushare.slurm_plugins.decision import Estimate, Queue, SubmitRequest, decide, smallest_cluster_gpu_gib
@@ -107,8 +107,27 @@ def test_heavy_job_asks_for_more_than_half_the_gpu():
     assert decision.tres_per_node is not None and decision.tres_per_node.endswith(f"shard:{half}")
     assert "compute heavy" in decision.record["why"]
     light = parse_directives("#GPUSHARE mem=4G compute=light\n")
-    assert decide(request, light, est, cfg).tres_per_node.endswith("shard:5")
+    unbounded = parse_config({"policy": {"compute_sizing": True, "max_jobs_per_gpu": 0}})
+    assert decide(request, light, est, unbounded).tres_per_node.endswith("shard:5")
     assert parse_directives("#GPUSHARE compute=extreme\n").problems
+
+
+def test_a_shared_job_asks_for_at_least_its_share_of_the_gpu_so_few_jobs_stack_on_one():
+    """The default bound: a small job asks for a quarter of the GPU's shards (at most four jobs per GPU);
+    a job whose memory needs more keeps its memory's count; 0 turns the bound off."""
+    request = SubmitRequest(tres_per_node="gres:gpu:1", script="#GPUSHARE mem=4G\n")
+    est = Estimate(4 * GiB, "directive:mem")
+    cfg = parse_config({"policy": {"share_when": "always"}})
+    gpu_gib = smallest_cluster_gpu_gib(cfg)  # the default's 80 GiB GPUs
+    decision = decide(request, parse_directives(request.script), est, cfg)
+    assert decision.tres_per_node is not None and decision.tres_per_node.endswith(f"shard:{gpu_gib // 4}")
+    assert "at most 4 jobs share the GPU" in decision.record["why"]
+    big = Estimate(30 * GiB, "directive:mem")  # 30 + 3 GiB margin: 33 shards, above a quarter
+    assert decide(request, parse_directives(request.script), big, cfg).tres_per_node.endswith("shard:33")
+    off = parse_config({"policy": {"share_when": "always", "max_jobs_per_gpu": 0}})
+    assert decide(request, parse_directives(request.script), est, off).tres_per_node.endswith("shard:5")
+    assert share_shards(5, 80, 4) == 20 and share_shards(33, 80, 4) == 33 and share_shards(5, 80, 0) == 5
+    assert share_shards(5, 7, 4) == 5 and share_shards(1, 3, 4) == 1  # a small GPU: memory already decides
 
 
 def test_slurm_config_advises_first_fit_shards_with_the_queue_gate():
