@@ -16,7 +16,10 @@ mode gives no host memory to values it will never use), counted as GPU memory fr
 — checkpoints are read to be put on the GPU, and a script that keeps a loaded copy on the host is sized
 high, never low. ``.to('cpu')`` of a host weight is the tensor itself, and copying one into a real host
 tensor (``load_state_dict`` into a model built on the host) leaves the destination as it is: its values
-were never going to be read on the GPU side either (estimator_cli/device_mode.py).
+were never going to be read on the GPU side either (estimator_cli/device_mode.py). A whole tensor of at most
+``SMALL_TENSOR_BYTES`` (a BatchNorm's ``num_batches_tracked`` and running statistics, a bias, a scalar) asked
+for with ``get_tensor`` is read from the file, its bytes alone: a script may read those values (``.item()``,
+a fill value), as checkpoint_files.py reads the small tensors of a ``torch.save`` file.
 
 Other frameworks (``framework="np"``, ``"flax"``) and profile mode use the real library.
 """
@@ -36,6 +39,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from gpushare.estimator_cli.fake_capture import counted_as_gpu
 
 MAX_HEADER_BYTES = 100 * 2**20  # safetensors' own bound on the JSON header
+SMALL_TENSOR_BYTES = 64 * 2**10  # a whole tensor of at most this size is read from the file (module docstring)
 
 _DTYPES: dict[str, str] = {
     "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64", "I32": "int32",
@@ -77,6 +81,13 @@ def torch_dtype(code: str, where: str) -> torch.dtype:
 
 def read_header(path: str | os.PathLike[str]) -> tuple[dict[str, tuple[str, tuple[int, ...]]], dict[str, str]]:
     """({name: (dtype code, shape)} in file order of offsets, metadata) from the header alone."""
+    tensors, metadata, _ = read_layout(path)
+    return tensors, metadata
+
+
+def read_layout(path: str | os.PathLike[str]) -> tuple[dict[str, tuple[str, tuple[int, ...]]], dict[str, str],
+                                                        dict[str, tuple[int, int]]]:
+    """:func:`read_header` and each tensor's (first, end) byte in the file."""
     where = os.fspath(path)
     with open(where, "rb") as handle:
         head = handle.read(8)
@@ -96,17 +107,19 @@ def read_header(path: str | os.PathLike[str]) -> tuple[dict[str, tuple[str, tupl
         raise _error(f"{where}: header is not a JSON object")
     metadata = header.pop("__metadata__", None) or {}
     entries: list[tuple[int, str, str, tuple[int, ...]]] = []
+    spans: dict[str, tuple[int, int]] = {}
     for name, info in header.items():
         try:
             code, shape, offsets = info["dtype"], tuple(int(d) for d in info["shape"]), info["data_offsets"]
-            start = int(offsets[0])
+            start, end = int(offsets[0]), int(offsets[1])
         except (TypeError, KeyError, ValueError, IndexError):
             raise _error(f"{where}: header entry {name!r} lacks dtype, shape or data_offsets") from None
         if any(d < 0 for d in shape):
             raise _error(f"{where}: header entry {name!r} has a negative dimension {list(shape)}")
         entries.append((start, name, str(code), shape))
+        spans[name] = (8 + length + start, 8 + length + end)
     entries.sort()
-    return {name: (code, shape) for _, name, code, shape in entries}, dict(metadata)
+    return {name: (code, shape) for _, name, code, shape in entries}, dict(metadata), spans
 
 
 class HeaderSlice:
@@ -134,7 +147,7 @@ class HeaderOpen:
     def __init__(self, filename: str | os.PathLike[str], framework: str, device: Any = "cpu", *,
                  backend: str = "mmap") -> None:
         self._path = os.fspath(filename)
-        self._tensors, self._metadata = read_header(self._path)
+        self._tensors, self._metadata, self._spans = read_layout(self._path)
         self._device = device
         self._host = not (isinstance(device, int) and not isinstance(device, bool)) and \
             str(device).split(":")[0] in ("cpu", "meta")
@@ -167,10 +180,27 @@ class HeaderOpen:
         with counted_as_gpu():  # asked for on meta here, but a host weight: counted (the module docstring)
             return self._own(torch.empty(shape, dtype=dtype, device="meta"))
 
+    def _read_small(self, name: str) -> torch.Tensor | None:
+        """The tensor's value from its bytes, when it is small (module docstring); None otherwise."""
+        first, end = self._spans[name]
+        code, shape = self._tensors[name]
+        if end - first > SMALL_TENSOR_BYTES or end <= first:
+            return None
+        dtype = torch_dtype(code, f"{self._path}: {name}")
+        try:
+            with open(self._path, "rb") as handle:
+                handle.seek(first)
+                raw = handle.read(end - first)
+            value = torch.frombuffer(bytearray(raw), dtype=dtype).reshape(shape)
+        except (OSError, RuntimeError, ValueError, TypeError):  # a cut-off file, a dtype frombuffer lacks
+            return None
+        return value if self._host else value.to(self._device)
+
     def get_tensor(self, name: str) -> torch.Tensor:
         if name not in self._tensors:
             raise _error(f"{self._path}: no tensor named {name!r}")
-        return self._make(name, self._tensors[name][1])
+        small = self._read_small(name)
+        return small if small is not None else self._make(name, self._tensors[name][1])
 
     def get_tensors(self) -> dict[str, torch.Tensor]:
         return {name: self.get_tensor(name) for name in self._tensors}
