@@ -27,7 +27,7 @@ from gpushare.gpus import BUILTIN_GPUS, DEFAULT_POWER_W, GiB, MiB, GpuModel
 DEFAULT_PATH = Path("/etc/slurm/gpushare.toml")
 # OOM recovery's corroboration: a measured peak at least this share of a job's GPU memory backs its OOM. The
 # one definition: ``[oom] corroborate_fraction`` defaults to it, the controller's check
-# (gpushare.epilog.corroborate) reads the setting, and the agent writes a job's peak once it reaches it.
+# (gpushare.policy.oom_recovery) reads the setting, and the agent writes a job's peak once it reaches it.
 CORROBORATE_FRACTION = 0.8
 FILE_NAME = "gpushare.toml"
 CONFIG_VERSION = 1
