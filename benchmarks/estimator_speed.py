@@ -12,6 +12,15 @@ machine inflates less; a warm child is the worker's, not ours, so it has no CPU 
 worker lives in a private runtime directory and is stopped at the end.
 
     python benchmarks/estimator_speed.py [--repeats 5] [--profile-timeout 300]
+
+Latency guard (``--guard``): only ``examples/resnet50_train.py`` at its defaults, target a100-80gb, no cache,
+``--repeats`` cold and warm runs; prints both medians (and the warm gpu-estimate process's own CPU seconds)
+beside the committed baseline, ``benchmarks/results/estimator_latency_baseline.json``, and exits 1 when
+the warm median, or the warm gpu-estimate process's CPU seconds, is more than twice the baseline's.
+``--write-baseline`` records this machine's medians instead (on a quiet machine: the load average is printed
+and stored with them).
+
+    python benchmarks/estimator_speed.py --guard [--repeats 5] [--write-baseline]
 """
 
 from __future__ import annotations
@@ -26,6 +35,8 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BASELINE = os.path.join(ROOT, "benchmarks", "results", "estimator_latency_baseline.json")
+GUARD_FACTOR = 2.0  # the guard fails when warm latency doubles
 CASES = [
     ("ResNet-50", os.path.join(ROOT, "examples", "resnet50_train.py"), []),
     ("GPT-2 small", os.path.join(ROOT, "examples", "gpt2_train.py"), ["--preset", "gpt2-small", "--seq-len", "1024"]),
@@ -55,12 +66,61 @@ def main() -> int:
     parser.add_argument("--profile-timeout", type=float, default=300.0)
     parser.add_argument("--profile-memory", default="16G")
     parser.add_argument("--batches", default="32,256")
+    parser.add_argument("--guard", action="store_true", help="ResNet-50 warm/cold medians against the baseline")
+    parser.add_argument("--write-baseline", action="store_true", help="with --guard: record the medians")
     opts = parser.parse_args()
     sys.path.insert(0, ROOT)
     from gpushare.estimator_cli.warm_worker import private_runtime
 
     with private_runtime("gpushare-bench-runtime-"):  # a worker of our own, whatever the user has running
-        return _table(opts)
+        return _guard(opts) if opts.guard else _table(opts)
+
+
+def _guard(opts: argparse.Namespace) -> int:
+    """Warm and cold medians of ResNet-50 against the committed baseline; 1 when warm latency doubled."""
+    _, script, extra = CASES[0]
+    load = os.getloadavg()[0]
+    colds = [one_run(script, extra, "fake", 600, "16G") for _ in range(opts.repeats)]
+    one_run(script, extra, "fake", 600, "16G", warm=True)  # starts the worker when there is none
+    warms = [one_run(script, extra, "fake", 600, "16G", warm=True) for _ in range(opts.repeats)]
+    failed = [err for _, doc, err, _ in (*colds, *warms) if doc is None]
+    if failed:
+        print(f"estimator latency guard: an estimate failed: {failed[0]}")
+        return 1
+    if any(doc["capture_process"] != "warm" for _, doc, _, _ in warms):
+        print("estimator latency guard: the warm worker was not used")
+        return 1
+    now = {"cold_s": round(statistics.median(w for w, *_ in colds), 2),
+           "warm_s": round(statistics.median(w for w, *_ in warms), 2),
+           "warm_parent_cpu_s": round(statistics.median(c for *_, c in warms), 2)}
+    print(f"cpus: {os.cpu_count()}  load average at start {load:.1f}, at end {os.getloadavg()[0]:.1f}")
+    if opts.write_baseline:
+        with open(BASELINE, "w", encoding="utf-8") as handle:
+            json.dump(dict(now, script="examples/resnet50_train.py", repeats=opts.repeats, load_average=load,
+                           load_average_at_end=round(os.getloadavg()[0], 2), measured=time.strftime("%Y-%m-%d")),
+                      handle, indent=2)
+            handle.write("\n")
+        print(f"baseline written: {BASELINE}: {now}")
+        return 0
+    with open(BASELINE, encoding="utf-8") as handle:
+        base = json.load(handle)
+    print(f"{'median of ' + str(opts.repeats):<16} {'now':>8} {'baseline':>9} {'ratio':>6}")
+    for key in ("warm_s", "cold_s", "warm_parent_cpu_s"):
+        print(f"{key:<16} {now[key]:>7.2f}s {base[key]:>8.2f}s {now[key] / base[key]:>5.1f}x")
+    failed = False
+    if now["warm_s"] > GUARD_FACTOR * base["warm_s"]:
+        print(f"FAILED: warm latency {now['warm_s']:.2f} s is more than {GUARD_FACTOR:g}x the baseline's "
+              f"{base['warm_s']:.2f} s (baseline load average {base.get('load_average', '?')}, now {load:.1f})")
+        failed = True
+    if now["warm_parent_cpu_s"] > GUARD_FACTOR * max(base["warm_parent_cpu_s"], 0.1):
+        # CPU seconds, which load inflates far less than wall time: the gpu-estimate process's own work
+        print(f"FAILED: the warm gpu-estimate process used {now['warm_parent_cpu_s']:.2f} CPU seconds, more than "
+              f"{GUARD_FACTOR:g}x the baseline's {base['warm_parent_cpu_s']:.2f} s (does it import torch?)")
+        failed = True
+    if failed:
+        return 1
+    print("estimator latency guard: ok")
+    return 0
 
 
 def _table(opts: argparse.Namespace) -> int:
