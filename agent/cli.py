@@ -88,11 +88,11 @@ def run_agent(argv: list[str], agent_cls: type, open_backend: Callable[[str | No
         log.error("device backend %s unusable: %s (set [agent] device_backend or GPUSHARE_DEVICE_BACKEND)",
                   spec or "default", exc)
         return 2
-    from gpushare.agent.api import node_name, socket_path
+    from gpushare.node.api import node_name, socket_path
 
     feature = None
     if agent_cfg.withhold == "feature":
-        from gpushare.agent.withhold import NodeFeature
+        from gpushare.node.withhold import NodeFeature
 
         feature = NodeFeature(slurm, node_name(agent_cfg), agent_cfg.withhold_feature)
     registry = None
@@ -123,11 +123,13 @@ def run_agent(argv: list[str], agent_cls: type, open_backend: Callable[[str | No
     # one socket server, three times (gpushare.agent.sockets): a thread it cannot start holds the backstop
     trouble = getattr(agent, "thread_trouble", None)
     api = agent_cls_api(socket_path(agent_cfg), agent.handle, trouble)
-    from gpushare.agent.lane_api import LaneServer, lanes_socket_path
+    from gpushare.agent.lane_api import LaneServer
+    from gpushare.node.api import lanes_socket_path
 
     lanes = LaneServer(lanes_socket_path(agent_cfg.run_dir), agent.lanes, agent.lane_owner,
                        max_sessions=agent_cfg.lane_sessions, on_trouble=trouble).start()
-    from gpushare.agent.live_api import LiveServer, live_socket_path
+    from gpushare.agent.live_api import LiveServer
+    from gpushare.node.api import live_socket_path
 
     live = LiveServer(live_socket_path(agent_cfg.run_dir), agent.live, on_trouble=trouble).start()  # jobstats
     stop = threading.Event()
@@ -177,6 +179,6 @@ def own_slurm_node(slurm: Any, hostname: str | None = None) -> str:
 
 
 def agent_cls_api(path: Any, handler: Callable[[dict], dict], on_trouble: Callable[[str], None] | None = None) -> Any:
-    from gpushare.agent.api import ApiServer
+    from gpushare.agent.api_server import ApiServer
 
     return ApiServer(path, handler, on_trouble=on_trouble).start()

@@ -8,7 +8,7 @@ simulated backend, and the integration tests run the very same object as a daemo
 Threads: the sampling loop and the API threads share one lock; each API request and each tick holds it
 briefly (a tick of 8 GPUs takes well under a millisecond of work plus the backend's reads).
 
-Restart: jobs come back from the store (``gpushare.agent.store``), windows refill from NVML within
+Restart: jobs come back from the store (``gpushare.node.store``), windows refill from NVML within
 one window; accumulators lose at most ``flush_every_s`` of attributed energy (whole-device energy comes
 from the counters and is never lost).
 """
@@ -30,18 +30,18 @@ from typing import TYPE_CHECKING, Any, Callable
 from gpushare.config import CORROBORATE_FRACTION
 from gpushare.gres import GpuError, open_backend
 from gpushare.agent.adopt import RETRY_S, Adopter, process_uid
-from gpushare.agent.api import node_name
+from gpushare.node.api import node_name
 from gpushare.agent.backstop import forecast_message, oom_message, unattributed_message
 from gpushare.agent.failsafe import THREADS_HOLD_S, FailSafe, hold_reason
 from gpushare.policy.observe import Shadow, cap_message, stop_message, summary as observe_summary
 from gpushare.agent.guard import Action, Guard
 from gpushare.agent.lane_service import LaneFacts, LaneRefused, LaneService
-from gpushare.agent.jobs import (build_entry, clean_facts, mps_corunners, registration_facts, share_bytes,
+from gpushare.node.jobs import (build_entry, clean_facts, mps_corunners, registration_facts, share_bytes,
                                 tenants_of, time_left)
-from gpushare.agent.jobs import final_record
+from gpushare.node.jobs import final_record
 from gpushare.agent.sampler import Sampler, process_job
-from gpushare.agent.store import STORE_VERSION, JobStore, check_job
-from gpushare.agent.withhold import NodeFeature
+from gpushare.node.store import STORE_VERSION, JobStore, check_job
+from gpushare.node.withhold import NodeFeature
 from gpushare.policy.withhold import node_open
 
 if TYPE_CHECKING:
@@ -424,7 +424,7 @@ class Agent:
                 continue
             if action.kind == "collateral":
                 if self.slurm is not None:
-                    from gpushare.agent.comment import annotate_fields
+                    from gpushare.node.comment import annotate_fields
 
                     annotate_fields(self.slurm, action.job, collateral=action.record)
                 continue
@@ -453,7 +453,7 @@ class Agent:
     def _leave_evidence(self, action: Action, entry: dict[str, Any]) -> None:
         """The measured peak into the job's AdminComment (``run.peak_gib``) while Slurm still takes updates:
         what OOM recovery's corroboration reads on the controller (epilog/corroborate.py)."""
-        from gpushare.agent.comment import annotate
+        from gpushare.node.comment import annotate
 
         gpu = str(action.gpu)
         peaks = {**(entry.get("peak_bytes") or {})}
@@ -479,7 +479,7 @@ class Agent:
 
     def annotate_pending(self, block_s: float = 0.0) -> int:
         """Write queued run summaries to Slurm (off the sampling lock); returns how many were tried."""
-        from gpushare.agent.comment import annotate
+        from gpushare.node.comment import annotate
 
         done = 0
         while True:
@@ -675,7 +675,7 @@ class Agent:
     def live(self, job: str, uid: int) -> dict[str, Any]:
         """A running job's run summary so far, for root or the job's own user (gpushare.agent.live_api): what
         ``gpushare jobstats`` shows before the node Epilog stores the final one."""
-        from gpushare.agent.comment import run_summary
+        from gpushare.node.comment import run_summary
 
         unknown = {"ok": False, "error": f"job {str(job)[:20]}: not running on this node as yours"}
         try:

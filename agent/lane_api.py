@@ -35,16 +35,12 @@ from typing import Any, Callable
 
 from gpushare.agent.lane_service import LaneRefused, LaneService
 from gpushare.agent.sockets import Bounds, Connection, SocketServer, peer_creds
-from gpushare.agent.store import check_job
+from gpushare.node.store import check_job
 
 log = logging.getLogger("gpushare.agent.lanes")
 MAX_LINE = 4096
 DEADLINE_S = 5.0  # each request line, from its first byte (a joined session may idle between requests)
-__all__ = ["LaneServer", "lanes_socket_path", "peer_creds"]
-
-
-def lanes_socket_path(run_dir: str) -> Path:
-    return Path(run_dir) / "lanes" / "lanes.sock"
+__all__ = ["LaneServer", "peer_creds"]
 
 
 def lane_bounds(max_sessions: int) -> Bounds:

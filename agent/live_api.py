@@ -30,10 +30,6 @@ Handler = Callable[[str, int], dict[str, Any]]  # (job id, peer uid) -> reply
 LIVE_BOUNDS = Bounds(deadline_s=2.0, max_line=MAX_REQUEST, per_uid=8, total=64, workers=2)
 
 
-def live_socket_path(run_dir: str) -> Path:
-    return Path(run_dir) / "live" / "live.sock"
-
-
 class LiveServer:
     """Serve ``handler`` on ``path`` (any local user may connect; the handler checks the uid)."""
 

@@ -11,7 +11,7 @@ server here holds, whatever its clients do (docs/security.md, *Agent sockets*):
   trickle in; past it the client gets one error line and the connection is closed;
 * **caps on connections**, per peer uid (the kernel's ``SO_PEERCRED``, not the request's word) and in all;
   past either the client is answered at once with one line, ``{"ok": false, "busy": true, "error":
-  "busy: ..."}``, and the connection closed (:func:`gpushare.agent.api.call` retries a busy answer within
+  "busy: ..."}``, and the connection closed (:func:`gpushare.node.api.call` retries a busy answer within
   its own deadline). Uids in ``reserved_uids`` (root by default) are not counted against the total: a full
   socket still takes root's connections up to root's own cap;
 * **no thread per connection**: one selector thread accepts, reads request lines and keeps idle sessions;

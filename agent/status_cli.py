@@ -52,7 +52,7 @@ def render(status: dict[str, Any]) -> str:
 def command(config_path: str | None, as_json: bool) -> int:
     """Show this node's GPUs as the gpushare agent sees them (run as root on a GPU node)."""
     from gpushare.config import ConfigError, load_config
-    from gpushare.agent.api import AgentUnavailable, call, socket_path
+    from gpushare.node.api import AgentUnavailable, call, socket_path
 
     try:
         cfg = load_config(config_path)

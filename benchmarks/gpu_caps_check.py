@@ -3,8 +3,8 @@
 Three checks, each printing what it measured (run on a machine with a GPU; it changes no device setting):
 
 1. *Framework cap*: a job process started with the environment the TaskProlog gives a time-sliced job
-   whose need is ``--cap-gib`` (``gpushare.agent.caps.decide_caps`` with what the device holds outside the
-   allocator, then ``gpushare.agent.framework_caps.merged_exports``) loads what a training step loads (cuBLAS
+   whose need is ``--cap-gib`` (``gpushare.node.caps.decide_caps`` with what the device holds outside the
+   allocator, then ``gpushare.node.framework_caps.merged_exports``) loads what a training step loads (cuBLAS
    on two threads, cuDNN) and allocates 256 MiB blocks until
    PyTorch refuses one. It must get PyTorch's own ``OutOfMemoryError`` at its cap, not at the device's size,
    while a neighbour process holds ``--neighbour-gib``.
@@ -85,8 +85,8 @@ def stop_job(proc: subprocess.Popen[str]) -> None:
 
 def framework_and_backstop(cap_gib: float, neighbour_gib: float) -> dict[str, Any]:
     from gpushare.agent.backstop import judge
-    from gpushare.agent.caps import decide_caps
-    from gpushare.agent.framework_caps import merged_exports
+    from gpushare.node.caps import decide_caps
+    from gpushare.node.framework_caps import merged_exports
     from gpushare.agent.sampler import Sampler, environ_job
     from gpushare.config import AgentSection
     from gpushare.cuda_context import context_bytes_for, sm_arch_of

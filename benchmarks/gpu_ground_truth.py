@@ -17,7 +17,7 @@ per-process NVML readings allow.
 workloads and prints the table: estimate, measured, signed error.
 
 ``caps`` (here) writes, per workload, the environment a time-sliced shared job would get from the agent for
-the need the submit hook derives from that estimate (estimate + default margin; gpushare.agent.caps and
+the need the submit hook derives from that estimate (estimate + default margin; gpushare.node.caps and
 framework_caps); ``measure --caps caps.json`` then runs each workload under it, so a row says whether the
 job completes inside its framework cap and whether its whole-process peak stays inside its need (what the
 backstop compares).
@@ -378,8 +378,8 @@ def compare(opts: argparse.Namespace) -> int:
 
 def caps(opts: argparse.Namespace) -> int:
     """The framework-cap environment each workload would run under as a shared job (estimate + margin)."""
-    from gpushare.agent.caps import decide_caps, need_mib
-    from gpushare.agent.framework_caps import merged_exports
+    from gpushare.node.caps import decide_caps, need_mib
+    from gpushare.node.framework_caps import merged_exports
     from gpushare.config import load_config
     from gpushare.cuda_context import context_bytes_for, sm_arch_of
     from gpushare.estimator_cli.recommend import margin_for

@@ -300,7 +300,7 @@ def driver_into_chroot(root: Path) -> list[str]:
 
 def make_cluster_class():  # type: ignore[no-untyped-def]
     from devcluster.local_cluster import LocalCluster
-    from gpushare.agent.api import AgentUnavailable, call
+    from gpushare.node.api import AgentUnavailable, call
 
     class ShareCluster(LocalCluster):
         """LocalCluster with the node agent, and (``real_gpu``) the machine's own /dev/nvidia0 in gres.conf."""

@@ -8,7 +8,7 @@ through the shim's test build, ``-DHARDCAP_TESTING``):
     python benchmarks/hardcap_gpu.py --share-mib 4096 --out hardcap_gpu.json
 
 Each check is a child process under ``LD_PRELOAD`` with the framework environment the agent gives a shared
-job (``gpushare.agent.caps``: PyTorch's fraction of the whole GPU, for the share less what a process holds
+job (``gpushare.node.caps``: PyTorch's fraction of the whole GPU, for the share less what a process holds
 outside the allocator), and once more without it:
 
 * PyTorch's default caching allocator, ``expandable_segments:True`` and ``backend:cudaMallocAsync``: 64 MiB
@@ -115,7 +115,7 @@ def build_shim(out: Path) -> Path:
 
 
 def context_charge_mib() -> int:
-    """The shim's per-process context charge the Prolog writes for this GPU (gpushare.prolog.hardcap.context_charge:
+    """The shim's per-process context charge the Prolog writes for this GPU (gpushare.node.hardcap.context_charge:
     gpushare.cuda_context's figure for the GPU's generation, named by its marketing name as NVML reports it)."""
     import torch
 
@@ -138,8 +138,8 @@ def framework_env(share_mib: int) -> dict[str, str]:
     """PyTorch's fraction as the agent exports it for a shared job: of the whole GPU (the device's total)."""
     import torch
 
-    from gpushare.agent.caps import allocator_fraction
-    from gpushare.agent.framework_caps import fraction_text, merged_exports
+    from gpushare.node.caps import allocator_fraction
+    from gpushare.node.framework_caps import fraction_text, merged_exports
     from gpushare.cuda_context import context_bytes_for, sm_arch_of
 
     total = torch.cuda.get_device_properties(0).total_memory

@@ -286,8 +286,8 @@ def command(job_id: str, as_json: bool, config_file: str | None) -> None:
 def live_summary(job: str, config_file: str | None) -> dict[str, Any] | None:
     """The running job's summary so far from the agent on this host (gpushare.agent.live_api), when this is
     its node (``srun --jobid=<id> --overlap``) and the caller may read it; None otherwise."""
-    from gpushare.agent.api import AgentUnavailable, call
-    from gpushare.agent.live_api import live_socket_path
+    from gpushare.node.api import AgentUnavailable, call
+    from gpushare.node.api import live_socket_path
     from gpushare.config import AgentSection, load_config
     from gpushare.errors import GpushareError
 

@@ -9,7 +9,7 @@ crash leaves the old file or the new one. An append-only ``history.jsonl`` (one 
 ``gpushare report --since`` a cheap time index. Records are readable by everyone (0644): they hold what
 ``squeue``/``sacct`` already show plus energy and memory figures.
 
-Record format (``v`` 1; J, bytes, seconds; produced by ``gpushare.agent.jobs.final_record``)::
+Record format (``v`` 1; J, bytes, seconds; produced by ``gpushare.node.jobs.final_record``)::
 
     v, job, restarts, node, uid, user, shared, est_gib, margin_gib, shards
     caps: {mode, mem_limit_mib, thread_percentage, fraction, reason}
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from gpushare.epilog.ledger import Ledger
-from gpushare.agent.jobs import RECORD_VERSION
+from gpushare.node.jobs import RECORD_VERSION
 from gpushare.atomic import read_json_object, write_json_atomic
 
 # <node>.<job>.<restarts>.json; the node part is optional: records written before the node was named

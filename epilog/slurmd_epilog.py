@@ -45,18 +45,18 @@ def close_job(env: Mapping[str, str], cfg: AgentSection, client: SlurmClient | N
              backend: GpuBackend | None = None) -> dict[str, Any] | None:
     """Close this Epilog's job; returns the record written (None: not a GPU job we registered)."""
     from gpushare.epilog.records import RecordLedger
-    from gpushare.agent.comment import annotate
-    from gpushare.agent.api import call, node_name, socket_path
-    from gpushare.agent.jobs import final_record
-    from gpushare.agent.store import JobStore
-    from gpushare.prolog.hook_env import job_from_env
-    from gpushare.prolog.slurmd_prolog import caps_path
+    from gpushare.node.comment import annotate
+    from gpushare.node.api import call, node_name, socket_path
+    from gpushare.node.jobs import final_record
+    from gpushare.node.store import JobStore
+    from gpushare.node.hook_env import job_from_env
+    from gpushare.node.caps import caps_path
 
     job = job_from_env(env)
     if job is None:
         return None
     if cfg.hardcap != "off":  # off: the Prolog wrote nothing to undo
-        from gpushare.prolog import hardcap
+        from gpushare.node import hardcap
 
         hardcap.clear(job.job, backend=backend, device_backend=cfg.device_backend or None)
     store = JobStore(Path(cfg.state_dir) / "jobs")

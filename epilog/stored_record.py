@@ -47,7 +47,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpushare.agent.comment import run_summary
+from gpushare.node.comment import run_summary
 from gpushare.atomic import read_json_object, write_json_atomic
 from gpushare.slurm import record as record_format
 from gpushare.slurm.accounting import job_rows

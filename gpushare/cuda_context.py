@@ -3,7 +3,7 @@
 Why in the core: two parts need the same number. The estimator adds it to the replayed allocator peak to
 predict what ``nvidia-smi`` shows (gpushare.estimator_cli.device_model); the node agent subtracts it from a
 job's need before turning the need into PyTorch's ``per_process_memory_fraction``, which bounds only the
-allocator (gpushare.agent.caps). If the two disagreed, a job that stays inside its framework cap could still
+allocator (gpushare.node.caps). If the two disagreed, a job that stays inside its framework cap could still
 be stopped by the backstop, which compares the process's whole device memory with the need.
 
 Numbers (MiB), by compute capability:

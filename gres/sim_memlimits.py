@@ -1,6 +1,6 @@
 """The simulated GPUs' per-cgroup memory limits, with the semantics NVIDIA documents for r615+ drivers.
 
-Why modelled at all: the Prolog's driver backend (``gpushare.prolog.hardcap``) and what a job sees under it
+Why modelled at all: the Prolog's driver backend (``gpushare.node.hardcap``) and what a job sees under it
 are tested without such a driver, so the model must fail where the driver fails and report what it
 reports. Each GPU of a scenario says what its driver offers (``memory_limits``):
 

@@ -2,7 +2,7 @@
 
 The TaskProlog exports ``GPUSHARE_MEMORY_FRACTION`` (estimate + margin over the GPU's memory) and, for
 these jobs, already sets PyTorch's own cap through the environment (``PYTORCH_CUDA_ALLOC_CONF``'s
-``per_process_memory_fraction``, merged with the user's settings: ``gpushare.agent.framework_caps``), so
+``per_process_memory_fraction``, merged with the user's settings: ``gpushare.node.framework_caps``), so
 an unmodified script is capped. This module is for scripts that want the fraction set explicitly (a
 PyTorch older than that key, or a script that rewrites the allocator setting), with one line at the top
 of its script::

@@ -2,7 +2,7 @@
 
 It registers a GPU job with the node agent (GPUs, estimate, caps, start energy counters) and leaves the
 job's caps where the TaskProlog, which runs as the user, can read them. When the agent is down it writes
-the same registration itself (``gpushare.agent.jobs``: same entry, memory-fraction caps only since no
+the same registration itself (``gpushare.node.jobs``: same entry, memory-fraction caps only since no
 MPS daemon can be vouched for), so a job started during an agent restart still gets its energy record.
 
 A failing Prolog drains the node (docs/compatibility.md), so this entry point catches everything and exits 0:
@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from gpushare.atomic import write_json_atomic
+from gpushare.node.caps import CAPS_VERSION, caps_path
 from gpushare.run_dir import make_run_dir
 
 if TYPE_CHECKING:
@@ -26,14 +27,7 @@ if TYPE_CHECKING:
     from gpushare.gres.device import GpuBackend
     from gpushare.config import AgentSection
 
-CAPS_VERSION = 1  # the caps file the TaskProlog reads (docs/formats.md)
-
 log = logging.getLogger("gpushare.prolog")
-
-
-def caps_path(run_dir: str, job: str) -> Path:
-    """Where the TaskProlog finds a job's exports (``job`` already validated)."""
-    return Path(run_dir) / "jobs" / f"{job}.json"
 
 
 def write_caps(run_dir: str, job: str, env: dict[str, str]) -> None:
@@ -47,8 +41,8 @@ def register(env: Mapping[str, str], cfg: AgentSection, client: SlurmClient | No
     """Register the job of this Prolog; returns the exports written for it (None: not a GPU job).
 
     ``config``: this node's configuration (path, sha256), compared with the controller's in the job's record."""
-    from gpushare.agent.api import call, socket_path
-    from gpushare.prolog.hook_env import job_from_env, slurm_facts
+    from gpushare.node.api import call, socket_path
+    from gpushare.node.hook_env import job_from_env, slurm_facts
 
     job = job_from_env(env)
     if job is None:
@@ -77,7 +71,7 @@ def register(env: Mapping[str, str], cfg: AgentSection, client: SlurmClient | No
         log.warning("job %s: agent unavailable (%s); registering from the Prolog", job.job, exc)
         exports = _register_locally(facts, cfg, backend)
     if cfg.hardcap != "off":
-        from gpushare.prolog.hardcap import apply
+        from gpushare.node.hardcap import apply
 
         if apply(job.job, job.uid, job.gpus, exports, cfg.hardcap, backend=backend,
                  device_backend=cfg.device_backend or None) == "shim":
@@ -106,8 +100,8 @@ def compare_config(job: str, admin_comment: str, path: str, sha256: str) -> bool
 
 def _register_locally(facts: dict[str, Any], cfg: AgentSection, backend: GpuBackend | None) -> dict[str, str]:
     from gpushare.gres import open_backend
-    from gpushare.agent.jobs import build_entry, clean_facts, tenants_of
-    from gpushare.agent.store import JobStore
+    from gpushare.node.jobs import build_entry, clean_facts, tenants_of
+    from gpushare.node.store import JobStore
 
     clean = clean_facts(facts)
     backend = backend or open_backend(cfg.device_backend or None)

@@ -10,10 +10,10 @@ A time-sliced shared job (``GPUSHARE_FRAMEWORK_CAPS=1`` in its caps) also gets i
 caps, merged here because only this hook sees the user's environment: ``PYTORCH_CUDA_ALLOC_CONF`` gains
 ``per_process_memory_fraction`` (the user's other keys kept, a stricter fraction of theirs kept), and
 JAX's ``XLA_PYTHON_CLIENT_MEM_FRACTION`` / ``XLA_PYTHON_CLIENT_PREALLOCATE=false``
-(``gpushare.agent.framework_caps``).
+(``gpushare.node.framework_caps``).
 
 A job the Prolog wrote hard cap limits for (``GPUSHARE_HARDCAP=1``, ``[agent] hardcap``;
-``gpushare.prolog.hardcap``) gets ``LD_PRELOAD`` with the shim first and the user's own entries after it.
+``gpushare.node.hardcap``) gets ``LD_PRELOAD`` with the shim first and the user's own entries after it.
 
 A lane job (``GPUSHARE_LANES=1``, docs/agent.md *Lanes*) gets ``PYTHONPATH`` with the package's
 ``lane_site`` directory first and the user's own entries after it (merged, never replaced).
@@ -35,8 +35,8 @@ _PATH_RE = re.compile(r"^[A-Za-z0-9_./:+@-]{1,4096}$")  # PYTHONPATH: paths may 
 
 def exports(env: Mapping[str, str], run_dir: str, hardcap_library: str = "") -> list[str]:
     """The ``export`` lines for this task's job (empty when it has no caps file)."""
-    from gpushare.agent.caps import EXPORTABLE
-    from gpushare.prolog.slurmd_prolog import CAPS_VERSION, caps_path
+    from gpushare.node.caps import EXPORTABLE
+    from gpushare.node.caps import CAPS_VERSION, caps_path
 
     job = env.get("SLURM_JOB_ID", "")
     if not _JOB_RE.match(job):
@@ -57,7 +57,7 @@ def exports(env: Mapping[str, str], run_dir: str, hardcap_library: str = "") -> 
     if values.get("GPUSHARE_LANES") == "1":
         lines += lane_lines(env)
     if values.get("GPUSHARE_HARDCAP") == "1" and hardcap_library:
-        from gpushare.prolog.hardcap import preload_line
+        from gpushare.node.hardcap import preload_line
 
         lines += preload_line(env, hardcap_library)
     return lines
@@ -67,9 +67,9 @@ def lane_site_dir() -> str:
     """The directory with the ``sitecustomize.py`` of lane jobs (shipped in the package)."""
     from pathlib import Path
 
-    import gpushare.agent
+    import gpushare.node
 
-    return str(Path(gpushare.agent.__file__).resolve().parent / "lane_site")
+    return str(Path(gpushare.node.__file__).resolve().parent / "lane_site")
 
 
 def lane_lines(env: Mapping[str, str]) -> list[str]:
@@ -90,8 +90,8 @@ def lane_lines(env: Mapping[str, str]) -> list[str]:
 
 def framework_lines(env: Mapping[str, str], fraction_text: object) -> list[str]:
     """``export`` lines of the framework caps for a job with memory share ``fraction_text``."""
-    from gpushare.agent.caps import FRAMEWORK_EXPORTS
-    from gpushare.agent.framework_caps import merged_exports
+    from gpushare.node.caps import FRAMEWORK_EXPORTS
+    from gpushare.node.framework_caps import merged_exports
 
     try:
         fraction = float(str(fraction_text))

@@ -11,7 +11,7 @@ Two ways to set the caps, both with the policy math of ``gpushare.policy.gimbal`
 
 * ``gimbal-jct`` / ``gimbal-makespan``: what the node agent does with stock MPS, where a percentage is
   fixed when a process starts. At a job's first kernel ``gimbal.starting_share`` picks its share with the
-  running co-runners' shares fixed (the function ``gpushare.agent.jobs.thread_percentage_for`` calls);
+  running co-runners' shares fixed (the function ``gpushare.node.jobs.thread_percentage_for`` calls);
   a running job's cap never changes, even when its co-runner leaves, and nothing is charged.
 * ``gimbal-jct-runtime`` / ``gimbal-makespan-runtime``: Gimbal's runtime recalibration, which needs its
   rewritten CUDA context pool inside PyTorch and so exists only here. At every start/end boundary on a

@@ -399,7 +399,7 @@ def render_slurm_conf(cfg: Config, hook_dir: str, version: SlurmVersion | None =
     for group in cfg.nodes:
         partitions.setdefault(group.partition, []).append(group.names)
     if shared_feature(cfg):  # keeps shared submissions valid while every node is withheld (docs/agent.md)
-        from gpushare.agent.withhold import STANDBY_PREFIX, standby_node_line
+        from gpushare.node.withhold import STANDBY_PREFIX, standby_node_line
 
         for name, members in partitions.items():
             group = max((g for g in cfg.nodes if g.partition == name), key=lambda g: cfg.gpu(g.gpu).shards)

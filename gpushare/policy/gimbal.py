@@ -220,7 +220,7 @@ def starting_share(starting: GimbalJob, running: Sequence[tuple[GimbalJob, int]]
     What the node agent can do with stock MPS: a process's percentage is fixed when it starts, so only
     the starting job moves. Algorithm 1 with the running jobs fixed: if the starting job is on the
     high-priority side it is swelled (100 %); otherwise it is squeezed while the objective improves. The
-    agent (``gpushare.agent.jobs.thread_percentage_for``) and the simulator's ``gimbal-jct`` /
+    agent (``gpushare.node.jobs.thread_percentage_for``) and the simulator's ``gimbal-jct`` /
     ``gimbal-makespan`` both call this (equal priorities: the starting job is the one squeezed), so the same inputs give the same share.
     """
     if not running:

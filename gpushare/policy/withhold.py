@@ -1,5 +1,5 @@
 """Whether a node offers new shared jobs, from its GPUs' withheld flags: the rule the node agent applies
-(gpushare.agent.withhold toggles the node feature) and the simulator replays."""
+(gpushare.node.withhold toggles the node feature) and the simulator replays."""
 
 from __future__ import annotations
 

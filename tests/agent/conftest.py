@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from gpushare.gres.sim_backend import SimBackend
-from gpushare.agent.api import AgentUnavailable, call
-from gpushare.agent.withhold import STANDBY_PREFIX, NodeFeature, standby_node_line
+from gpushare.node.api import AgentUnavailable, call
+from gpushare.node.withhold import STANDBY_PREFIX, NodeFeature, standby_node_line
 from devcluster.local_cluster import LocalCluster, missing_requirements
 
 sys.path.insert(0, str(Path(__file__).parent))  # the tests' shared helpers (lane_log) under --import-mode=importlib

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from gpushare.agent.api import AgentUnavailable, ApiServer, call
+from gpushare.agent.api_server import ApiServer
+from gpushare.node.api import AgentUnavailable, call
 
 
 def _full_listener(path: Path) -> tuple[socket.socket, list[socket.socket]]:

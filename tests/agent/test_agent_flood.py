@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from gpushare.agent.api import AgentUnavailable, call
+from gpushare.node.api import AgentUnavailable, call
 from gpushare.config import load_config
 from gpushare.gpus import GiB
 from gpushare.gres.sim_backend import SimBackend

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from gpushare.epilog.records import RecordLedger
-from gpushare.agent.api import call
-from gpushare.agent.store import JobStore
+from gpushare.node.api import call
+from gpushare.node.store import JobStore
 from gpushare.slurm_plugins.decision import parse_record
 
 pytestmark = pytest.mark.slurm

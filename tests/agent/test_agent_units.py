@@ -11,11 +11,11 @@ from prometheus_client import CollectorRegistry
 from gpushare.config import parse_config
 from gpushare.gres.sim_backend import SimBackend
 from gpushare.agent.daemon import Agent
-from gpushare.agent.caps import Caps, allocator_fraction, decide_caps, need_mib, task_env
-from gpushare.agent.framework_caps import fraction_text
+from gpushare.node.caps import Caps, allocator_fraction, decide_caps, need_mib, task_env
+from gpushare.node.framework_caps import fraction_text
 from gpushare.cuda_context import context_bytes_for, sm_arch_of
 from gpushare.gpus import BUILTIN_GPUS as CATALOGUE, GiB, MiB
-from gpushare.agent.jobs import clean_facts, final_record
+from gpushare.node.jobs import clean_facts, final_record
 from gpushare.policy.withhold import node_open
 from gpushare.agent.adopt import MAX_REMEMBERED, Adopter
 from gpushare.slurm.jobs import job_from_json
@@ -475,7 +475,7 @@ def test_gimbal_picks_the_thread_share_of_a_job_starting_beside_an_mps_job(tmp_p
 
 
 def test_the_time_limit_reaches_the_registration_from_slurms_record() -> None:
-    from gpushare.agent.jobs import registration_facts
+    from gpushare.node.jobs import registration_facts
 
     for raw in ({"time_limit": 90}, {"time_limit": {"set": True, "infinite": False, "number": 90}}):
         job_ = job_from_json({"job_id": 3, "job_state": "RUNNING", **raw})

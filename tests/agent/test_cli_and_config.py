@@ -12,7 +12,7 @@ from gpushare.epilog.records import RecordLedger
 from gpushare.epilog.report_cli import gpu_rows, job_rows, parse_since
 from gpushare.cli import main as gpushare_main
 from gpushare.config import ConfigError, parse_config
-from gpushare.agent.api import ApiServer
+from gpushare.agent.api_server import ApiServer
 from gpushare.agent.status_cli import render
 from gpushare.gpus import GiB
 

@@ -27,8 +27,8 @@ import pytest
 
 from devcluster.local_cluster import missing_requirements
 from devcluster.processes import scaled
-from gpushare.agent.api import call
-from gpushare.agent.store import JobStore
+from gpushare.node.api import call
+from gpushare.node.store import JobStore
 from gpushare.epilog.ledger import Ledger
 from gpushare.epilog.records import RecordLedger
 from gpushare.gres.sim_backend import SimBackend

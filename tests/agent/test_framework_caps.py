@@ -16,8 +16,8 @@ import sys
 
 import pytest
 
-from gpushare.agent.caps import Caps, task_env
-from gpushare.agent.framework_caps import merge_alloc_conf, merged_exports, split_top
+from gpushare.node.caps import Caps, task_env
+from gpushare.node.framework_caps import merge_alloc_conf, merged_exports, split_top
 from gpushare.estimator_cli.allocator_config import AllocatorConfig
 from gpushare.prolog.task_prolog import exports
 from gpushare.prolog.slurmd_prolog import write_caps

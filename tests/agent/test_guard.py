@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 from gpushare.agent.backstop import judge, oom_message
 from gpushare.agent.daemon import Agent
 from gpushare.agent.enforce import append_to_job_log, bigger_share, requeue_early, stop_processes
-from gpushare.agent.jobs import final_record
+from gpushare.node.jobs import final_record
 from gpushare.config import parse_config
 from gpushare.gpus import GiB, MiB
 from gpushare.gres.sim_backend import SimBackend

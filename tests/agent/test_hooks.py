@@ -13,12 +13,13 @@ from gpushare.epilog.slurmd_epilog import close_job
 from gpushare.config import parse_config
 from gpushare.gpus import GiB
 from gpushare.gres.sim_backend import SimBackend
-from gpushare.agent.api import AgentUnavailable, ApiServer, call
-from gpushare.agent.comment import merged_comment, run_summary
-from gpushare.agent.store import JobStore
+from gpushare.agent.api_server import ApiServer
+from gpushare.node.api import AgentUnavailable, call
+from gpushare.node.comment import merged_comment, run_summary
+from gpushare.node.store import JobStore
 from gpushare.prolog import task_prolog
-from gpushare.agent.jobs import shards_of
-from gpushare.prolog.hook_env import job_from_env, slurm_facts
+from gpushare.node.jobs import shards_of
+from gpushare.node.hook_env import job_from_env, slurm_facts
 from gpushare.prolog.slurmd_prolog import register, write_caps
 from gpushare.slurm.jobs import job_from_json
 

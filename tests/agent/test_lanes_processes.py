@@ -18,7 +18,8 @@ from prometheus_client import CollectorRegistry
 from lane_log import completed_turns
 
 from gpushare.agent.daemon import Agent
-from gpushare.agent.lane_api import LaneServer, lanes_socket_path
+from gpushare.agent.lane_api import LaneServer
+from gpushare.node.api import lanes_socket_path
 
 from gpushare.agent.sampler import environ_job
 from gpushare.config import parse_config

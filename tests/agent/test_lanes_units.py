@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from gpushare.agent.jobs import DEFAULT_REMAINING_S, clean_facts, lane_facts_of, time_left
+from gpushare.node.jobs import DEFAULT_REMAINING_S, clean_facts, lane_facts_of, time_left
 from gpushare.gpus import GiB
 from gpushare.policy.lane_policy import LanePolicy
 from gpushare.agent.lane_service import LaneFacts, LaneService

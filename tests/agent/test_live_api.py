@@ -12,9 +12,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from gpushare.agent.api import call
+from gpushare.node.api import call
 from gpushare.agent.daemon import Agent
-from gpushare.agent.live_api import LiveServer, live_socket_path
+from gpushare.agent.live_api import LiveServer
+from gpushare.node.api import live_socket_path
 from gpushare.config import parse_config
 from gpushare.gpus import GiB
 from gpushare.gres.sim_backend import SimBackend

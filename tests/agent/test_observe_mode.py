@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gpushare.agent.comment import run_summary
+from gpushare.node.comment import run_summary
 from gpushare.agent.daemon import Agent
-from gpushare.agent.jobs import clean_facts, final_record, registration_facts
+from gpushare.node.jobs import clean_facts, final_record, registration_facts
 from gpushare.config import parse_config
 from gpushare.gpus import GiB
 from gpushare.gres.sim_backend import SimBackend

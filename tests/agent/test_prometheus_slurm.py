@@ -28,7 +28,7 @@ import pytest
 
 from devcluster.local_cluster import REPO, LocalCluster, missing_requirements
 from devcluster.prometheus import Prometheus, free_port, nodes_of
-from gpushare.agent.api import AgentUnavailable, call
+from gpushare.node.api import AgentUnavailable, call
 from gpushare.gres.sim_backend import SimBackend
 
 pytestmark = pytest.mark.slurm

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from gpushare.agent.api import ApiServer, call
+from gpushare.agent.api_server import ApiServer
+from gpushare.node.api import call
 from gpushare.agent.live_api import LiveServer
 from gpushare.agent.sockets import Admission, Bounds, SocketServer
 

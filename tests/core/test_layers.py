@@ -1,10 +1,11 @@
 """The layers of docs/architecture.md, checked from the code's own imports (lazy ones inside functions too).
 
-core (gpushare) → slurm adapter and gres → policy and estimate → estimator, MIG, agent → hooks (submit,
-prolog, epilog) → simulator. A module may import its own package or any layer below it, never one above;
-between two packages of one layer only the imports in ``PEERS`` are allowed, each with its reason. The
-simulator replays the programs' decisions from the low layers only, never from a program package. The test
-harness (devcluster) and the tests are never imported by the package.
+core (gpushare) → slurm adapter and gres → policy and estimate → node (what the agent, the Prolog and the
+Epilog share about a job) → estimator, MIG, agent → hooks (submit, prolog, epilog) → simulator. A module may
+import its own package or any layer below it, never one above; between two packages of one layer only the
+imports in ``PEERS`` are allowed, each with its reason (none today). The simulator replays the programs'
+decisions from the low layers only, never from a program package. The test harness (devcluster) and the
+tests are never imported by the package.
 """
 
 from __future__ import annotations
@@ -18,14 +19,14 @@ LAYERS = {
     "gpushare": 0,
     "gpushare.slurm": 1, "gpushare.gres": 1,
     "gpushare.policy": 2, "gpushare.estimate": 2,  # pure decisions and the estimate, shared by programs and simulator
-    "gpushare.estimator_cli": 3, "gpushare.mig_manager": 3, "gpushare.agent": 3,
-    "gpushare.slurm_plugins": 4, "gpushare.prolog": 4, "gpushare.epilog": 4,
-    "gpushare.simulator": 5,
+    "gpushare.node": 3,  # a job on its node: store, caps, registration, comment, hook environment, hard cap
+    "gpushare.estimator_cli": 4, "gpushare.mig_manager": 4, "gpushare.agent": 4,
+    "gpushare.slurm_plugins": 5, "gpushare.prolog": 5, "gpushare.epilog": 5,
+    "gpushare.simulator": 6,
 }
-# The only imports between two packages of one layer: (importer, imported) -> why.
-PEERS = {
-    ("gpushare.epilog", "gpushare.prolog"): "the node Epilog undoes the Prolog's setup with the Prolog's own helpers",
-}
+# The only imports between two packages of one layer: (importer, imported) -> why. None: what two programs
+# share lives in a layer below both.
+PEERS: dict[tuple[str, str], str] = {}
 PROGRAMS = {"gpushare.estimator_cli", "gpushare.mig_manager", "gpushare.agent",
             "gpushare.slurm_plugins", "gpushare.prolog", "gpushare.epilog"}
 SUBPACKAGES = {name.split(".")[1] for name in LAYERS if "." in name}

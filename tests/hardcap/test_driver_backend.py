@@ -1,4 +1,4 @@
-"""The Prolog's driver backend (per-cgroup device memory limits, gpushare.prolog.hardcap) over the simulated
+"""The Prolog's driver backend (per-cgroup device memory limits, gpushare.node.hardcap) over the simulated
 driver, on a real directory tree laid out as Slurm's cgroup v2 hierarchy, and the Epilog undoing it."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from gpushare.config import parse_config
 from gpushare.epilog.slurmd_epilog import close_job
 from gpushare.gpus import GiB
 from gpushare.gres.sim_backend import SimBackend
-from gpushare.prolog import hardcap
+from gpushare.node import hardcap
 from gpushare.prolog.slurmd_prolog import register
 
 FRACTION = {"GPUSHARE_CAPS_MODE": "fraction", "GPUSHARE_MEM_LIMIT_MIB": "2048", "GPUSHARE_MEMORY_FRACTION": "0.05"}

@@ -26,11 +26,11 @@ from pathlib import Path
 import pytest
 
 from devcluster.local_cluster import LOGIN_TEST_USER, LocalCluster, ensure_login_user, missing_requirements
-from gpushare.agent.api import AgentUnavailable, call
+from gpushare.node.api import AgentUnavailable, call
 from gpushare.atomic import write_text_atomic
 from gpushare.epilog.records import RecordLedger
 from gpushare.gres.sim_backend import SimBackend
-from gpushare.prolog.hardcap import HARDCAP_DIR, UNAVAILABLE_NOTE, context_charge
+from gpushare.node.hardcap import HARDCAP_DIR, UNAVAILABLE_NOTE, context_charge
 
 pytestmark = [pytest.mark.slurm, pytest.mark.hardcap]
 HERE = Path(__file__).parent

@@ -25,7 +25,7 @@ import pytest
 
 from gpushare.agent.doctor import OK, PROBLEM, hardcap_check
 from gpushare.config import Config
-from gpushare.prolog.hardcap import write_limits as prolog_write_limits
+from gpushare.node.hardcap import write_limits as prolog_write_limits
 from gpushare.slurm.admin_comment import _host_lock
 from tests.hardcap import test_shim as shim
 from tests.hardcap.test_shim import CTX, JOB, needs_root, parse

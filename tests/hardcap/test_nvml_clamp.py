@@ -49,7 +49,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def env(built: Path, tmp_path: Path) -> dict[str, str]:
     """Job 4343 with a 100000-byte share of a 1 MB fake device, its limits file naming the GPU's UUID."""
-    from gpushare.prolog.hardcap import write_limits
+    from gpushare.node.hardcap import write_limits
 
     write_limits("4343", os.geteuid(), 1, SHARE, str(tmp_path / "limits"), context_bytes=CTX, uuids=[UUID])
     (tmp_path / "cgroup").write_text("0::/system.slice/slurmstepd.scope/job_4343/step_0/user/task_0\n")

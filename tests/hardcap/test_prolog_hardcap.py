@@ -1,4 +1,4 @@
-"""The Prolog's hard cap files and the TaskProlog's preload line (gpushare.prolog.hardcap), then the shim
+"""The Prolog's hard cap files and the TaskProlog's preload line (gpushare.node.hardcap), then the shim
 reading those very files in a real process over the fake driver."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpushare.gres.sim_backend import SimBackend
-from gpushare.prolog import hardcap
+from gpushare.node import hardcap
 from gpushare.prolog.slurmd_prolog import write_caps
 from gpushare.prolog.task_prolog import exports
 

@@ -63,7 +63,7 @@ def test_driver_backend_on_the_real_driver(tmp_path: Path) -> None:
     Prolog's reason names r615. From r615 on, a limit set on a fresh cgroup v2 reads back and clears."""
     from gpushare.gres import GpuError, NvmlCode
     from gpushare.gres.nvml_backend import NvmlBackend
-    from gpushare.prolog import hardcap
+    from gpushare.node import hardcap
 
     version = _nvml_driver()
     assert version is not None

@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from gpushare.agent.comment import annotate, annotate_fields
+from gpushare.node.comment import annotate, annotate_fields
 from gpushare.slurm import record
 from gpushare.slurm.admin_comment import merge_fields, merge_write
 from gpushare.slurm.client import SlurmClient

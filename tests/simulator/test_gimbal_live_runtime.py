@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpushare.policy import gimbal as gb
-from gpushare.agent.jobs import thread_percentage_for
+from gpushare.node.jobs import thread_percentage_for
 from gpushare.simulator.engine import SimConfig
 from gpushare.simulator.gimbal import RECALIBRATE_S, RECONFIG_S, WINDOW_S, GimbalSimulation
 from gpushare.simulator.interference import Interference

@@ -70,7 +70,7 @@ def _make_dirs(root: str) -> None:
 
 def context_charge(info: GpuInfo) -> int:
     """The shim's per-process charge on this GPU: its CUDA context and library kernels, by compute
-    capability (as the agent's ``outside_allocator_bytes`` in gpushare.agent.jobs.build_entry)."""
+    capability (as the agent's ``outside_allocator_bytes`` in gpushare.node.jobs.build_entry)."""
     return context_bytes_for(sm_arch_of(info.model, info.name))
 
 

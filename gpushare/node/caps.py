@@ -23,7 +23,7 @@ framework cap would hold need + context (measured on an H200: 4.0 GiB cap + 0.6-
 by the backstop at need + tolerance. Six decimals: on a 141 GB GPU a third decimal is 140 MiB.
 The TaskProlog turns it into
 the frameworks' own settings, merged with the user's (``PYTORCH_CUDA_ALLOC_CONF``'s
-``per_process_memory_fraction``, JAX's ``XLA_PYTHON_CLIENT_MEM_FRACTION``; ``gpushare.agent.framework_caps``),
+``per_process_memory_fraction``, JAX's ``XLA_PYTHON_CLIENT_MEM_FRACTION``; ``gpushare.node.framework_caps``),
 so an unmodified PyTorch or JAX script hits its own OOM. Allocations outside the framework's allocator
 ignore it; the agent's backstop (``gpushare.agent.backstop``) covers those.
 
@@ -37,12 +37,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
-from gpushare.agent.framework_caps import fraction_text
+from gpushare.node.framework_caps import fraction_text
 from gpushare.gpus import MiB
 from gpushare.gres.mps import job_env
 POLICIES = ("mps-same-user", "mps", "fraction", "none")
+CAPS_VERSION = 1  # the caps file the Prolog writes and the TaskProlog reads (docs/formats.md)
 MIN_ALLOCATOR_BYTES = 64 * MiB
 # What the TaskProlog may export; anything else in a caps file is ignored.
 EXPORTABLE = ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
@@ -129,7 +131,7 @@ def task_env(caps: Caps, pipe_dir: str | None, framework: bool = True) -> dict[s
 
     ``framework``: a time-sliced (``fraction``) job is also marked ``GPUSHARE_FRAMEWORK_CAPS=1``, which
     makes the TaskProlog add PyTorch's and JAX's own memory caps merged with the user's settings
-    (``gpushare.agent.framework_caps``). MPS jobs are not: their pinned-memory limit is already a hard
+    (``gpushare.node.framework_caps``). MPS jobs are not: their pinned-memory limit is already a hard
     cap enforced by the MPS server, and the device size an MPS client sees differs from the GPU's.
     """
     env: dict[str, str] = {"GPUSHARE_CAPS_MODE": caps.mode}
@@ -144,3 +146,9 @@ def task_env(caps: Caps, pipe_dir: str | None, framework: bool = True) -> dict[s
     if framework and caps.mode == "fraction" and caps.fraction is not None:
         env["GPUSHARE_FRAMEWORK_CAPS"] = "1"
     return env
+
+
+def caps_path(run_dir: str, job: str) -> Path:
+    """Where the Prolog leaves a job's exports for the TaskProlog, and the Epilog removes them (``job`` already
+    validated)."""
+    return Path(run_dir) / "jobs" / f"{job}.json"

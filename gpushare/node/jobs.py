@@ -17,9 +17,9 @@ from gpushare.cuda_context import context_bytes_for, sm_arch_of
 from gpushare.gpus import GiB
 from gpushare.gres import GpuError, is_na
 from gpushare.gres.mps import mps_dirs
-from gpushare.agent.caps import Caps, decide_caps, need_mib, task_env
+from gpushare.node.caps import Caps, decide_caps, need_mib, task_env
 from gpushare.policy.observe import summary as observe_summary, would_share
-from gpushare.agent.store import check_job
+from gpushare.node.store import check_job
 from gpushare.slurm.gres_request import GresRequest
 
 if TYPE_CHECKING:
@@ -225,7 +225,7 @@ def build_entry(facts: dict[str, Any], cfg: AgentSection, backend: GpuBackend, t
     pipe = mps_dirs(cfg.run_dir, gpu0)[0] if caps.mode == "mps" else None
     env = task_env(caps, pipe, framework=getattr(cfg, "framework_caps", "yes") == "yes")
     if facts.get("lanes") and facts["shared"] and len(facts["gpus"]) == 1:
-        from gpushare.agent.lane_api import lanes_socket_path
+        from gpushare.node.api import lanes_socket_path
 
         env.update({"GPUSHARE_LANES": "1", "GPUSHARE_LANE_SOCKET": str(lanes_socket_path(cfg.run_dir))})
     return {**facts, "caps": caps.as_dict(), "pipe_dir": pipe, "env": env, "start": now,

@@ -1,4 +1,5 @@
-"""The agent's local API: JSON lines over a root-only unix socket, for the Prolog, Epilog and ``gpushare status``.
+"""The client of the agent's local API (JSON lines over a root-only unix socket), for the Prolog, Epilog and
+``gpushare status``, and where each of the agent's three sockets lives.
 
 Why a unix socket and root only: the Prolog and Epilog run as root on the same node and must not pay for
 an interpreter round trip through Slurm; users must not be able to register or close jobs. The socket
@@ -7,9 +8,9 @@ checked against ``allowed_uids`` (root by default), so a permissive umask or a b
 
 Protocol: the client sends one JSON object on one line (≤ 64 KiB) with ``op``; the server answers with
 one JSON object on one line: ``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``; one request per
-connection. The server is the agent's one socket server (``gpushare.agent.sockets``): a whole-request
-deadline, caps per uid and in all, a bounded worker pool, and a ``"busy": true`` answer that :func:`call`
-retries within its own timeout.
+connection. The server (``gpushare.agent.api_server``) is the agent's one socket server
+(``gpushare.agent.sockets``): a whole-request deadline, caps per uid and in all, a bounded worker pool, and a
+``"busy": true`` answer that :func:`call` retries within its own timeout.
 """
 
 from __future__ import annotations
@@ -20,9 +21,8 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
-from gpushare.agent.sockets import Bounds, Connection, SocketServer, peer_creds
 from gpushare.errors import GpushareError
 
 if TYPE_CHECKING:
@@ -30,12 +30,21 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gpushare.agent.api")
 MAX_REQUEST = 64 * 1024
-Handler = Callable[[dict[str, Any]], dict[str, Any]]
 
 
 def socket_path(cfg: AgentSection) -> Path:
     """The agent's socket for an ``[agent]`` config section (a 0700 directory under run_dir)."""
     return Path(cfg.run_dir) / "agent" / "agent.sock"
+
+
+def live_socket_path(run_dir: str) -> Path:
+    """The live socket, where a running job's owner asks for its measurements so far (any local user)."""
+    return Path(run_dir) / "live" / "live.sock"
+
+
+def lanes_socket_path(run_dir: str) -> Path:
+    """The lanes socket, where a lane job's own processes ask for turns (any local user)."""
+    return Path(run_dir) / "lanes" / "lanes.sock"
 
 
 def node_name(cfg: AgentSection) -> str:
@@ -45,44 +54,6 @@ def node_name(cfg: AgentSection) -> str:
 
 class AgentUnavailable(GpushareError, OSError):
     """The agent did not answer (not running, socket missing, timeout, garbage)."""
-
-
-def peer_uid(sock: socket.socket) -> int:
-    return peer_creds(sock)[1]
-
-
-# root's Prologs and Epilogs: a node ending many jobs at once runs that many Epilogs together (each waits for
-# its answer, and the handlers queue on the agent's lock); the socket is root's alone, so its bounds are root's
-API_BOUNDS = Bounds(deadline_s=5.0, max_line=MAX_REQUEST, per_uid=512, total=512, workers=16)
-
-
-class ApiServer:
-    """Serve ``handler`` on ``path`` (:class:`gpushare.agent.sockets.SocketServer`) until :meth:`stop`."""
-
-    def __init__(self, path: str | os.PathLike[str], handler: Handler, allowed_uids: tuple[int, ...] = (0,),
-                 bounds: Bounds = API_BOUNDS, on_trouble: Callable[[str], None] | None = None) -> None:
-        self.path = Path(path)
-        self.handler = handler
-        self.allowed_uids = frozenset(allowed_uids)
-        self._server = SocketServer(self.path, self._handle, bounds, name="agent-api", mode=0o600, dir_mode=0o700,
-                                    allowed_uids=self.allowed_uids, refusal="permission denied: root only",
-                                    on_trouble=on_trouble)
-
-    def _handle(self, connection: Connection, request: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-        if not isinstance(request.get("op"), str):
-            return {"ok": False, "error": "request must be an object with an 'op'"}, False
-        return self.handler(request), False
-
-    @property
-    def server(self) -> SocketServer:
-        return self._server
-
-    def start(self) -> "ApiServer":
-        self._server.start()
-        return self
-
-    def stop(self) -> None:
-        self._server.stop()
 
 
 def _connect(sock: socket.socket, path: str, deadline: float) -> None:

@@ -51,6 +51,6 @@ def job_from_env(env: Mapping[str, str] = os.environ) -> HookJob | None:
 
 def slurm_facts(job: HookJob, slurm_job: Job | None) -> dict[str, Any]:
     """Registration facts for the agent from the hook's job and Slurm's structured record of it (may be None)."""
-    from gpushare.agent.jobs import registration_facts
+    from gpushare.node.jobs import registration_facts
 
     return registration_facts(job.job, job.uid, job.user, job.gpus, slurm_job)
