@@ -34,7 +34,6 @@ PARAMETER_BYTES = 2 * (1024 * 1024 + 1024) * 4
 MOVES = {
     "positional": "model.to(dev)",
     "keyword": "model.to(device=dev)",
-    "keyword string": "model.to(device='cuda')",
     "keyword with dtype": "model.to(dtype=torch.float32, device=dev)",
     "torch.device": "model.to(torch.device('cuda'))",
     "cuda()": "model.cuda()",
