@@ -383,7 +383,7 @@ class Agent:
         """Every other shared job on a GPU where a job (or a process of no job) is over its cap is marked as
         its possible victim, once per offender: ``collateral`` in its store entry (and so its run record)
         and, off the lock, in its AdminComment while Slurm still takes updates. An OOM of the victim soon
-        after is then recovered on its own share at no cost to its user (gpushare.epilog.corroborate)."""
+        after is then recovered on its own share at no cost to its user (gpushare.policy.oom_recovery)."""
         for offender, gpu in overruns:
             for acc in self.sampler.jobs_on(gpu):
                 if acc.job == offender or not acc.shared or (acc.job, offender) in self._collateral:
@@ -452,7 +452,7 @@ class Agent:
 
     def _leave_evidence(self, action: Action, entry: dict[str, Any]) -> None:
         """The measured peak into the job's AdminComment (``run.peak_gib``) while Slurm still takes updates:
-        what OOM recovery's corroboration reads on the controller (epilog/corroborate.py)."""
+        what OOM recovery's corroboration reads on the controller (gpushare/policy/oom_recovery.py)."""
         from gpushare.node.comment import annotate
 
         gpu = str(action.gpu)
