@@ -179,7 +179,7 @@ def gimbal_features(entry: dict[str, Any], now: float) -> Any:
 
 
 def share_bytes(entry: dict[str, Any]) -> int | None:
-    """A shared job's GPU share in bytes, as OOM recovery sizes it (epilog/learn.py ``failed_size_bytes``): its
+    """A shared job's GPU share in bytes, as OOM recovery sizes it (gpushare.policy.oom_recovery ``failed_size_bytes``): its
     shards (1 GiB each), else its memory cap; None for a job that does not share its GPU."""
     if not entry.get("shared"):
         return None
