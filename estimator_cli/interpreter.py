@@ -167,7 +167,8 @@ def _span(bounds: tuple[tuple[int, int], tuple[int, int]]) -> str:
 def capture_path(root: str) -> str:
     """A directory under ``root`` holding only the capture code, for the child's ``PYTHONPATH``: a
     ``gpushare`` package with an empty ``__init__`` (the real one may grow imports the user's environment
-    lacks), ``errors.py`` and ``estimator_cli`` linked from this installation."""
+    lacks), ``errors.py``, ``gpus.py`` (the GPU catalogue, standard library only: the reduction model reads
+    its threads-per-SM figures) and ``estimator_cli`` linked from this installation."""
     package_dir = os.path.dirname(os.path.abspath(__file__))
     errors = os.path.abspath(sys.modules[GpushareError.__module__].__file__ or "")
     top = tempfile.mkdtemp(prefix="capture-path-", dir=root)
@@ -175,6 +176,7 @@ def capture_path(root: str) -> str:
     with open(os.path.join(top, "gpushare", "__init__.py"), "w", encoding="utf-8") as handle:
         handle.write('"""Capture code only (gpu-estimate --python)."""\n')
     os.symlink(errors, os.path.join(top, "gpushare", "errors.py"))
+    os.symlink(os.path.join(os.path.dirname(errors), "gpus.py"), os.path.join(top, "gpushare", "gpus.py"))
     os.symlink(package_dir, os.path.join(top, "gpushare", "estimator_cli"))
     return top
 

@@ -82,7 +82,7 @@ def test_no_configuration_warning_for_researchers(tmp_path):
     if any(p.exists() for p in config_candidates(env)):
         pytest.skip("this host has a gpushare.toml")
     script = tmp_path / "train.py"
-    script.write_text("import torch\nx = torch.ones(4, device='cuda')\n")
+    script.write_text("import torch\nx = torch.nn.Linear(4, 4).cuda()(torch.ones(4, device='cuda'))\n")
     proc = subprocess.run([sys.executable, "-c", "import sys; from gpushare.estimator_cli.cli import main; "
                            "sys.exit(main())", "--no-cache", "--no-warm", "--gpu", "a100-40gb", str(script)],
                           env=env, capture_output=True, text=True, timeout=120)
