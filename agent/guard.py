@@ -115,7 +115,7 @@ class Guard:
     def over_now(self, jobs: Iterable[Any], holders: frozenset[str], found: dict[int, list[Any]]) -> list[tuple[str, int]]:
         """(offender, GPU) of every job and unattributed process over its cap + tolerance in this sample,
         grace or not: the moments a neighbour on that GPU may fail to allocate through no fault of its
-        own (the agent marks those neighbours, ``Agent._mark_collateral``)."""
+        own (the agent marks those neighbours, ``Watch._mark_collateral``)."""
         over = []
         for acc in jobs:
             cap, _ = cap_of(acc, holders)

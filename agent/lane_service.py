@@ -1,7 +1,7 @@
 """The lane service: :class:`~gpushare.agent.lanes.LaneBoard` behind one lock, with blocking turn waits.
 
-Lock order: this condition is taken before the agent's lock (``facts`` reads the job store), never after;
-the agent calls :meth:`leave` only after letting go of its own lock.
+Lock order (all of it in ``gpushare.agent.daemon``): this condition is taken before the agent's lock (``facts``
+reads the job store), never after; the agent calls :meth:`leave` only after letting go of its own lock.
 
 Why its own lock and condition: a turn wait can last as long as a neighbour's training iteration. It runs
 on the waiting client's connection thread (``gpushare.agent.lane_api``) and sleeps on this condition,

@@ -28,7 +28,7 @@ ended (a requeue already ran again), the row is not ours and nothing is written.
 Faults (docs/reliability.md): slurmdbd or its MariaDB may be down as the job ends. A failed ``sacct``/``sacctmgr``
 is retried with a jittered backoff inside a time budget (``BUDGET_S``: the Epilog holds the node no longer), and
 a run summary still not stored is spooled on the node (``spool``: one root-only file per run under the agent's
-state directory, written atomically). The agent's loop (``gpushare.agent.daemon``) and every later Epilog
+state directory, written atomically). The agent's loop (``gpushare.agent.followups``) and every later Epilog
 deliver the spool (``deliver``) under one lock; a file is removed only after its summary is read back from the
 database, and writing the same summary twice leaves the same row, so delivery is exactly once in effect. The
 summary carries ``fin`` (the node's final one), so ``gpushare jobstats`` can tell the agent's partial summary

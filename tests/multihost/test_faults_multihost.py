@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.multihost, pytest.mark.faults]
 SIMJOB = Path(__file__).parents[1] / "agent" / "simjob.py"  # a GPU process on the simulated backend
 ALICE = "gpushare-alice"
 SPOOL = "/var/lib/gpushare/agent/pending-records"  # [agent] state_dir's spool on gpu1 (epilog/stored_record.py)
-# Long enough for the agent's delivery to back off to its longest pause (agent/daemon.py: 2, 4, 8, 16, then
+# Long enough for the agent's delivery to back off to its longest pause (agent/followups.py: 2, 4, 8, 16, then
 # DELIVER_MAX_S = 30 s): a longer outage only repeats that pause, and slurmctld queues its own records for
 # any length, so two minutes would cost the suite time and prove nothing more.
 OUTAGE_S = 40.0
