@@ -11,7 +11,7 @@ placement                              Slurm's own shard selection: first-fit (e
                                        ``share_when`` (``advised_placement``), else as the site says
 ``[agent] withhold = "feature"``       the agent closes a node to shared jobs while any (``withhold_node_when``
                                        ``any``) or every (``all``) GPU not held whole is risky or warming
-                                       (``gpushare.agent.withhold.node_open``, the agent's own function)
+                                       (``gpushare.policy.withhold.node_open``, the agent's own function)
 ``[agent] thread_policy``              ``fixed``: no caps on SMs; ``gimbal-*``: a starting job's MPS share by
                                        ``gpushare.policy.gimbal.starting_share`` (the simulator's live Gimbal)
 ``framework_caps`` / ``backstop``      a job that outgrows its share hits its own cap (``caps`` on) or takes free
