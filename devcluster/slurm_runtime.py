@@ -158,7 +158,8 @@ def open_view_argv(closed: Sequence[Path], keep: Sequence[Path], argv: Sequence[
     """``argv`` run in a private mount namespace in which the ``closed`` folders (outermost first, all below
     the first) are searchable by every user, while on disk they keep their modes: an overlay is mounted over
     the outermost (its upper layer in a scratch folder under /tmp, with the folder's owner and mode), the
-    folders get ``o+x`` there, and each of ``keep`` (the checkout, a virtualenv below the same folder) is the
+    folders get ``go+x`` there (group too: a test that drops only its uid to ``nobody`` keeps root's group, and
+    for it the group bits decide), and each of ``keep`` (the checkout, a virtualenv below the same folder) is the
     real folder again, bound back over the overlay, so what the session writes there lands on disk. Daemons,
     hooks and jobs the session starts inherit the namespace. None where this cannot be done (a path that an
     overlay option cannot carry, closed folders in two trees)."""
@@ -174,7 +175,7 @@ def open_view_argv(closed: Sequence[Path], keep: Sequence[Path], argv: Sequence[
     for n, k in enumerate(keep):
         setup += [f'mkdir "$stash/keep{n}"', f'mount --bind {q(str(k))} "$stash/keep{n}"']
     setup.append(f'mount -t overlay overlay -o "lowerdir={top},upperdir=$stash/upper,workdir=$stash/work" {q(str(top))}')
-    setup.append("chmod o+x " + " ".join(q(str(c)) for c in closed))
+    setup.append("chmod go+x " + " ".join(q(str(c)) for c in closed))
     setup += [f'mount --bind "$stash/keep{n}" {q(str(k))}' for n, k in enumerate(keep)]
     # mounts are the namespace's, so the subshell's stay; where one fails the command still runs and says why
     lines = ["stash=$(mktemp -d /tmp/gpushare-open-view-XXXXXX) || exit 1",

@@ -14,6 +14,7 @@ stopped; a cluster's directory is removed after passing tests and kept, with log
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import sys
 import tempfile
@@ -23,8 +24,8 @@ from pathlib import Path
 import pytest
 
 from devcluster.local_cluster import REPO, LocalCluster, missing_requirements
-from devcluster.slurm_runtime import (ENV_VAR, OPEN_VIEW_VAR, checkout_out_of_reach, closed_folders, open_view_argv,
-                                     requested_version, slurm_account)
+from devcluster.slurm_runtime import (ENV_VAR, OPEN_VIEW_VAR, SLURM_USER, checkout_out_of_reach, closed_folders,
+                                     open_view_argv, requested_version)
 
 BIN_DIR = os.path.dirname(sys.executable)
 # Fixtures that start a real Slurm (here and in the sub-directories' conftests).
@@ -48,26 +49,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 raise pytest.UsageError(f"{item.nodeid}: version_sensitive needs a reason (what differs by release)")
 
 
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """Where Slurm tests are selected and the Slurm account or an ordinary user cannot run this checkout's
-    virtualenv (a clone in root's 0700 home): every hook, service and job of a test cluster runs it, and each
-    of those tests would fail as if the product were broken. As root, run the session again in a private
-    mount namespace in which the closed folders are searchable (on disk they stay as they are); otherwise,
-    or where that did not help, stop at once with one line naming the folder and the way out
-    (docs/testing.md)."""
-    if not any(item.get_closest_marker("slurm") for item in session.items) or missing_requirements():
+def pytest_configure(config: pytest.Config) -> None:
+    """Where, as root, the Slurm account or an ordinary user cannot run this checkout's virtualenv (a clone in
+    root's 0700 home): every hook, service and job of a test cluster runs it, and so do the tests that run a
+    program as ``nobody`` (the agent writing a job's log as its user, the live socket's owner check), and each
+    of those tests would fail as if the product were broken. Run the session again, before any test is
+    collected or any worker started, in a private mount namespace in which the closed folders are searchable
+    (on disk they stay as they are); where that cannot be done, stop at once with one line naming the folder
+    and the way out (docs/testing.md). Not as another user: nothing then runs as anyone else."""
+    if os.geteuid() != 0 or hasattr(config, "workerinput"):
         return
-    users, paths = (slurm_account().pw_name, "nobody"), (sys.executable, REPO)
+    users = ("nobody", *((SLURM_USER,) if _has_user(SLURM_USER) else ()))
+    paths = (sys.executable, REPO)
     problem = checkout_out_of_reach(paths, users)
     if not problem:
         return
-    if os.geteuid() == 0 and not os.environ.get(OPEN_VIEW_VAR) and not hasattr(session.config, "workerinput") \
-            and shutil.which("unshare"):
+    if not os.environ.get(OPEN_VIEW_VAR) and shutil.which("unshare"):
         closed = sorted({c for p in paths for u in users for c in closed_folders(p, u)}, key=lambda c: len(c.parts))
-        params = session.config.invocation_params
+        params = config.invocation_params
         argv = open_view_argv(closed, [REPO, Path(sys.prefix)], [sys.executable, "-m", "pytest", *params.args])
         if argv:
-            capture = session.config.pluginmanager.getplugin("capturemanager")
+            capture = config.pluginmanager.getplugin("capturemanager")
             if capture is not None:
                 capture.suspend_global_capture(in_=True)
             said = problem.split("from here: ", 1)[-1].split(" (hooks")[0]
@@ -77,6 +79,14 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             os.chdir(params.dir)
             os.execvpe(argv[0], argv, {**os.environ, OPEN_VIEW_VAR: "1"})
     pytest.exit(problem, returncode=pytest.ExitCode.USAGE_ERROR)
+
+
+def _has_user(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True
 
 
 def _require_slurm() -> None:
