@@ -31,36 +31,9 @@ class SlurmConfError(GpushareError, ValueError):
     """slurm.conf could not be read; the message names the file."""
 
 
-def read_keys(path: str | os.PathLike[str], _depth: int = 0) -> dict[str, str]:
+def read_keys(path: str | os.PathLike[str]) -> dict[str, str]:
     """Every ``Key=Value`` of ``path`` and its includes, keys lower-cased, the last setting winning."""
-    if _depth > MAX_INCLUDE_DEPTH:
-        raise SlurmConfError(f"{path}: Include nested more than {MAX_INCLUDE_DEPTH} deep")
-    try:
-        text = Path(path).read_text(encoding="utf-8", errors="replace")
-    except OSError as exc:
-        raise SlurmConfError(f"{path}: {exc.strerror or exc}") from exc
-    keys: dict[str, str] = {}
-    for raw in text.splitlines():
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
-        include = _INCLUDE.match(line)
-        if include:
-            target = include.group(1)
-            if not os.path.isabs(target):
-                target = os.path.join(os.path.dirname(os.fspath(path)), target)
-            for name in sorted(glob.glob(target)) or [target]:
-                keys.update(read_keys(name, _depth + 1))
-            continue
-        try:
-            items = shlex.split(line)
-        except ValueError:
-            items = line.split()
-        for item in items:
-            key, sep, value = item.partition("=")
-            if sep:
-                keys[key.strip().lower()] = value.strip()
-    return keys
+    return dict(read_settings(path))
 
 
 def read_settings(path: str | os.PathLike[str], _depth: int = 0) -> list[tuple[str, str]]:
