@@ -170,10 +170,12 @@ static int charge(struct dev *d, uint64_t n);
 static struct dev *device(int ordinal) {
     if (ordinal < 0 || ordinal >= MAX_DEV) return NULL;
     struct dev *d = &devs[ordinal];
-    if (d->tried) return d->active ? d : NULL;
+    /* `tried` is published last, with release order, and read with acquire order: a thread that sees it
+     * also sees the finished setup. Set first, it once let threads racing the process's first allocation
+     * read tried=1 with active=0 while another thread was still setting up, and allocate uncapped. */
+    if (__atomic_load_n(&d->tried, __ATOMIC_ACQUIRE)) return d->active ? d : NULL;
     pthread_mutex_lock(&mu);
     if (d->tried) { pthread_mutex_unlock(&mu); return d->active ? d : NULL; }
-    d->tried = 1;
     find_job();
     if (!job[0]) { pthread_mutex_unlock(&mu); return NULL; } /* not in a Slurm job: nothing to cap */
     char path[512], st_path[520];
@@ -214,6 +216,7 @@ static struct dev *device(int ordinal) {
     d->active = 1;
     if (ctx && charge(d, (uint64_t)ctx)) { /* the context alone does not fit: allocations will fail, as they would */ }
 out:
+    __atomic_store_n(&d->tried, 1, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&mu);
     return d->active ? d : NULL;
 }
