@@ -21,7 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gpushare.agent.doctor import NOTE, OK, PROBLEM, Check, build_command
+from gpushare.node.doctor import NOTE, OK, PROBLEM, Check, build_command
 from gpushare.config import Config
 from gpushare.slurm.conf_file import Account, SlurmConfError, read_keys, slurm_user
 from gpushare.slurm_plugins.controller_account import hook_paths, ownership_problems, socket_gid

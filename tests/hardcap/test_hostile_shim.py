@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from gpushare.agent.doctor import OK, PROBLEM, hardcap_check
+from gpushare.node.doctor import OK, PROBLEM, hardcap_check
 from gpushare.config import Config
 from gpushare.node.hardcap import write_limits as prolog_write_limits
 from gpushare.slurm.admin_comment import _host_lock
