@@ -293,7 +293,7 @@ def slot_problems(cfg: Config, conf_path: str, key: str, value: str) -> list[str
         if program and not os.access(program, os.X_OK):
             problems.append(f"{where}: {program} is gone: the hook succeeds and does nothing (an older release "
                             "removed?): rerun gpushare slurm-config --install-hooks")
-    pinned = pinned_config(value) if text else None
+    pinned = pinned_config(value)  # ours, or a site's own wrapper that exports GPUSHARE_CONFIG
     if pinned is not None:
         if not os.path.isfile(pinned):
             problems.append(f"{where} pins GPUSHARE_CONFIG={pinned}, which is no file: the hook logs that and "

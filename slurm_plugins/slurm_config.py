@@ -142,12 +142,18 @@ def _chained_site(wrapper: str) -> list[str]:
 
 
 def pinned_config(wrapper: str) -> str | None:
-    """The gpushare.toml a wrapper we wrote pins (GPUSHARE_CONFIG); None when it pins none or is unreadable."""
+    """The gpushare.toml a wrapper pins (GPUSHARE_CONFIG); None when it pins none or is unreadable. Ours write
+    ``GPUSHARE_CONFIG=FILE; export GPUSHARE_CONFIG``; a site's own wrapper may say ``export GPUSHARE_CONFIG=FILE``,
+    which pins the same."""
     try:
-        text = Path(wrapper).read_text(errors="replace")
+        with open(wrapper, "rb") as handle:
+            text = handle.read(64 * 1024).decode(errors="replace")  # a wrapper is a short script
     except OSError:
         return None
     for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("export "):
+            line = line[len("export "):].lstrip()
         if line.startswith("GPUSHARE_CONFIG="):
             try:
                 return shlex.split(line.split(";", 1)[0].partition("=")[2])[0]

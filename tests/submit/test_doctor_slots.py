@@ -185,3 +185,18 @@ def test_each_installed_unit_reads_the_checked_configuration(tmp_path: Path) -> 
         (units / f"{name}.d").mkdir()
         (units / f"{name}.d" / "override.conf").write_text(f"[Service]\nEnvironment=GPUSHARE_CONFIG={cfg.source}\n")
     assert [c.status for c in unit_config_checks(cfg, str(units))] == ["ok"]
+
+
+def test_a_sites_own_wrapper_that_exports_the_file_pins_it(tmp_path: Path) -> None:
+    """A site may start our hook from a wrapper of its own (``export GPUSHARE_CONFIG=FILE``, then our program):
+    that pins the file as our generated wrappers do, and the doctor says nothing when it is the checked one and
+    names it when it is another."""
+    cfg, conf = _site(tmp_path, "")
+    wrapper = tmp_path / "gpushare-epilog-slurmctld"
+    _program(wrapper, f"export GPUSHARE_CONFIG='{cfg.source}'\nexec /opt/gpushare/bin/gpushare-epilog-slurmctld \"$@\"\n")
+    assert slot_problems(cfg, conf, "EpilogSlurmctld", str(wrapper)) == []
+    other = tmp_path / "other.toml"
+    other.write_text(EXAMPLE.read_text())
+    _program(wrapper, f"  export GPUSHARE_CONFIG={other}\nexec /opt/gpushare/bin/gpushare-epilog-slurmctld \"$@\"\n")
+    problems = slot_problems(cfg, conf, "EpilogSlurmctld", str(wrapper))
+    assert len(problems) == 1 and f"reads {other} (GPUSHARE_CONFIG in the wrapper)" in problems[0], problems
