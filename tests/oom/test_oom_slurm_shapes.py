@@ -41,8 +41,9 @@ class MigCluster(LocalCluster):
 def test_mig_job_moves_to_the_next_larger_slice(tmp_path_factory: pytest.TempPathFactory) -> None:
     base = Path(tempfile.mkdtemp(prefix="gpushare-oom-mig-", dir="/tmp"))  # slurmctld (as slurm) must reach it
     os.chmod(base, 0o755)
-    mig = MigCluster(base=base, gpu="a100-80gb", toml_extra=oom_settings(base), with_hook=False,
-                     with_submitd=False)
+    # gpushare-submitd runs: EpilogSlurmctld (as SlurmUser) copies the failed run's log aside as the job's user
+    # through it before the requeue, and requeues nothing it could not copy
+    mig = MigCluster(base=base, gpu="a100-80gb", toml_extra=oom_settings(base), with_hook=False)
     mig.start()
     trust_log_messages(mig)
     try:
