@@ -26,8 +26,9 @@ UTIL_CLASSES: dict[str, tuple[float, float, float]] = {
 
 # Solo SMACT per class fitted to CARMA's measured makespans (``--util carma-fit``, the default; docs/simulator.md,
 # *Calibration against CARMA's measured runs*); SMOCC and DRAMA keep the ratios of the classes above.
-# benchmarks/carma_fit.py re-runs the fit from the committed data: its grid optimum (0.25/0.50/0.70) is not
-# these values (rank 3), which stay because the out-of-sample checks are worse for it (docs/simulator.md).
+# benchmarks/carma_fit.py re-runs the fit from the committed data, on every number CARMA states for trace 1
+# (makespans and energies): its optimum (0.15/0.55/0.65) is not these values (rank 10 of 120), which stay
+# because it is worse against CARMA's latest revision's makespan, an out-of-sample check (docs/simulator.md).
 # Lower than the assumed classes: on the measured A100 most of Table 2's tasks leave half the SMs idle,
 # which is why sharing paid CARMA more than the assumed classes allow (their SM-work bound is -32 %).
 CARMA_FIT_SMACT = {"light": 0.20, "medium": 0.45, "heavy": 0.70}

@@ -1,4 +1,5 @@
-"""The do-no-harm and published-gains benchmarks on a small trace: the rows they print are the runs they name.
+"""The do-no-harm and published-gains benchmarks on a small trace: the rows they print are the runs they name;
+the calibration's fit (benchmarks/carma_fit.py) on a grid of two points.
 
 Why: docs/benchmarks.md quotes these scripts' tables; the shard placement of each 24.11+ row must be the
 one its label says (advised: first-fit with ``queued``; least-loaded where ``LL_SHARED_GRES`` is named).
@@ -9,9 +10,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
+import carma_fit  # noqa: E402
 import do_no_harm  # noqa: E402
 import simulator_published  # noqa: E402
 
@@ -46,3 +50,25 @@ def test_published_gains_print_beside_the_closest_setting(capsys):
     assert "| Gimbal (ACM TACO 2025) | section 7.2, Figure 8 | Lucid + Gimbal | Lucid |" in out
     assert "| gimbal-free -> gimbal-jct-runtime | mean JCT |" in out and "1.28x (Lucid)" in out
     assert "| exclusive -> gimbal-jct-runtime | mean JCT |" in out and "3.75x (Slurm, Alibaba)" in out
+
+
+def test_carma_fit_scores_every_trace_1_statement_on_a_reduced_grid(capsys, monkeypatch):
+    """The fit's objective is every number CARMA states for trace 1: four makespan terms and one energy term
+    per recovery-only run (sublinear power), in points, zero inside a stated range. The shipped values'
+    errors are the calibrated table's (tests/simulator/test_carma_calibration.py, PINNED[1]) against the
+    targets: RR -31.4 against -30.6, LUG -34.2 against -35.2, MAGM -34.6 inside [-35.2, -30.6], the best
+    oracle -39.0 against -36; energy RR -18.6 beyond -15, MAGM -12.6 and LUG -12.1 inside [-15, -12]."""
+    grid = {"light": (0.20,), "medium": (0.45,), "heavy": (0.70, 0.85)}
+    ranked = carma_fit.fit(grid, workers=1)
+    assert len(ranked) == 2 and ranked[0]["sse"] <= ranked[1]["sse"]
+    shipped = next(row for row in ranked if row["smact"] == dict(carma_fit.workload.CARMA_FIT_SMACT))
+    expected = {"rr": -0.8, "lug": 1.0, "magm": 0.0, "best oracle": -3.0,
+                "energy rr": -3.6, "energy magm": 0.0, "energy lug": 0.0}
+    assert shipped["errors"] == {k: pytest.approx(v, abs=0.11) for k, v in expected.items()}
+    assert shipped["sse"] == pytest.approx(sum(e * e for e in shipped["errors"].values()), abs=0.01)
+    assert shipped["sse_makespan"] < shipped["sse"]  # the energy term counts
+    monkeypatch.setattr(carma_fit, "GRID", grid)
+    assert carma_fit.main(["--seeds", "0", "--workers", "1", "--top", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "grid: 2 points" in out and "| energy RR | energy MAGM | energy LUG |" in out
+    assert "revision: best recovery-only makespan -35 %" in out
