@@ -153,8 +153,13 @@ def test_a_killed_holder_loses_its_turn_and_the_others_finish(node, tmp_path):
         assert time.monotonic() < deadline, "victim never held its turn"
         time.sleep(0.02)
     others = [n.spawn("202", "5", "0.02"), n.spawn("203", "5", "0.02")]
-    time.sleep(1.0)
-    assert n.log("201")[-1].startswith("start") and n.agent.lanes.board.holder("201")
+    # kill the victim while it holds its turn and the others have started: a condition, not a fixed sleep
+    # (under load the others take seconds to start, and the victim's 0.5 s turn may have passed to them)
+    deadline = time.monotonic() + 120
+    while not (all(n.log(job) for job in ("202", "203")) and n.log("201")[-1].startswith("start")
+               and n.agent.lanes.board.holder("201")):
+        assert time.monotonic() < deadline, f"victim not holding its turn with the others started: {n.log('201')[-3:]}"
+        time.sleep(0.01)
     victim.send_signal(signal.SIGKILL)
     wait_done(others, 120)
     assert [p.returncode for p in others] == [0, 0]
