@@ -33,22 +33,32 @@ def _under(mode: TorchFunctionMode, fn: Callable[..., Any]) -> Callable[..., Any
     return run
 
 
+# The non-reentrant variant's generator under each name a release calls it by: up to 2.13 checkpoint() calls
+# _checkpoint_without_reentrant_generator; from 2.14 it calls ..._impl (the older name stays as a shim that
+# calls it). Each one present is wrapped: a function wrapped twice pushes the presenter once (``_under``).
+GENERATORS = ("_checkpoint_without_reentrant_generator", "_checkpoint_without_reentrant_generator_impl")
+
+
 @contextlib.contextmanager
 def recompute_under(mode: TorchFunctionMode) -> Iterator[None]:
-    generator = checkpoint_mod._checkpoint_without_reentrant_generator
+    generators = {name: getattr(checkpoint_mod, name) for name in GENERATORS if hasattr(checkpoint_mod, name)}
     function_cls = checkpoint_mod.CheckpointFunction
     original_apply = function_cls.apply
 
-    def without_reentrant(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        return generator(_under(mode, fn), *args, **kwargs)
+    def wrapped(generator: Callable[..., Any]) -> Callable[..., Any]:
+        def without_reentrant(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+            return generator(_under(mode, fn), *args, **kwargs)
+        return without_reentrant
 
     def apply(function: Callable[..., Any], *args: Any) -> Any:
         return original_apply(_under(mode, function), *args)
 
-    checkpoint_mod._checkpoint_without_reentrant_generator = without_reentrant
+    for name, generator in generators.items():
+        setattr(checkpoint_mod, name, wrapped(generator))
     function_cls.apply = apply  # type: ignore[method-assign]
     try:
         yield
     finally:
-        checkpoint_mod._checkpoint_without_reentrant_generator = generator
+        for name, generator in generators.items():
+            setattr(checkpoint_mod, name, generator)
         function_cls.apply = original_apply  # type: ignore[method-assign]

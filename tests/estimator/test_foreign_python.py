@@ -213,3 +213,37 @@ def test_another_pytorch_gives_the_same_estimate(capsys: pytest.CaptureFixture[s
         assert theirs["torch_version"].startswith(version) and theirs["python"]["own"] is False
         assert ours["python"]["own"] is True and ours["torch_version"] != theirs["torch_version"]
         assert [t["peak_total_bytes"] for t in theirs["targets"]] == [t["peak_total_bytes"] for t in ours["targets"]]
+
+
+CHECKPOINT_AUTOCAST = """import torch
+from torch.utils.checkpoint import checkpoint
+dev = torch.device("cuda")
+emb = torch.nn.Embedding(128, 512).to(device=dev)
+body = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.GELU(), torch.nn.Linear(512, 512)).to(device=dev)
+opt = torch.optim.SGD([*emb.parameters(), *body.parameters()], lr=0.1)
+for step in range(3):
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        y = checkpoint(body, emb.weight[:16] * 2, use_reentrant=False)
+    y.float().sum().backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_checkpoint_recompute_keeps_autocast_on_the_newest_pytorch(capsys: pytest.CaptureFixture[str],
+                                                                   tmp_path: Path) -> None:
+    """PyTorch 2.14 reaches the non-reentrant checkpoint's generator by a new name (``..._impl``); the
+    recomputation must still run under the capture's presenter (CUDA autocast), or every Trainer job with
+    gradient checkpointing and bf16 fails with "Recomputed values ... different metadata"."""
+    python = PYTHON_ENVS / "torch-2.14.1" / "bin" / "python"
+    if not python.exists():
+        pytest.skip(f"{python.parent.parent} missing: 'make python-envs' builds it (5 GB, 2-3 minutes)")
+    script = tmp_path / "checkpointed.py"
+    script.write_text(CHECKPOINT_AUTOCAST)
+    code, out, err = run(capsys, "--json", "--no-cache", "--no-warm", "--mode", "fake", "--gpu", "a100-40gb",
+                         "--python", str(python), str(script))
+    assert code == EXIT_OK, err
+    doc = json.loads(out)
+    assert doc["torch_version"].startswith("2.14") and doc["mode"] == "fake", doc.get("mode")
