@@ -24,7 +24,9 @@ from gpushare.slurm_plugins.queue_view import QueueView
 pytestmark = pytest.mark.slurm
 
 PROBE = "env | grep -E '^(CUDA_VISIBLE_DEVICES|SLURM_SHARDS_ON_NODE)=' | sort\n"
-POLICY = '[policy]\nshare_when = "queued"\nqueue_view_s = 30\ncompute_sizing = true\n'
+# max_jobs_per_gpu at its shipped value (the test clusters otherwise turn the bound off): a shared job asks for
+# at least a quarter of a 40 GiB GPU's 40 shards, whatever its memory
+POLICY = '[policy]\nshare_when = "queued"\nqueue_view_s = 30\ncompute_sizing = true\nmax_jobs_per_gpu = 4\n'
 
 
 @pytest.fixture(scope="module")
@@ -85,11 +87,11 @@ def test_jobs_keep_whole_gpus_while_idle_ones_are_left_then_share(cluster, job_d
     assert view.refresh() and view.pressure("gpu")[0].idle_gpus == 0  # type: ignore[union-attr]
     done = [cluster.wait_job(job, timeout_s=60) for job in (first, second, third)]
     assert all(r.state == "COMPLETED" for r in done)
-    assert [plain_gres(r.tres_per_node) for r in done] == ["gpu:1", "gpu:1", "shard:5"]
+    assert [plain_gres(r.tres_per_node) for r in done] == ["gpu:1", "gpu:1", "shard:10"]
     whole = [env(job_dir, job) for job in (first, second)]
     assert sorted(e["CUDA_VISIBLE_DEVICES"] for e in whole) == ["0", "1"]  # a GPU each
     assert all("SLURM_SHARDS_ON_NODE" not in e for e in whole)
-    assert env(job_dir, third)["SLURM_SHARDS_ON_NODE"] == "5"  # shared, once a GPU freed
+    assert env(job_dir, third)["SLURM_SHARDS_ON_NODE"] == "10"  # shared (5 by memory, 10 by the bound)
     print(f"queue gate on Slurm {cluster.slurm_release}: {time.monotonic() - started:.1f} s")
 
 
