@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from devcluster.multihost import MultiHostCluster
+from devcluster.multihost import Host, MultiHostCluster, read_description
 from devcluster.slurm_runtime import missing_requirements
 
 SITE_SETTINGS = '[estimation]\npartition = "cpu"\n'
@@ -28,9 +28,11 @@ def multihost(request: pytest.FixtureRequest) -> Iterator[Callable[..., MultiHos
         pytest.skip(f"real Slurm unavailable: {problem}")
     made: list[MultiHostCluster] = []
 
-    def _make(extra: str = "", agents: bool = False, accounting: bool = False) -> MultiHostCluster:
+    def _make(extra: str = "", agents: bool = False, accounting: bool = False,
+              hosts: tuple[Host, ...] | None = None) -> MultiHostCluster:
         base = Path(tempfile.mkdtemp(prefix="gpushare-mh-"))  # outside pytest's root-only directory
-        cluster = MultiHostCluster(base, toml_extra=SITE_SETTINGS + extra, accounting=accounting)
+        cluster = MultiHostCluster(base, hosts=hosts or read_description(), toml_extra=SITE_SETTINGS + extra,
+                                   accounting=accounting)
         made.append(cluster)
         cluster.start()
         if agents:
