@@ -23,16 +23,16 @@ RUNS = (("rr", "none"), ("magm", "none"), ("lug", "none"), ("ff", "oracle"), ("b
 METRICS = ("makespan_s", "jct_p95_s", "jct_mean_s", "energy_mj", "energy_sublinear_mj")
 # trace -> "policy/estimator" -> change against Exclusive, % (makespan, p95 JCT, mean JCT, energy linear, sublinear)
 PINNED: dict[int, dict[str, tuple[float, ...]]] = {
-    1: {"exclusive": (38109.9, 23538.8, 14698.6, 25.8, 29.5),  # absolute: s, s, s, MJ, MJ
-        "rr/none": (-31.4, -43.6, -39.5, -11.6, -18.6), "magm/none": (-34.6, -48.8, -41.8, -3.0, -12.6),
-        "lug/none": (-34.2, -49.4, -42.0, -2.8, -12.1), "ff/oracle": (-37.9, -55.6, -51.9, -2.0, -12.8),
-        "bf/oracle": (-38.6, -53.5, -49.6, -1.4, -12.5), "magm/oracle": (-39.0, -59.1, -54.1, -7.4, -17.2),
-        "lug/oracle": (-39.0, -59.1, -54.1, -7.4, -17.2)},
-    2: {"exclusive": (44664.2, 24684.4, 13617.1, 29.6, 34.1),
-        "rr/none": (-34.3, -52.6, -51.5, -10.3, -17.2), "magm/none": (-29.5, -50.3, -46.7, -0.4, -8.9),
-        "lug/none": (-30.6, -52.7, -49.7, -0.9, -10.0), "ff/oracle": (-30.7, -51.8, -46.7, 5.0, -6.4),
-        "bf/oracle": (-30.7, -51.8, -46.7, 5.0, -6.4), "magm/oracle": (-31.9, -54.1, -49.9, 2.6, -8.1),
-        "lug/oracle": (-31.9, -54.1, -49.9, 2.6, -8.1)},
+    1: {"exclusive": (38109.9, 23538.8, 14698.6, 25.3, 29.0),  # absolute: s, s, s, MJ, MJ
+        "rr/none": (-29.2, -40.1, -34.7, -9.5, -16.4), "magm/none": (-33.8, -44.4, -39.5, -3.6, -13.0),
+        "lug/none": (-33.0, -44.4, -38.7, -2.1, -11.7), "ff/oracle": (-37.2, -54.2, -51.5, -1.1, -11.7),
+        "bf/oracle": (-36.6, -53.0, -49.7, 0.4, -11.0), "magm/oracle": (-36.0, -50.4, -46.0, 0.6, -10.7),
+        "lug/oracle": (-38.9, -58.8, -54.0, -7.3, -17.1)},
+    2: {"exclusive": (44664.2, 24684.4, 13617.1, 29.2, 33.7),
+        "rr/none": (-31.6, -51.5, -50.5, -8.9, -15.6), "magm/none": (-30.2, -52.1, -48.6, 0.1, -9.4),
+        "lug/none": (-27.9, -49.4, -46.8, -0.2, -9.1), "ff/oracle": (-32.7, -54.6, -52.2, 4.2, -7.4),
+        "bf/oracle": (-32.7, -54.6, -52.2, 4.2, -7.4), "magm/oracle": (-32.1, -53.2, -53.0, 1.8, -8.7),
+        "lug/oracle": (-32.9, -55.9, -53.4, 0.9, -9.3)},
 }
 
 
@@ -104,17 +104,18 @@ def test_trace_2_against_what_carma_states_for_it(table):
     """Trace 2 is checked, not fitted: CARMA states no number for it, only directions (carma_targets.json).
 
     Met: every collocating run is shorter than Exclusive; MAGM (recovery only) uses less energy than
-    Exclusive. Missed, and pinned as missed so that a change shows: MAGM is not the shortest of RR, MAGM
-    and LUG here; RR is, then LUG, then MAGM."""
+    Exclusive under the sublinear power curve (the linear counter has it +0.1 %, a miss). Missed, and pinned
+    as missed so that a change shows: MAGM is not the shortest of RR, MAGM and LUG here; RR is, then MAGM,
+    then LUG."""
     targets = [t for t in json.loads((data_dir(None) / "carma_targets.json").read_text())["targets"] if t["trace"] == 2]
     assert all("change_pct" not in t and "change_pct_range" not in t for t in targets)  # no number for trace 2
     assert {(t["policy"], t["metric"]) for t in targets} == {
         ("magm", "makespan"), ("all collocating", "makespan"), ("magm", "energy")}
     t2 = table[2]
     assert all(v[0] < 0 for k, v in t2.items() if k != "exclusive")
-    assert t2["magm/none"][3] < 0 and t2["magm/none"][4] < 0  # linear and sublinear energy
+    assert t2["magm/none"][4] < 0 < t2["magm/none"][3]  # sublinear energy below Exclusive's, linear above
     order = sorted(("rr/none", "magm/none", "lug/none"), key=lambda run: t2[run][0])
-    assert order == ["rr/none", "lug/none", "magm/none"]
+    assert order == ["rr/none", "magm/none", "lug/none"]
 
 
 def test_the_assumed_classes_miss_trace_1_by_more_than_5_points():
