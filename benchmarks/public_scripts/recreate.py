@@ -11,7 +11,7 @@ the corpus folder (git-ignored; default /var/tmp/gpushare-public-scripts) from t
   blob; a mismatch or a missing file is one line on stderr and the exit status is 1 (the case is not
   used). Cases whose command a package ships (``repo = "pypi:<package>"``) have no files.
 - ``<corpus>/fixtures/<module>.<function>/``: what each fixture function made, once (a stamp holds the
-  hash of the fixture's module; an edited module regenerates its fixtures).
+  hash of the function's source; an edited function is made again).
 - ``<corpus>/work/<case>/``: the case's working folder (its command runs there), with links to what its
   fixtures made: ``models/X`` of a fixture is ``work/<case>/models/X`` (a link), so several fixtures can
   fill one top-level folder.
@@ -25,6 +25,8 @@ Fixtures run in the stack's interpreter (``--python``, default /var/tmp/pubcorpu
 from __future__ import annotations
 
 import argparse
+import ast
+import fcntl
 import hashlib
 import importlib
 import os
@@ -200,14 +202,28 @@ def recreate_sources(case: Case, corpus: Path, mirror: Path | None) -> list[str]
 
 
 def fixture_stamp(spec: str) -> str:
-    module = spec.split(":")[0]
-    text = (FIXTURES_DIR / f"{module}.py").read_bytes()
-    return hashlib.sha256(spec.encode() + b"\0" + text).hexdigest()
+    """The hash of the fixture function's own source: editing one function remakes only its fixture
+    (delete ``<corpus>/fixtures/<module>.<function>/`` to remake one after a shared helper changed)."""
+    module, fn = spec.split(":")
+    text = (FIXTURES_DIR / f"{module}.py").read_text()
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.FunctionDef) and node.name == fn:
+            segment = ast.get_source_segment(text, node) or ""
+            return hashlib.sha256(spec.encode() + b"\0" + segment.encode()).hexdigest()
+    raise CaseError(f"fixture {spec}: no function {fn} in fixtures/{module}.py")
 
 
 def make_fixture(spec: str, corpus: Path, python: str) -> str | None:
     """Run one fixture into its own folder, unless its stamp says it is there; None or the problem."""
     out = corpus / "fixtures" / spec.replace(":", ".")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # One maker at a time per fixture: a second recreate.py waits, then finds the stamp.
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _make_fixture_locked(spec, out, python)
+
+
+def _make_fixture_locked(spec: str, out: Path, python: str) -> str | None:
     stamp = out / ".fixture-done"
     want = fixture_stamp(spec)
     if stamp.is_file() and stamp.read_text() == want:
