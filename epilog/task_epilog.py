@@ -84,7 +84,12 @@ def report(env: Mapping[str, str]) -> str:
     from gpushare.slurm.client import SlurmClient
     from gpushare.slurm.jobs import log_paths
 
-    cfg = load_config()
+    cfg = load_config(warn=False)
+    if not cfg.from_file:  # nothing reported (gpushare.hooks.no_file_line: why)
+        from gpushare.hooks import no_file_line
+
+        sys.stderr.write(no_file_line("gpushare-task-epilog", cfg) + "\n")
+        return "no gpushare.toml"
     client = SlurmClient.from_config(cfg)
     job = client.job(job_id)
     if job is None:

@@ -105,8 +105,13 @@ def framework_lines(env: Mapping[str, str], fraction_text: object) -> list[str]:
 def main(argv: list[str] | None = None, out: TextIO = sys.stdout) -> int:
     try:
         from gpushare.config import load_config
+        from gpushare.hooks import no_file_line
 
-        agent = load_config().agent
+        cfg = load_config(warn=False)
+        if not cfg.from_file:  # the job's environment stays as it is (gpushare.hooks.no_file_line: why)
+            sys.stderr.write(no_file_line("gpushare-task-prolog", cfg) + "\n")
+            return 0
+        agent = cfg.agent
         lines = exports(os.environ, agent.run_dir, agent.hardcap_library)
         if lines:
             out.write("\n".join(lines) + "\n")

@@ -303,7 +303,12 @@ def slot_problems(cfg: Config, conf_path: str, key: str, value: str) -> list[str
                             f"rerun gpushare slurm-config --config {checked} with the same --install options")
     else:
         found = bare_hook_config(key, conf_path)
-        if checked is None or os.path.realpath(found) != checked:
+        if not found.exists():
+            problems.append(f"{where} finds no gpushare.toml where Slurm starts it (it tries {found}): the hook logs "
+                            f"one ERROR line and does nothing for any job; pin {checked or 'the site file'} with "
+                            "gpushare slurm-config --install-hooks DIR --install-chains DIR (its wrappers set "
+                            "GPUSHARE_CONFIG), or install the file there")
+        elif checked is None or os.path.realpath(found) != checked:
             problems.append(f"{where} reads {found} (nothing names the file where Slurm starts it), not "
                             f"{checked or 'a gpushare.toml'}: gpushare slurm-config --install-hooks DIR "
                             "--install-chains DIR writes wrappers that pin the file")

@@ -1,13 +1,14 @@
 """Where gpushare.toml is found, what happens when it is not, and the file's identity (its sha256).
 
 The rule under test (docs/configuration.md): ``--config``/``GPUSHARE_CONFIG``, else beside ``$SLURM_CONF``,
-else /etc/slurm; a missing file is one loud line naming the paths tried, hooks go on (defaults), the agent
+else /etc/slurm; a missing file is one loud line naming the paths tried, hooks then do nothing, the agent
 and gpushare-submitd refuse to start unless told ``--defaults``.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import logging
 
 import pytest
@@ -66,14 +67,29 @@ def test_services_need_a_file_unless_told_defaults(no_site_file, capsys):
     assert "gpushare-agent: no gpushare.toml (tried" in out and "--defaults" in out
 
 
-def test_a_hook_without_a_file_says_so_and_goes_on(no_site_file, capsys):
+def test_a_hook_without_a_file_logs_one_error_and_does_nothing(no_site_file, capsys, monkeypatch):
+    """Not the built-in defaults: a hook on them would act on settings nobody checked (an admin's mode = "off"
+    ignored). One ERROR line naming every path tried, exit 0, the job untouched; every hook of ours alike."""
     from gpushare.hooks import run_hook
+    from gpushare.prolog import task_prolog
+    from gpushare.epilog import task_epilog
 
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
     ran = []
     assert run_hook("gpushare-test-hook", lambda cfg: ran.append(cfg.source), lambda cfg: "", "job proceeds") == 0
-    assert ran == ["<defaults>"]
+    assert ran == []
     err = capsys.readouterr().err
-    assert "gpushare-test-hook: no gpushare.toml (tried" in err and err.count("no gpushare.toml") == 1, err
+    [line] = [line for line in err.splitlines() if "no gpushare.toml" in line]
+    assert "ERROR" in line and "gpushare-test-hook: no gpushare.toml (tried " in line, line
+    assert str(no_site_file / "slurm" / "gpushare.toml") in line and str(no_site_file / "etc-slurm") in line
+    assert "doing nothing for job 42" in line and "GPUSHARE_CONFIG" in line
+
+    out = io.StringIO()
+    monkeypatch.setenv("SLURM_SHARDS_ON_NODE", "4")
+    assert task_prolog.main(out=out) == 0 and out.getvalue() == ""
+    assert "gpushare-task-prolog: no gpushare.toml (tried " in capsys.readouterr().err
+    assert task_epilog.report({"SLURM_JOB_ID": "42", "SLURM_STEP_ID": "", "SLURM_SHARDS_ON_NODE": "4"}) == "no gpushare.toml"
+    assert "gpushare-task-epilog: no gpushare.toml (tried " in capsys.readouterr().err
 
 
 def test_digest_is_the_sha256_of_the_file_bytes(tmp_path):

@@ -79,7 +79,7 @@ def test_every_program_of_ours_reads_the_checked_configuration(tmp_path: Path) -
     bare = _program(hooks / "gpushare-epilog-slurmctld")
     cfg, conf = _site(tmp_path, f"EpilogSlurmctld={bare}\n")
     problems = slot_problems(cfg, conf, "EpilogSlurmctld", bare)
-    assert len(problems) == 1 and "reads /etc/slurm/gpushare.toml" in problems[0] and cfg.source in problems[0]
+    assert len(problems) == 1 and "/etc/slurm/gpushare.toml" in problems[0] and cfg.source in problems[0]
 
     wrapper = tmp_path / "gpushare-hook-EpilogSlurmctld"
     _program(wrapper, hook_wrapper("EpilogSlurmctld", str(hooks), cfg.source).removeprefix("#!/bin/sh\n"))
@@ -200,3 +200,22 @@ def test_a_sites_own_wrapper_that_exports_the_file_pins_it(tmp_path: Path) -> No
     _program(wrapper, f"  export GPUSHARE_CONFIG={other}\nexec /opt/gpushare/bin/gpushare-epilog-slurmctld \"$@\"\n")
     problems = slot_problems(cfg, conf, "EpilogSlurmctld", str(wrapper))
     assert len(problems) == 1 and f"reads {other} (GPUSHARE_CONFIG in the wrapper)" in problems[0], problems
+
+
+def test_a_bare_hook_that_would_find_no_file_is_named_with_what_it_does(tmp_path: Path, monkeypatch) -> None:
+    """Where Slurm starts our program with nothing naming the file and none is at the standard place, the hook
+    logs one ERROR line and does nothing: the doctor says so (it once said only which file it 'reads'); a file
+    there that is not the checked one is the other problem."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    bare = _program(hooks / "gpushare-epilog-slurmctld")
+    cfg, conf = _site(tmp_path, f"EpilogSlurmctld={bare}\n")
+    standard = tmp_path / "etc-slurm" / "gpushare.toml"
+    monkeypatch.setattr("gpushare.config.DEFAULT_PATH", standard)
+    [problem] = slot_problems(cfg, conf, "EpilogSlurmctld", bare)
+    assert f"finds no gpushare.toml where Slurm starts it (it tries {standard})" in problem, problem
+    assert "does nothing" in problem and "--install-hooks" in problem and cfg.source in problem
+    standard.parent.mkdir()
+    standard.write_text("version = 1\n")
+    [problem] = slot_problems(cfg, conf, "EpilogSlurmctld", bare)
+    assert f"reads {standard}" in problem and cfg.source in problem, problem
