@@ -1,4 +1,6 @@
 """``gpushare jobstats JOBID [--json]``: what a finished job did on its GPU, with one line of advice.
+``gpushare jobstats --format csv|json|xdmod [JOBID...]``: many ended jobs with their GPU fraction, for a site's
+reporting (gpushare.epilog.jobstats_export).
 
 Why from Slurm only: users run it on a login node, which holds none of the GPU node's files. The node Epilog
 stores the job's run summary in the accounting database (gpushare.epilog.stored_record) next to the submit
@@ -17,6 +19,7 @@ import json
 import math
 import re
 from collections.abc import Mapping
+from datetime import datetime, timedelta
 from typing import Any
 
 import click
@@ -24,7 +27,8 @@ import click
 from gpushare.estimate.cache import LEARN_FACTOR
 from gpushare.gpus import BUILTIN_GPUS, GiB, GpuModel
 from gpushare.slurm import record as record_format
-from gpushare.slurm.accounting import job_rows
+from gpushare.epilog.jobstats_export import FIELDS as EXPORT_FIELDS, FORMATS, export, parse_rows
+from gpushare.slurm.accounting import SEP, job_rows
 from gpushare.slurm.client import SlurmClient, SlurmError
 from gpushare.slurm.jobs import check_job_id
 from gpushare.slurm.tres import gpu_tres
@@ -259,16 +263,33 @@ def render(doc: dict[str, Any]) -> str:
 
 
 @click.command("jobstats")
-@click.argument("job_id")
+@click.argument("job_ids", metavar="[JOBID]...", nargs=-1)
 @click.option("--json", "as_json", is_flag=True, help="print the versioned JSON document (docs/formats.md)")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
               help="gpushare.toml for the [slurm] paths (default: $GPUSHARE_CONFIG, else Slurm's defaults)")
-def command(job_id: str, as_json: bool, config_file: str | None) -> None:
-    """What a job did on its GPU (from Slurm's records; a running job's so far), with advice for the next one."""
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default=None,
+              help="export ended GPU jobs (these JOBIDs, else every job of --since that you may read) with each "
+                   "one's GPU fraction and GPU-hours: csv, json, or xdmod (Open XDMoD's Slurm input)")
+@click.option("--since", default="1d", show_default=True, help="--format without JOBIDs: jobs ended since 7d, 12h, "
+              "30m before now, or an ISO date")
+@click.option("--partition", default=None, help="--format: only these partitions (comma-separated, as sacct -r)")
+@click.option("--account", default=None, help="--format: only these accounts (comma-separated, as sacct -A)")
+def command(job_ids: tuple[str, ...], as_json: bool, config_file: str | None, fmt: str | None, since: str,
+            partition: str | None, account: str | None) -> None:
+    """What a job did on its GPU (from Slurm's records; a running job's so far), with advice for the next one;
+    with --format, an export of many jobs for a site's own reporting."""
     try:
-        job = check_job_id(job_id)
+        ids = [check_job_id(job_id) for job_id in job_ids]
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="JOBID") from None
+    if fmt is not None:
+        if as_json:
+            raise click.UsageError("--json describes one job; --format json exports many")
+        _export(ids, fmt, since, partition, account, config_file)
+        return
+    if len(ids) != 1:
+        raise click.UsageError("one JOBID (or --format to export many)")
+    job = ids[0]
     client = _client(config_file)
     try:
         runs = from_sacct(client, job)
@@ -281,6 +302,67 @@ def command(job_id: str, as_json: bool, config_file: str | None) -> None:
     state = (runs[-1].get("State") or "").split(" ")[0]
     doc = summarise(runs, live_summary(job, config_file) if state == "RUNNING" else None, _catalogue(config_file))
     click.echo(json.dumps(doc, sort_keys=True) if as_json else render(doc))
+
+
+def since_time(text: str, now: datetime) -> datetime:
+    """``7d``, ``12h``, ``30m`` before ``now``, or an ISO date/time."""
+    found = re.fullmatch(r"(\d+)([dhm])", text.strip())
+    if found:
+        amount, unit = int(found.group(1)), found.group(2)
+        return now - timedelta(**{{"d": "days", "h": "hours", "m": "minutes"}[unit]: amount})
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: use 7d, 12h, 30m or an ISO date", param_hint="--since") from None
+
+
+def export_args(ids: list[str], start: datetime, end: datetime, partition: str | None,
+                account: str | None) -> list[str]:
+    """sacct's arguments for the export: every run (-X -D) of the ids, else of every job the caller may read
+    that ended in the period (-a: sacct shows another user's jobs only where Slurm lets the caller read them)."""
+    args = ["sacct", "-n", "-P", f"--delimiter={SEP}", "-X", "-D", "-o", ",".join(EXPORT_FIELDS)]
+    if ids:
+        args += ["-j", ",".join(ids)]
+    else:
+        args += ["-a", "-S", start.strftime("%Y-%m-%dT%H:%M:%S"), "-E", end.strftime("%Y-%m-%dT%H:%M:%S")]
+    if partition:
+        args += ["-r", partition]
+    if account:
+        args += ["-A", account]
+    return args
+
+
+def _export(ids: list[str], fmt: str, since: str, partition: str | None, account: str | None,
+            config_file: str | None) -> None:
+    now = datetime.now()
+    args = export_args(ids, since_time(since, now), now, partition, account)
+    try:
+        text = _client(config_file).run(*args)
+    except SlurmError as exc:
+        raise click.ClickException(f"sacct: {str(exc)[-300:]}") from None
+    catalogue, node_models = _catalogue(config_file), _node_models(config_file)
+    click.echo(export(parse_rows(text, SEP), fmt, catalogue, node_models), nl=False)
+
+
+def _node_models(config_file: str | None) -> dict[str, str]:
+    """Node name -> GPU model from the site's ``[[nodes]]`` groups (for shard jobs, whose AllocTRES may name
+    no type); empty without a readable config."""
+    from gpushare.config import load_config
+    from gpushare.errors import GpushareError
+    from gpushare.slurm.hostlist import expand_hostlist
+
+    try:
+        groups = load_config(config_file).nodes
+    except (GpushareError, OSError, ValueError):
+        return {}
+    out: dict[str, str] = {}
+    for group in groups:
+        try:
+            names = expand_hostlist(group.names) if group.names else []
+        except ValueError:
+            continue
+        out.update({name: group.gpu for name in names})
+    return out
 
 
 def live_summary(job: str, config_file: str | None) -> dict[str, Any] | None:

@@ -143,6 +143,40 @@ def test_the_owner_reads_each_jobs_summary_and_advice_from_slurm_alone(cluster, 
     assert "used at most 2.93 GiB (33 % of it)" in text and "Advice: this job peaked at 2.93 GiB" in text
 
 
+def test_the_export_gives_each_run_its_gpu_fraction_in_every_format(cluster, jobs):
+    """``gpushare jobstats --format`` as the owner, from Slurm alone: the shared job's shard:9 of a 40 GiB GPU is
+    0.225 of a GPU (where XDMoD, counting gres/gpu, sees none), the exclusive job's whole GPU is 1, and the OOM
+    job's two runs each get their own size; the xdmod lines are XDMoD's 26 fields with the fraction added."""
+    ids = ",".join(str(job) for job in jobs.values())
+
+    def export(fmt: str) -> str:
+        done = subprocess.run(cluster.user_argv(cluster.owner.pw_name, [f"{BIN_DIR}/gpushare", "jobstats", "--format",
+                                                                        fmt, *ids.split(",")]),
+                              capture_output=True, text=True, env=cluster.env, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    doc = json.loads(export("json"))
+    rows: dict[str, list[dict[str, Any]]] = {}
+    for row in doc["jobs"]:
+        rows.setdefault(row["job_id_raw"], []).append(row)
+    [shared] = rows[str(jobs["shared"])]
+    assert (shared["shards"], shared["basis"], shared["gpu_fraction"]) == (9, "shards", 0.225), shared
+    assert shared["gpu_hours"] == pytest.approx(0.225 * shared["elapsed_s"] / 3600, abs=1e-6)
+    assert shared["peak_gib"] == pytest.approx(3000 / 1024, abs=0.05) and shared["decision"] == "shared"
+    [exclusive] = rows[str(jobs["exclusive"])]
+    assert (exclusive["gpus"], exclusive["basis"], exclusive["gpu_fraction"]) == (1, "gres/gpu", 1.0), exclusive
+    first, second = rows[str(jobs["oom"])]
+    assert first["shards"] == 5 and first["gpu_fraction"] == 0.125 and second["gpu_fraction"] > 0.125, (first, second)
+    assert doc["gpu_hours"] == pytest.approx(sum(r["gpu_hours"] for r in doc["jobs"]), abs=1e-5)
+    lines = export("csv").splitlines()
+    assert lines[0].startswith("job,job_id_raw,user,") and len(lines) == 1 + len(doc["jobs"])
+    xdmod = {line.split("|")[1]: line.split("|") for line in export("xdmod").splitlines()}
+    assert all(len(fields) == 26 for fields in xdmod.values())
+    assert "gres/gpu=0.225" in xdmod[str(jobs["shared"])][22] and "gres/shard=9" in xdmod[str(jobs["shared"])][22]
+    assert "gres/gpu=1" in xdmod[str(jobs["exclusive"])][22]
+
+
 def test_another_user_cannot_read_them(cluster, jobs):
     for job in jobs.values():
         done = jobstats(cluster, cluster.other.pw_name, job)
