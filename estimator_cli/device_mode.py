@@ -87,6 +87,22 @@ def _has_tainted(values: Any) -> bool:
     return False
 
 
+def _tainted_only_as_data(func: Callable[..., Any], args: tuple, kwargs: dict) -> bool:
+    """Placeholders are the *data* of a new GPU tensor, not its size: ``gpu.new([v, ...])``,
+    ``gpu.new_tensor([v, ...])``, ``gpu.new_full(size, v)`` (timm all-reduces its running loss for a log line
+    as ``reduce_tensor(loss.new([loss_avg]), n).item()``). The new tensor has no values, as every fake GPU
+    tensor, so a read of it is a placeholder again and a use that could decide memory is caught there."""
+    if func is _T.new or func is _T.new_tensor:
+        data = kwargs.get("data", args[1] if len(args) == 2 else None)
+        rest = [v for k, v in kwargs.items() if k != "data"]
+        return isinstance(data, (list, tuple)) and not _has_tainted(rest) and (len(args) == 2 or "data" in kwargs)
+    if func is _T.new_full:
+        size = kwargs.get("size", args[1] if len(args) > 1 else None)
+        others = [v for k, v in kwargs.items() if k not in ("size", "fill_value")]
+        return size is not None and not _has_tainted([size]) and not _has_tainted(others)
+    return False
+
+
 def _is_cuda_device(value: Any) -> bool:
     if isinstance(value, str):
         return value.split(":")[0] == "cuda"
@@ -353,7 +369,7 @@ class CudaPresenter(TorchFunctionMode):
                 return condition(_READS[func] + " of a host tensor holding placeholders")
             refuse(_READS[func] + " of a host tensor holding placeholders")
         if any(isinstance(a, torch.Tensor) and a.is_meta for a in args) and (
-                _has_tainted(args) or _has_tainted(kwargs.values())):
+                _has_tainted(args) or _has_tainted(kwargs.values())) and not _tainted_only_as_data(func, args, kwargs):
             refuse("a value from .item() passed to a GPU tensor operation")
         out = func(*self.values.untaint_args(args), **self.values.untaint_kwargs(kwargs))
         self.values.taint_host(out, args[0] if func is _T.__setitem__ or _is_inplace_name(func) else None)

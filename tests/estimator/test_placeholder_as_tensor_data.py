@@ -1,0 +1,60 @@
+"""A logged value put back into a GPU tensor as its data (timm's train.py all-reduces its running loss for a log
+line: ``reduce_tensor(loss.new([loss_avg]), world_size).item()``) stays in fake mode: the new tensor has no
+values, as every fake GPU tensor, and a read of it is a placeholder again, which still falls back where it
+decides memory."""
+
+from __future__ import annotations
+
+import pytest
+
+from estimator_run import estimate
+
+from gpushare.estimator_cli.cli import EXIT_OK, EXIT_UNSUPPORTED
+
+pytestmark = pytest.mark.torch
+
+SCRIPT = """
+    import torch, torch.nn as nn
+
+    class Avg:
+        def __init__(self):
+            self.sum, self.count = 0.0, 0
+        def update(self, v):
+            self.sum += v
+            self.count += 1
+        @property
+        def avg(self):
+            return self.sum / self.count
+
+    model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 256)).cuda()
+    opt = torch.optim.AdamW(model.parameters())
+    losses = Avg()
+    for step in range(50):
+        loss = model(torch.randn(32, 256, device="cuda")).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.update(loss.item())
+        USE
+"""
+
+
+def test_a_logged_value_put_back_into_a_gpu_tensor_as_data_stays_in_fake_mode(capsys, tmp_path):
+    use = """synced = loss.new([losses.avg]).clone()
+        synced /= 2
+        now = loss.new_tensor([losses.sum, float(losses.count)]).sum() / 2
+        print(f"loss {synced.item():#.3g} ({now.item():.3f})")"""
+    code, doc, err = estimate(capsys, tmp_path, SCRIPT.replace("USE", use), "--mode", "fake")
+    assert code == EXIT_OK, err
+    assert doc["mode"] == "fake" and doc["iterations"] == 3
+    # the model and its AdamW state are all there: 2 x (256x1024 + 1024) weights, float32, x3 with the moments
+    assert doc["targets"][0]["peak_allocated_bytes"] >= 3 * 4 * 2 * (256 * 1024 + 1024)
+
+
+def test_the_value_of_such_a_tensor_still_falls_back_where_it_decides_memory(capsys, tmp_path):
+    use = """synced = loss.new([losses.avg])
+        if synced.item() > 0.5:
+            extra = torch.zeros(1 << 20, device="cuda")"""
+    code, _, err = estimate(capsys, tmp_path, SCRIPT.replace("USE", use), "--mode", "fake")
+    assert code == EXIT_UNSUPPORTED, err
+    assert "uses the value of a GPU tensor" in err and "train.py:24" in err
