@@ -86,7 +86,8 @@ def job_row(row: dict[str, str], catalogue: Mapping[str, GpuModel], node_models:
     if state in _RUNNING or not (gpus or shards):
         return None
     record = record_format.stored(row.get("AdminComment"), row.get("SystemComment")) or {}
-    run = record.get("run") if isinstance(record.get("run"), dict) else {}
+    found = record.get("run")
+    run: dict[str, Any] = found if isinstance(found, dict) else {}
     node = row.get("NodeList", "")
     model = _model(gres.get("type"), node, catalogue, node_models)
     if gpus:
