@@ -30,6 +30,12 @@ FFT for large feature maps — and takes the least workspace such a plan needs:
   FFT_TILING does the same per 32×32 tile, which makes the filter spectra small and the activation
   spectra a little larger. The workspace here is the smaller of the two: the least
   an FFT plan can ask for (cuDNN may pad further).
+* Half precision (fp16, bf16) — no FFT plan. cuDNN's FFT algorithms have no bf16 configuration, and for
+  fp16 the heuristics of tensor-core GPUs (Volta and newer) rank the tensor-core implicit-GEMM engines first;
+  on the H200 the AMP convolutions of SimCLR ran with less workspace than the FFT buffers (docs/benchmarks.md).
+  This matters most at small batches, where the K·C filter spectra dominate: a Stable Diffusion UNet's
+  1280-channel 3×3 convolution at batch 1 would be given 6.7 GiB, more than its whole training step's
+  tensors (diffusers' LoRA example, which runs on 16 GB GPUs, was estimated at 22 GiB reserved).
 * Everything else — 1×1 and strided convolutions (implicit GEMM), grouped/depthwise convolutions
   (dedicated kernels): the implicit-(precomputed-)GEMM family needs at most index tables of the order of
   the filter, negligible next to activations, so no block is added.
@@ -127,6 +133,12 @@ def fft_eligible(g: ConvGeometry) -> bool:
     return _fft_common(g) and (_untiled_ok(g) or _tiling_ok(g))
 
 
+def fft_chosen(g: ConvGeometry) -> bool:
+    """Whether the model takes cuDNN's heuristics to pick an FFT plan here (module docstring): an eligible
+    convolution in single precision; half-precision ones run on tensor-core implicit-GEMM engines."""
+    return fft_eligible(g) and g.itemsize >= _MIN_FFT_ITEMSIZE
+
+
 def _fft_bytes(g: ConvGeometry) -> int:
     """Untiled FFT: half-spectra of size ``(H + 2·pad) × ((W + 2·pad)/2 + 1)`` for every plane."""
     hf, wf = g.h + 2 * g.padding[0], g.w + 2 * g.padding[1]
@@ -152,10 +164,10 @@ def workspace_bytes(g: ConvGeometry) -> int:
     on small feature maps (one padded plane is smaller than a whole tile grid); the smaller is the least
     an FFT plan can ask for.
     """
-    if g.role == ROLE_GRAD_BIAS or not fft_eligible(g):
+    if g.role == ROLE_GRAD_BIAS or not fft_chosen(g):
         return 0
     candidates = ([_fft_bytes(g)] if _untiled_ok(g) else []) + ([_fft_tiling_bytes(g)] if _tiling_ok(g) else [])
     return min(candidates)
 
 
-__all__ = ["CONV_BACKWARD_OPS", "CONV_FORWARD_OPS", "fft_eligible", "geometries_for", "workspace_bytes"]
+__all__ = ["CONV_BACKWARD_OPS", "CONV_FORWARD_OPS", "fft_chosen", "fft_eligible", "geometries_for", "workspace_bytes"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from gpushare.estimator_cli.conv_workspace import fft_eligible, geometries_for, workspace_bytes
@@ -63,3 +65,21 @@ def test_workspace_follows_the_output_and_is_released_at_once() -> None:
     assert [(op, size) for op, _key, size, _s in events] == [
         ("alloc", 4096), ("alloc", workspace_bytes(geometry)), ("free", 0), ("free", 0)]
     assert events[1][1] == events[2][1]
+
+
+def test_half_precision_convolutions_get_no_fft_workspace() -> None:
+    """fp16 and bf16 convolutions run on tensor-core implicit-GEMM engines (cuDNN's FFT engines have no bf16
+    configuration, and the H200 ran SimCLR's AMP convolutions with less than the FFT buffers): a Stable
+    Diffusion UNet's 1280-channel 3x3 convolution at batch 1 would otherwise be given a 6.7 GiB workspace."""
+    unet = ConvGeometry(0, 1, 1280, 32, 32, 1280, 3, 3, (1, 1), (1, 1), (1, 1), 1, False, 4)
+    assert workspace_bytes(unet) > 6 << 30  # fp32: the FFT buffers, K·C filter spectra included
+    half = dataclasses.replace(unet, itemsize=2)  # fp16 or bf16
+    assert fft_eligible(half) and workspace_bytes(half) == 0
+    x, w = torch.empty(1, 1280, 32, 32, device="meta"), torch.empty(1280, 1280, 3, 3, device="meta")
+    for dtype in (torch.float16, torch.bfloat16):
+        (g,) = geometries_for("convolution.default", (x.to(dtype), w.to(dtype), None, [1, 1], [1, 1], [1, 1], False,
+                                                      [0, 0], 1))
+        cap = Capture(mode="fake", steps=1, stopped=True, events=[("alloc", 0)],
+                      allocs={0: Alloc(0, 2 << 20, "m", "forward", 0, "convolution.default", "activation",
+                                       g.to_list())})
+        assert [size for _op, _key, size, _s in orchestrate(cap, 0).events] == [2 << 20]
