@@ -125,7 +125,8 @@ def capture_fake(run: ScriptRun) -> Capture:
                    value_reads={"concrete": presenter.values.concrete_reads,
                                 "placeholder": presenter.values.placeholder_reads},
                    fast_forwarded_passes=repeats.replayed, optimizers_made=tracker.optimizers_made,
-                   backward_passes=tracker.backward_passes)
+                   backward_passes=tracker.backward_passes, micro_steps=tracker.micro_steps,
+                   stopped_on_repeat=tracker.stopped_on_repeat)
 
 
 def capture_profile(run: ScriptRun, trace_dir: str) -> Capture:

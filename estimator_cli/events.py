@@ -125,6 +125,8 @@ class Capture:
     fast_forwarded_passes: int = 0  # repeated gradient-free passes replayed, not run (repeat_passes.py)
     optimizers_made: int = 0  # torch.optim optimizers the script constructed (phases.py)
     backward_passes: int = 0  # outermost backward calls before the first optimizer was made (phases.py)
+    micro_steps: int = 0  # outermost backward calls observed in all (phases.py)
+    stopped_on_repeat: bool = False  # stopped at a repeated accumulation micro-step after step 1 (phases.py)
     version: int = CAPTURE_VERSION
 
     def to_json(self) -> dict[str, Any]:
@@ -137,6 +139,7 @@ class Capture:
             "zero_grads": self.zero_grads, "item_placeholders": self.item_placeholders,
             "value_reads": self.value_reads, "fast_forwarded_passes": self.fast_forwarded_passes,
             "optimizers_made": self.optimizers_made, "backward_passes": self.backward_passes,
+            "micro_steps": self.micro_steps, "stopped_on_repeat": self.stopped_on_repeat,
         }
 
     @classmethod
@@ -153,7 +156,8 @@ class Capture:
                    item_placeholders=data.get("item_placeholders", 0),
                    value_reads=data.get("value_reads", {}),
                    fast_forwarded_passes=data.get("fast_forwarded_passes", 0),
-                   optimizers_made=data.get("optimizers_made", 0), backward_passes=data.get("backward_passes", 0))
+                   optimizers_made=data.get("optimizers_made", 0), backward_passes=data.get("backward_passes", 0),
+                   micro_steps=data.get("micro_steps", 0), stopped_on_repeat=data.get("stopped_on_repeat", False))
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -213,6 +213,21 @@ class FakeRecorder(TorchDispatchMode):
     def replay_free(self, alloc_id: int, size: int) -> None:
         self._freed(alloc_id, size)
 
+    def segment_fingerprint(self, start: int) -> tuple:
+        """What the events from ``start`` on allocate and free, independent of block ids: each block's size,
+        op, module and phase in order, each free as the freed block's place in the segment (or the size of
+        an older block), and the live memory at the end (phases.py compares consecutive micro-steps)."""
+        index: dict[int, int] = {}
+        parts: list[tuple] = []
+        for what, alloc_id in self.events[start:]:
+            alloc = self.allocs[alloc_id]
+            if what == "alloc":
+                index[alloc_id] = len(index)
+                parts.append((alloc.size, alloc.op, alloc.module, alloc.phase))
+            else:
+                parts.append((-1, index.get(alloc_id, -1), alloc.size if alloc_id not in index else 0))
+        return tuple(parts), self.live
+
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         if any(_has_own_dispatch(t) for t in types):

@@ -11,6 +11,19 @@ LSTM that updates ``p.data`` by hand, a loop that applies its own update rule) c
 instead: the N+1-th backward starts after N complete iterations, update included, so the stop comes
 there. With an optimizer, backward passes are never counted (gradient accumulation runs several per step).
 
+Gradient accumulation: a job that runs several backward passes per optimizer step repeats the same
+micro-step (forward, backward into the kept gradients) until its next step, and each window after the
+first repeats the second. What must be seen is the first step (the optimizer creates its state there)
+and, after it, the second window's micro-steps up to the first one that repeats its predecessor: from then
+on every block the job allocates repeats one already replayed from the same live memory, the optimizer
+state alive throughout (the second window's peak is the first one's plus that state). So once a
+micro-step after the first step allocates and frees exactly what the one before it did (sizes, ops,
+modules, phases, the frees of older blocks), starting from the same live memory, the capture stops there
+(``stopped_on_repeat``); a 3-step capture of a 16-micro-step job observes 19 micro-steps or a few more, not 48. A
+job whose micro-steps differ (dynamic shapes) never repeats and runs to the requested steps. Fake mode only
+(the recorder must expose its events). Not seen: the second step's own allocations, the same temporaries
+as the first step's, which allocated the state besides.
+
 Stopping: after the N-th step's post-hook a private ``BaseException`` unwinds the script; a script's
 ``except Exception`` cannot swallow it. A framework that catches ``BaseException`` around training
 (Lightning's teardown moves the module back to the CPU and re-raises whatever it met) may turn the stop
@@ -67,6 +80,11 @@ class PhaseTracker:
         self.optimizers_made = 0  # torch.optim optimizers constructed while capturing
         self.backward_passes = 0
         self.stop_raised = False  # the requested iterations are complete and StopCapture was raised
+        self.micro_steps = 0  # outermost backward passes, in all
+        self.window_micro_steps = 0  # outermost backward passes since the last optimizer step
+        self.stopped_on_repeat = False  # stopped at a repeated micro-step after the first step
+        self._segment_start = 0  # recorder event index where the current micro-step began
+        self._previous_segment: tuple | None = None
         self._undo: list[Callable[[], None]] = []
 
     # -- state --------------------------------------------------------------------------------
@@ -136,6 +154,8 @@ class PhaseTracker:
 
     def _complete_iteration(self) -> None:
         self.iteration += 1
+        self.window_micro_steps = 0
+        self._previous_segment = None
         self._set(Phase.OTHER)
         if self.on_step is not None:
             self.on_step(self.iteration)
@@ -191,12 +211,33 @@ class PhaseTracker:
             if tracker._backward_depth == 1:
                 tracker._set(Phase.BACKWARD)
             try:
-                return original(*args, **kwargs)
+                result = original(*args, **kwargs)
             finally:
                 tracker._backward_depth -= 1
                 if tracker._backward_depth == 0:
                     tracker._set(Phase.OTHER)
+            if tracker._backward_depth == 0:
+                tracker._micro_step_done()
+            return result
         return backward
+
+    def _micro_step_done(self) -> None:
+        """After an outermost backward: stop once a micro-step after the first step repeats (module docstring)."""
+        self.micro_steps += 1
+        self.window_micro_steps += 1
+        fingerprint = getattr(self.recorder, "segment_fingerprint", None)
+        if fingerprint is None or not self.optimizers_made or not self.recorder.recording:
+            return
+        start, self._segment_start = self._segment_start, self.recorder.event_count()
+        if self.iteration < 1 or self.iteration >= self.max_steps:
+            return
+        segment = fingerprint(start)
+        if self.window_micro_steps >= 2 and segment == self._previous_segment:
+            self.stopped_on_repeat = True
+            self.recorder.recording = False
+            self.stop_raised = True
+            raise StopCapture()
+        self._previous_segment = segment
 
     def install(self) -> None:
         handles = [

@@ -100,6 +100,9 @@ def run(request: Request, key: str, show_progress: bool, tool_version: str) -> t
         capture_process=first.process, capture_process_note=first.process_note,
         dependencies=dependencies(first.local_modules),
         fast_forwarded_passes=first.capture.fast_forwarded_passes)
+    doc["micro_steps"] = first.capture.micro_steps
+    if first.capture.stopped_on_repeat:
+        doc["stopped_on_repeat"] = True
     doc["python"] = dict(interpreter.to_json(), torch_version=doc["torch_version"])
     if series:
         reduced_batch.apply_series(doc, request.targets, [_arch_class(d) for d in devices], series, request.cfg,

@@ -99,6 +99,9 @@ def render_text(doc: dict[str, Any]) -> str:
              "no optimizer step (forward-only peak)")
     if not doc["stopped"] and doc["iterations"]:
         steps += " (the script ended before the requested steps)"
+    if doc.get("stopped_on_repeat"):
+        steps = (f"{doc['iterations']} optimizer step and {doc.get('micro_steps', 0)} micro-steps "
+                 "(stopped once an accumulation micro-step repeated)")
     lines.append(f"gpu-estimate: {doc['script']}  — {steps}, mode {mode}, "
                  f"{doc['elapsed_s']:.1f} s{' (cached)' if doc.get('cached') else ''}")
     python = doc.get("python")

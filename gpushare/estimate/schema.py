@@ -83,13 +83,19 @@ class ReportJson(TypedDict):
     # Added within version 1 (estimator_cli/repeat_passes.py): fake mode replayed this many repeated
     # gradient-free passes instead of running them; absent when none was.
     fast_forwarded_passes: NotRequired[int]
+    # Added within version 1 (estimator_cli/phases.py): outermost backward passes the capture observed, and
+    # true when it stopped at an accumulation micro-step that repeated the one before it after the first step
+    # (then iterations is 1: the later windows repeat the second).
+    micro_steps: NotRequired[int]
+    stopped_on_repeat: NotRequired[bool]
 
 
 _TARGET_INT = ("capacity_bytes", "peak_allocated_bytes", "peak_reserved_bytes", "context_bytes",
                "other_driver_bytes", "peak_total_bytes")
 _SPLIT_INT = ("persistent_bytes", "ephemeral_bytes", "persistent_allocated_bytes")
 # postponed annotations hide NotRequired
-_TOP_FIELDS = set(ReportJson.__annotations__) - {"reduced_batch", "python", "python_note", "fast_forwarded_passes"}
+_TOP_FIELDS = set(ReportJson.__annotations__) - {"reduced_batch", "python", "python_note", "fast_forwarded_passes",
+                                                  "micro_steps", "stopped_on_repeat"}
 _TARGET_FIELDS = set(TargetJson.__annotations__) - set(_SPLIT_INT) - {"extrapolation"}
 
 
