@@ -132,7 +132,7 @@ class Capture:
     def to_json(self) -> dict[str, Any]:
         return {
             "version": self.version, "mode": self.mode, "steps": self.steps, "stopped": self.stopped,
-            "events": [[op, i] for op, i in self.events],
+            "events": self.events,  # (op, id) pairs: JSON arrays as they are, no copy
             "allocs": [[a.id, a.size, a.module, a.phase, a.iteration, a.op, a.kind]
                        + ([a.conv, a.reduce] if a.reduce is not None else [a.conv] if a.conv is not None else [])
                        for a in self.allocs.values()],
