@@ -1,14 +1,14 @@
 """What sharing gains with the utilisation fitted to CARMA's measured runs, against the assumed classes.
 
-    python benchmarks/calibrated_gains.py [--jobs 2000] [--gpus 64] [--loads 0.5 1.0] [--workers N]
+    python benchmarks/calibrated_gains.py [--jobs 2000] [--gpus 64] [--loads 0.5 1.0] [--seeds 0 1 2 3 4] [--workers N]
 
 First table: CARMA's own two traces (simulator/data/carma_trace{1,2}.csv, 1 node x 3 A100-40GB) under
 ``--util carma-fit``, each run's change against Exclusive beside CARMA's measured change
 (simulator/data/carma_targets.json) -- the calibration, as tests/simulator/test_carma_calibration.py pins it.
 Second table: with that model fixed (not tuned to it), the deployed stack (``--policy live``, shipped
-defaults, Slurm 22.05 first-fit and 24.11+ least-loaded) against Exclusive on benchmarks/simulator_scale.py's
-synthetic trace (1-8 GPUs per job, nodes of 8 x A100-80GB, seed 0) at each offered load, under the assumed
-classes and under the fit.
+defaults with the advised shard placement, and 24.11+ with LL_SHARED_GRES) against Exclusive on
+benchmarks/simulator_scale.py's synthetic trace (1-8 GPUs per job, nodes of 8 x A100-80GB) at each offered load,
+under the assumed classes and under the fit, as the mean change over the trace seeds and its range.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import argparse
 import sys
 import tempfile
 from pathlib import Path
+from statistics import mean
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -51,32 +52,45 @@ def calibration() -> None:
                           f"{v[2]:+.1f} | {v[3]:+.1f} | {v[4]:+.1f} |")
 
 
-def synthetic(jobs: int, gpus: int, loads: list[float], workers: int | None) -> None:
+def _cell(changes: list[float]) -> str:
+    """Mean change and its range over the seeds."""
+    if len(changes) == 1:
+        return f"{changes[0]:+.1%}"
+    return f"{mean(changes):+.1%} ({min(changes):+.1%} to {max(changes):+.1%})"
+
+
+def synthetic(jobs: int, gpus: int, loads: list[float], workers: int | None, seeds: list[int]) -> None:
     data = data_dir(None)
-    print(f"\nsynthetic trace, {jobs:,} jobs, {gpus // 8} x 8 A100-80GB, seed 0: --policy live (shipped defaults) "
-          "against Exclusive\n")
-    print("| load | util | run | makespan h | vs excl. | mean JCT min | vs excl. | OOMs | failed |")
-    print("|---:|---|---|---:|---:|---:|---:|---:|---:|")
+    print(f"\nsynthetic trace, {jobs:,} jobs, {gpus // 8} x 8 A100-80GB, trace seeds {seeds}: --policy live "
+          "(shipped defaults) against Exclusive, change as mean over the seeds (range in brackets)\n")
+    print("| load | util | run | makespan | mean JCT | OOMs | failed |")
+    print("|---:|---|---|---:|---:|---:|---:|")
+    # the shipped defaults with the advised shard placement (first-fit with share_when = "queued" on every
+    # release, so 22.05's run is 24.11+'s too), and 24.11+ at a site that keeps LL_SHARED_GRES
+    lives = (("live, shipped (22.05 and 24.11+, first-fit)", setup(parse_config({}), "22.05")),
+             ("live, 24.11+ with LL_SHARED_GRES", setup(parse_config({}), "24.11", "least-loaded")))
     for load in loads:
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "synthetic.csv"
-            path.write_text(synthetic_trace(jobs, gpus, load))
-            for util in ("classes", "carma-fit"):
-                common = {"nodes": gpus // 8, "gpus_per_node": 8, "gpu": "a100-80gb", "util": util,
-                          "throughputs": data / THROUGHPUTS_NAME}
-                configs, labels = [SimConfig(policy="exclusive", estimator="none", **common)], ["Exclusive"]
-                for release, label in (("22.05", "live, 22.05"), ("24.11", "live, 24.11+")):
-                    # 24.11+ as recorded in docs/benchmarks.md: LL_SHARED_GRES
-                    live = setup(parse_config({}), release, "first-fit" if release == "22.05" else "least-loaded")
-                    configs.append(SimConfig(policy="live", estimator="measured", caps=live.caps,
-                                             recovery=live.recovery, live=live, **common))
-                    labels.append(label)
-                runs = batch.run_all(batch.Source(str(path)), configs, workers)
-                base = runs[0]
-                for label, r in zip(labels, runs):
-                    print(f"| {load} | {util} | {label} | {r['makespan_s'] / 3600:.2f} | "
-                          f"{r['makespan_s'] / base['makespan_s'] - 1:+.1%} | {r['jct_mean_s'] / 60:.1f} | "
-                          f"{r['jct_mean_s'] / base['jct_mean_s'] - 1:+.1%} | {r['ooms']} | {r['failed']} |", flush=True)
+        for util in ("classes", "carma-fit"):
+            common = {"nodes": gpus // 8, "gpus_per_node": 8, "gpu": "a100-80gb", "util": util,
+                      "throughputs": data / THROUGHPUTS_NAME}
+            configs = [SimConfig(policy="exclusive", estimator="none", **common)]
+            configs += [SimConfig(policy="live", estimator="measured", caps=live.caps, recovery=live.recovery,
+                                  live=live, **common) for _, live in lives]
+            per_seed = []
+            for seed in seeds:
+                with tempfile.TemporaryDirectory() as tmp:
+                    path = Path(tmp) / "synthetic.csv"
+                    path.write_text(synthetic_trace(jobs, gpus, load, seed))
+                    per_seed.append(batch.run_all(batch.Source(str(path)), configs, workers))
+            base = [runs[0] for runs in per_seed]
+            print(f"| {load} | {util} | Exclusive | {mean(b['makespan_s'] for b in base) / 3600:.2f} h | "
+                  f"{mean(b['jct_mean_s'] for b in base) / 60:.1f} min | | |", flush=True)
+            for k, (label, _) in enumerate(lives, start=1):
+                span = [runs[k]["makespan_s"] / runs[0]["makespan_s"] - 1 for runs in per_seed]
+                jct = [runs[k]["jct_mean_s"] / runs[0]["jct_mean_s"] - 1 for runs in per_seed]
+                print(f"| {load} | {util} | {label} | {_cell(span)} | {_cell(jct)} | "
+                      f"{sum(runs[k]['ooms'] for runs in per_seed)} | {sum(runs[k]['failed'] for runs in per_seed)} |",
+                      flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,9 +99,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus", type=int, default=64)
     parser.add_argument("--loads", type=float, nargs="+", default=[0.5, 1.0])
     parser.add_argument("--workers", type=int, default=None)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="trace seeds of the synthetic trace")
+    parser.add_argument("--no-calibration", action="store_true", help="skip the table on CARMA's traces")
     args = parser.parse_args(argv)
-    calibration()
-    synthetic(args.jobs, args.gpus, args.loads, args.workers)
+    if not args.no_calibration:
+        calibration()
+    synthetic(args.jobs, args.gpus, args.loads, args.workers, args.seeds)
     return 0
 
 
