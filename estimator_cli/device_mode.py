@@ -103,6 +103,11 @@ def _tainted_only_as_data(func: Callable[..., Any], args: tuple, kwargs: dict) -
     return False
 
 
+# Factories whose fill value is a Python number (a Scalar): given a one-element GPU tensor, PyTorch reads its
+# value with .item() inside the call, which a value-free GPU tensor cannot answer. The position of fill_value.
+_SCALAR_FILLS: dict[Callable[..., Any], int] = {_T.new_full: 2, torch.full: 1, torch.full_like: 1}
+
+
 def _is_cuda_device(value: Any) -> bool:
     if isinstance(value, str):
         return value.split(":")[0] == "cuda"
@@ -327,6 +332,26 @@ class CudaPresenter(TorchFunctionMode):
             return out.clone() if out is shadow else out
         return func(*call[0], **call[1])
 
+    def _scalar_fill(self, func: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """A one-element GPU tensor as the fill value of ``new_full``/``full``/``full_like`` (ultralytics'
+        ``make_anchors``: ``feats[0].new_full((h * w, 1), stride)`` over the model's stride tensor), read as
+        PyTorch reads it, with ``.item()``: its value when the tensor has one (a shadow), else a plain number
+        of its kind (the new tensor is value-free either way, as every fake GPU tensor)."""
+        i = _SCALAR_FILLS[func]
+        in_kwargs = "fill_value" in kwargs
+        value = kwargs["fill_value"] if in_kwargs else (args[i] if len(args) > i else None)
+        if not (isinstance(value, torch.Tensor) and value.is_meta and not is_script_meta(value)
+                and value.numel() == 1):
+            return args, kwargs
+        scalar = self._read(_T.item, _READS[_T.item], (value,), {})
+        if is_tainted(scalar):
+            kind = bool if value.dtype is torch.bool else float if value.is_floating_point() \
+                or value.is_complex() else int
+            scalar = kind(placeholders.PLACEHOLDER_VALUE)
+        if in_kwargs:
+            return args, {**kwargs, "fill_value": scalar}
+        return (*args[:i], scalar, *args[i + 1:]), kwargs
+
     def _value_free_read(self, func: Callable[..., Any], what: str, args: tuple, kwargs: dict) -> Any:
         """A read of a GPU value fake mode does not have, other than ``.item()``. A copy to the host
         (``.cpu()``, ``.to('cpu')``, ``.numpy()``, ``.tolist()``) gives placeholders of the right shape that
@@ -423,6 +448,8 @@ class CudaPresenter(TorchFunctionMode):
                         and target.layout == torch.strided and target.untyped_storage() in self.parameter_storages:
                     self.skipped_init_fills += 1
                     return target
+            if func in _SCALAR_FILLS:
+                args, kwargs = self._scalar_fill(func, args, kwargs)
             if self.values.host_taint_involved(args, kwargs):
                 return self._tainted_host_call(func, args, kwargs)
             if func is _T.copy_ and len(args) > 1 and is_host_weight(args[1]) and not args[0].is_meta:

@@ -58,3 +58,48 @@ def test_the_value_of_such_a_tensor_still_falls_back_where_it_decides_memory(cap
     code, _, err = estimate(capsys, tmp_path, SCRIPT.replace("USE", use), "--mode", "fake")
     assert code == EXIT_UNSUPPORTED, err
     assert "uses the value of a GPU tensor" in err and "train.py:24" in err
+
+
+FILL = """
+    import torch, torch.nn as nn
+
+    class Head(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3, padding=1)
+            self.stride = torch.tensor([8.0, 16.0, 32.0])  # a plain attribute, not a buffer
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = Head()
+
+        def _apply(self, fn, recurse=True):  # as ultralytics' BaseModel moves its Detect head's strides
+            self = super()._apply(fn)
+            self.head.stride = fn(self.head.stride)
+            return self
+
+    model = Model().cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(10):
+        y = model.head.conv(torch.randn(2, 3, 32, 32, device="cuda"))
+        FILLS
+        (y.mean() * torch.cat(anchors).mean()).backward()
+        opt.step()
+        opt.zero_grad()
+"""
+
+
+@pytest.mark.parametrize("fills, read", [
+    # ultralytics' make_anchors: a known value (the tensor came from the host)
+    ("anchors = [y.new_full((4, 1), s) for s in model.head.stride]", "concrete"),
+    ("anchors = [torch.full((4, 1), s, device='cuda') for s in model.head.stride]", "concrete"),
+    # a value only the GPU would know: the new tensor is value-free, as any fake GPU tensor
+    ("anchors = [y.new_full((4, 1), fill_value=y.detach().mean()), torch.full_like(y[0, 0, :4, :1], y.detach().max())]",
+     "placeholder"),
+])
+def test_a_one_element_gpu_tensor_as_a_fill_value_stays_in_fake_mode(capsys, tmp_path, fills, read):
+    code, doc, err = estimate(capsys, tmp_path, FILL.replace("FILLS", fills), "--mode", "fake")
+    assert code == EXIT_OK, err
+    assert doc["mode"] == "fake" and doc["iterations"] == 3
+    assert doc["value_reads"][read].get(".item()")
