@@ -52,16 +52,16 @@ def bounded(what: str) -> int:
 
 
 def condition(what: str) -> bool:
-    """A value-free condition: false when it only chooses between branches of host work (value_use.py),
-    else refused, naming the line."""
+    """A value-free condition: false when it only chooses between branches of host work (value_use.py;
+    true where only the ``if`` branch binds a name read later), else refused, naming the line."""
     from gpushare.estimator_cli.value_use import condition_of_read
 
     use = condition_of_read()
     if not use.bounded:
         _refuse(what)
     for note in on_assumed:
-        note(f"{what} at {use.where} choosing between host-only branches (assumed false)")
-    return False
+        note(f"{what} at {use.where} choosing between host-only branches (assumed {str(use.outcome).lower()})")
+    return use.outcome
 
 
 class _Tainted:

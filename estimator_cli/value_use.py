@@ -40,10 +40,14 @@ class Use:
     bounded: bool
     uses: frozenset[str]
     where: str  # "train.py:42"
+    outcome: bool = False  # a bounded condition: the branch to take (condition_of_read)
 
     @property
     def value(self) -> int:
-        return 0 if "index" in self.uses or not self.uses - {"output"} else 1
+        # 1 unless it indexes: a loop body runs once, and a metric that is only output is the one a real run
+        # logs first, which beats the script's initial best (``if val_acc > best: test_acc = ...``, read
+        # after the ``if``) and divides safely
+        return 0 if "index" in self.uses else 1
 
 
 def user_frame() -> FrameType | None:
@@ -241,20 +245,44 @@ def condition_of_read(frame: FrameType | None = None) -> Use:
     """A condition on a value fake mode does not have: ``bounded`` when it is the test of an ``if`` whose
     branches (both) only do host work — assignments, output, checkpoint saving (``_HOST_CALLS``) — so
     either outcome allocates the same GPU memory (``best_val_loss`` bookkeeping, saving the best model).
-    Then the caller takes the branch not taken (false). Loops, ``break``, ``return``, and any other
-    call in a branch (a model, a function of the script's) may decide memory: not bounded."""
+    Then the caller takes the branch not taken (false) — unless the value is the whole test and the ``if``
+    branch binds a name that neither the ``else`` branch nor anything before the ``if`` in its function
+    binds: code after the ``if`` may read that name (``if val_acc > best: best = val_acc; test_acc = tmp``,
+    then ``print(test_acc)``, as PyG's examples do), so the ``if`` branch is taken (``outcome`` true).
+    Loops, ``break``, ``return``, and any other call in a branch (a model, a function of the script's) may
+    decide memory: not bounded."""
     frame = frame or user_frame()
     if frame is None:
         return Use(False, frozenset(), where(frame))
     tree, node = _source_at(frame)
     if isinstance(node, ast.If):
-        return Use(_host_only(node.body) and _host_only(node.orelse), frozenset({"condition"}), where(frame))
+        return _branch_use(tree, node, frame)
+    read = node
     while node is not None and not isinstance(node, ast.stmt):
         child, node = node, _parent(tree, node)  # type: ignore[arg-type]
         if isinstance(node, ast.If) and child is node.test:
-            ok = _host_only(node.body) and _host_only(node.orelse)
-            return Use(ok, frozenset({"condition"}), where(frame))
+            return _branch_use(tree, node, frame, whole_test=child is read)
     return Use(False, frozenset(), where(frame))
+
+
+def _branch_use(tree: ast.Module, node: ast.If, frame: FrameType, whole_test: bool = True) -> Use:
+    """Bounded when both branches are host work; ``outcome`` true when the ``if`` branch alone binds a
+    name that nothing in the enclosing function (or module) bound before the ``if``."""
+    ok = _host_only(node.body) and _host_only(node.orelse)
+    new = _bound_names(node.body) - _bound_names(node.orelse) if ok and whole_test else set()
+    if new:
+        scope = _scope(tree, node)
+        before = {n.id for n in ast.walk(scope) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
+                  and n.lineno < node.lineno}
+        if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            before |= {a.arg for a in ast.walk(scope.args) if isinstance(a, ast.arg)}
+        new -= before
+    return Use(ok, frozenset({"condition"}), where(frame), outcome=bool(new))
+
+
+def _bound_names(statements: list[ast.stmt]) -> set[str]:
+    """Plain names the statements assign, nested branches included."""
+    return {n.id for s in statements for n in ast.walk(s) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
 
 
 def _host_expr(node: ast.AST | None) -> bool:
