@@ -49,13 +49,17 @@ def failure_line(stderr: str, stdout: str) -> str:
     return out[-1] if out else "no output"
 
 
-def missing_packages(python: str, packages: list[str], memo: dict[str, bool]) -> list[str]:
+def missing_packages(python: str, packages: list[str], memo: dict[tuple, bool],
+                     case_env: dict[str, str] | None = None) -> list[str]:
+    """The packages that do not import in the stack, under the case's own environment (its PYTHONPATH)."""
     missing = []
+    env = dict(os.environ, **(case_env or {}))
     for name in packages:
-        if name not in memo:
-            r = subprocess.run([python, "-c", f"import {name}"], capture_output=True, timeout=300)
-            memo[name] = r.returncode == 0
-        if not memo[name]:
+        key = (name, tuple(sorted((case_env or {}).items())))
+        if key not in memo:
+            r = subprocess.run([python, "-c", f"import {name}"], capture_output=True, timeout=300, env=env)
+            memo[key] = r.returncode == 0
+        if not memo[key]:
             missing.append(name)
     return missing
 
@@ -170,11 +174,11 @@ def main(argv: list[str] | None = None) -> int:
           flush=True)
     print(f"{'case':34} {'family':14} {'status':8} {'mode':8} {'wall_s':>7} {'load':>5} {'alloc':>7} {'reserv':>7} "
           f"{'total':>7}  note", flush=True)
-    memo: dict[str, bool] = {}
+    memo: dict[tuple, bool] = {}
     rows: list[dict] = []
     for case in cases:
         why_not = sources_ready(case, corpus)
-        missing = missing_packages(a.python, case.packages, memo)
+        missing = missing_packages(a.python, case.packages, memo, {k: case.expand(v, corpus) for k, v in case.env.items()})
         if missing:
             why_not = f"not importable in the stack: {', '.join(missing)}"
         if why_not:
