@@ -22,6 +22,7 @@ import ast
 import linecache
 import os
 import sys
+import types
 from dataclasses import dataclass
 from types import CodeType, FrameType
 
@@ -31,6 +32,10 @@ _OUTPUT_METHODS = frozenset({"info", "debug", "warning", "error", "log", "write"
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _CONVERSIONS = frozenset({"item", "tolist", "cpu", "detach", "numpy", "float", "int"})
 _MAX_DEPTH = 4  # names followed through assignments
+# Bare calls that log when they are the script's own or a library's Python function (PyG's
+# ``torch_geometric.logging.log``), not ``math.log``/``numpy.log``/``torch.log``, which are not Python functions.
+_LOG_CALLS = frozenset({"log", "info", "debug", "warning", "log_metrics"})
+_GLOBALS: dict = {}  # the reading frame's globals while its read is followed (use_of_read)
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,15 @@ def use_of_read(frame: FrameType | None = None) -> Use:
     frame = frame or user_frame()
     if frame is None:
         return Use(False, frozenset(), where(frame))
+    global _GLOBALS
+    _GLOBALS = frame.f_globals
+    try:
+        return _use_of_read(frame)
+    finally:
+        _GLOBALS = {}
+
+
+def _use_of_read(frame: FrameType) -> Use:
     tree, node = _source_at(frame)
     if tree is None or node is None:
         return Use(False, frozenset(), where(frame))
@@ -178,11 +192,13 @@ def _follow(tree: ast.Module, node: ast.AST, uses: set[str], depth: int) -> bool
             if isinstance(func, ast.Name) and func.id == "range":
                 uses.add("loop bound")
                 return _loop_iter(tree, parent, uses, depth)
-            if (isinstance(func, ast.Name) and func.id in _OUTPUT_CALLS) or (
+            if (isinstance(func, ast.Name) and (func.id in _OUTPUT_CALLS or _logs(func.id))) or (
                     isinstance(func, ast.Attribute) and func.attr in _OUTPUT_METHODS):
                 uses.add("output")
                 return True
             return False
+        if isinstance(parent, ast.Return) and node is parent.value:
+            return _follow_return(tree, parent, uses, depth)
         if isinstance(parent, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and node is parent.value:
             targets = parent.targets if isinstance(parent, ast.Assign) else [parent.target]
             if depth >= _MAX_DEPTH or len(targets) != 1 or not isinstance(targets[0], ast.Name):
@@ -190,6 +206,26 @@ def _follow(tree: ast.Module, node: ast.AST, uses: set[str], depth: int) -> bool
             return _follow_name(tree, parent, targets[0].id, uses, depth + 1)
         return False
     return False
+
+
+def _logs(name: str) -> bool:
+    """A bare call of ``name`` is a logging call (``_LOG_CALLS``) of a Python function."""
+    return name in _LOG_CALLS and isinstance(_GLOBALS.get(name), types.FunctionType)
+
+
+def _follow_return(tree: ast.Module, statement: ast.Return, uses: set[str], depth: int) -> bool:
+    """A value returned by a module-level function of the script: followed at every call of it in the same
+    file (``def test(loader): ... return correct / n``, then ``acc = test(loader)`` and a log line), which
+    must be the only way the function's name is used."""
+    function = _scope(tree, statement)
+    if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)) or _parent(tree, function) is not tree \
+            or depth >= _MAX_DEPTH:
+        return False
+    names = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == function.name]
+    calls = [_parent(tree, n) for n in names]
+    if not names or not all(isinstance(c, ast.Call) and c.func is n for c, n in zip(calls, names)):
+        return False  # never called, or passed on as a value: its results go where this file cannot see
+    return all(_follow(tree, c, uses, depth + 1) for c in calls if c is not None)
 
 
 def _loop_iter(tree: ast.Module, call: ast.Call, uses: set[str], depth: int) -> bool:

@@ -9,7 +9,7 @@ import textwrap
 import pytest
 from estimator_run import estimate
 
-from gpushare.estimator_cli.cli import EXIT_OK
+from gpushare.estimator_cli.cli import EXIT_OK, EXIT_UNSUPPORTED
 
 pytestmark = pytest.mark.torch
 
@@ -79,3 +79,39 @@ def test_a_host_only_condition_takes_the_branch_that_alone_binds_a_new_name(caps
     assumed = [w for w in doc["value_reads"]["placeholder"] if "assumed" in w]
     assert any(f"{_line(source, 'if val < best')} choosing between host-only branches (assumed true)" in w
                for w in assumed), assumed
+
+
+def test_an_accuracy_returned_by_the_scripts_function_and_logged_stays_in_fake_mode(capsys, tmp_path):
+    """PyG's mutag_gin.py: ``total_correct += int(...)`` then ``return total_correct / len(...)``; the
+    callers only log the result through a logging function (PyG's ``log``, here the script's own). The
+    return is followed to every call of the function; ``math.log`` of a read is still not output."""
+    source = HEAD + """
+    import math
+
+    def log(**metrics):
+        print(", ".join(f"{k}: {v}" for k, v in metrics.items()))
+
+    def test(parts):
+        total_correct = 0
+        for part in parts:
+            pred = model(x[part]).argmax(dim=-1)
+            total_correct += int((pred == y[part]).sum())
+        return total_correct / 64
+
+    for epoch in range(10):
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+        train_acc = test([slice(0, 32)])
+        test_acc = test([slice(32, 64)])
+        log(Epoch=epoch, Train=train_acc, Test=test_acc)
+    """
+    code, doc, err = estimate(capsys, tmp_path, source, "--mode", "fake")
+    assert code == EXIT_OK, err
+    assert doc["mode"] == "fake" and doc["iterations"] == 3
+    read = f"int(tensor) at {_line(source, 'total_correct +=')} used only as output (assumed 1)"
+    assert read in doc["value_reads"]["placeholder"], doc["value_reads"]
+    ln = source.replace("def log(**metrics):", "def unused(**metrics):").replace("import math", "from math import log")
+    ln = ln.replace("log(Epoch=epoch, Train=train_acc, Test=test_acc)", "print(log(1 + train_acc))")
+    code, doc, err = estimate(capsys, tmp_path, ln, "--mode", "fake")
+    assert code == EXIT_UNSUPPORTED and "may decide memory" in err, err
