@@ -332,6 +332,13 @@ class CudaPresenter(TorchFunctionMode):
             return out.clone() if out is shadow else out
         return func(*call[0], **call[1])
 
+    @staticmethod
+    def _gpu_into_host(target: Any, index: Any, value: Any) -> bool:
+        """A value-free GPU tensor stored into part of a host tensor (a host index, not a GPU one)."""
+        return (isinstance(target, torch.Tensor) and not target.is_meta and isinstance(value, torch.Tensor)
+                and value.is_meta and not is_script_meta(value)
+                and not (isinstance(index, torch.Tensor) and index.is_meta))
+
     def _scalar_fill(self, func: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """A one-element GPU tensor as the fill value of ``new_full``/``full``/``full_like`` (ultralytics'
         ``make_anchors``: ``feats[0].new_full((h * w, 1), stride)`` over the model's stride tensor), read as
@@ -450,6 +457,10 @@ class CudaPresenter(TorchFunctionMode):
                     return target
             if func in _SCALAR_FILLS:
                 args, kwargs = self._scalar_fill(func, args, kwargs)
+            if func is _T.__setitem__ and len(args) == 3 and self._gpu_into_host(args[0], args[1], args[2]):
+                # ``losses[k] = loss`` into a host tensor (litgpt's validate()): PyTorch copies the GPU value to
+                # the host, so read it as ``.cpu()`` reads it: its value, or placeholders that taint the host tensor
+                args = (args[0], args[1], self._read(_T.cpu, _READS[_T.cpu], (args[2],), {}))
             if self.values.host_taint_involved(args, kwargs):
                 return self._tainted_host_call(func, args, kwargs)
             if func is _T.copy_ and len(args) > 1 and is_host_weight(args[1]) and not args[0].is_meta:

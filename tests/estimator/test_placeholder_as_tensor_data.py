@@ -103,3 +103,27 @@ def test_a_one_element_gpu_tensor_as_a_fill_value_stays_in_fake_mode(capsys, tmp
     assert code == EXIT_OK, err
     assert doc["mode"] == "fake" and doc["iterations"] == 3
     assert doc["value_reads"][read].get(".item()")
+
+
+def test_a_gpu_value_stored_into_a_host_tensor_stays_in_fake_mode(capsys, tmp_path):
+    # litgpt's validate(): losses = torch.zeros(n); losses[k] = loss_fn(logits, targets); losses.mean()
+    code, doc, err = estimate(capsys, tmp_path, """
+    import torch, torch.nn as nn
+    model = nn.Sequential(nn.Linear(128, 512), nn.ReLU(), nn.Linear(512, 128)).cuda()
+    opt = torch.optim.AdamW(model.parameters())
+
+    @torch.no_grad()
+    def validate():
+        losses = torch.zeros(4)
+        for k in range(4):
+            losses[k] = model(torch.randn(16, 128, device="cuda")).pow(2).mean()
+        return losses.mean()
+
+    print(f"sanity check: {validate().item():.4f}")
+    for step in range(20):
+        model(torch.randn(16, 128, device="cuda")).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    """, "--mode", "fake")
+    assert code == EXIT_OK, err
+    assert doc["mode"] == "fake" and doc["iterations"] == 3
