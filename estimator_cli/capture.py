@@ -56,7 +56,10 @@ class ScriptRun:
 
 @contextlib.contextmanager
 def _script_environment(run: ScriptRun) -> Iterator[None]:
-    """argv, sys.path[0] and cwd-independent module state as ``python SCRIPT ARGS`` would have them."""
+    """argv, sys.path[0] and cwd-independent module state as ``python SCRIPT ARGS`` would have them; a
+    Python child the script starts on this interpreter runs here too (estimator_cli/child_python.py)."""
+    from gpushare.estimator_cli.child_python import python_children_in_process
+
     saved_argv, saved_path0 = sys.argv, sys.path[0] if sys.path else None
     sys.argv = [run.script, *run.args]  # runpy.run_module puts the module's file in argv[0]
     script_dir = os.getcwd() if run.module else os.path.dirname(os.path.abspath(run.script))
@@ -65,7 +68,8 @@ def _script_environment(run: ScriptRun) -> Iterator[None]:
     else:
         sys.path.insert(0, script_dir)
     try:
-        yield
+        with python_children_in_process():
+            yield
     finally:
         sys.argv = saved_argv
         if saved_path0 is not None:
