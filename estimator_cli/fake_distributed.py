@@ -7,7 +7,9 @@ builds what rank 0 of that world builds: DDP's gradient buckets (allocated by it
 dispatcher, so the capture records them), FSDP2's (``fully_shard``) per-rank shards of parameters,
 gradients and optimizer state, and the buffers of the collectives it issues; DeepSpeed ZeRO's partitions
 (estimator_cli/deepspeed_fake.py). The world size comes from
-the launcher line (estimator_cli/launch_line.py) through ``GPUSHARE_ESTIMATE_WORLD_SIZE``.
+the launcher line (estimator_cli/launch_line.py) through ``GPUSHARE_ESTIMATE_WORLD_SIZE``. A barrier
+ignores ``device_ids``, with which PyTorch would allocate its token on a CUDA device the CPU build of profile
+mode does not have.
 """
 
 from __future__ import annotations
@@ -78,6 +80,15 @@ def fake_process_group() -> Iterator[None]:
 
     dist.init_process_group = init_process_group  # type: ignore[assignment]
     distributed_c10d.init_process_group = init_process_group  # type: ignore[assignment]
+    barrier = distributed_c10d.barrier
+
+    def fake_barrier(group: Any = None, async_op: bool = False, device_ids: Any = None) -> Any:
+        # device_ids makes the barrier allocate a one-element tensor on that CUDA device (accelerate's
+        # wait_for_everyone does this): in profile mode the CPU build has no CUDA device for it, and the
+        # fake group synchronises nothing
+        return barrier(group=group, async_op=async_op)
+
+    dist.barrier = distributed_c10d.barrier = fake_barrier  # type: ignore[assignment]
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     ddp_init, ddp_register = DDP.__init__, DDP.register_comm_hook
@@ -112,6 +123,7 @@ def fake_process_group() -> Iterator[None]:
         setattr(DDP, "register_comm_hook", ddp_register)
         dist.init_process_group = original  # type: ignore[assignment]
         distributed_c10d.init_process_group = original  # type: ignore[assignment]
+        dist.barrier = distributed_c10d.barrier = barrier  # type: ignore[assignment]
         if dist.is_initialized():
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
