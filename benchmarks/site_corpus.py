@@ -1,8 +1,9 @@
 """Re-create the corpus of real sites' Slurm files that benchmarks/site_corpus.json pins.
 
 Each file is taken at its pinned commit, from a local git mirror of its repository when one is given
-(``--mirrors DIR``: ``DIR/<owner>+<name>/repo``, ``DIR/<owner>+<name>.git`` or ``DIR/<owner>/<name>``), else
-from raw.githubusercontent.com, and kept only if its git blob hash is the pinned one. The folder it writes
+(``--mirrors DIR``: ``DIR/<owner>+<name>/repo``, ``DIR/<owner>+<name>.git``, ``DIR/<owner>/<name>`` or
+``DIR/<owner>+<name>``, bare or a clone), else from raw.githubusercontent.com, and kept only if its git
+blob hash is the pinned one. The folder it writes
 (default /var/tmp/gpushare-site-corpus, outside the repository) holds ``<site>/<path as published>``;
 nothing of it is committed.
 
@@ -36,8 +37,11 @@ def load_list(path: Path = LIST) -> list[dict]:
 
 def _git_dir(mirrors: Path, repository: str) -> Path | None:
     owner, name = repository.split("/", 1)
-    for candidate in (mirrors / f"{owner}+{name}" / "repo", mirrors / f"{owner}+{name}.git", mirrors / owner / name):
-        if candidate.is_dir():
+    for candidate in (mirrors / f"{owner}+{name}" / "repo", mirrors / f"{owner}+{name}.git", mirrors / owner / name,
+                      mirrors / f"{owner}+{name}"):
+        if (candidate / ".git").is_dir():  # a clone with its work tree
+            return candidate / ".git"
+        if (candidate / "objects").is_dir():  # a bare mirror
             return candidate
     return None
 
