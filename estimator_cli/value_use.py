@@ -291,6 +291,8 @@ def condition_of_read(frame: FrameType | None = None) -> Use:
     if frame is None:
         return Use(False, frozenset(), where(frame))
     tree, node = _source_at(frame)
+    if tree is None:
+        return Use(False, frozenset(), where(frame))
     if isinstance(node, ast.If):
         return _branch_use(tree, node, frame)
     read = node
