@@ -215,17 +215,26 @@ class FakeRecorder(TorchDispatchMode):
 
     def segment_fingerprint(self, start: int) -> tuple:
         """What the events from ``start`` on allocate and free, independent of block ids: each block's size,
-        op, module and phase in order, each free as the freed block's place in the segment (or the size of
-        an older block), and the live memory at the end (phases.py compares consecutive micro-steps)."""
+        op, module and phase in order, the frees between two allocations as a sorted run of the freed
+        blocks' places in the segment (or sizes of older blocks), and the live memory at the end (phases.py
+        compares consecutive micro-steps). The order of frees with no allocation between them changes
+        neither the live memory nor the caching allocator's free blocks (neighbours merge either way), and
+        it varies from one micro-step to the next with the order in which Python drops references."""
         index: dict[int, int] = {}
         parts: list[tuple] = []
+        frees: list[tuple[int, int]] = []
         for what, alloc_id in self.events[start:]:
             alloc = self.allocs[alloc_id]
             if what == "alloc":
+                if frees:
+                    parts.append(tuple(sorted(frees)))
+                    frees = []
                 index[alloc_id] = len(index)
                 parts.append((alloc.size, alloc.op, alloc.module, alloc.phase))
             else:
-                parts.append((-1, index.get(alloc_id, -1), alloc.size if alloc_id not in index else 0))
+                frees.append((index.get(alloc_id, -1), alloc.size if alloc_id not in index else 0))
+        if frees:
+            parts.append(tuple(sorted(frees)))
         return tuple(parts), self.live
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:

@@ -61,3 +61,29 @@ def test_micro_steps_that_differ_run_to_the_requested_steps(capsys, tmp_path):
     varying = _run(capsys, tmp_path, 4, "64,128,192,256")
     assert varying["micro_steps"] == 12 and not varying.get("stopped_on_repeat") and varying["iterations"] == 3
     assert _peaks(varying)[0] >= _peaks(_run(capsys, tmp_path, 4, "256"))[0]
+
+
+def test_micro_steps_that_free_the_same_blocks_in_another_order_repeat():
+    """Frees with no allocation between them are compared as a set: their order, which follows the order in
+    which Python drops references, changes neither the live memory nor the allocator's free blocks."""
+    from gpushare.estimator_cli.events import Alloc, Phase
+    from gpushare.estimator_cli.fake_capture import FakeRecorder
+
+    recorder = FakeRecorder(lambda: (Phase.OTHER, 0, ""))
+    sizes = {0: 512, 1: 1024, 2: 2048, 3: 512, 4: 1024, 5: 2048}
+    recorder.allocs = {i: Alloc(i, size, "m", "forward", 0, "mm.default") for i, size in sizes.items()}
+    first = [("alloc", 0), ("alloc", 1), ("alloc", 2), ("free", 1), ("free", 0), ("free", 2)]
+    second = [("alloc", 3), ("alloc", 4), ("alloc", 5), ("free", 5), ("free", 3), ("free", 4)]
+    recorder.events = first + second
+    assert recorder.segment_fingerprint(6) == _fingerprint_of(recorder, first)
+    recorder.events = first + [("alloc", 3), ("alloc", 4), ("free", 3), ("alloc", 5), ("free", 4), ("free", 5)]
+    assert recorder.segment_fingerprint(6) != _fingerprint_of(recorder, first)  # a free moved past an allocation
+
+
+def _fingerprint_of(recorder, events) -> tuple:
+    saved = recorder.events
+    recorder.events = list(events)
+    try:
+        return recorder.segment_fingerprint(0)
+    finally:
+        recorder.events = saved
