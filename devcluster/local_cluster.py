@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from devcluster import slurm_runtime
+from devcluster import slots, slurm_runtime
 from devcluster.processes import kill_leftovers, scaled, stop_group, time_scale, wait_until
 from devcluster.accounting import Accounting
 from devcluster.slurm_runtime import SLURM_USER, SlurmRuntime, own_by_slurm, traversable_below_tmp
@@ -62,13 +62,14 @@ def ensure_login_user(name: str = LOGIN_TEST_USER) -> pwd.struct_passwd:
     shell (measured; 22.05 and 24.11 run it). Create the user before the cluster starts, so the chroot's
     copy of the accounts has it.
     """
-    try:
-        return pwd.getpwnam(name)
-    except KeyError:
-        if not shutil.which("useradd"):
-            raise ClusterError(f"no user {name} and no useradd to create it") from None
-        subprocess.run(["useradd", "-M", "-d", "/nonexistent", "-s", "/bin/sh", name], check=True)
-        return pwd.getpwnam(name)
+    with slots.host_lock("users"):  # another test session may be adding the same user
+        try:
+            return pwd.getpwnam(name)
+        except KeyError:
+            if not shutil.which("useradd"):
+                raise ClusterError(f"no user {name} and no useradd to create it") from None
+            subprocess.run(["useradd", "-M", "-d", "/nonexistent", "-s", "/bin/sh", name], check=True)
+            return pwd.getpwnam(name)
 
 
 def missing_requirements(slurm_version: str | None = None) -> str | None:

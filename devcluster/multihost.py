@@ -7,8 +7,9 @@ namespaces:
 
 - its own mount namespace, in which the host's private directories (:data:`PRIVATE_DIRS`, and /etc/hosts) are
   bind-mounted from ``<base>/hosts/<name>/fs``; /home is the one shared file system (``<base>/shared/home``);
-- its own UTS namespace (hostname = the Slurm node name) and its own loopback address (127.0.10.x): slurmd
-  finds its node by hostname, munged resolves its address through the cluster's /etc/hosts;
+- its own UTS namespace (hostname = the Slurm node name) and its own loopback address (127.0.10.x, moved to
+  127.0.11.x ... for a second test session beside it, devcluster.slots): slurmd finds its node by hostname,
+  munged resolves its address through the cluster's /etc/hosts;
 - the controller's processes lose CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH from their bounding set, so root
   there cannot read 0700 homes, as with NFS root squash;
 - every host runs its own munged with the same key, at Debian's default paths;
@@ -38,10 +39,10 @@ import sys
 import time
 import tomllib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from devcluster import chroot, slurm_runtime
+from devcluster import chroot, slots, slurm_runtime
 from devcluster.accounting import Accounting
 from devcluster.local_cluster import REPO, ClusterError, controller_up, nodes_idle, share_always, wait_job
 from devcluster.processes import kill_leftovers, stop_group, wait_until
@@ -116,11 +117,12 @@ def _free_port() -> int:
 
 def ensure_user(name: str) -> pwd.struct_passwd:
     """An ordinary user whose home is /home/<name> (which exists only inside the cluster's hosts)."""
-    try:
-        return pwd.getpwnam(name)
-    except KeyError:
-        subprocess.run(["useradd", "-M", "-d", f"/home/{name}", "-s", "/bin/sh", name], check=True)
-        return pwd.getpwnam(name)
+    with slots.host_lock("users"):  # another session may be adding the same user
+        try:
+            return pwd.getpwnam(name)
+        except KeyError:
+            subprocess.run(["useradd", "-M", "-d", f"/home/{name}", "-s", "/bin/sh", name], check=True)
+            return pwd.getpwnam(name)
 
 
 @dataclass
@@ -138,6 +140,12 @@ class MultiHostCluster:
     runtime: slurm_runtime.SlurmRuntime | None = None
     accounting: bool = False  # slurmdbd on the controller, its MariaDB beside the cluster (HostAccounting)
     acct: "HostAccounting | None" = None
+    # which of the concurrent test sessions this is (devcluster.slots): the hosts' loopback addresses move into
+    # its range (127.0.10.x in slot 0, 127.0.11.x in slot 1), so clusters side by side share no address:port
+    slot: int = field(default_factory=slots.slot)
+
+    def __post_init__(self) -> None:
+        self.hosts = tuple(replace(h, address=slots.shifted_address(h.address, self.slot)) for h in self.hosts)
 
     # --- the description ------------------------------------------------------------------------------------
     def host(self, name: str) -> Host:

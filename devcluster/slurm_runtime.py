@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from devcluster import chroot
+from devcluster import chroot, slots
 
 ENV_VAR = "GPUSHARE_TEST_SLURM"
 HOST = "22.05"  # the value meaning "the host's own packages" (Debian 12 ships 22.05)
@@ -77,11 +77,16 @@ def slurm_account() -> "pwd.struct_passwd":
     try:
         return pwd.getpwnam(SLURM_USER)
     except KeyError:
-        subprocess.run(["groupadd", "--system", "--gid", "64030", SLURM_USER], check=False, capture_output=True)
-        subprocess.run(["useradd", "--system", "--uid", "64030", "--gid", SLURM_USER, "--no-create-home",
-                        "--home-dir", "/nonexistent", "--shell", "/usr/sbin/nologin", SLURM_USER],
-                       check=True, capture_output=True)
-        return pwd.getpwnam(SLURM_USER)
+        pass
+    with slots.host_lock("users"):  # another test session may be adding it
+        try:
+            return pwd.getpwnam(SLURM_USER)
+        except KeyError:
+            subprocess.run(["groupadd", "--system", "--gid", "64030", SLURM_USER], check=False, capture_output=True)
+            subprocess.run(["useradd", "--system", "--uid", "64030", "--gid", SLURM_USER, "--no-create-home",
+                            "--home-dir", "/nonexistent", "--shell", "/usr/sbin/nologin", SLURM_USER],
+                           check=True, capture_output=True)
+            return pwd.getpwnam(SLURM_USER)
 
 
 def own_by_slurm(path: Path, mode: int, directory: bool = True) -> Path:

@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -198,3 +199,22 @@ def test_the_open_view_lets_the_slurm_account_through_and_leaves_the_disk_as_it_
         assert unreachable_folder(clone / "hook", SLURM_USER) == outer  # outside the view: closed as before
     finally:
         subprocess.run(["rm", "-rf", str(outer)], check=False)
+
+
+def test_test_sessions_side_by_side_hold_different_slots_and_multihost_addresses() -> None:
+    """Two sessions (or pytest-xdist workers) at once: each holds a slot of its own, and a multi-host cluster
+    puts its hosts on the slot's own loopback range, so two of them never bind the same address:port."""
+    from devcluster import slots
+    from devcluster.multihost import MultiHostCluster, read_description
+
+    mine = slots.slot()
+    assert slots.slot() == mine  # held, not taken again
+    code = "from devcluster.slots import slot; print(slot())"
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           cwd=Path(__file__).resolve().parents[2])
+    assert int(other.stdout) != mine
+    written = [h.address for h in read_description()]
+    assert all(a.startswith("127.0.10.") for a in written)
+    assert [h.address for h in MultiHostCluster(Path("/nonexistent"), slot=0).hosts] == written
+    beside = [h.address for h in MultiHostCluster(Path("/nonexistent"), slot=3).hosts]
+    assert beside == [a.replace("127.0.10.", "127.0.13.") for a in written]

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from devcluster.slots import host_lock
 from devcluster.local_cluster import LOGIN_TEST_USER, LocalCluster, ensure_login_user, missing_requirements
 from gpushare.node.api import AgentUnavailable, call
 from gpushare.atomic import write_text_atomic
@@ -86,7 +87,16 @@ class CgroupCluster(LocalCluster):
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[CgroupCluster]:
+def hardcap_dir_alone() -> Iterator[None]:
+    """The shim's folder (/run/gpushare/hardcap, compiled in) is the machine's, and its per-job folders are
+    named by job id, which every test cluster counts from 1: one such cluster at a time on the machine, even
+    with other test sessions or pytest-xdist workers beside (devcluster.slots)."""
+    with host_lock("hardcap"):
+        yield
+
+
+@pytest.fixture(scope="module")
+def cluster(hardcap_dir_alone: None) -> Iterator[CgroupCluster]:
     problem = missing_requirements()
     if problem:
         pytest.skip(f"real Slurm unavailable: {problem}")
