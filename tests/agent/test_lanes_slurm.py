@@ -46,16 +46,28 @@ def turns(out: Path, jobs: list[int]) -> list[tuple[float, float, int]]:
     return completed_turns({job: (out / f"{job}.log").read_text().splitlines() for job in jobs})
 
 
+def started(out: Path, job: int) -> bool:
+    """lane_worker.py is running for ``job`` (it logs its pid before it waits for the go file)."""
+    log = out / f"{job}.log"
+    return log.exists() and log.read_text().startswith("pid ")
+
+
 def test_two_lane_jobs_take_turns_and_complete(agent_cluster, out_dir):
     pytest.importorskip("torch")
     cluster = agent_cluster(withhold="none", extra='collocation = "fraction"\nlane_turn_limit_s = 30.0')
     estimate = out_dir / "est.json"
     estimate.write_text(json.dumps({"targets": [{"gpu": "a100-40gb", "peak_total_bytes": 3 * GiB,
                                                  "persistent_bytes": 1 * GiB, "ephemeral_bytes": 2 * GiB}]}))
+    go = out_dir / "go"
     text = ("#!/bin/sh\n#GPUSHARE lanes\n#GPUSHARE estimate=est.json\n"
             "env | grep -E '^(GPUSHARE_|SLURM_JOB_GPUS|PYTHONPATH)' | sort > \"$GPUSHARE_TEST_OUT/env.$SLURM_JOB_ID\"\n"
-            f"exec '{sys.executable}' '{WORKER}' \"$GPUSHARE_TEST_OUT/$SLURM_JOB_ID.log\" 30 0.1\n")
+            f"exec '{sys.executable}' '{WORKER}' \"$GPUSHARE_TEST_OUT/$SLURM_JOB_ID.log\" 30 0.1 '{go}'\n")
     jobs = [submit(cluster, out_dir, text, "--gres=gpu:1") for _ in range(2)]
+    # both running (torch imported) before either takes a turn: on a loaded machine the second one's start
+    # took longer than most of the first one's 30 iterations, and they had too little time side by side
+    cluster.wait_for(lambda: all(started(out_dir, job) for job in jobs), 90, "both lane jobs to start",
+                     seen=lambda: cluster.client.require_job(jobs[-1]).states)
+    go.touch()
     for job in jobs:
         log = out_dir / f"job-{job}.out"
         assert cluster.wait_job(job, 90).state == "COMPLETED", log.read_text() if log.exists() else "no log"
