@@ -237,6 +237,15 @@ class FakeRecorder(TorchDispatchMode):
             parts.append(tuple(sorted(frees)))
         return tuple(parts), self.live
 
+    def segment_rise(self, start: int) -> int:
+        """How far the live memory rose above its level at ``start`` during the events from ``start`` on."""
+        level = rise = 0
+        for what, alloc_id in self.events[start:]:
+            size = self.allocs[alloc_id].size
+            level += size if what == "alloc" else -size
+            rise = max(rise, level)
+        return rise
+
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         if any(_has_own_dispatch(t) for t in types):

@@ -14,15 +14,16 @@ there. With an optimizer, backward passes are never counted (gradient accumulati
 Gradient accumulation: a job that runs several backward passes per optimizer step repeats the same
 micro-step (forward, backward into the kept gradients) until its next step, and each window after the
 first repeats the second. What must be seen is the first step (the optimizer creates its state there)
-and, after it, the second window's micro-steps up to the first one that repeats its predecessor: from then
-on every block the job allocates repeats one already replayed from the same live memory, the optimizer
-state alive throughout (the second window's peak is the first one's plus that state). So once a
-micro-step after the first step allocates and frees exactly what the one before it did (sizes, ops,
-modules, phases, the frees of older blocks), starting from the same live memory, the capture stops there
-(``stopped_on_repeat``); a 3-step capture of a 16-micro-step job observes 19 micro-steps or a few more, not 48. A
-job whose micro-steps differ (dynamic shapes) never repeats and runs to the requested steps. Fake mode only
-(the recorder must expose its events). Not seen: the second step's own allocations, the same temporaries
-as the first step's, which allocated the state besides.
+and, after it, micro-steps until they repeat with the state alive (the second window's peak is the
+first one's plus that state). So once a micro-step after the first step (not the first of its window)
+allocates and frees exactly what an earlier one after step 1 did (sizes, ops, modules, phases, the frees of
+older blocks), ending at the same live memory, and the micro-steps after step 1 have raised the live
+memory above their start at least as far as the worst one of the first window did (the data may choose
+the code path or the size: a larger batch once per window must be seen again with the state alive), the
+capture stops there (``stopped_on_repeat``); a 3-step capture of a 16-micro-step job observes 19
+micro-steps or a few more, not 48. A job whose micro-steps never repeat (a new shape each time) runs to the
+requested steps. Fake mode only (the recorder must expose its events). Not seen: the second step's own
+allocations, the same temporaries as the first step's, which allocated the state besides.
 
 Stopping: after the N-th step's post-hook a private ``BaseException`` unwinds the script; a script's
 ``except Exception`` cannot swallow it. A framework that catches ``BaseException`` around training
@@ -84,7 +85,9 @@ class PhaseTracker:
         self.window_micro_steps = 0  # outermost backward passes since the last optimizer step
         self.stopped_on_repeat = False  # stopped at a repeated micro-step after the first step
         self._segment_start = 0  # recorder event index where the current micro-step began
-        self._previous_segment: tuple | None = None
+        self._first_rise = 0  # the most any micro-step of window 1 (2nd on) raised the live memory
+        self._after_rise = 0  # the same after step 1
+        self._after_step: set = set()  # fingerprints of micro-steps after step 1 (2nd of a window on)
         self._undo: list[Callable[[], None]] = []
 
     # -- state --------------------------------------------------------------------------------
@@ -155,7 +158,6 @@ class PhaseTracker:
     def _complete_iteration(self) -> None:
         self.iteration += 1
         self.window_micro_steps = 0
-        self._previous_segment = None
         self._set(Phase.OTHER)
         if self.on_step is not None:
             self.on_step(self.iteration)
@@ -229,15 +231,20 @@ class PhaseTracker:
         if fingerprint is None or not self.optimizers_made or not self.recorder.recording:
             return
         start, self._segment_start = self._segment_start, self.recorder.event_count()
-        if self.iteration < 1 or self.iteration >= self.max_steps:
+        if self.window_micro_steps < 2 or self.iteration >= self.max_steps:
+            return  # a window's first micro-step creates the gradients; it is never the repeating one
+        rise = self.recorder.segment_rise(start)
+        if self.iteration == 0:
+            self._first_rise = max(self._first_rise, rise)
             return
         segment = fingerprint(start)
-        if self.window_micro_steps >= 2 and segment == self._previous_segment:
+        self._after_rise = max(self._after_rise, rise)
+        if segment in self._after_step and self._after_rise >= self._first_rise:
             self.stopped_on_repeat = True
             self.recorder.recording = False
             self.stop_raised = True
             raise StopCapture()
-        self._previous_segment = segment
+        self._after_step.add(segment)
 
     def install(self) -> None:
         handles = [

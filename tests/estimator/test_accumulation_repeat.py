@@ -12,15 +12,20 @@ from gpushare.estimator_cli.cli import EXIT_OK
 pytestmark = pytest.mark.torch
 
 # An MLP trained with AdamW and gradient accumulation ACCUM (argv[1]); the batch of micro-step k has
-# BATCHES[k % len(BATCHES)] rows (argv[2], comma-separated), so a list of one size repeats exactly.
+# BATCHES[k % len(BATCHES)] rows (argv[2], comma-separated), so a list of one size repeats exactly. With
+# argv[3] = "grow" micro-step k has k more rows; with "vary" it first makes and drops a (k + 1)-element block,
+# which keeps any two micro-steps from matching without moving the peak.
 ACCUMULATING = """
     import sys, torch, torch.nn as nn
     accum, batches = int(sys.argv[1]), [int(b) for b in sys.argv[2].split(",")]
+    how = sys.argv[3] if len(sys.argv) > 3 else ""
     model = nn.Sequential(nn.Linear(512, 2048), nn.GELU(), nn.Linear(2048, 2048), nn.GELU(),
                           nn.Linear(2048, 10)).cuda()
     opt = torch.optim.AdamW(model.parameters())
     for micro in range(1000):
-        rows = batches[micro % len(batches)]
+        rows = batches[micro % len(batches)] + (micro if how == "grow" else 0)
+        if how == "vary":
+            torch.empty(micro + 1, device="cuda")
         x, y = torch.randn(rows, 512).cuda(), torch.randint(0, 10, (rows,)).cuda()
         loss = nn.functional.cross_entropy(model(x), y) / accum
         loss.backward()
@@ -30,8 +35,9 @@ ACCUMULATING = """
 """
 
 
-def _run(capsys, tmp_path, accum: int, batches: str) -> dict:
-    code, doc, err = estimate(capsys, tmp_path, ACCUMULATING, "--mode", "fake", script_args=(str(accum), batches))
+def _run(capsys, tmp_path, accum: int, batches: str, how: str = "") -> dict:
+    code, doc, err = estimate(capsys, tmp_path, ACCUMULATING, "--mode", "fake",
+                              script_args=(str(accum), batches) + ((how,) if how else ()))
     assert code == EXIT_OK, err
     assert doc is not None
     return doc
@@ -44,23 +50,30 @@ def _peaks(doc: dict) -> tuple[int, int, int, int]:
 
 def test_an_accumulating_job_stops_at_its_first_repeated_micro_step_after_step_one(capsys, tmp_path):
     """16 micro-steps per step: the first window (16), then the second one's first three, the third repeating
-    the second; the estimate equals that of accumulation 2, whose capture runs all three steps (6 passes)
-    and has the same memory pattern: the same allocated, reserved and total peaks."""
+    the second; the estimate equals that of the same job whose micro-steps never match (all 48 run): the
+    same allocated, reserved and total peaks."""
     long = _run(capsys, tmp_path, 16, "256")
     assert long["micro_steps"] == 19 and long.get("stopped_on_repeat") and long["iterations"] == 1
-    short = _run(capsys, tmp_path, 2, "256")
-    assert short["micro_steps"] == 6 and not short.get("stopped_on_repeat") and short["iterations"] == 3
-    assert _peaks(long)[:3] == _peaks(short)[:3]
+    whole = _run(capsys, tmp_path, 16, "256", "vary")
+    assert whole["micro_steps"] == 48 and not whole.get("stopped_on_repeat") and whole["iterations"] == 3
+    assert _peaks(long)[:3] == _peaks(whole)[:3]
     # one steady-state boundary instead of three: what stays between iterations can only be judged larger
-    assert _peaks(long)[3] >= _peaks(short)[3]
+    assert _peaks(long)[3] >= _peaks(whole)[3]
+
+
+def test_a_kind_of_micro_step_seen_before_step_one_is_seen_again_with_the_state_alive(capsys, tmp_path):
+    """Accumulation 8, the eighth batch of each window twice as large: the second window's small micro-steps
+    repeat at once, but the capture goes on until the large one has run with the optimizer state alive, so
+    the allocated peak is that of a job whose every batch is large."""
+    mixed = _run(capsys, tmp_path, 8, "256,256,256,256,256,256,256,512")
+    assert mixed.get("stopped_on_repeat") and mixed["micro_steps"] > 16
+    assert _peaks(mixed)[0] == _peaks(_run(capsys, tmp_path, 8, "512"))[0]
 
 
 def test_micro_steps_that_differ_run_to_the_requested_steps(capsys, tmp_path):
-    """Batches of changing size never repeat: all 3 × 4 micro-steps are seen, and the largest batch, which
-    comes last in each window, sets the peak."""
-    varying = _run(capsys, tmp_path, 4, "64,128,192,256")
-    assert varying["micro_steps"] == 12 and not varying.get("stopped_on_repeat") and varying["iterations"] == 3
-    assert _peaks(varying)[0] >= _peaks(_run(capsys, tmp_path, 4, "256"))[0]
+    """A batch one row larger each micro-step never repeats: all 3 × 4 micro-steps are seen."""
+    growing = _run(capsys, tmp_path, 4, "256", "grow")
+    assert growing["micro_steps"] == 12 and not growing.get("stopped_on_repeat") and growing["iterations"] == 3
 
 
 def test_micro_steps_that_free_the_same_blocks_in_another_order_repeat():
