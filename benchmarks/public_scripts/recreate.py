@@ -12,9 +12,10 @@ the corpus folder (git-ignored; default /var/tmp/gpushare-public-scripts) from t
   used). Cases whose command a package ships (``repo = "pypi:<package>"``) have no files.
 - ``<corpus>/fixtures/<module>.<function>/``: what each fixture function made, once (a stamp holds the
   hash of the function's source; an edited function is made again).
-- ``<corpus>/work/<case>/``: the case's working folder (its command runs there), with links to what its
-  fixtures made: ``models/X`` of a fixture is ``work/<case>/models/X`` (a link), so several fixtures can
-  fill one top-level folder.
+- ``<corpus>/work/<case>/``: the case's working folder (its command runs there; emptied when one of its
+  fixtures is made again, so no cache of the old data outlives it), with links to what its fixtures made:
+  ``models/X`` of a fixture is ``work/<case>/models/X`` (a link), so several fixtures can fill one top-level
+  folder.
 
 Fixtures run in the stack's interpreter (``--python``, default /var/tmp/pubcorpus-venv/bin/python), offline.
 
@@ -214,7 +215,8 @@ def fixture_stamp(spec: str) -> str:
 
 
 def make_fixture(spec: str, corpus: Path, python: str) -> str | None:
-    """Run one fixture into its own folder, unless its stamp says it is there; None or the problem."""
+    """Run one fixture into its own folder, unless its stamp says it is there; None or the problem
+    (``remade`` collects the fixtures made in this run)."""
     out = corpus / "fixtures" / spec.replace(":", ".")
     out.parent.mkdir(parents=True, exist_ok=True)
     # One maker at a time per fixture: a second recreate.py waits, then finds the stamp.
@@ -238,7 +240,11 @@ def _make_fixture_locked(spec: str, out: Path, python: str) -> str | None:
     if r.returncode != 0:
         return f"fixture {spec} failed (exit {r.returncode})"
     stamp.write_text(want)
+    remade.add(spec)
     return None
+
+
+remade: set[str] = set()  # fixtures made (again) by this run: their cases' work folders start afresh
 
 
 def link_fixtures(case: Case, corpus: Path) -> list[str]:
@@ -246,6 +252,8 @@ def link_fixtures(case: Case, corpus: Path) -> list[str]:
     real folder there, holding a link to each of its entries (so two fixtures can both fill ``models/``);
     a top-level file becomes a link. The same name from two fixtures is a problem."""
     work = case.work(corpus)
+    if work.exists() and remade.intersection(case.fixtures):
+        shutil.rmtree(work)  # links, outputs and caches (datasets' cache of the old files) of the old fixture
     work.mkdir(parents=True, exist_ok=True)
     problems = []
 

@@ -94,3 +94,18 @@ def test_case_files_are_checked_before_anything_runs(tmp_path):
     (tmp_path / "bad.toml").write_text('[[case]]\nname = "x"\nrepo = "a/b"\ncommit = "abc"\n')
     with pytest.raises(recreate.CaseError, match="missing"):
         recreate.load_cases(tmp_path)
+
+
+def test_a_remade_fixture_empties_its_cases_work_folder(tmp_path, monkeypatch):
+    corpus = tmp_path / "corpus"
+    (corpus / "fixtures" / "m.a" / "data" / "clips").mkdir(parents=True)
+    case = _case("1" * 40, ["x.py"], ["2" * 40])
+    case.fixtures = ["m:a"]
+    stale = corpus / "work" / "c1" / ".hf-home" / "datasets" / "old.arrow"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("cache of the old data")
+    monkeypatch.setattr(recreate, "remade", set())
+    assert recreate.link_fixtures(case, corpus) == [] and stale.exists()  # nothing remade: outputs kept
+    monkeypatch.setattr(recreate, "remade", {"m:a"})
+    assert recreate.link_fixtures(case, corpus) == []
+    assert not stale.exists() and (corpus / "work" / "c1" / "data" / "clips").is_symlink()
