@@ -100,7 +100,8 @@ def render_text(doc: dict[str, Any]) -> str:
     if not doc["stopped"] and doc["iterations"]:
         steps += " (the script ended before the requested steps)"
     if doc.get("stopped_on_repeat"):
-        steps = (f"{doc['iterations']} optimizer step and {doc.get('micro_steps', 0)} micro-steps "
+        steps = (f"{doc['iterations']} optimizer step{'s' if doc['iterations'] != 1 else ''} and "
+                 f"{doc.get('micro_steps', 0)} micro-steps "
                  "(stopped once an accumulation micro-step repeated)")
     lines.append(f"gpu-estimate: {doc['script']}  — {steps}, mode {mode}, "
                  f"{doc['elapsed_s']:.1f} s{' (cached)' if doc.get('cached') else ''}")
