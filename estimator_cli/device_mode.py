@@ -100,7 +100,18 @@ def _tainted_only_as_data(func: Callable[..., Any], args: tuple, kwargs: dict) -
         size = kwargs.get("size", args[1] if len(args) > 1 else None)
         others = [v for k, v in kwargs.items() if k not in ("size", "fill_value")]
         return size is not None and not _has_tainted([size]) and not _has_tainted(others)
+    if func in _SCALAR_ARITHMETIC:
+        # ``running_loss.item() / num_tokens`` (torchtune's recipes log the loss per token so): an operand of
+        # elementwise arithmetic is data; the output has the GPU tensor's shape whatever the value
+        return not any(isinstance(v, (list, tuple)) and _has_tainted(v) for v in (*args, *kwargs.values()))
     return False
+
+
+_SCALAR_ARITHMETIC = frozenset({
+    _T.__add__, _T.__radd__, _T.__iadd__, _T.__sub__, _T.__rsub__, _T.__isub__, _T.__mul__, _T.__rmul__,
+    _T.__imul__, _T.__truediv__, _T.__rtruediv__, _T.__itruediv__, _T.__pow__, _T.__rpow__,
+    _T.add, _T.add_, _T.sub, _T.sub_, _T.mul, _T.mul_, _T.div, _T.div_, torch.add, torch.sub, torch.mul, torch.div,
+})
 
 
 # Factories whose fill value is a Python number (a Scalar): given a one-element GPU tensor, PyTorch reads its

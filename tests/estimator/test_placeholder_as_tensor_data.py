@@ -127,3 +127,23 @@ def test_a_gpu_value_stored_into_a_host_tensor_stays_in_fake_mode(capsys, tmp_pa
     """, "--mode", "fake")
     assert code == EXIT_OK, err
     assert doc["mode"] == "fake" and doc["iterations"] == 3
+
+
+def test_a_logged_value_in_arithmetic_with_a_gpu_tensor_stays_in_fake_mode(capsys, tmp_path):
+    # torchtune's recipes: loss_to_log = running_loss.item() / num_tokens, num_tokens a GPU count
+    code, doc, err = estimate(capsys, tmp_path, """
+    import torch, torch.nn as nn
+    model = nn.Linear(128, 128).cuda()
+    opt = torch.optim.AdamW(model.parameters())
+    for step in range(20):
+        labels = torch.randint(-1, 4, (16,), device="cuda")
+        num_tokens = (labels != -1).sum()
+        running_loss = model(torch.randn(16, 128, device="cuda")).pow(2).mean() * num_tokens
+        running_loss.backward()
+        opt.step()
+        opt.zero_grad()
+        loss_to_log = running_loss.item() / num_tokens
+        print(f"{step}|Loss: {loss_to_log}")
+    """, "--mode", "fake")
+    assert code == EXIT_OK, err
+    assert doc["mode"] == "fake" and doc["iterations"] == 3
