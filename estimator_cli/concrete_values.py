@@ -255,6 +255,24 @@ def _integer_index(values: ConcreteValues, index: Any) -> Any:
     return tuple(out)
 
 
+_MASK_WRITES = (torch.Tensor.__setitem__, torch.Tensor.index_put_, torch.Tensor.index_put, torch.index_put)
+
+
+def masks_as_indices(values: ConcreteValues, func: Callable[..., Any], args: tuple) -> tuple:
+    """``x[mask] = v`` / ``index_put_`` with a boolean mask whose value the capture has: the same write
+    through the integer indices of the mask's true entries. On meta the write itself succeeds with the mask,
+    but autograd saves it, and the backward's ``grad[mask]`` needs ``nonzero``, which meta cannot answer
+    (a vision-language model splicing image features into the text embeddings:
+    ``inputs_embeds[input_ids == image_token_id] = image_features``)."""
+    if func not in _MASK_WRITES or len(args) < 3:
+        return args
+    index = _integer_index(values, args[1])
+    if index is None:
+        return args
+    values.note("a boolean mask used as an index", concrete=True)
+    return (args[0], list(index) if func is not torch.Tensor.__setitem__ else index, *args[2:])
+
+
 def data_dependent_call(values: ConcreteValues, func: Callable[..., Any], args: tuple, kwargs: dict,
                         exc: BaseException) -> Any:
     """A meta kernel that failed because its output shape depends on values (``nonzero``, ``unique``,

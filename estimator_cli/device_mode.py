@@ -47,7 +47,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from gpushare.estimator_cli import cuda_paths
 from gpushare.estimator_cli.fake_capture import is_script_meta, placing, set_placement
-from gpushare.estimator_cli.concrete_values import ConcreteValues, data_dependent_call
+from gpushare.estimator_cli.concrete_values import ConcreteValues, data_dependent_call, masks_as_indices
 from gpushare.estimator_cli import placeholders
 from gpushare.estimator_cli.placeholders import bounded, condition, is_tainted, placeholder, refuse, tainted_array, tainted_list
 from gpushare.estimator_cli.sparse_gpu import SparseOnGpu
@@ -506,6 +506,7 @@ class CudaPresenter(TorchFunctionMode):
                 if func in cuda_paths.SDPA_FUNCS:
                     return cuda_paths.route_sdpa(self.sm_major, args, kwargs)
                 args, kwargs = self.autocast.rewrite(func, args, kwargs)
+                args = masks_as_indices(self.values, func, args)
                 try:
                     out = func(*args, **kwargs)
                 except Exception as exc:  # noqa: BLE001 - a data-dependent output shape on meta, or the script's error
