@@ -228,12 +228,13 @@ class PhaseTracker:
         self.micro_steps += 1
         self.window_micro_steps += 1
         fingerprint = getattr(self.recorder, "segment_fingerprint", None)
-        if fingerprint is None or not self.optimizers_made or not self.recorder.recording:
+        segment_rise = getattr(self.recorder, "segment_rise", None)
+        if fingerprint is None or segment_rise is None or not self.optimizers_made or not self.recorder.recording:
             return
         start, self._segment_start = self._segment_start, self.recorder.event_count()
         if self.window_micro_steps < 2 or self.iteration >= self.max_steps:
             return  # a window's first micro-step creates the gradients; it is never the repeating one
-        rise = self.recorder.segment_rise(start)
+        rise = segment_rise(start)
         if self.iteration == 0:
             self._first_rise = max(self._first_rise, rise)
             return
