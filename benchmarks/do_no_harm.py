@@ -51,7 +51,7 @@ def table(jobs: int, gpus: int, loads: list[float], releases: list[str], seeds: 
           workers: int | None, util: str = "carma-fit", variants: tuple = VARIANTS) -> None:
     data = data_dir(None)
     print(f"synthetic trace, {jobs:,} jobs, {gpus // 8} x 8 A100-80GB, trace seeds {seeds}, --util {util}: "
-          "--policy live against Exclusive (change in %, mean over the seeds; worst seed in brackets)\n")
+          "--policy live against Exclusive (change in %, mean over the seeds; range over the seeds in brackets)\n")
     print("| load | Slurm | share_when | compute_sizing | shards | mean JCT | energy | makespan | OOMs |")
     print("|---:|---|---|---|---|---:|---:|---:|---:|")
     common = {"nodes": gpus // 8, "gpus_per_node": 8, "gpu": "a100-80gb", "util": util,
@@ -81,7 +81,8 @@ def table(jobs: int, gpus: int, loads: list[float], releases: list[str], seeds: 
             cells = []
             for key in ("jct_mean_s", "energy_mj", "makespan_s"):
                 changes = [runs[k][key] / runs[0][key] - 1 for runs in per_seed]
-                cells.append(f"{mean(changes):+.1%}" + (f" ({max(changes):+.1%})" if len(changes) > 1 else ""))
+                cells.append(f"{mean(changes):+.1%}"
+                             + (f" ({min(changes):+.1%} to {max(changes):+.1%})" if len(changes) > 1 else ""))
             ooms = sum(runs[k]["ooms"] for runs in per_seed)
             print(f"| {load} | {release} | {share_when} | {sizing_label} | {shards} | {' | '.join(cells)} | {ooms} |",
                   flush=True)
