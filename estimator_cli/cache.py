@@ -32,8 +32,9 @@ RELEVANT_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CUBLAS_WORKSPA
 # in fake mode now (estimator_cli/value_use.py, repeat_passes.py). 6: CUDA reductions' staging buffers
 # (estimator_cli/reduce_buffer.py). 7: the cuBLASLt workspace kept after the first addmm (device_model.py).
 # 8: half-precision convolutions get no FFT workspace (conv_workspace.py); an accumulating job's capture
-# stops at its first repeated micro-step after step 1 (phases.py).
-MODEL_VERSION = 8
+# stops at its first repeated micro-step after step 1 (phases.py). 9: that stop also waits until the micro-steps
+# after step 1 have risen as far as the first window's worst (an entry made under 8 may be low).
+MODEL_VERSION = 9
 
 
 MAX_ARG_FILE_BYTES = 4 << 20
