@@ -119,6 +119,14 @@ _SCALAR_ARITHMETIC = frozenset({
 _SCALAR_FILLS: dict[Callable[..., Any], int] = {_T.new_full: 2, torch.full: 1, torch.full_like: 1}
 
 
+def _asked_by_init() -> bool:
+    """The read comes from torch.nn.init's own code (the first frame outside the capture's modules)."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__", "").startswith(_OWN_CODE):
+        frame = frame.f_back
+    return frame is not None and frame.f_globals.get("__name__") == "torch.nn.init"
+
+
 def _is_cuda_device(value: Any) -> bool:
     if isinstance(value, str):
         return value.split(":")[0] == "cuda"
@@ -388,6 +396,11 @@ class CudaPresenter(TorchFunctionMode):
         if func is _T.__int__ or func is _T.__index__:
             return bounded(what)
         if func is _T.__bool__:
+            if _asked_by_init():
+                # an initialiser's own test of its draws (PyTorch 2.14's trunc_normal_ redraws while
+                # `mask.any()`): values only, never memory; no rejected element, as after the last redraw
+                self.values.note("a condition inside torch.nn.init (assumed false)", concrete=False)
+                return False
             return condition(what)
         refuse(what)
 

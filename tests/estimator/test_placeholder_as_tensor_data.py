@@ -5,6 +5,9 @@ decides memory."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from estimator_run import estimate
@@ -147,3 +150,29 @@ def test_a_logged_value_in_arithmetic_with_a_gpu_tensor_stays_in_fake_mode(capsy
     """, "--mode", "fake")
     assert code == EXIT_OK, err
     assert doc["mode"] == "fake" and doc["iterations"] == 3
+
+
+TRUNC_NORMAL = """
+import torch, torch.nn as nn
+model = nn.Sequential(nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 256)).to("cuda")
+for m in model:
+    if isinstance(m, nn.Linear):
+        nn.init.trunc_normal_(m.weight, std=0.02)
+opt = torch.optim.AdamW(model.parameters())
+for step in range(5):
+    model(torch.randn(32, 256, device="cuda")).pow(2).mean().backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def test_trunc_normal_of_gpu_weights_stays_in_fake_mode_on_the_newest_pytorch(capsys, tmp_path):
+    """PyTorch 2.14's trunc_normal_ redraws while ``mask.any()`` of the out-of-range draws (torchtitan
+    initialises every weight on the GPU so): a condition inside torch.nn.init decides values, never memory."""
+    python = Path(os.environ.get("GPUSHARE_PYTHON_ENVS", "/var/cache/gpushare/python-envs")) / "torch-2.14.1" / "bin" / "python"
+    if not python.exists():
+        pytest.skip(f"{python.parent.parent} missing: 'make python-envs' builds it (5 GB, 2-3 minutes)")
+    code, doc, err = estimate(capsys, tmp_path, TRUNC_NORMAL, "--mode", "fake", "--python", str(python))
+    assert code == EXIT_OK, err
+    assert doc["torch_version"].startswith("2.14") and doc["mode"] == "fake" and doc["iterations"] == 3
+    assert any("torch.nn.init" in what for what in doc["value_reads"]["placeholder"])
