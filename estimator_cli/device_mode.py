@@ -39,6 +39,7 @@ materialized on the GPU (``to_empty(device="cuda")``, ``.to("cuda")``) is a new 
 from __future__ import annotations
 
 import sys
+from types import FrameType
 from typing import Any, Callable
 
 import torch
@@ -121,7 +122,7 @@ _SCALAR_FILLS: dict[Callable[..., Any], int] = {_T.new_full: 2, torch.full: 1, t
 
 def _asked_by_init() -> bool:
     """The read comes from torch.nn.init's own code (the first frame outside the capture's modules)."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None and frame.f_globals.get("__name__", "").startswith(_OWN_CODE):
         frame = frame.f_back
     return frame is not None and frame.f_globals.get("__name__") == "torch.nn.init"
