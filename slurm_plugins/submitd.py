@@ -23,7 +23,7 @@ from pathlib import Path
 import click
 
 from gpushare.logs import setup_logging
-from gpushare.config import Config, ConfigError, load_config
+from gpushare.config import Config, ConfigError, installed_version, load_config
 from gpushare.errors import GpushareError
 from gpushare.slurm_plugins.controller_account import controller_account, prepare_hook_paths, socket_gid
 from gpushare.slurm.client import SlurmClient
@@ -278,7 +278,8 @@ def cli(config_path: str | None, socket_path: str | None, log_level: str, defaul
     setup_logging("gpushare-submitd", cfg.submit.log_file, log_level)
     if cfg.missing_line():
         log.warning("%s", cfg.missing_line())
-    log.info("configuration %s (sha256 %s), [policy] mode = %s", cfg.source, cfg.sha256, cfg.policy.mode)
+    log.info("slurm-gpushare %s; configuration %s (sha256 %s), [policy] mode = %s", installed_version(), cfg.source,
+             cfg.sha256, cfg.policy.mode)  # the release: which one runs after an upgrade or a rollback
     return serve(socket_path or cfg.submit.socket, cfg, config_path)
 
 

@@ -69,6 +69,61 @@ def test_site_job_submit_and_task_prolog_run_beside_ours(make_cluster, tmp_path:
     assert "site policy" in str(refused.value)
 
 
+SITE_ROUTING_LUA = """-- a site's routing rules: a GPU job sent to the CPU partition goes to gpu; the QoS follows the time limit
+{load}
+function slurm_job_submit(job_desc, part_list, submit_uid)
+  local gres = job_desc.tres_per_node or ""
+  if job_desc.partition == "cpu" and string.find(gres, "gpu") then
+    job_desc.partition = "gpu"
+  end
+  if job_desc.time_limit ~= nil and job_desc.time_limit < 4294967294 and job_desc.time_limit > 60 then
+    job_desc.qos = "long"
+  else
+    job_desc.qos = "short"
+  end
+  {call}
+  return slurm.SUCCESS
+end
+function slurm_job_modify(job_desc, job_rec, part_list, modify_uid) return slurm.SUCCESS end
+return slurm.SUCCESS
+"""
+
+
+def test_a_sites_partition_and_qos_rules_act_before_ours(make_cluster, tmp_path: Path) -> None:
+    """Sites route jobs and pick their QoS in job_submit.lua (HCC's router, ARCHER2's and others' partition and
+    QoS rules, benchmarks/site_corpus.json). With our call after them, ours judges the job as they left it:
+    a GPU job sent to partition cpu is moved to gpu and shared; [policy] qos = ["long"] shares the job the
+    site's rule made long and leaves the one it made short, saying why."""
+    cluster: LocalCluster = make_cluster(toml_extra='[policy]\nqos = ["long"]\n')
+    etc = cluster.base / "etc"
+    (etc / "gpushare_submit.lua").write_text(render_lua_module(cluster.config()))
+    load, call = site_lua_lines(str(etc))
+    (etc / "job_submit.lua").write_text(SITE_ROUTING_LUA.format(load=load, call=call))
+    future = time.time() + 2  # slurmctld reloads job_submit.lua when its mtime is newer than the last load
+    os.utime(etc / "job_submit.lua", (future, future))
+    cluster.conf.write_text(cluster.conf.read_text() + "PartitionName=cpu Nodes=n1 MaxTime=INFINITE State=UP\n")
+    cluster.client.run("scontrol", "reconfigure")
+    deadline = time.monotonic() + scaled(30)
+    while "cpu" not in cluster.client.run("sinfo", "-h", "-o", "%P"):
+        assert time.monotonic() < deadline, "partition cpu did not appear"
+        time.sleep(0.2)
+    os.chmod(tmp_path, 0o755)
+
+    def submit(*args: str) -> int:
+        job_id, _ = cluster.client.sbatch("-D", str(tmp_path), "-o", "/dev/null", "--gres=gpu:1", *args,
+                                          script="#!/bin/bash\n#GPUSHARE mem=4G\ntrue\n")
+        return job_id
+
+    long_job, short_job = submit("-p", "cpu", "-t", "120"), submit("-t", "30")
+    record = cluster.wait_job(long_job)
+    assert record.state == "COMPLETED" and record.partition == "gpu"  # the site's routing
+    assert plain_gres(record.tres_per_node).startswith("shard:")  # ours, on the QoS the site set
+    record = cluster.wait_job(short_job)
+    assert record.state == "COMPLETED" and plain_gres(record.tres_per_node) == "gpu:1"
+    found = parse_record(record.admin_comment)
+    assert found and found["decision"] == "out-of-scope" and found["why"].startswith("QOS short is not in"), found
+
+
 def test_scope_sees_the_default_partition_and_observe_changes_nothing(make_cluster, tmp_path: Path) -> None:
     """The shim names the default partition from part_list (flag_default) for a job that gives none; a
     reload to observe mode records what enforce would do and leaves the job's request alone."""
