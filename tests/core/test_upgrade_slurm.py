@@ -151,6 +151,8 @@ def _wait_log(path: Path, text: str, times: int = 1) -> None:
         time.sleep(0.2)
 
 
+@pytest.mark.version_sensitive("runs on the host's release only: the page's virtualenvs are made with the host's "
+                                "/usr/bin/python3, which does not run inside a chroot release (skips there)")
 def test_wheel_to_wheel_upgrade_and_rollback_with_a_job_running() -> None:
     if slurm_runtime.requested_version() != slurm_runtime.HOST:
         pytest.skip("a virtualenv of this host's Python does not run inside another release's chroot")
