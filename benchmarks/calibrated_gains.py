@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 from pathlib import Path
 from statistics import mean
 
@@ -23,11 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpushare.config import parse_config  # noqa: E402
-from gpushare.simulator import batch  # noqa: E402
 from gpushare.simulator.cli import THROUGHPUTS_NAME, data_dir  # noqa: E402
 from gpushare.simulator.engine import SimConfig  # noqa: E402
 from gpushare.simulator.live import setup  # noqa: E402
-from simulator_scale import synthetic_trace  # noqa: E402
+from simulator_scale import replay_synthetic  # noqa: E402
 
 CARMA_MEASURED = {(1, "rr/none"): "-30.6", (1, "lug/none"): "-35.2", (1, "magm/none"): "close to LUG",
                   (1, "magm/oracle"): "up to -36"}
@@ -78,10 +76,7 @@ def synthetic(jobs: int, gpus: int, loads: list[float], workers: int | None, see
                                   live=live, **common) for _, live in lives]
             per_seed = []
             for seed in seeds:
-                with tempfile.TemporaryDirectory() as tmp:
-                    path = Path(tmp) / "synthetic.csv"
-                    path.write_text(synthetic_trace(jobs, gpus, load, seed))
-                    per_seed.append(batch.run_all(batch.Source(str(path)), configs, workers))
+                per_seed.append(replay_synthetic(configs, jobs, gpus, load, seed, workers))
             base = [runs[0] for runs in per_seed]
             print(f"| {load} | {util} | Exclusive | {mean(b['makespan_s'] for b in base) / 3600:.2f} h | "
                   f"{mean(b['jct_mean_s'] for b in base) / 60:.1f} min | | |", flush=True)

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 from statistics import mean
 from pathlib import Path
 
@@ -35,12 +34,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpushare.config import parse_config  # noqa: E402
-from gpushare.simulator import batch  # noqa: E402
 from gpushare.simulator.cli import THROUGHPUTS_NAME, data_dir  # noqa: E402
 from gpushare.simulator.engine import SimConfig  # noqa: E402
 from gpushare.simulator.live import PLACEMENTS, setup  # noqa: E402
 from gpushare.slurm.version import SlurmVersion  # noqa: E402
-from simulator_scale import synthetic_trace  # noqa: E402
+from simulator_scale import replay_synthetic  # noqa: E402
 
 VARIANTS = (("always", False, "advised"), ("queued", False, "advised"), ("queued", True, "advised"))
 LL_VARIANT = ("queued", False, "least-loaded")  # 24.11+ only: a site that keeps LL_SHARED_GRES
@@ -70,10 +68,7 @@ def table(jobs: int, gpus: int, loads: list[float], releases: list[str], seeds: 
     for load in loads:
         per_seed = []
         for seed in seeds:
-            with tempfile.TemporaryDirectory() as tmp:
-                path = Path(tmp) / "synthetic.csv"
-                path.write_text(synthetic_trace(jobs, gpus, load, seed))
-                per_seed.append(batch.run_all(batch.Source(str(path)), configs, workers))
+            per_seed.append(replay_synthetic(configs, jobs, gpus, load, seed, workers))
         base = [runs[0] for runs in per_seed]
         print(f"| {load} | Exclusive | | | | {mean(b['jct_mean_s'] for b in base):.0f} s | "
               f"{mean(b['energy_mj'] for b in base):.0f} MJ | {mean(b['makespan_s'] for b in base) / 3600:.1f} h | |")
@@ -111,10 +106,7 @@ def best_of(jobs: int, gpus: int, loads: list[float], releases: list[str], seeds
     names = [p for p, _ in CARMA_RUNS]
     for load in loads:
         for seed in seeds:
-            with tempfile.TemporaryDirectory() as tmp:
-                path = Path(tmp) / "synthetic.csv"
-                path.write_text(synthetic_trace(jobs, gpus, load, seed))
-                runs = batch.run_all(batch.Source(str(path)), configs, workers)
+            runs = replay_synthetic(configs, jobs, gpus, load, seed, workers)
             base, carma, lives = runs[0], runs[1:1 + len(CARMA_RUNS)], runs[1 + len(CARMA_RUNS):]
 
             def change(run: dict, key: str) -> float:

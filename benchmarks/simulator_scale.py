@@ -28,6 +28,7 @@ import random
 import resource
 import statistics
 import sys
+import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -35,7 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpushare.simulator import report, trace  # noqa: E402
+from gpushare.simulator import batch, report, trace  # noqa: E402
 from gpushare.simulator.cli import THROUGHPUTS_NAME, data_dir  # noqa: E402
 from gpushare.simulator.engine import SimConfig  # noqa: E402
 from gpushare.simulator.runner import simulation  # noqa: E402
@@ -52,6 +53,17 @@ def synthetic_trace(jobs: int, gpus: int, load: float, seed: int = 0) -> str:
     gpu_seconds = statistics.mean(j.solo_s * j.gpus for j in draft)
     gap = gpu_seconds / (gpus * load)
     return "".join(f"{rng.expovariate(1.0 / gap):.1f},{t}\n" for t in tasks)
+
+
+def replay_synthetic(configs: list[SimConfig], jobs: int, gpus: int, load: float, seed: int,
+                     workers: int) -> list[dict[str, Any]]:
+    """Each of ``configs`` replayed over one synthetic trace (``synthetic_trace``), written to a temporary file
+    as a site's export would be, through the batch runner the CLI uses: one home for the loop the
+    do-no-harm and calibrated-gains benchmarks run per load and seed."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "synthetic.csv"
+        path.write_text(synthetic_trace(jobs, gpus, load, seed))
+        return batch.run_all(batch.Source(str(path)), configs, workers)
 
 
 def settings(policy: str, release: str) -> dict[str, Any]:

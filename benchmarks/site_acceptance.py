@@ -46,6 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from devcluster.admin_steps import apply_uninstall, paste  # noqa: E402
 from devcluster.local_cluster import LOGIN_TEST_USER, LocalCluster, ensure_login_user  # noqa: E402
 from devcluster.processes import scaled  # noqa: E402
 from gpushare.slurm.gres_request import plain_gres  # noqa: E402
@@ -354,31 +355,6 @@ SCENARIOS: dict[str, tuple[Callable[[Run], None], list[str]]] = {
 
 
 # --- install and removal, as docs/deployment.md says ----------------------------------------------
-def _paste(conf: str, printed: list[str]) -> str:
-    """A printed hook line replaces every line of its key (at the first), or is added."""
-    lines = conf.splitlines()
-    for new in printed:
-        key = new.split("=", 1)[0]
-        at = [i for i, line in enumerate(lines) if line.split("=", 1)[0] == key]
-        if at:
-            lines[at[0]] = new
-            lines = [line for i, line in enumerate(lines) if i not in at[1:]]
-        else:
-            lines.append(new)
-    return "\n".join(lines) + "\n"
-
-
-def _apply_uninstall(conf: str, out: str) -> str:
-    """The uninstall output followed by hand: each 'instead of' line replaced, each 'remove' line deleted."""
-    lines = conf.splitlines()
-    blocks = re.findall(r"^# instead of (\S+), the site's own line\(s\):\n((?:[A-Za-z]+=.*\n)+)", out, re.M)
-    for ours, site in blocks:
-        at = lines.index(ours)
-        lines[at:at + 1] = site.splitlines()
-    removed = set(re.findall(r"^# remove: (\S+)$", out, re.M))
-    return "\n".join(line for line in lines if line not in removed) + "\n"
-
-
 _MTIME = [time.time()]
 
 
@@ -449,7 +425,7 @@ def run_site(site: dict, corpus: Path) -> dict:
         printed = _slurm_config(cluster, "--install-lua", str(etc), "--install-hooks", str(etc / "gpushare-hooks"),
                                 "--install-chains", str(etc / "gpushare-chains"))
         lines = [line for line in printed.splitlines() if line.split("=", 1)[0] in PASTED_KEYS]
-        installed = _paste(site_conf, lines)
+        installed = paste(site_conf, lines)
         lua_file = etc / "job_submit.lua"
         if "lua" in site:
             load, call = site_lua_lines(str(etc))
@@ -464,7 +440,7 @@ def run_site(site: dict, corpus: Path) -> dict:
 
         # removal, as the page says
         out = _slurm_config(cluster, "--uninstall")
-        removed = _apply_uninstall(installed, out)
+        removed = apply_uninstall(installed, out)
         if "lua" not in site:
             removed = "".join(line + "\n" for line in removed.splitlines() if line != "JobSubmitPlugins=lua")
         if "lua" in site:

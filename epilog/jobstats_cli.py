@@ -19,7 +19,7 @@ import json
 import math
 import re
 from collections.abc import Mapping
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import click
@@ -29,6 +29,7 @@ from gpushare.gpus import BUILTIN_GPUS, GiB, GpuModel
 from gpushare.slurm import record as record_format
 from gpushare.epilog.jobstats_export import FIELDS as EXPORT_FIELDS, FORMATS, export, parse_rows
 from gpushare.slurm.accounting import SEP, job_rows
+from gpushare.cli_params import since_time
 from gpushare.slurm.client import SlurmClient, SlurmError
 from gpushare.slurm.jobs import check_job_id
 from gpushare.slurm.tres import gpu_tres
@@ -302,18 +303,6 @@ def command(job_ids: tuple[str, ...], as_json: bool, config_file: str | None, fm
     state = (runs[-1].get("State") or "").split(" ")[0]
     doc = summarise(runs, live_summary(job, config_file) if state == "RUNNING" else None, _catalogue(config_file))
     click.echo(json.dumps(doc, sort_keys=True) if as_json else render(doc))
-
-
-def since_time(text: str, now: datetime) -> datetime:
-    """``7d``, ``12h``, ``30m`` before ``now``, or an ISO date/time."""
-    found = re.fullmatch(r"(\d+)([dhm])", text.strip())
-    if found:
-        amount, unit = int(found.group(1)), found.group(2)
-        return now - timedelta(**{{"d": "days", "h": "hours", "m": "minutes"}[unit]: amount})
-    try:
-        return datetime.fromisoformat(text)
-    except ValueError:
-        raise click.BadParameter(f"{text!r}: use 7d, 12h, 30m or an ISO date", param_hint="--since") from None
 
 
 def export_args(ids: list[str], start: datetime, end: datetime, partition: str | None,

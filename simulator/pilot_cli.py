@@ -10,8 +10,7 @@ simulator ships. Compute: gpushare.simulator.pilot_report; render: gpushare.simu
 
 from __future__ import annotations
 
-import re
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -19,23 +18,12 @@ import click
 
 from gpushare.simulator.pilot_report import Job, build, tres
 from gpushare.slurm import record as record_format
+from gpushare.cli_params import since_time
 
 FIELDS = ("JobIDRaw", "JobName", "User", "Account", "Partition", "State", "Submit", "Start", "End", "AllocTRES",
           "SystemComment", "AdminComment")
 SEP = "\x1f"  # as gpushare.slurm.accounting: both comments are free text
 UTILS = ("carma-fit", "classes")
-
-
-def since_time(text: str, now: datetime) -> datetime:
-    """``7d``, ``12h``, ``30m`` before ``now``, or an ISO date/time."""
-    found = re.fullmatch(r"(\d+)([dhm])", text.strip())
-    if found:
-        amount, unit = int(found.group(1)), found.group(2)
-        return now - timedelta(**{{"d": "days", "h": "hours", "m": "minutes"}[unit]: amount})
-    try:
-        return datetime.fromisoformat(text)
-    except ValueError:
-        raise click.BadParameter(f"{text!r}: use 7d, 12h, 30m or an ISO date", param_hint="--since") from None
 
 
 def _time(text: str) -> float | None:

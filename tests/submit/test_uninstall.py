@@ -3,9 +3,9 @@ same way: the site's files come back byte for byte, and what stays is listed. Fi
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
+from devcluster.admin_steps import apply_uninstall, paste
 from gpushare.cli import main as gpushare_main
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "etc" / "gpushare.toml"
@@ -24,31 +24,6 @@ PartitionName=gpu Nodes=g[1-2] Default=YES State=UP
 SITE_LUA = "-- the site's own rules\nfunction slurm_job_submit(job_desc, part_list, submit_uid)\n  return slurm.SUCCESS\nend\n"
 
 
-def _paste(conf: str, printed: list[str]) -> str:
-    """What the admin does with a printed hook line: it replaces every line of its key (at the first), or is added."""
-    lines = conf.splitlines()
-    for new in printed:
-        key = new.split("=", 1)[0]
-        at = [i for i, line in enumerate(lines) if line.split("=", 1)[0] == key]
-        if at:
-            lines[at[0]] = new
-            lines = [line for i, line in enumerate(lines) if i not in at[1:]]
-        else:
-            lines.append(new)
-    return "\n".join(lines) + "\n"
-
-
-def _apply_uninstall(conf: str, out: str) -> str:
-    """The uninstall output followed by hand: each 'instead of' line replaced, each 'remove' line deleted."""
-    lines = conf.splitlines()
-    blocks = re.findall(r"^# instead of (\S+), the site's own line\(s\):\n((?:[A-Za-z]+=.*\n)+)", out, re.M)
-    for ours, site in blocks:
-        at = lines.index(ours)
-        lines[at:at + 1] = site.splitlines()
-    removed = set(re.findall(r"^# remove: (\S+)$", out, re.M))
-    return "\n".join(line for line in lines if line not in removed) + "\n"
-
-
 def test_install_then_uninstall_leaves_the_sites_files_byte_identical(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     etc = tmp_path / "etc-slurm"
     etc.mkdir()
@@ -63,14 +38,14 @@ def test_install_then_uninstall_leaves_the_sites_files_byte_identical(tmp_path: 
                           "--install-chains", str(etc / "gpushare-chains")]) == 0
     printed = [line for line in capsys.readouterr().out.splitlines() if line.split("=", 1)[0] in HOOK_KEYS]
     assert lua.read_bytes() == before["job_submit.lua"]  # never rewritten: the two lines are printed
-    conf.write_text(_paste(SITE_CONF, printed))
+    conf.write_text(paste(SITE_CONF, printed))
     installed = conf.read_text()
     keys = [line.split("=", 1)[0] for line in installed.splitlines()]
     assert "prolog.d" not in installed and keys.count("Epilog") == 1 and "TaskEpilog" in keys
 
     assert gpushare_main([*args, "--uninstall"]) == 0
     out = capsys.readouterr().out
-    conf.write_text(_apply_uninstall(installed, out))
+    conf.write_text(apply_uninstall(installed, out))
     for name in ("gpushare_submit.lua", "gpushare-hooks", "gpushare-chains"):  # step 4 of the page
         path = etc / name
         if path.is_dir():
