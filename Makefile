@@ -73,9 +73,9 @@ check: lint
 # The tiers of `make test` (docs/testing.md has the rule and the measured times):
 #   1. 22.05, the tests that start no Slurm daemon and no hostile load: one pytest-xdist worker per core
 #      (TEST_WORKERS), whole modules per worker (--dist loadfile: module fixtures stay with their tests);
-#   2. 22.05, the tests marked slurm and not hostile: SLURM_WORKERS pytest-xdist workers, whole modules per
-#      worker. They wait on Slurm (schedules, Prologs, restarts) far more than they compute, and every test
-#      cluster is its own: scratch folder, munge, ports, MariaDB, Prometheus, the multi-host cluster's
+#   2. 22.05, the tests marked slurm and not hostile: SLURM_WORKERS pytest-xdist workers (one at a time when
+#      1), whole modules per worker. They wait on Slurm (schedules, Prologs, restarts) far more than they
+#      compute, and every test cluster is its own: scratch folder, munge, ports, MariaDB, Prometheus, the multi-host cluster's
 #      addresses in its worker's slot (devcluster/slots.py); what exists once per machine is taken under a
 #      machine-wide lock (the test users, the hard cap's folder);
 #   3. 22.05, the hostile tests, one at a time: load proofs that measure what one machine does under a storm,
@@ -90,7 +90,8 @@ check: lint
 # Each tier runs even when an earlier one failed; make fails if any did. Exit 5 ("no tests collected") is not
 # a failure: a version may simply have no tests selected. The tiers' wall times are printed at the end.
 TEST_WORKERS ?= auto
-SLURM_WORKERS ?= 3
+# 1 until the SIGKILLs seen with three workers are understood (docs/testing.md, "Measured"); 3 halves the tier
+SLURM_WORKERS ?= 1
 FULL_SLURM ?= 26.05
 FAULTS_SKIPPED_ON ?= 24.11
 
@@ -103,7 +104,7 @@ test: setup lint
 	tier "22.05: no Slurm daemons (-n $(TEST_WORKERS))" env GPUSHARE_TEST_SLURM=22.05 \
 	  $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slurm and not hostile"; \
 	tier "22.05: -m \"slurm and not hostile\" (-n $(SLURM_WORKERS))" env GPUSHARE_TEST_SLURM=22.05 \
-	  $(PY) -m pytest -q -n $(SLURM_WORKERS) --dist loadfile -m "slurm and not hostile"; \
+	  $(PY) -m pytest -q $(if $(filter-out 1,$(SLURM_WORKERS)),-n $(SLURM_WORKERS) --dist loadfile) -m "slurm and not hostile"; \
 	tier "22.05: -m hostile (one at a time)" env GPUSHARE_TEST_SLURM=22.05 $(PY) -m pytest -q -m hostile; \
 	for v in $(CHROOT_SLURM); do \
 	  marks="slurm"; case " $(FULL_SLURM) " in *" $$v "*) ;; *) marks="slurm and version_sensitive";; esac; \
