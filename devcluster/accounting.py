@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from devcluster.processes import stop_group, wait_until
+from devcluster.processes import release, stop_group, wait_until
 from devcluster.slurm_runtime import SLURM_USER, own_by_slurm
 
 Argv = Callable[[list[str]], list[str]]
@@ -80,6 +80,7 @@ class Accounting:
     gpu_types: tuple[str, ...] = ()  # typed GPU GRES to account (AllocTRES then names the model: jobstats' MIG advice)
     pids: dict[str, int] = field(default_factory=dict)
     argvs: dict[str, list[str]] = field(default_factory=dict)  # how each daemon was started (pause/resume)
+    held: list[subprocess.Popen[bytes]] = field(default_factory=list)  # as LocalCluster.held, until stop()
 
     @property
     def dir(self) -> Path:
@@ -175,6 +176,7 @@ class Accounting:
             pid = self.pids.pop(name, None)
             if pid is not None:
                 stop_group(pid, term_wait_s=20.0)  # MariaDB flushes its tables
+        release(self.held)
 
     def pause(self, name: str) -> None:
         """Stop one daemon (``slurmdbd`` or ``mariadbd``) as a crash or an outage would leave it: fault tests."""
@@ -210,6 +212,7 @@ class Accounting:
                                 env=dict(self.env), start_new_session=True, close_fds=True)
         log.close()
         self.pids[name], self.argvs[name] = proc.pid, argv
+        self.held.append(proc)
 
     def _run(self, argv: list[str], what: str, timeout_s: float) -> None:
         done = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=timeout_s)

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from devcluster import slots, slurm_runtime
-from devcluster.processes import kill_leftovers, scaled, stop_group, time_scale, wait_until
+from devcluster.processes import kill_leftovers, release, scaled, stop_group, time_scale, wait_until
 from devcluster.accounting import Accounting
 from devcluster.slurm_runtime import SLURM_USER, SlurmRuntime, own_by_slurm, traversable_below_tmp
 from gpushare.atomic import write_text_atomic
@@ -119,6 +119,9 @@ class LocalCluster:
     accounting_users: tuple[str, ...] = ("root",)
     mail_prog: str = "/bin/true"  # slurm.conf MailProg (tests of gpushare.epilog.mailprog put a wrapper here)
     pids: dict[str, int] = field(default_factory=dict)
+    # the daemons' Popen objects, held until stop(): a daemon that died stays a zombie, so its pid (its process
+    # group's id) is not recycled for another cluster's process that stop()'s killpg would then hit
+    held: list[subprocess.Popen[bytes]] = field(default_factory=list)
     runtime: SlurmRuntime | None = None
     acct: Accounting | None = None
 
@@ -334,6 +337,7 @@ class LocalCluster:
                                 env=self.env, start_new_session=True, close_fds=True)
         log.close()
         self.pids[name] = proc.pid
+        self.held.append(proc)
         write_text_atomic(self.base / "run" / "pids", "\n".join(f"{k} {v}" for k, v in self.pids.items()) + "\n")
 
     def start(self, timeout_s: float = 60.0) -> "LocalCluster":
@@ -395,6 +399,7 @@ class LocalCluster:
             self.acct.stop()
         self.stop_process("munged")
         kill_leftovers(self.leftover_pids)
+        release(self.held)
 
     def leftover_pids(self) -> list[int]:
         """This cluster's processes that outlive its daemons, except ours: slurmstepd (it clears its

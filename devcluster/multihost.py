@@ -36,7 +36,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -45,7 +44,7 @@ from pathlib import Path
 from devcluster import chroot, slots, slurm_runtime
 from devcluster.accounting import Accounting
 from devcluster.local_cluster import REPO, ClusterError, controller_up, nodes_idle, share_always, wait_job
-from devcluster.processes import kill_leftovers, stop_group, wait_until
+from devcluster.processes import kill_leftovers, release, stop_group, wait_until
 from devcluster.slurm_runtime import SLURM_USER, own_by_slurm
 from gpushare.atomic import write_text_atomic
 from gpushare.config import Config, parse_config
@@ -135,7 +134,9 @@ class MultiHostCluster:
     slurm_version: str = field(default_factory=slurm_runtime.requested_version)
     bin_dir: str = field(default_factory=lambda: os.path.dirname(sys.executable))  # installed gpushare
     pids: dict[str, int] = field(default_factory=dict)
-    namespaces: set[str] = field(default_factory=set)
+    # the daemons' Popen objects, held until stop(): a daemon that died stays a zombie, so its pid (its process
+    # group's id) is not recycled for another cluster's process that stop()'s killpg would then hit
+    held: list[subprocess.Popen[bytes]] = field(default_factory=list)
     ports: dict[str, int] = field(default_factory=dict)
     runtime: slurm_runtime.SlurmRuntime | None = None
     accounting: bool = False  # slurmdbd on the controller, its MariaDB beside the cluster (HostAccounting)
@@ -248,18 +249,8 @@ class MultiHostCluster:
             proc = subprocess.Popen(self.argv(host, argv), stdin=subprocess.DEVNULL, stdout=log,
                                     stderr=subprocess.STDOUT, env={**self.env(), **(env or {})}, start_new_session=True,
                                     close_fds=True)
-        key = f"{host}:{name}"
-        self.pids[key] = proc.pid
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:  # the namespace, once the enter script has re-executed itself
-            try:
-                namespace = os.readlink(f"/proc/{proc.pid}/ns/mnt")
-            except OSError:
-                break
-            if namespace != os.readlink("/proc/self/ns/mnt"):
-                self.namespaces.add(namespace)
-                break
-            time.sleep(0.02)
+        self.pids[f"{host}:{name}"] = proc.pid
+        self.held.append(proc)
         return proc.pid
 
     @property
@@ -523,7 +514,6 @@ if [ "${{1-}}" != --in-namespace ]; then
   exec unshare --mount --uts --propagation private -- "$0" --in-namespace "$@"
 fi
 shift
-readlink /proc/self/ns/mnt >> {q(str(self.host_dir(host.name) / "namespaces"))} 2>/dev/null || true
 set -e
 root={q(root)}
 user=
@@ -600,7 +590,7 @@ exec {squash}{enter} /bin/sh -c 'cd "$1" && shift && exec "$@"' sh "$cwd" "$@"
             stop_group(pid)
 
     def stop(self) -> None:
-        """Stop the daemons, then every process left in one of the hosts' namespaces (job steps, jobs)."""
+        """Stop the daemons, then every process left on one of the hosts (job steps, jobs)."""
         order = sorted(self.pids, key=lambda k: (k.endswith(":munged"), k.endswith(":slurmctld")))
         for key in order:
             if key.endswith(":munged") and self.acct is not None:
@@ -609,23 +599,31 @@ exec {squash}{enter} /bin/sh -c 'cd "$1" && shift && exec "$@"' sh "$cwd" "$@"
         if self.acct is not None:
             self.acct.stop()
         kill_leftovers(self.leftover_pids)
+        release(self.held)
 
     def leftover_pids(self) -> list[int]:
-        """Processes in any namespace a host's enter script made: daemons, jobs, and daemons a command
-        restarted on its own (a MIG reshape on 22.05)."""
+        """Processes that see one of this cluster's hosts' own /etc/hosts (bound there by the enter script, so
+        every process of a host sees it, however it was started): daemons, jobs, and daemons a command restarted
+        on its own (a MIG reshape on 22.05). The file's identity (device, inode) marks the cluster; a mount
+        namespace's number would not: the kernel hands a freed number to the next namespace at once, often one
+        of another test session's cluster, whose processes this would then kill."""
+        marks = set()
         for host in self.hosts:
             try:
-                self.namespaces.update((self.host_dir(host.name) / "namespaces").read_text().split())
+                info = os.stat(self.host_dir(host.name) / "hosts")
             except OSError:
-                pass
+                continue
+            marks.add((info.st_dev, info.st_ino))
+        spare = {os.getpid()}
         found = []
         for entry in os.listdir("/proc"):
-            if entry.isdigit():
+            if entry.isdigit() and int(entry) not in spare:
                 try:
-                    if os.readlink(f"/proc/{entry}/ns/mnt") in self.namespaces:
-                        found.append(int(entry))
+                    info = os.stat(f"/proc/{entry}/root/etc/hosts")
                 except OSError:
                     continue
+                if (info.st_dev, info.st_ino) in marks:
+                    found.append(int(entry))
         return found
 
     def _controller_up(self) -> bool:

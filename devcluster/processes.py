@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Callable
 
@@ -73,6 +74,18 @@ def stop_group(pid: int, term_wait_s: float = 10.0) -> None:
                 return not alive(pid)
         if wait_until(gone, wait_s, 0.05):
             return
+
+
+def release(held: list[subprocess.Popen[bytes]]) -> None:
+    """Reap the daemons a harness held (stopped by now) and let go of them. Until this, a dead daemon is a zombie
+    whose pid no new process can take: with several test sessions on one machine (about 80 new pids a second)
+    a recycled pid would turn a late killpg of one cluster into a SIGKILL of another's daemon."""
+    for proc in held:
+        try:
+            proc.poll()
+        except OSError:
+            pass
+    held.clear()
 
 
 def kill_leftovers(find: Callable[[], list[int]], rounds: int = 5) -> None:

@@ -218,3 +218,40 @@ def test_test_sessions_side_by_side_hold_different_slots_and_multihost_addresses
     assert [h.address for h in MultiHostCluster(Path("/nonexistent"), slot=0).hosts] == written
     beside = [h.address for h in MultiHostCluster(Path("/nonexistent"), slot=3).hosts]
     assert beside == [a.replace("127.0.10.", "127.0.13.") for a in written]
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare (util-linux)")
+def test_a_multihost_clusters_leftovers_are_its_own_hosts_processes_never_another_sessions(tmp_path: Path) -> None:
+    """Two test sessions side by side: stopping one cluster must not SIGKILL the other's daemons. A mount
+    namespace's number is handed to the next namespace as soon as its last process exits (here: a one-shot
+    command on one of our hosts, then another session's daemon), so a process is ours when it sees one of our
+    hosts' own /etc/hosts, never because its namespace number was once ours."""
+    from devcluster.multihost import MultiHostCluster
+
+    ours, theirs = MultiHostCluster(tmp_path / "ours"), MultiHostCluster(tmp_path / "theirs")
+    for cluster in (ours, theirs):
+        for host in cluster.hosts:
+            cluster.host_dir(host.name).mkdir(parents=True)
+            (cluster.host_dir(host.name) / "hosts").write_text(f"{host.address} {host.name}\n")
+
+    def on_host(cluster: MultiHostCluster, command: str) -> subprocess.Popen[str]:
+        hosts = cluster.host_dir(cluster.hosts[0].name) / "hosts"
+        return subprocess.Popen(["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c",
+                                 f"mount --bind {hosts} /etc/hosts && readlink /proc/self/ns/mnt && {command}"],
+                                stdout=subprocess.PIPE, text=True, start_new_session=True)
+
+    one_shot = on_host(ours, "true")
+    used = one_shot.communicate(timeout=30)[0].strip()
+    daemon_of_theirs, daemon_of_ours = on_host(theirs, "exec sleep 60"), on_host(ours, "exec sleep 60")
+    try:
+        assert daemon_of_theirs.stdout is not None and daemon_of_ours.stdout is not None
+        reused = daemon_of_theirs.stdout.readline().strip()
+        daemon_of_ours.stdout.readline()
+        found = ours.leftover_pids()
+        assert daemon_of_ours.pid in found
+        assert daemon_of_theirs.pid not in found, f"namespace {reused} (was ours: {used})"
+        assert set(found) & set(theirs.leftover_pids()) == set()
+    finally:
+        for proc in (daemon_of_theirs, daemon_of_ours):
+            proc.kill()
+            proc.wait()
