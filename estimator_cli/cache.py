@@ -33,8 +33,10 @@ RELEVANT_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CUBLAS_WORKSPA
 # (estimator_cli/reduce_buffer.py). 7: the cuBLASLt workspace kept after the first addmm (device_model.py).
 # 8: half-precision convolutions get no FFT workspace (conv_workspace.py); an accumulating job's capture
 # stops at its first repeated micro-step after step 1 (phases.py). 9: that stop also waits until the micro-steps
-# after step 1 have risen as far as the first window's worst (an entry made under 8 may be low).
-MODEL_VERSION = 9
+# after step 1 have risen as far as the first window's worst (an entry made under 8 may be low). 10: less than a
+# small-pool segment short of that worst counts as as far (phases.RISE_SLACK); an in-place write that returns
+# nothing (``x[i] = v``) reaches the value the capture keeps of a small tensor (concrete_values.py).
+MODEL_VERSION = 10
 
 
 MAX_ARG_FILE_BYTES = 4 << 20

@@ -51,8 +51,20 @@ class ConcreteValues:
     # -- store --------------------------------------------------------------------------------------
     def get(self, t: Any) -> torch.Tensor | None:
         if isinstance(t, torch.Tensor) and t.is_meta:
-            return self.shadows.get(t)
+            return self._shadow_of(t)
         return None
+
+    def _shadow_of(self, meta: torch.Tensor) -> torch.Tensor | None:
+        """The value of ``meta``, made now when it was deferred (:class:`_Deferred`)."""
+        shadow = self.shadows.get(meta)
+        if isinstance(shadow, _Deferred):
+            del self.shadows[meta]
+            self.shadowed -= 1
+            value = shadow.make()
+            if value is not None:
+                self.attach(meta, value)
+            return self.shadows.get(meta)
+        return shadow
 
     def attach(self, meta: torch.Tensor, value: torch.Tensor) -> None:
         if meta.is_meta and _small(meta) and tuple(value.shape) == tuple(meta.shape) and value.dtype == meta.dtype:
@@ -138,7 +150,7 @@ class ConcreteValues:
         if isinstance(value, torch.Tensor):
             if not value.is_meta:
                 return value
-            shadow = self.shadows.get(value)
+            shadow = self._shadow_of(value)
             return _NO_SHADOW if shadow is None else shadow
         if isinstance(value, torch.device) and value.type == "meta":
             return torch.device("cpu")
@@ -165,10 +177,10 @@ class ConcreteValues:
     def propagate(self, func: Callable[..., Any], args: tuple, kwargs: dict, out: Any) -> None:
         """After a meta call: give its small outputs the value the same call computes on the shadows."""
         metas = [t for t in _leaves(out) if isinstance(t, torch.Tensor) and t.is_meta]
-        if not metas:
-            return
         written = args[0] if args and isinstance(args[0], torch.Tensor) and args[0].is_meta \
             and _is_inplace(func) else None
+        if not metas and written is None:  # ``x[i] = v`` returns None, yet writes x
+            return
         if not all(_small(t) for t in metas) and written is None:
             return
         call = self.swapped(args, kwargs)
@@ -178,7 +190,13 @@ class ConcreteValues:
             elif func in _HEALTH_CHECKS and isinstance(out, torch.Tensor) and _small(out):
                 self._assume_healthy(func, out)
             return
-        if not any(isinstance(t, torch.Tensor) for t in _leaves(call)) and not _is_factory(func):
+        takes_tensors = any(isinstance(t, torch.Tensor) for t in (*_leaves(call[0]), *_leaves(call[1].values())))
+        if not takes_tensors and not _is_factory(func):
+            return
+        if not takes_tensors and getattr(func, "__name__", "") in _DEFERRABLE and "out" not in kwargs \
+                and isinstance(out, torch.Tensor) and out.is_meta:
+            self.shadows[out] = _Deferred(func, call[0], call[1], tuple(out.shape), out.dtype)
+            self.shadowed += 1
             return
         try:
             with _disable_current_modes(), torch.no_grad():
@@ -223,6 +241,32 @@ def _is_inplace(func: Callable[..., Any]) -> bool:
 _FACTORIES = frozenset({"arange", "zeros", "ones", "full", "empty", "tensor", "as_tensor", "linspace",
                         "eye", "zeros_like", "ones_like", "full_like", "empty_like", "tril", "triu",
                         "range", "scalar_tensor", "randperm", "rand", "randn", "randint"})
+
+
+# Factories whose value depends on their plain arguments alone: their CPU value is made when first read, not
+# at the call. Most are never read (PEFT's DoRA builds an identity matrix per adapter per forward, only to
+# multiply it with a weight, whose product has no value anyway: made eagerly, those took a quarter of a
+# DoRA capture). Random factories stay eager (they draw from the generator when the script calls them), as do
+# tensor/as_tensor (their Python data may change after the call).
+_DEFERRABLE = frozenset({"arange", "zeros", "ones", "full", "empty", "linspace", "eye", "range", "scalar_tensor"})
+
+
+class _Deferred:
+    """A factory call on plain arguments, kept to be made on the CPU when its value is first read."""
+
+    __slots__ = ("func", "args", "kwargs", "shape", "dtype")
+
+    def __init__(self, func: Callable[..., Any], args: tuple, kwargs: dict, shape: tuple[int, ...],
+                 dtype: torch.dtype) -> None:
+        self.func, self.args, self.kwargs, self.shape, self.dtype = func, args, kwargs, shape, dtype
+
+    def make(self) -> torch.Tensor | None:
+        try:
+            with _disable_current_modes(), torch.no_grad():
+                value = self.func(*self.args, **self.kwargs)
+        except Exception:  # the CPU kernel disagrees: the tensor stays value-free, as an eager call would leave it
+            return None
+        return value if isinstance(value, torch.Tensor) else None
 
 
 def _is_factory(func: Callable[..., Any]) -> bool:

@@ -21,7 +21,8 @@ older blocks), ending at the same live memory, and the micro-steps after step 1 
 memory above their start at least as far as the worst one of the first window did (the data may choose
 the code path or the size: a larger batch once per window must be seen again with the state alive), the
 capture stops there (``stopped_on_repeat``); a 3-step capture of a 16-micro-step job observes 19
-micro-steps or a few more, not 48. A job whose micro-steps never repeat (a new shape each time) runs to the
+micro-steps or a few more, not 48. (Short of the first window's worst by less than one small-pool segment,
+:data:`RISE_SLACK`, counts as as far.) A job whose micro-steps never repeat (a new shape each time) runs to the
 requested steps. Fake mode only (the recorder must expose its events). Not seen: the second step's own
 allocations, the same temporaries as the first step's, which allocated the state besides.
 
@@ -45,7 +46,14 @@ import torch
 from torch.nn.modules import module as module_mod
 from torch.optim import optimizer as optimizer_mod
 
+from gpushare.estimator_cli.allocator_config import K_SMALL_BUFFER
 from gpushare.estimator_cli.events import Kind, Phase
+
+#: How far the micro-steps after step 1 may stay below the first window's worst rise and still count as having
+#: reached it: one small-pool segment. A scalar the first window made once (8 bytes in PEFT's DoRA example)
+#: must not keep a 16-micro-step job from stopping at its repeat; a larger batch whose activations add less
+#: than that moves the estimate by less than that.
+RISE_SLACK = K_SMALL_BUFFER
 
 
 class StopCapture(BaseException):
@@ -240,7 +248,7 @@ class PhaseTracker:
             return
         segment = fingerprint(start)
         self._after_rise = max(self._after_rise, rise)
-        if segment in self._after_step and self._after_rise >= self._first_rise:
+        if segment in self._after_step and self._after_rise + RISE_SLACK >= self._first_rise:
             self.stopped_on_repeat = True
             self.recorder.recording = False
             self.stop_raised = True

@@ -14,7 +14,8 @@ pytestmark = pytest.mark.torch
 # An MLP trained with AdamW and gradient accumulation ACCUM (argv[1]); the batch of micro-step k has
 # BATCHES[k % len(BATCHES)] rows (argv[2], comma-separated), so a list of one size repeats exactly. With
 # argv[3] = "grow" micro-step k has k more rows; with "vary" it first makes and drops a (k + 1)-element block,
-# which keeps any two micro-steps from matching without moving the peak.
+# which keeps any two micro-steps from matching without moving the peak; with "once" the second micro-step
+# makes a scalar it keeps (the Trainer's loss accumulator), so window 1 rose a few bytes further than any later.
 ACCUMULATING = """
     import sys, torch, torch.nn as nn
     accum, batches = int(sys.argv[1]), [int(b) for b in sys.argv[2].split(",")]
@@ -26,6 +27,8 @@ ACCUMULATING = """
         rows = batches[micro % len(batches)] + (micro if how == "grow" else 0)
         if how == "vary":
             torch.empty(micro + 1, device="cuda")
+        if how == "once" and micro == 1:
+            kept = torch.zeros((), device="cuda")
         x, y = torch.randn(rows, 512).cuda(), torch.randint(0, 10, (rows,)).cuda()
         loss = nn.functional.cross_entropy(model(x), y) / accum
         loss.backward()
@@ -59,6 +62,16 @@ def test_an_accumulating_job_stops_at_its_first_repeated_micro_step_after_step_o
     assert _peaks(long)[:3] == _peaks(whole)[:3]
     # one steady-state boundary instead of three: what stays between iterations can only be judged larger
     assert _peaks(long)[3] >= _peaks(whole)[3]
+
+
+def test_a_scalar_made_once_in_the_first_window_does_not_keep_the_capture_from_stopping(capsys, tmp_path):
+    """Window 1 rose one scalar further than the micro-steps after step 1 ever will: less than a small-pool
+    segment short counts as as far, so the capture still stops at the repeat; its peak is the plain job's and
+    the scalar's block."""
+    once = _run(capsys, tmp_path, 16, "256", "once")
+    assert once["micro_steps"] == 19 and once.get("stopped_on_repeat")
+    plain = _peaks(_run(capsys, tmp_path, 16, "256"))
+    assert _peaks(once)[0] == plain[0] + 512 and _peaks(once)[1:3] == plain[1:3]
 
 
 def test_a_kind_of_micro_step_seen_before_step_one_is_seen_again_with_the_state_alive(capsys, tmp_path):

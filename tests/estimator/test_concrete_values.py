@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import importlib.util
 
+import torch
+
 import pytest
 
 from estimator_run import estimate
@@ -94,3 +96,44 @@ def test_hugging_face_training_stays_in_fake_mode(capsys, tmp_path, arch):
     """, "--mode", "fake")
     assert code == EXIT_OK, err
     assert doc["mode"] == "fake" and doc["iterations"] == 3
+
+
+FACTORY_VALUES_READ_LATE = """
+    import torch
+    model = torch.nn.Linear(8, 8).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(4):
+        eye = torch.eye(8, device="cuda")              # DoRA's identity: only multiplied, never read
+        out = model(eye).sum()
+        z = torch.zeros(5, device="cuda", dtype=torch.int64)
+        z[1] = 3                                       # written in place before any read
+        tail = z[2:]
+        tail.add_(2)                                   # through a view
+        assert z.tolist() == [0, 3, 2, 2, 2], z.tolist()
+        steps = torch.arange(0, 10, 2, device="cuda")
+        assert int(steps[-1]) == 8 and torch.full((2,), 7, device="cuda").sum().item() == 14
+        out.backward()
+        opt.step()
+        opt.zero_grad()
+"""
+
+
+def test_factory_values_are_made_when_first_read_and_follow_in_place_writes(capsys, tmp_path):
+    """A small factory tensor's CPU value is made when it is first read (most never are): in-place writes to
+    it, and through its views, still reach the value a later read sees."""
+    code, doc, err = estimate(capsys, tmp_path, FACTORY_VALUES_READ_LATE, "--mode", "fake")
+    assert code == EXIT_OK, err
+    assert doc["mode"] == "fake" and doc["iterations"] == 3
+    assert doc["value_reads"]["concrete"].get(".tolist()") and doc["value_reads"]["concrete"].get("int(tensor)")
+
+
+def test_a_factory_never_read_is_never_made() -> None:
+    from gpushare.estimator_cli import concrete_values
+
+    values = concrete_values.ConcreteValues()
+    out = torch.eye(960, device="meta")
+    values.propagate(torch.eye, (960,), {"device": torch.device("meta")}, out)
+    assert isinstance(values.shadows.get(out), concrete_values._Deferred)
+    made = values.get(out)
+    assert made is not None and made.device.type == "cpu" and torch.equal(made, torch.eye(960))
+    assert values.shadows.get(out) is made
