@@ -155,19 +155,18 @@ def _jumped(cluster: Any) -> bool:
                for index in range(state.gpu_count()) for p in state.processes(index))
 
 
-def _job_processes(job_id: int) -> list[int]:
-    """slurmstepd of this job and every process carrying its id (what a node's loss takes with it)."""
+def _job_processes(cluster: Any, job_id: int) -> list[int]:
+    """slurmstepd of this job and every process carrying its id (what a node's loss takes with it), among this
+    cluster's own processes: job ids start at 1 in every test cluster, and another session's job 3 must live."""
     found = []
     marker = f"SLURM_JOB_ID={job_id}".encode()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
+    for pid in cluster.leftover_pids():
         try:
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
             if cmdline.startswith(b"slurmstepd") and f"[{job_id}.".encode() in cmdline:
-                found.append(int(entry))
-            elif marker in Path(f"/proc/{entry}/environ").read_bytes().split(b"\0"):
-                found.append(int(entry))
+                found.append(pid)
+            elif marker in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                found.append(pid)
         except OSError:
             continue
     return found
@@ -191,7 +190,7 @@ def test_a_node_lost_mid_job_leaves_slurms_outcome_and_nothing_held(cluster):
     slurmd = cluster.pids.pop(node)
     os.killpg(slurmd, signal.SIGKILL)
     os.waitpid(slurmd, 0)
-    for pid in _job_processes(job_id):
+    for pid in _job_processes(cluster, job_id):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
