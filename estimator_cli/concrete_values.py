@@ -29,13 +29,19 @@ from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils.weak import WeakIdKeyDictionary
 
 MAX_HOST_PLACEHOLDER = 1 << 24  # host copies of value-free tensors up to 16M elements are real tensors
-MAX_ELEMENTS = 1 << 20  # masks, index maps and box-assignment tables up to 1M elements: ~1 ms each on a CPU
+# masks, index maps, box-assignment tables, and the batches they come from: a vision-language model drops its
+# padding image tiles by a mask computed from the pixel values themselves (Idefics3/SmolVLM: 13 tiles of
+# 3 x 384 x 384, 5.8M elements); 16M float32 elements are 64 MB and about 10 ms per elementwise op on a CPU
+MAX_ELEMENTS = 1 << 24
 
 _NO_SHADOW = object()
 
 
 def _small(t: torch.Tensor) -> bool:
-    return t.numel() <= MAX_ELEMENTS and not t.requires_grad and t.layout == torch.strided
+    """A tensor worth a value: not too large, no autograd, strided, and not a lazy module's tensor that has no
+    shape yet (asking an ``UninitializedParameter`` its size raises)."""
+    return not torch.nn.parameter.is_lazy(t) and t.numel() <= MAX_ELEMENTS and not t.requires_grad \
+        and t.layout == torch.strided
 
 
 class ConcreteValues:

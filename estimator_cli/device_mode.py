@@ -145,6 +145,34 @@ def _is_cpu_device(value: Any) -> bool:
         isinstance(value, torch.device) and value.type == "cpu")
 
 
+def _lazy_tensors(module: Any) -> list[tuple[Any, str, str, Any]]:
+    """A lazy module's parameters and buffers that have no shape yet (``nn.LazyLinear``, PyG's ``Linear(-1,
+    ...)``): (module, table, name, tensor)."""
+    found = []
+    for mod in module.modules():
+        for table in ("_parameters", "_buffers"):
+            for name, t in getattr(mod, table).items():
+                if t is not None and torch.nn.parameter.is_lazy(t):
+                    found.append((mod, table, name, t))
+    return found
+
+
+def _keep_lazy(lazy: list[tuple[Any, str, str, Any]]) -> None:
+    """After ``module.cuda()``: each lazy tensor moved to the GPU stays lazy, as on a GPU. There the move
+    replaces its data in place (same tensor type); a meta tensor's is not the host tensor's type, so
+    ``Module._apply`` made a plain 0-element Parameter of it (a new one, or the same one by swapping its
+    contents and class), and the first forward's shape inference then
+    found ``in_features`` 0. A new uninitialized one on the GPU takes its place: its first forward
+    materializes it there, counted as the script's GPU memory."""
+    for mod, table, name, _old in lazy:
+        new = getattr(mod, table).get(name)  # ``old`` itself when the move swapped the contents in
+        if new is None or torch.nn.parameter.is_lazy(new) or not new.is_meta:
+            continue
+        kind = torch.nn.parameter.UninitializedParameter if table == "_parameters" \
+            else torch.nn.parameter.UninitializedBuffer
+        getattr(mod, table)[name] = kind(requires_grad=new.requires_grad, device="cuda", dtype=new.dtype)
+
+
 class CudaPresenter(TorchFunctionMode):
     """Redirects GPU requests to ``target`` (``"meta"`` or ``"cpu"``); see the module docstring."""
 
@@ -188,10 +216,12 @@ class CudaPresenter(TorchFunctionMode):
 
             def _apply(module: Any, *args: Any, **kwargs: Any) -> Any:
                 presenter._module_moves += 1
+                lazy = _lazy_tensors(module)
                 try:
                     return original(module, *args, **kwargs)
                 finally:
                     presenter._module_moves -= 1
+                    _keep_lazy(lazy)
             # setattr: a patch of torch's own method for the mode's duration, not an override to type-check
             setattr(torch.nn.Module, "_apply", _apply)
         return super().__enter__()
@@ -214,7 +244,8 @@ class CudaPresenter(TorchFunctionMode):
         super().__exit__(*exc)
 
     def _on_parameter(self, module: Any, name: str, param: Any) -> None:
-        if isinstance(param, torch.Tensor) and not param.is_meta:
+        # a lazy module's UninitializedParameter has no storage until its first forward gives it a shape
+        if isinstance(param, torch.Tensor) and not torch.nn.parameter.is_lazy(param) and not param.is_meta:
             for storage in storages(param):
                 self.parameter_storages[storage] = True
 
@@ -296,7 +327,7 @@ class CudaPresenter(TorchFunctionMode):
                 out = func(*args, **kwargs)
         else:
             out = func(*args, **kwargs)
-        if self.fake:
+        if self.fake and not torch.nn.parameter.is_lazy(src):  # a lazy module's tensor has no values yet
             if to_gpu and not src.is_meta:
                 self.values.attach_copy(out, src)
             else:

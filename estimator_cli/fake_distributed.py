@@ -105,6 +105,14 @@ def fake_process_group() -> Iterator[None]:
         ddp.reducer = _KeptBuckets(ddp.reducer)
 
     setattr(DDP, "__init__", init)
+    from torch.nn.parallel import distributed as ddp_module
+
+    # DDP's check that every rank has the same parameters broadcasts rank 0's shapes and reads them back on
+    # the host; the fake group moves no data, so it compared against whatever that host buffer held (and
+    # failed once the CPU allocations around it changed). Every rank here is this one process.
+    verify = getattr(ddp_module, "_verify_param_shape_across_processes", None)
+    if verify is not None:
+        setattr(ddp_module, "_verify_param_shape_across_processes", lambda process_group, tensors, logger=None: None)
     import torch
 
     accelerator = torch._C._get_accelerator
@@ -119,6 +127,8 @@ def fake_process_group() -> Iterator[None]:
         if accelerator_set:
             os.environ.pop("DS_ACCELERATOR", None)
         setattr(DDP, "__init__", ddp_init)
+        if verify is not None:
+            setattr(ddp_module, "_verify_param_shape_across_processes", verify)
         setattr(torch._C, "_get_accelerator", accelerator)
         setattr(DDP, "register_comm_hook", ddp_register)
         dist.init_process_group = original  # type: ignore[assignment]

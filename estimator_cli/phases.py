@@ -83,6 +83,7 @@ class PhaseTracker:
         # torch.utils.swap_tensors refuse it, and Module._apply swaps parameters on every later move
         # (model.cpu() in a framework's teardown, model.to(dtype)): "Couldn't swap Embedding.weight".
         self.owners: dict[int, str] = {}
+        self._lazy_modules: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> owner name
         self.zero_grads: list[dict[str, Any]] = []
         self.transitions: list[tuple[int, str, int, str]] = []  # (time_ns, phase, iteration, module)
         self._backward_depth = 0
@@ -126,12 +127,19 @@ class PhaseTracker:
 
     def _claim_module(self, root: torch.nn.Module) -> None:
         for sub_name, sub in root.named_modules():
-            owner = self.names.get(sub, sub_name)
-            for p in sub.parameters(recurse=False):
-                self.owners[id(p)] = owner
-                self.recorder.claim(p, Kind.PARAMETER, owner)
-            for b in sub.buffers(recurse=False):
-                self.recorder.claim(b, Kind.BUFFER, owner)
+            self._claim_own(sub, self.names.get(sub, sub_name))
+
+    def _claim_own(self, mod: torch.nn.Module, owner: str) -> None:
+        """``mod``'s own parameters and buffers; those of a lazy module (``nn.LazyLinear``) that have no shape
+        yet are claimed after its first forward, which materializes them."""
+        for kind, tensors in ((Kind.PARAMETER, mod.parameters(recurse=False)), (Kind.BUFFER, mod.buffers(recurse=False))):
+            for t in tensors:
+                if torch.nn.parameter.is_lazy(t):
+                    self._lazy_modules[mod] = owner
+                    continue
+                if kind is Kind.PARAMETER:
+                    self.owners[id(t)] = owner
+                self.recorder.claim(t, kind, owner)
 
     def _pre_forward(self, mod: torch.nn.Module, args: Any) -> None:
         name = self._name(mod)
@@ -143,6 +151,8 @@ class PhaseTracker:
     def _post_forward(self, mod: torch.nn.Module, args: Any, output: Any) -> None:
         if self.stack:
             self.stack.pop()
+        if self._lazy_modules and mod in self._lazy_modules:
+            self._claim_own(mod, self._lazy_modules.pop(mod))
         self._note()
 
     def _claim_grads(self, opt: torch.optim.Optimizer) -> None:

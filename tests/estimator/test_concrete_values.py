@@ -137,3 +137,30 @@ def test_a_factory_never_read_is_never_made() -> None:
     made = values.get(out)
     assert made is not None and made.device.type == "cpu" and torch.equal(made, torch.eye(960))
     assert values.shadows.get(out) is made
+
+
+PADDING_TILES_DROPPED = """
+    import torch, torch.nn as nn
+    vision = nn.Sequential(nn.Conv2d(3, 16, 16, 16), nn.Flatten(), nn.Linear(9216, 64)).cuda()
+    text = nn.Embedding(1000, 64).cuda()
+    opt = torch.optim.AdamW(list(vision.parameters()) + list(text.parameters()))
+    for step in range(5):
+        pixels = torch.randn(1, 13, 3, 384, 384)
+        pixels[0, 10:] = 0.0                                  # three padding tiles
+        pv = pixels.cuda().to(torch.bfloat16).view(-1, 3, 384, 384)
+        real = (pv == 0.0).sum(dim=(-1, -2, -3)) != pv.shape[1:].numel()
+        pv = pv[real].contiguous()                            # Idefics3's get_image_features
+        assert pv.shape[0] == 10, pv.shape
+        loss = text(torch.randint(0, 1000, (1, 64)).cuda()).sum() + vision(pv.float()).sum()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+"""
+
+
+def test_a_batch_keeps_its_values_so_a_mask_made_from_pixels_selects_exactly(capsys, tmp_path):
+    """A vision-language model drops its padding image tiles by a mask computed from the pixel values
+    (5.8M elements here): the batch moved to the GPU keeps its value, so the mask and the selection are exact."""
+    code, doc, err = estimate(capsys, tmp_path, PADDING_TILES_DROPPED, "--mode", "fake")
+    assert code == EXIT_OK, err
+    assert doc["mode"] == "fake" and doc["iterations"] == 3

@@ -120,7 +120,7 @@ def test_gpu_only_kernel_fails_in_one_line_without_fallback(capsys, tmp_path):
 def test_profile_failure_after_fallback_names_the_fake_mode_cause(capsys, tmp_path):
     code, _, err = estimate(capsys, tmp_path, """
         import torch
-        x = torch.randn(4096, 4096, device="cuda")
+        x = torch.randn(8192, 4096, device="cuda")  # above the 16M elements whose values fake mode keeps
         n = int(x.abs().sum())  # sizes the next allocation: fake mode cannot go on
         y = torch.empty(n, device="cuda")
         raise RuntimeError("Found no NVIDIA driver on your system")
