@@ -35,8 +35,9 @@ RELEVANT_ENV = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CUBLAS_WORKSPA
 # stops at its first repeated micro-step after step 1 (phases.py). 9: that stop also waits until the micro-steps
 # after step 1 have risen as far as the first window's worst (an entry made under 8 may be low). 10: less than a
 # small-pool segment short of that worst counts as as far (phases.RISE_SLACK); an in-place write that returns
-# nothing (``x[i] = v``) reaches the value the capture keeps of a small tensor (concrete_values.py).
-MODEL_VERSION = 10
+# nothing (``x[i] = v``) reaches the value the capture keeps of a small tensor (concrete_values.py). 11: tensors
+# up to 16M elements keep their values (a read that took a placeholder may now take the real value).
+MODEL_VERSION = 11
 
 
 MAX_ARG_FILE_BYTES = 4 << 20
