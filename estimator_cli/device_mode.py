@@ -168,7 +168,8 @@ def _keep_lazy(lazy: list[tuple[Any, str, str, Any]]) -> None:
         new = getattr(mod, table).get(name)  # ``old`` itself when the move swapped the contents in
         if new is None or torch.nn.parameter.is_lazy(new) or not new.is_meta:
             continue
-        kind = torch.nn.parameter.UninitializedParameter if table == "_parameters" \
+        # Any: torch's stubs leave out the device and dtype that both constructors take
+        kind: Any = torch.nn.parameter.UninitializedParameter if table == "_parameters" \
             else torch.nn.parameter.UninitializedBuffer
         getattr(mod, table)[name] = kind(requires_grad=new.requires_grad, device="cuda", dtype=new.dtype)
 
