@@ -185,10 +185,8 @@ class ConcreteValues:
         metas = [t for t in _leaves(out) if isinstance(t, torch.Tensor) and t.is_meta]
         written = args[0] if args and isinstance(args[0], torch.Tensor) and args[0].is_meta \
             and _is_inplace(func) else None
-        if not metas and written is None:  # ``x[i] = v`` returns None, yet writes x
-            return
-        if not all(_small(t) for t in metas) and written is None:
-            return
+        if written is None and (not metas or not all(_small(t) for t in metas)):
+            return  # an in-place write goes on even with no output: ``x[i] = v`` returns None, yet writes x
         call = self.swapped(args, kwargs)
         if call is None:
             if written is not None:
@@ -201,13 +199,11 @@ class ConcreteValues:
             return
         if not takes_tensors and getattr(func, "__name__", "") in _DEFERRABLE and "out" not in kwargs \
                 and isinstance(out, torch.Tensor) and out.is_meta:
-            self.shadows[out] = _Deferred(func, call[0], call[1], tuple(out.shape), out.dtype)
+            self.shadows[out] = _Deferred(func, call[0], call[1])
             self.shadowed += 1
             return
-        try:
-            with _disable_current_modes(), torch.no_grad():
-                value = func(*call[0], **call[1])
-        except Exception:  # the CPU kernel disagrees (dtype support, CUDA-only op): leave it value-free
+        value = _on_cpu(func, call[0], call[1])
+        if value is _FAILED:
             if written is not None:
                 self.shadows.pop(written, None)
             return
@@ -257,21 +253,29 @@ _FACTORIES = frozenset({"arange", "zeros", "ones", "full", "empty", "tensor", "a
 _DEFERRABLE = frozenset({"arange", "zeros", "ones", "full", "empty", "linspace", "eye", "range", "scalar_tensor"})
 
 
+_FAILED = object()
+
+
+def _on_cpu(func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    """``func`` on the shadows, outside the capture's modes; _FAILED when the CPU kernel disagrees (dtype
+    support, a CUDA-only op): the outputs then stay value-free."""
+    try:
+        with _disable_current_modes(), torch.no_grad():
+            return func(*args, **kwargs)
+    except Exception:
+        return _FAILED
+
+
 class _Deferred:
     """A factory call on plain arguments, kept to be made on the CPU when its value is first read."""
 
-    __slots__ = ("func", "args", "kwargs", "shape", "dtype")
+    __slots__ = ("func", "args", "kwargs")
 
-    def __init__(self, func: Callable[..., Any], args: tuple, kwargs: dict, shape: tuple[int, ...],
-                 dtype: torch.dtype) -> None:
-        self.func, self.args, self.kwargs, self.shape, self.dtype = func, args, kwargs, shape, dtype
+    def __init__(self, func: Callable[..., Any], args: tuple, kwargs: dict) -> None:
+        self.func, self.args, self.kwargs = func, args, kwargs
 
     def make(self) -> torch.Tensor | None:
-        try:
-            with _disable_current_modes(), torch.no_grad():
-                value = self.func(*self.args, **self.kwargs)
-        except Exception:  # the CPU kernel disagrees: the tensor stays value-free, as an eager call would leave it
-            return None
+        value = _on_cpu(self.func, self.args, self.kwargs)
         return value if isinstance(value, torch.Tensor) else None
 
 

@@ -145,33 +145,28 @@ def _is_cpu_device(value: Any) -> bool:
         isinstance(value, torch.device) and value.type == "cpu")
 
 
-def _lazy_tensors(module: Any) -> list[tuple[Any, str, str, Any]]:
-    """A lazy module's parameters and buffers that have no shape yet (``nn.LazyLinear``, PyG's ``Linear(-1,
-    ...)``): (module, table, name, tensor)."""
-    found = []
-    for mod in module.modules():
-        for table in ("_parameters", "_buffers"):
-            for name, t in getattr(mod, table).items():
-                if t is not None and torch.nn.parameter.is_lazy(t):
-                    found.append((mod, table, name, t))
-    return found
+def _lazy_tensors(module: Any) -> list[tuple[str, str]]:
+    """``module``'s own parameters and buffers that have no shape yet (``nn.LazyLinear``, PyG's ``Linear(-1,
+    ...)``), as (table, name); its children's are their own ``_apply``'s, which ``Module._apply`` calls."""
+    return [(table, name) for table in ("_parameters", "_buffers")
+            for name, t in getattr(module, table).items() if t is not None and torch.nn.parameter.is_lazy(t)]
 
 
-def _keep_lazy(lazy: list[tuple[Any, str, str, Any]]) -> None:
+def _keep_lazy(module: Any, lazy: list[tuple[str, str]]) -> None:
     """After ``module.cuda()``: each lazy tensor moved to the GPU stays lazy, as on a GPU. There the move
     replaces its data in place (same tensor type); a meta tensor's is not the host tensor's type, so
     ``Module._apply`` made a plain 0-element Parameter of it (a new one, or the same one by swapping its
-    contents and class), and the first forward's shape inference then
-    found ``in_features`` 0. A new uninitialized one on the GPU takes its place: its first forward
-    materializes it there, counted as the script's GPU memory."""
-    for mod, table, name, _old in lazy:
-        new = getattr(mod, table).get(name)  # ``old`` itself when the move swapped the contents in
+    contents and class), and the first forward's shape inference then found ``in_features`` 0. A new
+    uninitialized one on the GPU takes its place: its first forward materializes it there, counted as the
+    script's GPU memory."""
+    for table, name in lazy:
+        new = getattr(module, table).get(name)  # the old one itself when the move swapped the contents in
         if new is None or torch.nn.parameter.is_lazy(new) or not new.is_meta:
             continue
         # Any: torch's stubs leave out the device and dtype that both constructors take
         kind: Any = torch.nn.parameter.UninitializedParameter if table == "_parameters" \
             else torch.nn.parameter.UninitializedBuffer
-        getattr(mod, table)[name] = kind(requires_grad=new.requires_grad, device="cuda", dtype=new.dtype)
+        getattr(module, table)[name] = kind(requires_grad=new.requires_grad, device="cuda", dtype=new.dtype)
 
 
 class CudaPresenter(TorchFunctionMode):
@@ -222,7 +217,7 @@ class CudaPresenter(TorchFunctionMode):
                     return original(module, *args, **kwargs)
                 finally:
                     presenter._module_moves -= 1
-                    _keep_lazy(lazy)
+                    _keep_lazy(module, lazy)
             # setattr: a patch of torch's own method for the mode's duration, not an override to type-check
             setattr(torch.nn.Module, "_apply", _apply)
         return super().__enter__()
